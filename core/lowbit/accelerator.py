@@ -1,0 +1,622 @@
+"""The Accelerator: the four-line facade over the chosen plugins.
+
+It resolves settings, chooses one precision plugin, at most one FP8 backend and at most one
+distributed strategy, and from then on calls only those (routed hooks). Order of preparation:
+FP8 conversion, then distribution, then the forward is wrapped in the autocast contexts
+(native autocast outside, the FP8 backend's own context inside).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import warnings
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+
+from lowbit import checkpoint
+from lowbit.config import LowbitConfig, resolve_config
+from lowbit.errors import BackendUnavailableError, ConfigError
+from lowbit.plugins import LowbitPluginManager, make_plugin_manager
+from lowbit.prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
+from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
+from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
+from lowbit.types import PrepareContext
+
+_STRATEGY_OF = {"NO": "ddp", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "deepspeed"}
+_MODEL_FILE = "model.pt"
+
+
+def _lowbit_version() -> str:
+    from lowbit import __version__
+
+    return __version__
+
+
+class Accelerator:
+    """Train a plain PyTorch loop in fp16, bf16 or fp8, on one process or many.
+
+    Args mirror Hugging Face Accelerate: ``mixed_precision`` ("no", "fp16", "bf16", "fp8"),
+    ``gradient_accumulation_steps``, ``cpu``, ``kwargs_handlers`` (also ``kwarg_handlers``),
+    ``dynamo_backend``. lowbit adds ``fp8_fallback`` (precision to use, with a warning, when FP8
+    cannot run here), ``config_file`` and ``plugin_manager`` (tests, embedding).
+    Arguments left as None come from env vars, then the config file, then defaults.
+    """
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool | None = None,
+        kwargs_handlers: list[Any] | None = None,
+        kwarg_handlers: list[Any] | None = None,
+        dynamo_backend: str | None = None,
+        fp8_fallback: str | None = None,
+        config_file: str | os.PathLike | None = None,
+        plugin_manager: LowbitPluginManager | None = None,
+    ) -> None:
+        if kwargs_handlers is not None and kwarg_handlers is not None:
+            raise ConfigError("Give kwargs_handlers or kwarg_handlers (the spelling in Accelerate's docs), not both.")
+        handlers = list(kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or [])
+        explicit = dict(
+            mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            use_cpu=cpu,
+            dynamo_backend=dynamo_backend,
+            fp8_fallback=fp8_fallback,
+        )
+        # Pass 1 settles use_cpu, which hardware detection needs; pass 2 knows the plugins'
+        # option names, so fp8_config keys can be checked against them.
+        early = resolve_config(explicit, config_file, check_fp8_keys=False)
+        self._plugins = plugin_manager or make_plugin_manager()
+        self.hardware = self._plugins.hook.detect_hardware(cpu=early.use_cpu)
+        self._registry = BackendRegistry(self._plugins, self.hardware)
+        fp8_specs = {}
+        for cand in self._registry.ranked("fp8"):
+            if cand.description.options_class is not None:
+                fp8_specs.update(cand.description.options_class.option_specs())
+        self.config: LowbitConfig = resolve_config(explicit, config_file, fp8_specs=fp8_specs)
+        if self.config.gradient_accumulation_steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {self.config.gradient_accumulation_steps}.")
+
+        self._init_distributed()
+        self.mixed_precision = self.config.mixed_precision
+        self._precision = choose_backend(self._registry, "precision", "native", "built-in")
+        self._fp8: Selection | None = None
+        fp8_options = self._choose_fp8(handlers)
+        self._strategy = self._choose_strategy()
+
+        self.context = PrepareContext(
+            hardware=self.hardware,
+            mixed_precision=self.mixed_precision,
+            device=self.device,
+            fp8_options=fp8_options,
+            strategy=self._strategy.name if self._strategy else "none",
+            strategy_options=self._strategy_options(),
+            world_size=self.num_processes,
+            rank=self.process_index,
+            local_rank=self.local_process_index,
+            gradient_accumulation_steps=self.config.gradient_accumulation_steps,
+        )
+        self.scaler = (
+            torch.amp.GradScaler(self.device.type)
+            if self.mixed_precision == "fp16" and not self._strategy_owns_precision()
+            else None
+        )
+        self.sync_gradients = True
+        self.step = 0  # micro-batches seen by accumulate()
+        self._unscaled: set[int] = set()
+        self._routed_callers: dict[tuple[int, str], Callable[..., Any]] = {}
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[PreparedOptimizer] = []
+        self._schedulers: list[PreparedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+
+    # ------------------------------------------------------------------ choosing
+
+    def _choose_fp8(self, handlers: list[Any]) -> RecipeKwargs | None:
+        recipe_handlers = [h for h in handlers if isinstance(h, (RecipeKwargs, FP8RecipeKwargs))]
+        unknown = [h for h in handlers if h not in recipe_handlers]
+        if unknown:
+            raise ConfigError(
+                f"kwargs_handlers got {type(unknown[0]).__name__}, which lowbit does not use. It takes FP8RecipeKwargs, "
+                "AORecipeKwargs, TERecipeKwargs, MSAMPRecipeKwargs or another backend's recipe class."
+            )
+        if len(recipe_handlers) > 1:
+            names = ", ".join(type(h).__name__ for h in recipe_handlers)
+            raise ConfigError(f"Give one FP8 recipe handler, got {len(recipe_handlers)}: {names}.")
+        handler = recipe_handlers[0] if recipe_handlers else None
+        if self.mixed_precision != "fp8":
+            if handler is not None:
+                warnings.warn(
+                    f"{type(handler).__name__} is ignored: mixed_precision is {self.mixed_precision!r}, not 'fp8'.",
+                    stacklevel=3,
+                )
+            return None
+
+        requested, source = self._requested_fp8_backend(handler)
+        try:
+            self._fp8 = choose_backend(self._registry, "fp8", requested, source)
+        except BackendUnavailableError as exc:
+            fallback = self.config.fp8_fallback
+            if not fallback:
+                raise BackendUnavailableError(f"{exc} Or set fp8_fallback='bf16' to train in bf16 instead.") from None
+            warnings.warn(f"FP8 cannot run here, so training falls back to {fallback} (fp8_fallback): {exc}", stacklevel=3)
+            self.mixed_precision = fallback
+            return None
+        return self._resolve_fp8_options(self._fp8.chosen, handler)
+
+    def _requested_fp8_backend(self, handler: Any) -> tuple[str | None, str]:
+        if isinstance(handler, RecipeKwargs) and handler.backend_name:
+            return handler.backend_name, type(handler).__name__
+        if isinstance(handler, FP8RecipeKwargs) and handler.backend:
+            return handler.backend, "FP8RecipeKwargs(backend=...)"
+        from_config = self.config.fp8_config.get("backend")
+        if from_config:
+            env = fp8_env_var("backend")
+            source = f"env {env} / lowbit launch --fp8_backend" if os.environ.get(env) else "config file fp8_config.backend"
+            return from_config, source
+        return None, "ranking"
+
+    def _resolve_fp8_options(self, chosen: Candidate, handler: Any) -> RecipeKwargs | None:
+        options_class = chosen.description.options_class
+        if options_class is None:
+            return None
+        if isinstance(handler, FP8RecipeKwargs):
+            options = handler.to_recipe(options_class)
+        elif isinstance(handler, options_class):
+            options = handler
+        else:
+            options = options_class()
+        file_values = {k: v for k, v in self.config.fp8_config.items() if k != "backend"}
+        ignored = sorted(set(file_values) - set(options_class.option_specs()))
+        if ignored:
+            warnings.warn(
+                f"fp8_config keys {', '.join(ignored)} do not apply to the {chosen.name!r} backend and are ignored.",
+                stacklevel=4,
+            )
+        options.fill_missing(file_values, where="fp8_config")
+        options.fill_defaults()
+        return options
+
+    def _choose_strategy(self) -> Selection | None:
+        dtype = self.config.distributed_type
+        if self.num_processes == 1 and dtype in ("NO", "MULTI_CPU", "MULTI_GPU"):
+            return None
+        return choose_backend(self._registry, "distributed", _STRATEGY_OF[dtype], f"distributed_type={dtype}")
+
+    def _strategy_options(self) -> dict[str, Any]:
+        if self._strategy is None:
+            return {}
+        return {"fsdp": self.config.fsdp_config, "deepspeed": self.config.deepspeed_config}.get(self._strategy.name, {})
+
+    def _strategy_owns_precision(self) -> bool:
+        return self._strategy is not None and self._strategy.name == "deepspeed"
+
+    def _init_distributed(self) -> None:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.num_processes = world
+        self.process_index = int(os.environ.get("RANK", "0"))
+        self.local_process_index = int(os.environ.get("LOCAL_RANK", "0"))
+        if self.hardware.device_type == "cuda":
+            self.device = torch.device("cuda", self.local_process_index % max(self.hardware.device_count, 1))
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device(self.hardware.device_type)
+        if world > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+
+    # ------------------------------------------------------------------ what was chosen
+
+    @property
+    def fp8_backend(self) -> str | None:
+        """Name of the FP8 backend in use ("msamp", "te", "ao", ...), or None."""
+        return self._fp8.name if self._fp8 else None
+
+    @property
+    def fp8_options(self) -> RecipeKwargs | None:
+        """The chosen backend's resolved recipe (every field filled)."""
+        return self.context.fp8_options
+
+    @property
+    def distributed_strategy(self) -> str:
+        return self.context.strategy
+
+    def explain_backend_choice(self) -> str:
+        """Why this backend: every installed backend with its priority and reason to decline."""
+        if self._fp8 is None:
+            return f"mixed_precision={self.mixed_precision!r}: no FP8 backend in use.\n" + choose_backend(
+                self._registry, "precision", "native", "built-in"
+            ).explain()
+        return self._fp8.explain()
+
+    # ------------------------------------------------------------------ processes
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        if self.use_distributed:
+            torch.distributed.barrier()
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate ``tensor`` from every process along dim 0 (scalars become 1-D)."""
+        if not self.use_distributed:
+            return tensor
+        tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
+        torch.distributed.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts, dim=0)
+
+    # ------------------------------------------------------------------ routing
+
+    def _routed(self, selection: Selection | None, hook_name: str) -> Callable[..., Any] | None:
+        """The hook caller for the chosen plugin alone (cached: forward calls it every step)."""
+        if selection is None or selection.chosen is None:
+            return None
+        plugin = selection.chosen.plugin
+        key = (id(plugin), hook_name)
+        if key not in self._routed_callers:
+            others = [p for p in self._plugins.get_plugins() if p is not plugin]
+            self._routed_callers[key] = self._plugins.subset_hook_caller(hook_name, remove_plugins=others)
+        return self._routed_callers[key]
+
+    def _call(self, selection: Selection | None, hook_name: str, **kwargs: Any) -> Any:
+        caller = self._routed(selection, hook_name)
+        return None if caller is None else caller(context=self.context, **kwargs)
+
+    def _implements(self, selection: Selection | None, hook_name: str) -> bool:
+        caller = self._routed(selection, hook_name)
+        return caller is not None and bool(caller.get_hookimpls())
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare models, optimizers, dataloaders and LR schedulers, in any order.
+
+        Returns them in the order given (a single object is returned as itself).
+        """
+        kinds = [self._kind_of(index, obj) for index, obj in enumerate(objects)]
+        result = list(objects)
+        self._call(self._fp8, "check_compatibility")
+        self._call(self._strategy, "check_compatibility")
+
+        model_positions = [i for i, k in enumerate(kinds) if k == "model"]
+        optimizer_positions = [i for i, k in enumerate(kinds) if k == "optimizer"]
+        raw_optimizers = {i: objects[i] for i in optimizer_positions}
+        # A model and the optimizers created for it travel together through the joint hooks.
+        paired_optimizer = optimizer_positions[0] if len(model_positions) == 1 and optimizer_positions else None
+        if len(model_positions) == 1 and self.context.batch_size is None:
+            self.context.batch_size = next(
+                (getattr(o, "batch_size", None) for o, k in zip(objects, kinds) if k == "dataloader"), None
+            )
+
+        for m_index in model_positions:
+            model = result[m_index].to(self.device)
+            optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
+            model, optimizer = self._prepare_fp8(model, optimizer)
+            if paired_optimizer is not None:
+                raw_optimizers[paired_optimizer] = optimizer
+            model, optimizer = self._distribute(model, optimizer)
+            if paired_optimizer is not None:
+                raw_optimizers[paired_optimizer] = optimizer
+            result[m_index] = self._wrap_forward(model)
+            self._models.append(result[m_index])
+
+        if self._fp8 is not None and paired_optimizer is None:
+            for index in optimizer_positions:  # optimizers prepared without their model
+                raw_optimizers[index] = self._call(self._fp8, "wrap_optimizer", optimizer=raw_optimizers[index], model=None) or raw_optimizers[index]
+        for index in optimizer_positions:
+            result[index] = self._prepare_optimizer(raw_optimizers[index])
+
+        replaced = {id(objects[i]): result[i] for i in optimizer_positions}
+        for index, kind in enumerate(kinds):
+            if kind == "scheduler":
+                result[index] = self._prepare_scheduler(objects[index], replaced)
+            elif kind == "dataloader":
+                result[index] = PreparedDataLoader(objects[index], self.device, self.num_processes, self.process_index)
+                self._dataloaders.append(result[index])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    @staticmethod
+    def _kind_of(index: int, obj: Any) -> str:
+        if isinstance(obj, torch.nn.Module):
+            return "model"
+        if isinstance(obj, PreparedOptimizer):
+            raise ConfigError(f"prepare() argument {index} is already prepared; pass each object once.")
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer"
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return "dataloader"
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+            hasattr(obj, "step") and isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer)
+        ):
+            return "scheduler"
+        raise TypeError(
+            f"prepare() argument {index} is a {type(obj).__module__}.{type(obj).__name__}, which lowbit cannot prepare. "
+            "It takes models (torch.nn.Module), optimizers (torch.optim.Optimizer), dataloaders "
+            "(torch.utils.data.DataLoader) and LR schedulers."
+        )
+
+    def _prepare_fp8(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+        if self._fp8 is None:
+            return model, optimizer
+        names = _parameter_names(model)
+        if self._implements(self._fp8, "prepare_model_and_optimizer"):
+            model, optimizer = self._call(self._fp8, "prepare_model_and_optimizer", model=model, optimizer=optimizer)
+            return model, optimizer
+        model = self._call(self._fp8, "convert_model", model=model) or model
+        if optimizer is not None:
+            _remap_optimizer_params(optimizer, names, model)
+            optimizer = self._call(self._fp8, "wrap_optimizer", optimizer=optimizer, model=model) or optimizer
+        return model, optimizer
+
+    def _distribute(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+        if self._strategy is None:
+            return model, optimizer
+        names = _parameter_names(model)
+        wrapped = self._call(self._strategy, "wrap_for_distribution", model=model, optimizer=optimizer)
+        new_model, new_optimizer = wrapped if wrapped is not None else (model, optimizer)
+        if new_optimizer is optimizer and optimizer is not None:
+            _remap_optimizer_params(optimizer, names, new_model)  # FSDP2 swaps in DTensor parameters
+        return new_model, new_optimizer
+
+    def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.config.dynamo_backend not in ("no", "NO", None):
+            model = torch.compile(model, backend=self.config.dynamo_backend.lower())
+        outer = self._routed(self._precision, "autocast_context") if self.context.autocast_dtype is not None else None
+        inner = self._routed(self._fp8, "autocast_context") if self._implements(self._fp8, "autocast_context") else None
+        if outer is None and inner is None:
+            return model
+        original = model.forward
+        context = self.context
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with _maybe(outer, model, context), _maybe(inner, model, context):
+                output = original(*args, **kwargs)
+            return _outputs_to_fp32(output)
+
+        forward.__wrapped__ = original  # type: ignore[attr-defined]
+        model.forward = forward
+        model._lowbit_original_forward = original  # type: ignore[assignment]
+        return model
+
+    def _prepare_optimizer(self, optimizer: Any) -> PreparedOptimizer:
+        if isinstance(optimizer, PreparedOptimizer):
+            return optimizer
+        after_step = None
+        if self._implements(self._fp8, "after_optimizer_step"):
+            model = self._models[-1] if self._models else None
+            caller = self._routed(self._fp8, "after_optimizer_step")
+            after_step = lambda: caller(model=model, optimizer=optimizer, context=self.context)  # noqa: E731
+        prepared = PreparedOptimizer(optimizer, self, after_step)
+        self._optimizers.append(prepared)
+        return prepared
+
+    def _prepare_scheduler(self, scheduler: Any, replaced: dict[int, PreparedOptimizer]) -> PreparedScheduler:
+        prepared_opt = replaced.get(id(scheduler.optimizer))
+        if prepared_opt is not None and prepared_opt.optimizer is not scheduler.optimizer:
+            # The backend swapped the optimizer (e.g. for one with FP8 states); keep the
+            # schedule driving the one that actually steps.
+            scheduler.optimizer = prepared_opt.optimizer
+        optimizers = [prepared_opt] if prepared_opt is not None else list(self._optimizers)
+        prepared = PreparedScheduler(scheduler, optimizers, self)
+        self._schedulers.append(prepared)
+        return prepared
+
+    # ------------------------------------------------------------------ training loop
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided for gradient accumulation and scaled for fp16."""
+        if self.config.gradient_accumulation_steps > 1:
+            loss = loss / self.config.gradient_accumulation_steps
+        model = self._models[0] if self._models else None
+        if self._call(self._strategy, "backward", loss=loss, model=model):
+            return
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Run one micro-batch; gradients sync and optimizers step every N-th call."""
+        self.step += 1
+        self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients:
+                for model in models:
+                    if hasattr(model, "no_sync"):
+                        stack.enter_context(model.no_sync())
+                    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+                        model.set_requires_gradient_sync(False)
+                        stack.callback(model.set_requires_gradient_sync, True)
+            yield
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The same contexts a prepared model's forward runs in, for code outside ``forward``."""
+        outer = self._routed(self._precision, "autocast_context") if self.context.autocast_dtype is not None else None
+        inner = self._routed(self._fp8, "autocast_context") if self._implements(self._fp8, "autocast_context") else None
+        with _maybe(outer, None, self.context), _maybe(inner, None, self.context):
+            yield
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip gradients by total norm, unscaling fp16 gradients first."""
+        if self.scaler is not None:
+            for opt in self._optimizers:
+                if id(opt.optimizer) not in self._unscaled:
+                    self.scaler.unscale_(opt.optimizer)
+                    self._unscaled.add(id(opt.optimizer))
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+        """The model without distributed/compile wrappers (and without the autocast forward if asked)."""
+        if not keep_fp32_wrapper and hasattr(model, "_lowbit_original_forward"):
+            model.forward = model._lowbit_original_forward
+            del model._lowbit_original_forward
+        while True:
+            if hasattr(model, "_orig_mod"):
+                model = model._orig_mod
+            elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or hasattr(model, "module") and type(model).__name__ == "DeepSpeedEngine":
+                model = model.module
+            else:
+                return model
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _setup_fingerprint(self) -> dict[str, Any]:
+        return {"mixed_precision": self.mixed_precision, "fp8_backend": self.fp8_backend, "strategy": self.context.strategy}
+
+    def save_state(self, output_dir: str | os.PathLike) -> Path:
+        """Save everything needed to resume: model, optimizer, scheduler, scaler, RNG, counters.
+
+        Written to a temp directory and renamed into place, so a crash keeps the previous one.
+        """
+        output_dir = Path(output_dir)
+        with checkpoint.atomic_directory(output_dir, self.is_main_process, self.wait_for_everyone) as tmp:
+            handled = False
+            if self._models and self._strategy is not None:
+                optimizer = self._optimizers[0].optimizer if self._optimizers else None
+                handled = bool(self._call(self._strategy, "save_checkpoint", directory=str(tmp), model=self._models[0], optimizer=optimizer))
+            if self.is_main_process:
+                if not handled:
+                    for i, model in enumerate(self._models):
+                        checkpoint.write_file_atomically(self.unwrap_model(model).state_dict(), tmp / f"model_{i}.pt")
+                    for i, opt in enumerate(self._optimizers):
+                        checkpoint.write_file_atomically(opt.state_dict(), tmp / f"optimizer_{i}.pt")
+                for i, sched in enumerate(self._schedulers):
+                    checkpoint.write_file_atomically(sched.state_dict(), tmp / f"scheduler_{i}.pt")
+                if self.scaler is not None:
+                    checkpoint.write_file_atomically(self.scaler.state_dict(), tmp / "scaler.pt")
+                checkpoint.write_metadata(
+                    tmp,
+                    {
+                        **self._setup_fingerprint(),
+                        "lowbit_version": _lowbit_version(),
+                        "world_size": self.num_processes,
+                        "step": self.step,
+                        "strategy_checkpoint": handled,
+                        "dataloader_epochs": [d.epoch for d in self._dataloaders],
+                    },
+                )
+            checkpoint.write_file_atomically(_rng_state(), tmp / f"rng_state_{self.process_index}.pt")
+        return output_dir
+
+    def load_state(self, input_dir: str | os.PathLike) -> None:
+        """Restore what ``save_state`` wrote, into the objects already prepared."""
+        directory = checkpoint.resolve_checkpoint_dir(Path(input_dir))
+        meta = checkpoint.read_metadata(directory)
+        checkpoint.check_same_setup(meta, self._setup_fingerprint(), directory)
+        if meta.get("strategy_checkpoint"):
+            optimizer = self._optimizers[0].optimizer if self._optimizers else None
+            self._call(self._strategy, "load_checkpoint", directory=str(directory), model=self._models[0], optimizer=optimizer)
+        else:
+            for i, model in enumerate(self._models):
+                state = checkpoint.read_tensor_file(directory / f"model_{i}.pt")
+                try:
+                    self.unwrap_model(model).load_state_dict(state)
+                except RuntimeError as exc:
+                    raise checkpoint.CheckpointError(f"{directory / f'model_{i}.pt'} does not fit this model: {exc}") from None
+            for i, opt in enumerate(self._optimizers):
+                opt.load_state_dict(checkpoint.read_tensor_file(directory / f"optimizer_{i}.pt"))
+        for i, sched in enumerate(self._schedulers):
+            sched.load_state_dict(checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt"))
+        if self.scaler is not None:
+            self.scaler.load_state_dict(checkpoint.read_tensor_file(directory / "scaler.pt"))
+        for loader, epoch in zip(self._dataloaders, meta.get("dataloader_epochs", [])):
+            loader.set_epoch(epoch)
+        self.step = meta.get("step", 0)
+        rng_file = directory / f"rng_state_{self.process_index}.pt"
+        if rng_file.exists():
+            _set_rng_state(checkpoint.read_tensor_file(rng_file))
+        self.wait_for_everyone()
+
+    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full, plain state dict an unconverted model loads, on every rank."""
+        state = self._call(self._strategy, "full_state_dict", model=model)
+        if state is None:
+            state = self.unwrap_model(model).state_dict()
+        exported = self._call(self._fp8, "export_state_dict", model=self.unwrap_model(model), state_dict=state)
+        state = exported if exported is not None else state
+        return {k: v.detach().cpu().clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, filename: str = _MODEL_FILE) -> Path:
+        """Write a plain ``{name: tensor}`` file (``torch.load(weights_only=True)`` reads it) that
+        the unconverted ``nn.Module`` loads, whichever backend trained the model."""
+        state = self.get_state_dict(model)
+        path = Path(save_directory) / filename
+        if self.is_main_process:
+            checkpoint.write_file_atomically(state, path)
+        self.wait_for_everyone()
+        return path
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _maybe(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:
+    if caller is None:
+        return contextlib.nullcontext()
+    return caller(model=model, context=context) or contextlib.nullcontext()
+
+
+def _outputs_to_fp32(output: Any) -> Any:
+    """Return model outputs in fp32 so the loss is computed outside low precision."""
+    if isinstance(output, torch.Tensor):
+        return output.float() if output.dtype in (torch.float16, torch.bfloat16) else output
+    if isinstance(output, dict):
+        return type(output)({k: _outputs_to_fp32(v) for k, v in output.items()})
+    if isinstance(output, (list, tuple)) and not hasattr(output, "_fields"):
+        return type(output)(_outputs_to_fp32(v) for v in output)
+    return output
+
+
+def _parameter_names(model: torch.nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+def _remap_optimizer_params(optimizer: torch.optim.Optimizer, old_names: dict[int, str], model: torch.nn.Module) -> None:
+    """Point the optimizer at the model's current parameters after a backend replaced them."""
+    current = dict(model.named_parameters(remove_duplicate=False))
+    for group in optimizer.param_groups:
+        new_params = []
+        for p in group["params"]:
+            replacement = current.get(old_names.get(id(p), ""), p)
+            if replacement is not p and p in optimizer.state:
+                optimizer.state[replacement] = optimizer.state.pop(p)
+            new_params.append(replacement)
+        group["params"] = new_params
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,1 @@
+"""Plugins that ship inside the core: hardware detection, native autocast, DDP and FSDP2."""

@@ -1,0 +1,103 @@
+"""Built-in strategy: FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Blocks are sharded one by one (auto-wrap by module class), then the root, so that all-gathers
+of one block overlap compute of the previous one. Mixed precision uses FSDP2's own
+``MixedPrecisionPolicy``: parameters are gathered in the compute dtype, gradients reduced in fp32.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from lowbit.errors import ConfigError, did_you_mean
+from lowbit.hookspecs import hookimpl
+from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+
+NAME = "fsdp"
+OPTIONS = {
+    "transformer_layer_cls_to_wrap": "class names to shard as separate units (default: every item of every nn.ModuleList)",
+    "reshard_after_forward": "free gathered parameters after forward (default true)",
+}
+
+
+@hookimpl
+def describe_backend(hardware: HardwareInfo) -> BackendDescription:
+    return BackendDescription(name=NAME, kind="distributed", priority=5, available=True, aliases=("fsdp2",))
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    for key in options:
+        if key not in OPTIONS:
+            raise ConfigError(f"Unknown key {key!r} in fsdp_config.{did_you_mean(key, OPTIONS)} Valid keys: {', '.join(OPTIONS)}.")
+
+
+def _units_to_shard(model, class_names: list[str] | None):
+    import torch.nn as nn
+
+    if class_names:
+        wanted = set(class_names)
+        units = [m for m in model.modules() if type(m).__name__ in wanted and m is not model]
+        found = {type(m).__name__ for m in units}
+        missing = wanted - found
+        if missing:
+            present = sorted({type(m).__name__ for m in model.modules()})
+            name = sorted(missing)[0]
+            raise ConfigError(
+                f"fsdp_config.transformer_layer_cls_to_wrap names {name!r}, which is not in the model."
+                f"{did_you_mean(name, present)} Module classes in the model: {', '.join(present)}."
+            )
+        return units
+    return [block for m in model.modules() if isinstance(m, nn.ModuleList) for block in m]
+
+
+@hookimpl
+def check_compatibility(context: PrepareContext) -> None:
+    _check_options(context.strategy_options)
+
+
+@hookimpl
+def wrap_for_distribution(model, optimizer, context: PrepareContext):
+    if model is None:
+        return model, optimizer
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    options = context.strategy_options
+    # FP8 runs its own casts inside bf16 autocast; gathering params in bf16 as well would make
+    # torchao's float8 all-gather see bf16 weights, so FP8 keeps fp32 params here.
+    param_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(context.mixed_precision)
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
+    reshard = bool(options.get("reshard_after_forward", True))
+    for unit in _units_to_shard(model, options.get("transformer_layer_cls_to_wrap")):
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+    return model, optimizer
+
+
+@hookimpl
+def full_state_dict(model, context: PrepareContext):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+@hookimpl
+def save_checkpoint(directory: str, model, optimizer, context: PrepareContext):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=f"{directory}/fsdp_sharded")
+    return True
+
+
+@hookimpl
+def load_checkpoint(directory: str, model, optimizer, context: PrepareContext):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    optimizers = [optimizer] if optimizer is not None else []
+    model_state, optim_state = get_state_dict(model, optimizers)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=f"{directory}/fsdp_sharded")
+    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return True

@@ -1,0 +1,23 @@
+"""Built-in hardware detector: the current CUDA device when there is one, else the CPU."""
+from __future__ import annotations
+
+import os
+import platform
+
+from lowbit.hookspecs import hookimpl
+from lowbit.types import HardwareInfo
+
+
+@hookimpl(trylast=True)
+def detect_hardware(cpu: bool) -> HardwareInfo:
+    import torch
+
+    if not cpu and torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", torch.cuda.current_device())) % torch.cuda.device_count()
+        return HardwareInfo(
+            device_type="cuda",
+            device_name=torch.cuda.get_device_name(index),
+            device_count=torch.cuda.device_count(),
+            compute_capability=tuple(torch.cuda.get_device_capability(index)),
+        )
+    return HardwareInfo(device_type="cpu", device_name=platform.processor() or "CPU", device_count=os.cpu_count() or 1)

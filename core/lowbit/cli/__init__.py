@@ -1,0 +1,1 @@
+"""The ``lowbit`` command. Importing it (and ``lowbit --help``) must not import torch."""

@@ -1,0 +1,52 @@
+"""``lowbit config``: write the YAML config, from flags, from questions, or with defaults."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from lowbit.cli.flags import add_config_flags, raw_config_from_args
+
+
+def add_parser(sub: Any, name: str, help_text: str) -> None:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    add_config_flags(parser)
+    parser.add_argument("--default", action="store_true", help="write the defaults, asking nothing")
+    parser.set_defaults(run=run)
+
+
+def _ask(question: str, default: str, choices: tuple[str, ...] | None = None) -> str:
+    hint = f" [{'/'.join(choices)}]" if choices else ""
+    while True:
+        answer = input(f"{question}{hint} (default {default}): ").strip() or default
+        if not choices or answer in choices:
+            return answer
+        print(f"Please answer one of: {', '.join(choices)}.")
+
+
+def _interactive() -> dict[str, Any]:
+    from lowbit.config import DISTRIBUTED_TYPES, MIXED_PRECISIONS
+
+    raw: dict[str, Any] = {}
+    raw["distributed_type"] = _ask("Distributed type?", "NO", DISTRIBUTED_TYPES)
+    if raw["distributed_type"] != "NO":
+        raw["num_processes"] = int(_ask("Processes per machine?", "2"))
+    raw["use_cpu"] = _ask("Train on CPU only?", "no", ("yes", "no")) == "yes"
+    raw["mixed_precision"] = _ask("Mixed precision?", "no", MIXED_PRECISIONS)
+    if raw["mixed_precision"] == "fp8":
+        backend = _ask("FP8 backend (empty: best available)?", "auto")
+        if backend != "auto":
+            raw["fp8_config"] = {"backend": backend}
+    return raw
+
+
+def run(args: argparse.Namespace) -> int:
+    from lowbit.config import default_config_path, validate_config, write_config_file
+
+    raw = raw_config_from_args(args)
+    if not raw and not args.default and sys.stdin.isatty():
+        raw = _interactive()
+    config = validate_config(raw, where="command line")
+    path = write_config_file(config, args.config_file or default_config_path())
+    print(f"lowbit config written to {path}")
+    return 0

@@ -1,0 +1,51 @@
+"""``lowbit env``: everything a bug report needs, ready to paste."""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import platform
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any, name: str, help_text: str) -> None:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument("--config_file", default=None, help="config to show (default: the default path)")
+    parser.set_defaults(run=run)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from lowbit.cli.plugins_command import collect
+    from lowbit.config import default_config_path, read_config_file
+
+    report = collect()
+    lines = [
+        "- lowbit: " + _version("lowbit"),
+        f"- Python: {sys.version.split()[0]} ({platform.platform()})",
+        "- torch: " + _version("torch"),
+        "- pluggy: " + _version("pluggy"),
+        *(f"- {dist}: {_version(dist)}" for dist in ("torchao", "transformer-engine", "msamp", "deepspeed")),
+        f"- Hardware: {report['hardware']}",
+        f"- FP8 backend that would be chosen: {report['fp8_choice'] or 'none'}",
+        "- Plugins:",
+        *(f"    {r['name']} ({r['distribution'] or '-'} {r['version']}) {r['kind']} priority={r['priority']} "
+          f"{r['status']}{': ' + r['reason'] if r['reason'] else ''}" for r in report["plugins"]),
+    ]
+    path = args.config_file or default_config_path()
+    lines.append(f"- Config file: {path}")
+    try:
+        data = read_config_file(path)
+        lines.extend("    " + line for line in yaml.safe_dump(data, sort_keys=True).splitlines())
+    except Exception as exc:  # noqa: BLE001 - a bug report must print even with a bad config
+        lines.append(f"    ({exc})")
+    print("\n".join(lines))
+    return 0

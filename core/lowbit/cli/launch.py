@@ -1,0 +1,111 @@
+"""``lowbit launch``: run a script on one process, or on many through torchrun.
+
+Settings from the config file and the flags reach the script as ``LOWBIT_*`` env vars, which
+the Accelerator reads. A multi-process run is a plain ``python -m torch.distributed.run``
+launch; ``--debug`` prints the exact command.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from lowbit.cli.flags import add_config_flags, raw_config_from_args
+from lowbit.errors import ConfigError
+
+
+def add_parser(sub: Any, name: str, help_text: str) -> None:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    add_config_flags(parser)
+    _add_plugin_flags(parser)
+    parser.add_argument("training_script", help="the script to run")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.set_defaults(run=run)
+
+
+def _plugin_manager():
+    from lowbit.plugins import make_plugin_manager
+
+    return make_plugin_manager()
+
+
+def _add_plugin_flags(parser: argparse.ArgumentParser) -> None:
+    manager = _plugin_manager()
+    manager.call_each("add_launch_arguments", parser=parser)
+    for broken in manager.broken:
+        print(f"lowbit launch: warning: plugin {broken.describe()}", file=sys.stderr)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            raise ConfigError(
+                f"--main_process_port {port} is already in use on this machine. Pick another port, or leave it "
+                "out on a single machine and lowbit picks a free one."
+            ) from None
+
+
+def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The command to run and the env vars to add, from the config file and the flags."""
+    from lowbit.config import config_to_env, merge_raw, read_config_file, default_config_path, validate_config
+
+    script = Path(args.training_script)
+    if not script.is_file():
+        raise ConfigError(f"Training script {str(script)!r} does not exist (looked in {os.getcwd()}).")
+    path = Path(args.config_file) if args.config_file else default_config_path()
+    file_raw = read_config_file(path) if (args.config_file or path.exists()) else {}
+    flags_raw = raw_config_from_args(args)
+    config = validate_config(merge_raw(file_raw, flags_raw), where=str(path), check_fp8_keys=False)
+    if config.num_processes < 1 or config.num_machines < 1:
+        raise ConfigError(f"--num_processes and --num_machines must be at least 1, got {config.num_processes} and {config.num_machines}.")
+    if config.distributed_type == "NO" and config.num_processes * config.num_machines > 1:
+        config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
+
+    env = config_to_env(config)
+    env["LOWBIT_CONFIG_FILE"] = str(path) if file_raw else os.devnull
+    for _plugin, extra in _plugin_manager().call_each("launch_environment", args=args):
+        env.update({k: str(v) for k, v in extra.items()})
+
+    world = config.num_processes * config.num_machines
+    if world == 1 and config.distributed_type in ("NO", "MULTI_CPU", "MULTI_GPU"):
+        return [sys.executable, str(script), *args.training_script_args], env
+    if config.num_machines > 1:
+        if not config.main_process_ip:
+            raise ConfigError("A multi-machine launch needs --main_process_ip (the address of machine 0).")
+        port = config.main_process_port or 29500
+        if config.machine_rank == 0:
+            _check_port_free(port)
+        rendezvous = ["--nnodes", str(config.num_machines), "--node_rank", str(config.machine_rank),
+                      "--master_addr", config.main_process_ip, "--master_port", str(port)]
+    else:
+        port = config.main_process_port
+        if port is None:
+            port = _free_port()
+        else:
+            _check_port_free(port)
+        rendezvous = ["--nnodes", "1", "--master_addr", config.main_process_ip or "127.0.0.1", "--master_port", str(port)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(config.num_processes),
+               *rendezvous, str(script), *args.training_script_args]
+    return command, env
+
+
+def run(args: argparse.Namespace) -> int:
+    command, extra_env = build_command(args)
+    if args.debug:
+        shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra_env.items()))
+        print(f"lowbit launch: running: {shown} {shlex.join(command)}", file=sys.stderr, flush=True)
+    completed = subprocess.run(command, env={**os.environ, **extra_env})
+    return completed.returncode

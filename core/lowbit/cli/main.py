@@ -1,0 +1,52 @@
+"""Entry point of the ``lowbit`` command: dispatches to one module per subcommand."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lowbit.errors import LowbitError
+
+SUBCOMMANDS = {
+    "plugins": ("lowbit.cli.plugins_command", "list installed backends, their priority and availability"),
+    "env": ("lowbit.cli.env_command", "print versions, hardware, plugins and config for a bug report"),
+    "config": ("lowbit.cli.config_command", "write the YAML config (interactive, from flags, or --default)"),
+    "launch": ("lowbit.cli.launch", "run a training script on one process or many (torchrun)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="lowbit", description="FP8 / BF16 / FP16 training for plain PyTorch scripts.")
+    from lowbit import __version__
+
+    parser.add_argument("--version", action="version", version=f"lowbit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if name in sys.argv[1:2]:  # only the chosen subcommand builds its (maybe plugin-extended) parser
+            importlib.import_module(module_name).add_parser(sub, name, help_text)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    saved, sys.argv = sys.argv, [sys.argv[0], *argv]
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    finally:
+        sys.argv = saved
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args.run(args) or 0)
+    except LowbitError as exc:
+        print(f"lowbit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

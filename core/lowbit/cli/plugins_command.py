@@ -1,0 +1,63 @@
+"""``lowbit plugins``: what is installed, how it ranks, what would be chosen now, and why."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: Any, name: str, help_text: str) -> None:
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--cpu", action="store_true", help="report as if training on CPU")
+    parser.set_defaults(run=run)
+
+
+def collect(cpu: bool = False) -> dict[str, Any]:
+    """Everything ``lowbit plugins`` reports, as plain data."""
+    from lowbit.errors import LowbitError
+    from lowbit.plugins import make_plugin_manager
+    from lowbit.selection import BackendRegistry, choose_backend
+
+    manager = make_plugin_manager()
+    hardware = manager.hook.detect_hardware(cpu=cpu)
+    registry = BackendRegistry(manager, hardware)
+    try:
+        selection = choose_backend(registry, "fp8")
+        chosen, why = selection.name, "highest priority available"
+    except LowbitError as exc:
+        chosen, why = None, str(exc)
+    rows = []
+    for kind in ("fp8", "distributed", "precision"):
+        for cand in registry.ranked(kind):
+            d = cand.description
+            rows.append(
+                dict(name=d.name, distribution=d.distribution, version=d.version, kind=d.kind, priority=d.priority,
+                     status="available" if d.available else "unavailable", reason=d.reason,
+                     chosen=(d.name == chosen))
+            )
+    for b in registry.broken:
+        rows.append(dict(name=b.name, distribution=b.distribution, version="", kind="?", priority=None,
+                         status="broken", reason=b.error, chosen=False))
+    return {"hardware": hardware.describe(), "fp8_choice": chosen, "fp8_choice_reason": why, "plugins": rows}
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect(cpu=args.cpu)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"Hardware: {report['hardware']}")
+    header = f"{'name':<10} {'kind':<11} {'priority':>8}  {'status':<11} {'distribution':<20} {'version':<8} reason"
+    print(header)
+    print("-" * len(header))
+    for row in report["plugins"]:
+        mark = " *" if row["chosen"] else ""
+        priority = "" if row["priority"] is None else row["priority"]
+        print(f"{row['name'] + mark:<10} {row['kind']:<11} {priority:>8}  {row['status']:<11} "
+              f"{row['distribution'] or '-':<20} {row['version'] or '-':<8} {row['reason']}")
+    if report["fp8_choice"]:
+        print(f"\nmixed_precision='fp8' would use: {report['fp8_choice']} (*), {report['fp8_choice_reason']}.")
+    else:
+        print(f"\nmixed_precision='fp8' would fail here: {report['fp8_choice_reason']}")
+    return 0

@@ -1,0 +1,246 @@
+"""The lowbit config: YAML file, env vars and explicit arguments merged into one validated object.
+
+Precedence, highest first: explicit argument > CLI flag / env var > config file > default.
+``lowbit launch`` turns CLI flags and the config file into env vars for the training processes,
+so a script run by hand and a script run by the launcher resolve settings the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from lowbit.errors import ConfigError, did_you_mean
+from lowbit.options import OptionSpec, to_text
+from lowbit.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
+
+CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
+MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED")
+SECTIONS = ("fp8_config", "fsdp_config", "deepspeed_config")
+
+
+def _spec(name: str, kind: Any, default: Any = None, choices: tuple[str, ...] | None = None, help: str = "") -> OptionSpec:
+    return OptionSpec(name, kind, default, choices, help, env="LOWBIT_" + name.upper())
+
+
+TOP_LEVEL: dict[str, OptionSpec] = {
+    s.name: s
+    for s in (
+        _spec("mixed_precision", str, "no", MIXED_PRECISIONS, "no, fp16, bf16 or fp8"),
+        _spec("distributed_type", str, "NO", DISTRIBUTED_TYPES, "NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED"),
+        _spec("num_processes", int, 1, help="processes per machine"),
+        _spec("num_machines", int, 1, help="machines (nodes) in the job"),
+        _spec("machine_rank", int, 0, help="rank of this machine, 0 for the main one"),
+        _spec("main_process_ip", str, None, help="address of machine 0"),
+        _spec("main_process_port", int, None, help="port of the rendezvous on machine 0"),
+        _spec("use_cpu", bool, False, help="train on CPU even when a GPU is present"),
+        _spec("gradient_accumulation_steps", int, 1, help="micro-batches per optimizer step"),
+        _spec("dynamo_backend", str, "no", help="torch.compile backend, e.g. inductor; 'no' disables"),
+        _spec("fp8_fallback", str, None, ("no", "fp16", "bf16"), help="precision to fall back to when FP8 cannot run"),
+        _spec("debug", bool, False, help="print the launcher's underlying command"),
+    )
+}
+# Keys Accelerate's `accelerate config` writes that mean nothing to lowbit; accepted so that an
+# Accelerate config file loads, and otherwise ignored.
+ACCELERATE_ONLY_KEYS = frozenset(
+    {"compute_environment", "main_training_function", "downcast_bf16", "rdzv_backend", "same_network",
+     "enable_cpu_affinity", "gpu_ids", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_mps_device"}
+)
+
+
+@dataclasses.dataclass
+class LowbitConfig:
+    mixed_precision: str = "no"
+    distributed_type: str = "NO"
+    num_processes: int = 1
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    use_cpu: bool = False
+    gradient_accumulation_steps: int = 1
+    dynamo_backend: str = "no"
+    fp8_fallback: str | None = None
+    debug: bool = False
+    fp8_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    fsdp_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    deepspeed_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        return {k: v for k, v in data.items() if v is not None and v != {}}
+
+
+def default_config_path() -> Path:
+    if os.environ.get(CONFIG_FILE_ENV):
+        return Path(os.environ[CONFIG_FILE_ENV])
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "lowbit" / "default_config.yaml"
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML config with ``yaml.safe_load``; errors name the file and the line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"Config file {str(path)!r} does not exist. Write one with `lowbit config`.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"Config file {str(path)!r} is not valid YAML{where}: {problem}.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {str(path)!r} must hold a mapping of keys, got {type(data).__name__}.")
+    return data
+
+
+def _section_error(section: str, key: str, valid: Mapping[str, Any]) -> ConfigError:
+    top_hint = " It is a top-level key: move it out of the section." if key in TOP_LEVEL else ""
+    return ConfigError(
+        f"Unknown key {key!r} in {section}.{did_you_mean(key, valid)}{top_hint} Valid keys: {', '.join(sorted(valid))}."
+    )
+
+
+def validate_config(
+    raw: Mapping[str, Any], fp8_specs: Mapping[str, OptionSpec] | None = None, where: str = "config", *, check_fp8_keys: bool = True
+) -> LowbitConfig:
+    """Check every key and type; unknown or misplaced keys get a 'did you mean' error.
+
+    ``fp8_specs`` adds the installed plugins' fp8_config keys to the documented ones.
+    ``check_fp8_keys=False`` skips fp8_config (used before the plugins are known).
+    """
+    fp8_specs = dict(DOCUMENTED_FP8_KEYS, **(fp8_specs or {}))
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in ACCELERATE_ONLY_KEYS:
+            continue
+        if key in SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} in {where} must be a mapping (a YAML section), got {value!r}.")
+            if key == "fp8_config" and check_fp8_keys:
+                values[key] = _validate_section(key, value, fp8_specs, where)
+            else:
+                values[key] = dict(value)
+            continue
+        if key not in TOP_LEVEL:
+            inside = " It belongs inside fp8_config." if key in fp8_specs else ""
+            raise ConfigError(
+                f"Unknown key {key!r} in {where}.{did_you_mean(key, list(TOP_LEVEL) + list(SECTIONS))}{inside}"
+            )
+        values[key] = TOP_LEVEL[key].parse(value, where=where)
+    return LowbitConfig(**values)
+
+
+def _validate_section(section: str, data: Mapping[str, Any], specs: Mapping[str, OptionSpec], where: str) -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        real = OPTION_SYNONYMS.get(key, key)
+        if real not in specs:
+            raise _section_error(section, key, specs)
+        out[real] = specs[real].parse(value, where=f"{where}, {section}.{key}")
+    return out
+
+
+def config_from_env(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSpec] | None = None) -> dict[str, Any]:
+    """The settings present in env vars, as raw config keys (same shape as the YAML file)."""
+    raw: dict[str, Any] = {}
+    for key, spec in TOP_LEVEL.items():
+        if environ.get(spec.env, "") != "":
+            raw[key] = environ[spec.env]
+    fp8 = {}
+    for key in dict(DOCUMENTED_FP8_KEYS, **(fp8_specs or {})):
+        env = fp8_env_var(key)
+        if environ.get(env, "") != "":
+            fp8[key] = environ[env]
+    if fp8:
+        raw["fp8_config"] = fp8
+    for section in ("fsdp_config", "deepspeed_config"):
+        env = "LOWBIT_" + section.upper()
+        if environ.get(env):
+            try:
+                raw[section] = json.loads(environ[env])
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"Env var {env} must hold JSON: {exc}.") from None
+    return raw
+
+
+def config_to_env(config: LowbitConfig) -> dict[str, str]:
+    """The inverse of ``config_from_env``: what the launcher exports to training processes."""
+    env = {}
+    for key, spec in TOP_LEVEL.items():
+        value = getattr(config, key)
+        if value is not None and value != spec.default:
+            env[spec.env] = to_text(value)
+    for key, value in config.fp8_config.items():
+        if value is not None:
+            env[fp8_env_var(key)] = to_text(value)
+    for section in ("fsdp_config", "deepspeed_config"):
+        if getattr(config, section):
+            env["LOWBIT_" + section.upper()] = json.dumps(getattr(config, section))
+    return env
+
+
+def merge_raw(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge raw config layers, later ones winning; sections merge key by key."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key in SECTIONS and isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    return merged
+
+
+def resolve_config(
+    explicit: Mapping[str, Any] | None = None,
+    config_file: str | os.PathLike | None = None,
+    environ: Mapping[str, str] | None = None,
+    fp8_specs: Mapping[str, OptionSpec] | None = None,
+    *,
+    check_fp8_keys: bool = True,
+) -> LowbitConfig:
+    """Merge default < config file < env vars < explicit arguments, then validate."""
+    environ = os.environ if environ is None else environ
+    if config_file is not None:
+        file_raw = read_config_file(config_file)
+        where = str(config_file)
+    else:
+        path = default_config_path()
+        file_raw = read_config_file(path) if path.exists() else {}
+        where = str(path)
+    # Validate each layer on its own so that errors name their source.
+    check = dict(check_fp8_keys=check_fp8_keys)
+    validate_config(file_raw, fp8_specs, where=where, **check)
+    env_raw = config_from_env(environ, fp8_specs)
+    validate_config(env_raw, fp8_specs, where="environment variables", **check)
+    explicit_raw = {k: v for k, v in (explicit or {}).items() if v is not None}
+    validate_config(explicit_raw, fp8_specs, where="Accelerator arguments", **check)
+    return validate_config(merge_raw(file_raw, env_raw, explicit_raw), fp8_specs, where=where, **check)
+
+
+def write_config_file(config: LowbitConfig, path: str | os.PathLike) -> Path:
+    """Write atomically: a crash mid-write leaves the previous file in place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = config.to_dict()
+    if "fp8_config" in data and "override_linear_precision" in data["fp8_config"]:
+        data["fp8_config"]["override_linear_precision"] = list(data["fp8_config"]["override_linear_precision"])
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        yaml.safe_dump(data, handle, sort_keys=True)
+    os.replace(tmp, path)
+    return path

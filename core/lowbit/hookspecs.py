@@ -1,0 +1,205 @@
+"""The plugin contract: every hook lowbit calls, who calls it, when, and what it must return.
+
+A plugin is a module (or object) with functions marked ``@lowbit.hookimpl`` whose names match
+the specs below. A hookimpl may accept any subset of a spec's arguments.
+
+Routing: only ``describe_backend``, ``detect_hardware`` and the launcher hooks are broadcast to
+every plugin. All other hooks are *routed*: lowbit calls them on the one chosen FP8 backend, the
+one chosen precision plugin, or the one chosen distributed strategy, never on the others.
+A routed hook that a plugin does not implement falls back to the default stated in its docstring.
+
+Importing this module must never import torch or any backend library.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ContextManager
+
+import pluggy
+
+if TYPE_CHECKING:
+    import argparse
+
+    import torch
+
+    from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+
+PROJECT_NAME = "lowbit"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+@hookspec(firstresult=True)
+def detect_hardware(cpu: bool) -> HardwareInfo | None:
+    """Report the device this process trains on.
+
+    Called by: ``Accelerator.__init__``, ``lowbit plugins`` and ``lowbit env``, once each.
+    ``cpu`` is True when the user forced CPU (``Accelerator(cpu=True)`` / ``--cpu``).
+    Return a :class:`~lowbit.types.HardwareInfo`, or None to let the next plugin decide.
+    The built-in detector (CUDA, else CPU) runs last, so a third-party detector wins.
+    """
+
+
+@hookspec
+def describe_backend(hardware: HardwareInfo) -> BackendDescription | None:
+    """Describe the backend this plugin offers and whether it can run on ``hardware``.
+
+    Called by: the plugin manager, on every plugin, each call isolated in its own try/except,
+    when a backend must be chosen and by ``lowbit plugins``.
+    Return a :class:`~lowbit.types.BackendDescription` with ``kind`` "fp8", "precision" or
+    "distributed", an integer ``priority`` (higher wins; msamp 300 > te 200 > ao 100) and,
+    when unavailable, a ``reason`` a person can act on ("msamp not importable: ...").
+    Must be cheap: check with ``importlib.util.find_spec`` and package metadata, never by
+    importing the backend library. Raising marks the plugin broken; the others keep working.
+    """
+
+
+# --------------------------------------------------------------------------- routed: FP8 backend
+
+
+@hookspec(firstresult=True)
+def check_compatibility(context: PrepareContext) -> None:
+    """Refuse a combination the backend cannot run, before anything is changed.
+
+    Called by: ``Accelerator.prepare`` on the chosen FP8 backend and the chosen strategy,
+    first, with the full context (precision, strategy, world size).
+    Raise :class:`~lowbit.errors.UnsupportedCombinationError` with a clear message
+    (e.g. "MS-AMP does not support ZeRO-3"). Return None when the combination is fine.
+    """
+
+
+@hookspec(firstresult=True)
+def convert_model(model: torch.nn.Module, context: PrepareContext) -> torch.nn.Module | None:
+    """Swap the model's layers for the backend's FP8 layers.
+
+    Called by: ``Accelerator.prepare``, on the chosen FP8 backend only, once per model,
+    before the model is moved into any distributed wrapper.
+    ``context.fp8_options`` holds the resolved recipe kwargs. Return the converted model
+    (it may be the same object, modified in place). Default: the model unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def wrap_optimizer(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, context: PrepareContext
+) -> torch.optim.Optimizer | None:
+    """Replace or wrap the optimizer, e.g. with one that keeps FP8 states.
+
+    Called by: ``Accelerator.prepare``, on the chosen FP8 backend only, once per optimizer,
+    after ``convert_model`` (``model`` is the converted model when one was prepared in the same
+    call, else None). Return the optimizer to use. Default: the optimizer unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def prepare_model_and_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, context: PrepareContext
+) -> tuple[torch.nn.Module, torch.optim.Optimizer | None] | None:
+    """Convert model and optimizer together, for backends whose API takes both at once.
+
+    Called by: ``Accelerator.prepare``, on the chosen FP8 backend, in place of
+    ``convert_model`` + ``wrap_optimizer`` when it is implemented (``msamp.initialize``).
+    Return ``(model, optimizer)``; the returned objects are what the user gets back.
+    Return None to fall back to ``convert_model`` and ``wrap_optimizer``.
+    """
+
+
+@hookspec(firstresult=True)
+def autocast_context(model: torch.nn.Module, context: PrepareContext) -> ContextManager | None:
+    """Give the context manager every forward pass of ``model`` runs in.
+
+    Called by: ``Accelerator.prepare`` and ``Accelerator.autocast``, on the chosen precision
+    plugin (the outer context: native autocast) and then on the chosen FP8 backend (the inner
+    context, e.g. TE's ``fp8_autocast``). The context is entered on every forward call, so
+    check ``model.training`` inside it if it must behave differently in eval.
+    Return None for "no context".
+    """
+
+
+@hookspec(firstresult=True)
+def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, context: PrepareContext) -> None:
+    """Do per-step bookkeeping after a real (not skipped) optimizer step.
+
+    Called by: the prepared optimizer's ``step``, on the chosen FP8 backend, e.g. for torchao's
+    ``precompute_float8_dynamic_scale_for_fsdp``. Return None.
+    """
+
+
+@hookspec(firstresult=True)
+def export_state_dict(model: torch.nn.Module, state_dict: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
+    """Map a converted model's state dict back to the plain model's names and tensors.
+
+    Called by: ``Accelerator.save_model``, on the chosen FP8 backend, after the strategy has
+    gathered a full state dict. Drop FP8 metadata (it belongs in ``save_state``), turn tensor
+    subclasses into plain tensors. Return the new dict. Default: unchanged.
+    """
+
+
+# --------------------------------------------------------------------------- routed: distributed strategy
+
+
+@hookspec(firstresult=True)
+def wrap_for_distribution(
+    model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, context: PrepareContext
+) -> tuple[torch.nn.Module | None, torch.optim.Optimizer | None] | None:
+    """Wrap the (already FP8-converted) model and optimizer for multi-process training.
+
+    Called by: ``Accelerator.prepare``, on the chosen strategy, after FP8 conversion and before
+    forward autocast wrapping. Return ``(model, optimizer)``. Default: both unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def backward(loss: torch.Tensor, model: torch.nn.Module | None, context: PrepareContext) -> bool | None:
+    """Run the backward pass when the strategy owns it (DeepSpeed's ``engine.backward``).
+
+    Called by: ``Accelerator.backward``, on the chosen strategy. ``loss`` is already divided by
+    the gradient-accumulation steps. Return True when handled; None lets lowbit call
+    ``loss.backward()`` (with loss scaling for fp16).
+    """
+
+
+@hookspec(firstresult=True)
+def full_state_dict(model: torch.nn.Module, context: PrepareContext) -> dict[str, Any] | None:
+    """Gather the model's complete, unsharded state dict (on every rank; only rank 0 writes it).
+
+    Called by: ``Accelerator.save_model``, on the chosen strategy. Default: ``model.state_dict()``.
+    """
+
+
+@hookspec(firstresult=True)
+def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, context: PrepareContext) -> bool | None:
+    """Write the strategy's own checkpoint into ``directory`` (DeepSpeed's ``save_checkpoint``).
+
+    Called by: ``Accelerator.save_state``, on the chosen strategy, on every rank.
+    Return True when the strategy saved model and optimizer itself; None lets lowbit do it.
+    """
+
+
+@hookspec(firstresult=True)
+def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, context: PrepareContext) -> bool | None:
+    """Read back what ``save_checkpoint`` wrote. Return True when handled, None otherwise."""
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+@hookspec
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the plugin's own ``lowbit launch`` flags (e.g. ``--fp8_format``, ``--zero_stage``).
+
+    Called by: ``lowbit launch`` on every plugin, each isolated, before parsing. Put the flags
+    in an argument group named after the plugin; default them to None so the config file and
+    env vars can fill them. Must not import torch or a backend library.
+    """
+
+
+@hookspec
+def launch_environment(args: argparse.Namespace) -> dict[str, str] | None:
+    """Turn the plugin's parsed launch flags into env vars for the training processes.
+
+    Called by: ``lowbit launch`` on every plugin, after parsing. Return e.g.
+    ``{"LOWBIT_FP8_FP8_FORMAT": "E4M3"}``, only for flags that were given.
+    """

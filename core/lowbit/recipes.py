@@ -1,0 +1,127 @@
+"""Recipe-kwargs base classes: how a backend's options are declared, filled and validated.
+
+A backend plugin declares its options as a dataclass deriving from :class:`RecipeKwargs`, with
+every field made by :func:`recipe_option`. Fields left as None are filled, in order, from the
+``LOWBIT_FP8_*`` environment variables (on construction), then from the config file's
+``fp8_config`` section, then from the option's default. So an explicit argument always wins.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, ClassVar, Mapping
+
+from lowbit.errors import ConfigError, did_you_mean
+from lowbit.options import OptionSpec
+
+FP8_ENV_PREFIX = "LOWBIT_FP8_"
+# Accelerate's docs spell this one two ways; both mean opt_level.
+OPTION_SYNONYMS = {"optimization_level": "opt_level"}
+
+
+def fp8_env_var(key: str) -> str:
+    """``fp8_format`` -> ``LOWBIT_FP8_FORMAT``, ``margin`` -> ``LOWBIT_FP8_MARGIN``."""
+    return FP8_ENV_PREFIX + (key[4:] if key.startswith("fp8_") else key).upper()
+
+
+def recipe_option(
+    default: Any = None, *, type: Any = str, choices: tuple[str, ...] | None = None, help: str = "", code_only: bool = False
+) -> Any:
+    """A recipe field: None until filled, with its real default and type kept in metadata."""
+    return dataclasses.field(
+        default=None,
+        metadata={"lowbit": dict(type=type, default=default, choices=choices, help=help, code_only=code_only)},
+    )
+
+
+@dataclasses.dataclass
+class RecipeKwargs:
+    """Base of every backend's recipe-kwargs class (``AORecipeKwargs``, ``TERecipeKwargs``, ...)."""
+
+    backend_name: ClassVar[str] = ""
+
+    @classmethod
+    def option_specs(cls) -> dict[str, OptionSpec]:
+        specs = {}
+        for f in dataclasses.fields(cls):
+            meta = f.metadata.get("lowbit")
+            if meta is not None:
+                specs[f.name] = OptionSpec(name=f.name, env=fp8_env_var(f.name), **meta)
+        return specs
+
+    def __post_init__(self) -> None:
+        for name, spec in self.option_specs().items():
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, spec.parse(value, where=type(self).__name__))
+            elif not spec.code_only and os.environ.get(spec.env, "") != "":
+                setattr(self, name, spec.parse(os.environ[spec.env], where=f"env {spec.env}"))
+
+    def fill_missing(self, values: Mapping[str, Any], where: str) -> None:
+        """Fill fields that are still None from ``values`` (e.g. the config file's fp8_config)."""
+        specs = self.option_specs()
+        for key, value in values.items():
+            key = OPTION_SYNONYMS.get(key, key)
+            if key in specs and getattr(self, key) is None:
+                setattr(self, key, specs[key].parse(value, where=where))
+
+    def fill_defaults(self) -> None:
+        for name, spec in self.option_specs().items():
+            if getattr(self, name) is None:
+                setattr(self, name, spec.default)
+
+    def explicit_options(self) -> dict[str, Any]:
+        """The options that were set (by argument or env), leaving the unset ones out."""
+        return {k: getattr(self, k) for k in self.option_specs() if getattr(self, k) is not None}
+
+
+class FP8RecipeKwargs:
+    """Accelerate's catch-all handler: ``FP8RecipeKwargs(backend="te", fp8_format="E4M3", ...)``.
+
+    ``backend`` picks the backend (any spelling: "te", "TE", "msamp", "MSAMP", "ao"); the other
+    keywords are that backend's recipe options, checked against its recipe class once it is
+    chosen. ``optimization_level`` is accepted as a synonym of ``opt_level``.
+    """
+
+    def __init__(self, backend: str | None = None, **options: Any) -> None:
+        for alias, real in OPTION_SYNONYMS.items():
+            if alias in options:
+                if real in options:
+                    raise ConfigError(f"FP8RecipeKwargs got both {alias!r} and {real!r}; they are the same option, give one.")
+                options[real] = options.pop(alias)
+        self.backend = backend if backend is not None else (os.environ.get(fp8_env_var("backend")) or None)
+        self.options = options
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in {"backend": self.backend, **self.options}.items())
+        return f"FP8RecipeKwargs({args})"
+
+    def to_recipe(self, recipe_class: type[RecipeKwargs]) -> RecipeKwargs:
+        """Build the chosen backend's recipe object from these options."""
+        specs = recipe_class.option_specs()
+        unknown = [k for k in self.options if k not in specs]
+        if unknown:
+            key = unknown[0]
+            raise ConfigError(
+                f"FP8RecipeKwargs option {key!r} is not an option of the {recipe_class.backend_name!r} backend."
+                f"{did_you_mean(key, specs)} Its options: {', '.join(sorted(specs))}."
+            )
+        return recipe_class(**self.options)
+
+
+# The fp8_config keys Accelerate documents, so that a config file written for any backend is
+# checked even when that backend's plugin is not installed here. Plugins add their own keys.
+DOCUMENTED_FP8_KEYS: dict[str, OptionSpec] = {
+    spec.name: spec
+    for spec in (
+        OptionSpec("backend", str, help="fp8 backend: msamp, te, ao, or a third-party name"),
+        OptionSpec("opt_level", str, help="MS-AMP optimization level, O1 or O2 (letter O)"),
+        OptionSpec("amax_history_len", int, help="TE: length of the amax history window"),
+        OptionSpec("amax_compute_algo", str, help="TE: max or most_recent"),
+        OptionSpec("fp8_format", str, help="TE: HYBRID, E4M3 or E5M2"),
+        OptionSpec("interval", int, help="TE: steps between scaling-factor updates"),
+        OptionSpec("margin", int, help="TE: margin for the scaling factor"),
+        OptionSpec("override_linear_precision", "bools3", help="TE: keep (fprop, dgrad, wgrad) in high precision"),
+        OptionSpec("use_autocast_during_eval", bool, help="TE: keep FP8 autocast on in eval mode"),
+    )
+}

@@ -1,0 +1,201 @@
+"""Rank backends and choose one, keeping the reasons so the choice can be explained.
+
+Ranking is explicit: higher ``priority`` wins, ties break by name, so the result never depends
+on install order. A user's explicit choice always wins, and choosing a backend that is missing
+or unusable is an error that says what was detected and what to install.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lowbit.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
+from lowbit.plugins import BrokenPlugin, LowbitPluginManager
+from lowbit.types import BackendDescription, HardwareInfo
+
+# First-party backends and the distribution that provides each, for "pip install ..." hints.
+KNOWN_DISTRIBUTIONS = {
+    "msamp": "lowbit-msamp",
+    "te": "lowbit-te",
+    "ao": "lowbit-ao",
+    "deepspeed": "lowbit-deepspeed",
+}
+
+
+def normalize_name(name: str) -> str:
+    """'TE', 'Transformer-Engine' and 'transformer_engine' compare equal."""
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+
+
+@dataclass
+class Candidate:
+    description: BackendDescription
+    plugin: object
+
+    @property
+    def name(self) -> str:
+        return self.description.name
+
+    def matches(self, requested: str) -> bool:
+        wanted = normalize_name(requested)
+        return wanted in {normalize_name(n) for n in (self.name, *self.description.aliases)}
+
+
+class BackendRegistry:
+    """Every backend the installed plugins describe, for one hardware, with broken ones set aside."""
+
+    def __init__(self, manager: LowbitPluginManager, hardware: HardwareInfo) -> None:
+        self.manager = manager
+        self.hardware = hardware
+        self.candidates: list[Candidate] = []
+        for plugin, description in manager.call_each("describe_backend", hardware=hardware):
+            origin = manager.origin(plugin)
+            description.distribution = description.distribution or origin.distribution
+            description.version = description.version or origin.version
+            problem = _contract_problem(description)
+            if problem:
+                manager.record_broken(manager.get_name(plugin) or "?", origin.distribution, problem)
+                continue
+            self.candidates.append(Candidate(description, plugin))
+        self._refuse_duplicates()
+
+    def _refuse_duplicates(self) -> None:
+        by_name: dict[str, list[Candidate]] = {}
+        for cand in self.candidates:
+            by_name.setdefault(normalize_name(cand.name), []).append(cand)
+        for same in by_name.values():
+            if len(same) > 1:
+                dists = " and ".join(sorted(c.description.distribution or "?" for c in same))
+                for cand in same:
+                    self.manager.record_broken(
+                        self.manager.get_name(cand.plugin) or cand.name, cand.description.distribution,
+                        f"backend name {cand.name!r} is claimed by both {dists}; uninstall one",
+                    )
+                    self.candidates.remove(cand)
+
+    @property
+    def broken(self) -> list[BrokenPlugin]:
+        return self.manager.broken
+
+    def ranked(self, kind: str) -> list[Candidate]:
+        same_kind = [c for c in self.candidates if c.description.kind == kind]
+        return sorted(same_kind, key=lambda c: (-c.description.priority, c.name))
+
+    def find(self, kind: str, requested: str) -> Candidate | None:
+        return next((c for c in self.ranked(kind) if c.matches(requested)), None)
+
+
+def _contract_problem(description: object) -> str:
+    if not isinstance(description, BackendDescription):
+        return f"describe_backend returned {type(description).__name__}, not BackendDescription"
+    if not isinstance(description.priority, int) or isinstance(description.priority, bool):
+        return f"priority must be an int, got {description.priority!r}"
+    if description.kind not in ("fp8", "precision", "distributed"):
+        return f"kind must be 'fp8', 'precision' or 'distributed', got {description.kind!r}"
+    if not isinstance(description.reason, str):
+        return f"reason must be a string, got {type(description.reason).__name__}"
+    if not description.available and not description.reason:
+        return "an unavailable backend must say why (reason is empty)"
+    return ""
+
+
+@dataclass
+class Selection:
+    """The outcome of choosing a backend of one kind, with everything needed to explain it."""
+
+    kind: str
+    chosen: Candidate | None
+    requested: str | None
+    source: str  # where the explicit request came from, or "ranking"
+    ranked: list[Candidate]
+    hardware: HardwareInfo
+    broken: list[BrokenPlugin] = field(default_factory=list)
+
+    @property
+    def name(self) -> str | None:
+        return self.chosen.name if self.chosen else None
+
+    def explain(self) -> str:
+        """A few lines saying which backend was chosen and why each other one was not."""
+        if self.chosen is None:
+            head = f"No {self.kind} backend chosen."
+        elif self.requested:
+            head = f"{self.kind} backend: {self.chosen.name} (requested by {self.source})."
+        else:
+            head = f"{self.kind} backend: {self.chosen.name} (highest priority available; ties break by name)."
+        lines = [head, f"Hardware: {self.hardware.describe()}.", "Installed:"]
+        for cand in self.ranked:
+            d = cand.description
+            if cand is self.chosen:
+                status = "chosen"
+            elif d.available:
+                status = "available, not chosen" + (" (lower priority)" if not self.requested else " (not requested)")
+            else:
+                status = f"unavailable: {d.reason}"
+            lines.append(f"  {d.name:<10} priority {d.priority:<4} {d.distribution or '-':<18} {status}")
+        if not self.ranked:
+            lines.append("  (none)")
+        for b in self.broken:
+            lines.append(f"  broken: {b.describe()}")
+        return "\n".join(lines)
+
+
+def _installed_summary(ranked: list[Candidate]) -> str:
+    if not ranked:
+        return "none"
+    return "; ".join(
+        f"{c.name} ({'available' if c.description.available else c.description.reason})" for c in ranked
+    )
+
+
+def _install_hint(kind: str) -> str:
+    if kind != "fp8":
+        return ""
+    return (
+        " Install one: `pip install lowbit-ao` (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
+        " `pip install lowbit-te` (Transformer Engine; sm_89+ GPU) or lowbit-msamp (MS-AMP; sm_89+ GPU)."
+    )
+
+
+def choose_backend(registry: BackendRegistry, kind: str, requested: str | None = None, source: str = "ranking") -> Selection:
+    """Pick the backend of ``kind``: the requested one, or the best available one.
+
+    Raises BackendNotFoundError for a name nobody provides and BackendUnavailableError for a
+    backend that cannot run here (or when nothing can), naming hardware and installed backends.
+    """
+    ranked = registry.ranked(kind)
+    hardware = registry.hardware
+    if requested:
+        cand = registry.find(kind, requested)
+        if cand is None:
+            wanted = normalize_name(requested)
+            known = KNOWN_DISTRIBUTIONS.get(wanted) or next(
+                (d for n, d in KNOWN_DISTRIBUTIONS.items() if normalize_name(n) == wanted), None
+            )
+            if known and any(normalize_name(b.name) == wanted for b in registry.broken):
+                broken = next(b for b in registry.broken if normalize_name(b.name) == wanted)
+                raise BackendUnavailableError(f"{kind} backend {requested!r} is installed but broken: {broken.error}")
+            if known:
+                raise BackendUnavailableError(
+                    f"{kind} backend {requested!r} (from {source}) is not installed: `pip install {known}`. "
+                    f"Detected hardware: {hardware.describe()}. Installed {kind} backends: {_installed_summary(ranked)}."
+                )
+            names = [c.name for c in ranked] + [n for n in KNOWN_DISTRIBUTIONS if n != "deepspeed" or kind == "distributed"]
+            raise BackendNotFoundError(
+                f"Unknown {kind} backend {requested!r} (from {source}).{did_you_mean(requested, names)} "
+                f"Installed {kind} backends: {_installed_summary(ranked)}."
+            )
+        if not cand.description.available:
+            others = [c.name for c in ranked if c.description.available]
+            raise BackendUnavailableError(
+                f"{kind} backend {cand.name!r} (from {source}) is installed but cannot run here: {cand.description.reason}. "
+                f"Detected hardware: {hardware.describe()}. "
+                + (f"Available instead: {', '.join(others)}." if others else f"No {kind} backend can run here.")
+            )
+        return Selection(kind, cand, requested, source, ranked, hardware, list(registry.broken))
+    available = [c for c in ranked if c.description.available]
+    if not available:
+        raise BackendUnavailableError(
+            f"No usable {kind} backend. Detected hardware: {hardware.describe()}. "
+            f"Installed {kind} backends: {_installed_summary(ranked)}.{_install_hint(kind)}"
+        )
+    return Selection(kind, available[0], None, "ranking", ranked, hardware, list(registry.broken))

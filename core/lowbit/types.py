@@ -1,0 +1,89 @@
+"""The plain data that hooks exchange. Importing this module never imports torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+BackendKind = Literal["fp8", "precision", "distributed"]
+
+# FP8 tensor-core GEMMs exist from Ada (sm_89) on; MXFP8 from Blackwell (sm_100) on.
+FP8_MIN_CAPABILITY = (8, 9)
+MXFP8_MIN_CAPABILITY = (10, 0)
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    """What `detect_hardware` found. One device type per process: the one training runs on."""
+
+    device_type: str  # "cpu" or "cuda" (or whatever a third-party detector reports)
+    device_name: str
+    device_count: int = 1
+    compute_capability: tuple[int, int] | None = None
+
+    @property
+    def has_fp8_gemm(self) -> bool:
+        return self.compute_capability is not None and self.compute_capability >= FP8_MIN_CAPABILITY
+
+    @property
+    def has_mxfp8_gemm(self) -> bool:
+        return self.compute_capability is not None and self.compute_capability >= MXFP8_MIN_CAPABILITY
+
+    def describe(self) -> str:
+        """Short human label, e.g. 'CPU' or 'NVIDIA H100 (sm_90)'."""
+        if self.device_type == "cpu":
+            return "CPU"
+        if self.compute_capability:
+            major, minor = self.compute_capability
+            return f"{self.device_name} (sm_{major}{minor})"
+        return self.device_name
+
+
+@dataclass
+class BackendDescription:
+    """What a plugin says about the backend it offers (the `describe_backend` hook).
+
+    `reason` explains why the backend is unavailable; it is empty when `available` is True.
+    `options_class` is the recipe-kwargs dataclass users configure it with (None when it has none).
+    `aliases` are other accepted spellings of `name` ("TE", "transformer_engine", ...).
+    """
+
+    name: str
+    kind: BackendKind
+    priority: int
+    available: bool
+    reason: str = ""
+    options_class: type | None = None
+    aliases: tuple[str, ...] = ()
+    # Filled in by the plugin manager, not by the plugin:
+    distribution: str = ""
+    version: str = ""
+
+
+@dataclass
+class PrepareContext:
+    """Everything a routed hook may need to know about the run it is preparing.
+
+    One context per Accelerator: lowbit keeps no process-global precision state.
+    """
+
+    hardware: HardwareInfo
+    mixed_precision: str  # "no" | "fp16" | "bf16" | "fp8"
+    device: "torch.device"
+    fp8_options: Any = None  # the chosen FP8 backend's resolved recipe kwargs
+    strategy: str = "none"  # "none", "ddp", "fsdp", "deepspeed", ... (the distributed backend's name)
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    gradient_accumulation_steps: int = 1
+    batch_size: int | None = None  # per-process micro-batch size, when a dataloader told us
+
+    @property
+    def autocast_dtype(self) -> "torch.dtype | None":
+        """The native autocast dtype this precision uses. FP8 runs inside bf16 autocast."""
+        import torch
+
+        return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(self.mixed_precision)
