@@ -8,6 +8,7 @@ FP8 conversion, then distribution, then the forward is wrapped in the autocast c
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import warnings
@@ -417,6 +418,7 @@ class Accelerator:
             # The backend swapped the optimizer (e.g. for one with FP8 states); keep the
             # schedule driving the one that actually steps.
             scheduler.optimizer = prepared_opt.optimizer
+            _mark_step_tracked(prepared_opt.optimizer)
         optimizers = [prepared_opt] if prepared_opt is not None else list(self._optimizers)
         prepared = PreparedScheduler(scheduler, optimizers, self)
         self._schedulers.append(prepared)
@@ -605,6 +607,22 @@ def _remap_optimizer_params(optimizer: torch.optim.Optimizer, old_names: dict[in
                 optimizer.state[replacement] = optimizer.state.pop(p)
             new_params.append(replacement)
         group["params"] = new_params
+
+
+def _mark_step_tracked(optimizer: torch.optim.Optimizer) -> None:
+    """Give a swapped-in optimizer the step marker torch's LRScheduler put on the original, so the
+    scheduler does not warn that ``optimizer.step`` was overridden."""
+    step = optimizer.step
+    if hasattr(step, "_wrapped_by_lr_sched"):
+        return
+
+    @functools.wraps(step)
+    def tracked_step(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+        return step(*args, **kwargs)
+
+    tracked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = tracked_step  # type: ignore[method-assign]
 
 
 def _rng_state() -> dict[str, Any]:

@@ -12,7 +12,7 @@ import os
 from typing import Any, ClassVar, Mapping
 
 from lowbit.errors import ConfigError, did_you_mean
-from lowbit.options import OptionSpec
+from lowbit.options import OptionSpec, to_text
 
 FP8_ENV_PREFIX = "LOWBIT_FP8_"
 # Accelerate's docs spell this one two ways; both mean opt_level.
@@ -125,3 +125,33 @@ DOCUMENTED_FP8_KEYS: dict[str, OptionSpec] = {
         OptionSpec("use_autocast_during_eval", bool, help="TE: keep FP8 autocast on in eval mode"),
     )
 }
+
+
+def recipe_flag(name: str) -> str:
+    """``fp8_format`` -> ``--fp8_format``, ``recipe`` -> ``--fp8_recipe``."""
+    return "--" + (name if name.startswith("fp8_") else f"fp8_{name}")
+
+
+def add_recipe_flags(parser: Any, recipe_class: type[RecipeKwargs], title: str) -> None:
+    """Add a ``lowbit launch`` flag for each text-settable option of ``recipe_class``.
+
+    Flags another plugin (or the core) already added are left alone, so two backends may share
+    an option name such as ``--fp8_format``.
+    """
+    group = parser.add_argument_group(title)
+    for name, spec in recipe_class.option_specs().items():
+        flag = recipe_flag(name)
+        if spec.code_only or flag in parser._option_string_actions:
+            continue
+        metavar = "{" + ",".join(spec.choices) + "}" if spec.choices else getattr(spec.type, "__name__", "VALUE").upper()
+        group.add_argument(flag, dest=flag[2:], default=None, metavar=metavar, help=spec.help)
+
+
+def recipe_env_from_args(args: Any, recipe_class: type[RecipeKwargs]) -> dict[str, str]:
+    """The ``LOWBIT_FP8_*`` env vars for the recipe flags that were given (values checked here)."""
+    env = {}
+    for name, spec in recipe_class.option_specs().items():
+        value = getattr(args, recipe_flag(name)[2:], None)
+        if value is not None and not spec.code_only:
+            env[spec.env] = to_text(spec.parse(value, where=f"lowbit launch {recipe_flag(name)}"))
+    return env

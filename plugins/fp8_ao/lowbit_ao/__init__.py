@@ -1,0 +1,96 @@
+"""lowbit-ao: torchao float8 training as a lowbit FP8 backend (priority 100).
+
+This entry module stays import-light: torchao is imported only in the hooks that run once the
+ao backend has been chosen (``convert``, ``optim``).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+from lowbit import hookimpl
+from lowbit.recipes import add_recipe_flags, recipe_env_from_args
+from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit_ao.recipe import AORecipeKwargs
+
+NAME = "ao"
+PRIORITY = 100
+MIN_TORCHAO = (0, 12)
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def unavailable_reason() -> str:
+    """Why torchao cannot be used, or '' when it can. Reads metadata only; imports nothing."""
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao not installed: `pip install torchao`"
+    try:
+        version = importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return ""  # importable from a source tree: trust it
+    if _version_tuple(version) < MIN_TORCHAO:
+        needed = ".".join(map(str, MIN_TORCHAO))
+        return f"torchao {version} is too old; lowbit-ao needs torchao >= {needed}: `pip install -U torchao`"
+    return ""
+
+
+@hookimpl
+def describe_backend(hardware: HardwareInfo) -> BackendDescription:
+    reason = unavailable_reason()
+    return BackendDescription(
+        name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
+        options_class=AORecipeKwargs, aliases=("torchao",),
+    )
+
+
+@hookimpl
+def check_compatibility(context: PrepareContext) -> None:
+    from lowbit_ao.convert import check_compatibility as check
+
+    check(context)
+
+
+@hookimpl
+def convert_model(model, context: PrepareContext):
+    from lowbit_ao.convert import convert
+
+    return convert(model, context)
+
+
+@hookimpl
+def wrap_optimizer(optimizer, model, context: PrepareContext):
+    if context.fp8_options.optimizer_states == "default":
+        return None
+    from lowbit_ao.optim import to_low_bit_optimizer
+
+    return to_low_bit_optimizer(optimizer, context.fp8_options.optimizer_states)
+
+
+@hookimpl
+def after_optimizer_step(model, optimizer, context: PrepareContext) -> None:
+    from lowbit_ao.convert import after_step
+
+    after_step(model, context)
+
+
+@hookimpl
+def export_state_dict(model, state_dict, context: PrepareContext):
+    from lowbit_ao.convert import plain_state_dict
+
+    return plain_state_dict(state_dict)
+
+
+@hookimpl
+def add_launch_arguments(parser) -> None:
+    add_recipe_flags(parser, AORecipeKwargs, "fp8 backend ao (torchao)")
+
+
+@hookimpl
+def launch_environment(args):
+    return recipe_env_from_args(args, AORecipeKwargs)

@@ -1,0 +1,147 @@
+"""Model conversion with torchao float8: which Linears, which config, emulation or not."""
+from __future__ import annotations
+
+import dataclasses
+import typing
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
+from lowbit.types import PrepareContext
+
+# FP8 GEMMs need both dims of a weight to be multiples of 16.
+FP8_DIM_MULTIPLE = 16
+
+
+class FP8EmulationNotice(UserWarning):
+    """Raised once when FP8 GEMMs are emulated because the hardware lacks them."""
+
+
+def _float8_types():
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.config import CastConfig, Float8GemmConfig
+
+    return Float8LinearConfig, CastConfig, Float8GemmConfig
+
+
+def validate_float8_config(config: Any) -> None:
+    """Check a user's Float8LinearConfig field by field; torchao itself does not check types."""
+    Float8LinearConfig, CastConfig, Float8GemmConfig = _float8_types()
+    if not isinstance(config, Float8LinearConfig):
+        raise ConfigError(f"AORecipeKwargs(config=...) expects a torchao.float8.Float8LinearConfig, got {type(config).__name__}.")
+    hints = typing.get_type_hints(Float8LinearConfig)
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        hint = hints.get(field.name)
+        allowed = typing.get_args(hint) or (hint,)
+        allowed = tuple(t for t in allowed if isinstance(t, type))
+        if not allowed or value is None and type(None) in allowed:
+            continue
+        if not isinstance(value, allowed) or (bool in allowed and not isinstance(value, bool)):
+            expected = " or ".join(t.__name__ for t in allowed)
+            raise ConfigError(f"Float8LinearConfig.{field.name} expects {expected}, got {value!r} ({type(value).__name__}).")
+
+
+def build_float8_config(options: Any, context: PrepareContext) -> Any:
+    """The Float8LinearConfig to use: the user's (checked) or the named recipe, plus lowbit's options."""
+    Float8LinearConfig, _, _ = _float8_types()
+    if options.config is not None:
+        validate_float8_config(options.config)
+        config = options.config
+    else:
+        config = Float8LinearConfig.from_recipe_name(options.recipe)
+    overrides = {
+        name: True
+        for name in ("pad_inner_dim", "enable_fsdp_float8_all_gather", "force_recompute_fp8_weight_in_bwd")
+        if getattr(options, name)
+    }
+    hardware = context.hardware
+    needs_emulation = not hardware.has_fp8_gemm
+    if options.emulate is False and needs_emulation:
+        raise BackendUnavailableError(
+            f"emulate=False asks for real FP8 GEMMs, which need a CUDA GPU with compute capability >= 8.9; "
+            f"found {hardware.describe()}. There torchao's non-emulated path takes seconds per 512x512 matmul. "
+            "Leave emulate unset (lowbit emulates where needed) or set emulate=True."
+        )
+    emulate = needs_emulation if options.emulate is None else options.emulate
+    if emulate and options.emulate is None and not config.emulate:
+        warnings.warn(
+            f"lowbit-ao: {hardware.describe()} has no FP8 GEMMs, so torchao emulates them (emulate=True): "
+            "FP8 numerics, high-precision speed.",
+            FP8EmulationNotice,
+            stacklevel=2,
+        )
+    overrides["emulate"] = emulate
+    return dataclasses.replace(config, **overrides)
+
+
+def default_module_filter(model: nn.Module, keep_first_last: bool) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
+    """All Linears, but the model's first and last (by module order, at any depth) and those whose
+    dims FP8 GEMMs cannot take. Returns the filter and the reason for each layer it skips."""
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    skipped: dict[str, str] = {}
+    if keep_first_last and linears:
+        skipped[linears[0]] = "first Linear kept in high precision"
+        skipped[linears[-1]] = "last Linear kept in high precision"
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and name not in skipped:
+            if module.in_features % FP8_DIM_MULTIPLE or module.out_features % FP8_DIM_MULTIPLE:
+                skipped[name] = f"dims {module.in_features}x{module.out_features} not divisible by {FP8_DIM_MULTIPLE}"
+
+    def module_filter(module: nn.Module, fqn: str) -> bool:
+        return fqn not in skipped
+
+    return module_filter, skipped
+
+
+def check_compatibility(context: PrepareContext) -> None:
+    options = context.fp8_options
+    if options.config is None and options.recipe == "rowwise_with_gw_hp" and context.device.type != "cuda":
+        raise UnsupportedCombinationError(
+            "torchao's 'rowwise_with_gw_hp' recipe reads the autocast dtype only on CUDA, so its high-precision "
+            f"grad-weight GEMM mixes bf16 and fp32 on {context.hardware.describe()}. Use recipe='tensorwise' or "
+            "'rowwise' here, or run on a CUDA GPU."
+        )
+
+
+def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
+    from torchao.float8 import convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
+
+    options = context.fp8_options
+    config = build_float8_config(options, context)
+    if options.module_filter_func is not None:
+        module_filter, skipped = options.module_filter_func, {}
+    else:
+        module_filter, skipped = default_module_filter(model, options.keep_first_last_high_precision)
+    model = convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
+    converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+    if not converted:
+        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear"
+        warnings.warn(
+            f"lowbit-ao: no Linear layer is eligible for FP8, so this model trains in high precision ({reasons}).",
+            stacklevel=2,
+        )
+    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped}  # read by tests and diagnostics
+    return model
+
+
+def after_step(model: nn.Module, context: PrepareContext) -> None:
+    """torchao's float8 all-gather needs the weights' scales recomputed once per step, together."""
+    if context.strategy == "fsdp" and context.fp8_options.enable_fsdp_float8_all_gather:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def plain_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Unwrap torchao's weight subclasses (float8 all-gather) into plain tensors."""
+    out = {}
+    for key, value in state_dict.items():
+        while isinstance(value, torch.Tensor) and type(value) not in (torch.Tensor, nn.Parameter) and hasattr(value, "_tensor"):
+            value = value._tensor
+        out[key] = value
+    return out
