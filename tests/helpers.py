@@ -1,0 +1,75 @@
+"""Small models and in-test plugins used across the test suite."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from lowbit import hookimpl
+from lowbit.plugins import make_plugin_manager
+from lowbit.recipes import RecipeKwargs, recipe_option
+from lowbit.types import BackendDescription
+
+
+def mlp(seed: int = 0, width: int = 64) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(32, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 8)
+    )
+
+
+def regression_data(n: int = 256, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 32, generator=g)
+    w = torch.randn(32, 8, generator=g)
+    return x, x @ w / 4
+
+
+class FakeBackend:
+    """An FP8 backend that records every hook call made to it."""
+
+    def __init__(self, name: str, priority: int, available: bool = True, reason: str = "", options_class=None):
+        self.name, self.priority, self.available, self.reason = name, priority, available, reason
+        self.options_class = options_class
+        self.calls: list[str] = []
+
+    @hookimpl
+    def describe_backend(self, hardware):
+        return BackendDescription(self.name, "fp8", self.priority, self.available, self.reason, self.options_class)
+
+    @hookimpl
+    def convert_model(self, model, context):
+        self.calls.append("convert_model")
+        return model
+
+    @hookimpl
+    def wrap_optimizer(self, optimizer, model, context):
+        self.calls.append("wrap_optimizer")
+        return optimizer
+
+    @hookimpl
+    def autocast_context(self, model, context):
+        self.calls.append("autocast_context")
+        return contextlib.nullcontext()
+
+
+class BrokenOnDescribe:
+    @hookimpl
+    def describe_backend(self, hardware):
+        raise RuntimeError("boom while checking availability")
+
+
+def manager_with(*plugins, load_entry_points: bool = False):
+    return make_plugin_manager(load_entry_points=load_entry_points, extra_plugins=plugins)
+
+
+from dataclasses import dataclass  # noqa: E402
+from typing import ClassVar  # noqa: E402
+
+
+@dataclass
+class FakeRecipe(RecipeKwargs):
+    backend_name: ClassVar[str] = "fake"
+    margin: int | None = recipe_option(0, type=int)
+    fp8_format: str | None = recipe_option("HYBRID", choices=("HYBRID", "E4M3", "E5M2"))

@@ -1,0 +1,260 @@
+"""The Accelerator with the built-in plugins: precision, prepare, accumulation, checkpoints."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from helpers import FakeBackend, manager_with, mlp, regression_data
+from torch import nn
+
+from lowbit import Accelerator
+from lowbit.errors import BackendUnavailableError, CheckpointError, ConfigError
+from lowbit.prepared import PreparedOptimizer
+from lowbit.utils import FP8RecipeKwargs
+
+
+def no_fp8_manager():
+    return manager_with()  # built-ins only: no FP8 backend at all
+
+
+def train(acc, model, opt, x, y, steps=5, sched=None):
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_prepare_returns_objects_in_the_order_given():
+    acc = Accelerator(plugin_manager=no_fp8_manager())
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*regression_data(16)), batch_size=4)
+    out = acc.prepare(loader, sched, model, opt)
+    assert isinstance(out[0].base, torch.utils.data.DataLoader)
+    assert out[1].scheduler is sched and out[2] is model and isinstance(out[3], PreparedOptimizer)
+    assert acc.prepare(mlp()) is not None  # one object comes back as itself
+
+
+def test_prepare_rejects_unsupported_objects():
+    acc = Accelerator(plugin_manager=no_fp8_manager())
+    with pytest.raises(TypeError, match=r"argument 1 is a builtins.str.*cannot prepare"):
+        acc.prepare(mlp(), "not a model")
+
+
+def test_bf16_autocast_on_cpu_and_fp32_outputs():
+    acc = Accelerator(mixed_precision="bf16", plugin_manager=no_fp8_manager())
+    model = acc.prepare(nn.Sequential(nn.Linear(8, 8)))
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    out = model(torch.randn(2, 8))
+    assert seen == [torch.bfloat16] and out.dtype == torch.float32
+    with acc.autocast():
+        assert (torch.randn(2, 8) @ torch.randn(8, 8)).dtype == torch.bfloat16
+
+
+def test_fp16_skips_steps_with_inf_grads_and_the_scheduler_waits():
+    acc = Accelerator(mixed_precision="fp16", plugin_manager=no_fp8_manager())
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    before = model.weight.detach().clone()
+    scale = acc.scaler.get_scale()
+    opt.zero_grad()
+    acc.backward(model(torch.randn(4, 8)).sum() * float("inf"))
+    opt.step()
+    sched.step()
+    assert opt.step_was_skipped
+    assert torch.equal(model.weight, before)
+    assert acc.scaler.get_scale() < scale
+    assert sched.get_last_lr() == [0.1]
+    opt.zero_grad()
+    acc.backward(model(torch.randn(4, 8)).mean() * 1e-3)  # small enough not to overflow fp16 once scaled
+    opt.step()
+    sched.step()
+    assert not opt.step_was_skipped and not torch.equal(model.weight, before)
+    assert sched.get_last_lr() == [0.05]
+
+
+def test_fp16_clip_grad_norm_unscales_first():
+    acc = Accelerator(mixed_precision="fp16", plugin_manager=no_fp8_manager())
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    acc.backward(model(torch.ones(4, 8)).mean() * 1e-2)
+    norm = acc.clip_grad_norm_(model.parameters(), 1.0)
+    # Unscaled gradient of 0.01 * mean: 0.01 for each of 8 weights and the bias -> norm 0.03.
+    assert norm.item() == pytest.approx(0.03, rel=1e-2)
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+    x, y = regression_data(32)
+    big = mlp()
+    opt_big = torch.optim.SGD(big.parameters(), lr=0.1)
+    opt_big.zero_grad()
+    nn.functional.mse_loss(big(x), y).backward()
+    opt_big.step()
+
+    acc = Accelerator(gradient_accumulation_steps=4, plugin_manager=no_fp8_manager())
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    for chunk_x, chunk_y in zip(x.chunk(4), y.chunk(4)):
+        with acc.accumulate(model):
+            acc.backward(nn.functional.mse_loss(model(chunk_x), chunk_y))
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(big.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_two_accelerators_with_different_settings_coexist():
+    a = Accelerator(mixed_precision="bf16", plugin_manager=no_fp8_manager())
+    b = Accelerator(mixed_precision="no", plugin_manager=no_fp8_manager())
+    assert (a.mixed_precision, b.mixed_precision) == ("bf16", "no")
+    assert b.prepare(nn.Linear(4, 4))(torch.randn(1, 4)).dtype == torch.float32
+
+
+def test_fp8_with_no_backend_is_an_error_naming_hardware_and_install():
+    with pytest.raises(BackendUnavailableError, match=r"Detected hardware: CPU.*pip install lowbit-ao.*fp8_fallback"):
+        Accelerator(mixed_precision="fp8", plugin_manager=no_fp8_manager())
+
+
+def test_fp8_fallback_warns_once_and_trains_in_bf16():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        acc = Accelerator(mixed_precision="fp8", fp8_fallback="bf16", plugin_manager=no_fp8_manager())
+    messages = [str(w.message) for w in caught if "falls back to bf16" in str(w.message)]
+    assert len(messages) == 1 and acc.mixed_precision == "bf16" and acc.fp8_backend is None
+
+
+def test_installed_but_unusable_backend_is_an_error():
+    manager = manager_with(FakeBackend("gpuonly", 300, available=False, reason="needs CUDA; found CPU"))
+    with pytest.raises(BackendUnavailableError, match=r"installed but cannot run here: needs CUDA; found CPU"):
+        Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="gpuonly")], plugin_manager=manager)
+
+
+def test_explain_lists_every_backend_with_priority_and_reason():
+    manager = manager_with(FakeBackend("big", 300, available=False, reason="msamp not importable"), FakeBackend("small", 100))
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager)
+    text = acc.explain_backend_choice()
+    assert acc.fp8_backend == "small"
+    assert "big" in text and "300" in text and "msamp not importable" in text and "chosen" in text
+
+
+def test_both_handler_spellings_at_once_is_an_error():
+    with pytest.raises(ConfigError, match="not both"):
+        Accelerator(kwargs_handlers=[], kwarg_handlers=[], plugin_manager=no_fp8_manager())
+
+
+def test_save_model_is_a_plain_state_dict(tmp_path):
+    acc = Accelerator(mixed_precision="bf16", plugin_manager=no_fp8_manager())
+    model = acc.prepare(mlp())
+    path = acc.save_model(model, tmp_path)
+    plain = mlp(seed=5)
+    plain.load_state_dict(torch.load(path, weights_only=True))
+    for a, b in zip(plain.parameters(), acc.unwrap_model(model).parameters()):
+        assert torch.equal(a, b)
+
+
+def _prepared(seed=0, mixed_precision="no"):
+    acc = Accelerator(mixed_precision=mixed_precision, plugin_manager=no_fp8_manager())
+    model = mlp(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    return acc, model, opt, sched
+
+
+def test_save_and_load_state_resume_exactly(tmp_path):
+    x, y = regression_data(64)
+    acc, model, opt, sched = _prepared()
+    train(acc, model, opt, x, y, 3, sched)
+    acc.save_state(tmp_path / "ckpt")
+    expected = train(acc, model, opt, x, y, 3, sched)
+    acc2, model2, opt2, sched2 = _prepared(seed=9)
+    acc2.load_state(tmp_path / "ckpt")
+    assert train(acc2, model2, opt2, x, y, 3, sched2) == expected
+    assert torch.equal(torch.get_rng_state(), torch.get_rng_state())
+
+
+def test_checkpoint_from_another_setup_is_refused(tmp_path):
+    acc, *_ = _prepared()
+    acc.save_state(tmp_path / "ckpt")
+    other, *_ = _prepared(mixed_precision="bf16")
+    with pytest.raises(CheckpointError, match=r"mixed_precision='no'.*this run uses mixed_precision='bf16'"):
+        other.load_state(tmp_path / "ckpt")
+
+
+def test_truncated_checkpoint_file_gets_a_clear_error(tmp_path):
+    acc, *_ = _prepared()
+    acc.save_state(tmp_path / "ckpt")
+    target = tmp_path / "ckpt" / "model_0.pt"
+    target.write_bytes(target.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"model_0.pt.*cannot be read"):
+        acc.load_state(tmp_path / "ckpt")
+
+
+def test_not_a_checkpoint_gets_a_clear_error(tmp_path):
+    acc, *_ = _prepared()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="lowbit_state.json is missing"):
+        acc.load_state(tmp_path / "empty")
+
+
+def test_checkpoint_with_pickled_code_is_refused(tmp_path):
+    acc, *_ = _prepared()
+    acc.save_state(tmp_path / "ckpt")
+    torch.save({"weights": os.system}, tmp_path / "ckpt" / "model_0.pt")  # would run code if unpickled freely
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        acc.load_state(tmp_path / "ckpt")
+
+
+KILLED_SAVE = """
+import os, signal, sys, torch
+sys.path.insert(0, {tests!r})
+from helpers import mlp
+from lowbit import Accelerator, checkpoint
+from lowbit.plugins import make_plugin_manager
+acc = Accelerator(plugin_manager=make_plugin_manager(load_entry_points=False))
+model = mlp(0)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
+model, opt, sched = acc.prepare(model, opt, sched)
+acc.save_state({ckpt!r})
+torch.save(model.state_dict(), {good!r})
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(1.0)
+real_write = checkpoint.write_file_atomically
+def dying_write(obj, path):
+    if "optimizer" in str(path):
+        os.kill(os.getpid(), signal.SIGKILL)  # killed halfway through the second save
+    real_write(obj, path)
+checkpoint.write_file_atomically = dying_write
+acc.save_state({ckpt!r})
+"""
+
+
+def test_a_save_killed_halfway_keeps_the_previous_checkpoint(tmp_path):
+    ckpt, good = tmp_path / "ckpt", tmp_path / "good.pt"
+    code = KILLED_SAVE.format(tests=os.path.dirname(__file__), ckpt=str(ckpt), good=str(good))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    acc, model, _, _ = _prepared(seed=3)
+    acc.load_state(ckpt)
+    expected = torch.load(good, weights_only=True)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, expected[name])

@@ -1,0 +1,188 @@
+"""Plugin manager and backend selection: ranking, routing, isolation, discovery."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import BrokenOnDescribe, FakeBackend, manager_with
+
+from lowbit import Accelerator, hookimpl
+from lowbit.errors import BackendNotFoundError, BackendUnavailableError, PluginError
+from lowbit.plugins import make_plugin_manager
+from lowbit.selection import BackendRegistry, choose_backend
+from lowbit.types import HardwareInfo
+
+CPU = HardwareInfo("cpu", "CPU")
+
+
+def choose(*plugins, requested=None):
+    return choose_backend(BackendRegistry(manager_with(*plugins), CPU), "fp8", requested, "test")
+
+
+def test_highest_priority_available_backend_wins():
+    assert choose(FakeBackend("low", 100), FakeBackend("high", 300), FakeBackend("mid", 200)).name == "high"
+
+
+def test_unavailable_backend_is_skipped_by_ranking():
+    sel = choose(FakeBackend("high", 300, available=False, reason="needs a GPU"), FakeBackend("low", 100))
+    assert sel.name == "low"
+    assert "needs a GPU" in sel.explain()
+
+
+def test_ties_break_by_name_whatever_the_install_order():
+    a, b = FakeBackend("beta", 100), FakeBackend("alpha", 100)
+    assert choose(a, b).name == "alpha"
+    assert choose(FakeBackend("alpha", 100), FakeBackend("beta", 100)).name == "alpha"
+
+
+def test_explicit_choice_beats_priority():
+    assert choose(FakeBackend("high", 300), FakeBackend("low", 100), requested="LOW").name == "low"
+
+
+def test_explicit_choice_of_unavailable_backend_is_an_error_naming_hardware():
+    with pytest.raises(BackendUnavailableError, match=r"needs sm_89.*Detected hardware: CPU.*Available instead: low"):
+        choose(FakeBackend("high", 300, available=False, reason="needs sm_89"), FakeBackend("low", 100), requested="high")
+
+
+def test_unknown_backend_name_suggests_nearest():
+    with pytest.raises(BackendNotFoundError, match=r"Did you mean 'alpha'"):
+        choose(FakeBackend("alpha", 100), requested="alpah")
+
+
+def test_known_but_not_installed_backend_names_the_pip_package():
+    with pytest.raises(BackendUnavailableError, match=r"pip install lowbit-te"):
+        choose(FakeBackend("alpha", 100), requested="te")
+
+
+def test_no_available_backend_names_what_to_install():
+    with pytest.raises(BackendUnavailableError, match=r"Detected hardware: CPU.*pip install lowbit-ao"):
+        choose(FakeBackend("gpu-only", 100, available=False, reason="needs CUDA"))
+
+
+def test_calls_are_routed_to_the_chosen_backend_only():
+    chosen, other = FakeBackend("chosen", 300), FakeBackend("other", 100)
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(chosen, other))
+    import torch
+
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    model(torch.randn(2, 16))
+    assert acc.fp8_backend == "chosen"
+    assert chosen.calls == ["convert_model", "wrap_optimizer", "autocast_context"]
+    assert other.calls == []
+
+
+def test_broken_plugin_is_reported_and_others_keep_working():
+    manager = manager_with(BrokenOnDescribe(), FakeBackend("good", 100))
+    sel = choose_backend(BackendRegistry(manager, CPU), "fp8")
+    assert sel.name == "good"
+    assert any("boom while checking availability" in b.error for b in manager.broken)
+
+
+def test_strict_mode_turns_a_broken_plugin_into_an_error():
+    manager = make_plugin_manager(load_entry_points=False, extra_plugins=[BrokenOnDescribe()], strict=True)
+    with pytest.raises(PluginError, match="boom"):
+        BackendRegistry(manager, CPU)
+
+
+def test_plugin_with_unknown_hook_name_is_reported_not_fatal():
+    class Typo:
+        @hookimpl
+        def convert_modle(self, model):  # typo on purpose
+            return model
+
+    manager = manager_with(Typo(), FakeBackend("good", 100))
+    assert any("convert_modle" in b.error for b in manager.broken)
+    assert choose_backend(BackendRegistry(manager, CPU), "fp8").name == "good"
+
+
+def test_duplicate_backend_names_are_refused_naming_both_distributions():
+    manager = manager_with(FakeBackend("same", 100), FakeBackend("same", 200))
+    registry = BackendRegistry(manager, CPU)
+    assert registry.ranked("fp8") == []
+    assert any("claimed by both" in b.error for b in manager.broken)
+
+
+def test_bad_description_breaks_only_that_plugin():
+    class NoReason(FakeBackend):
+        @hookimpl
+        def describe_backend(self, hardware):
+            from lowbit.types import BackendDescription
+
+            return BackendDescription("silent", "fp8", 500, available=False, reason="")
+
+    manager = manager_with(NoReason("silent", 500), FakeBackend("good", 100))
+    assert choose_backend(BackendRegistry(manager, CPU), "fp8").name == "good"
+    assert any("must say why" in b.error for b in manager.broken)
+
+
+def _write_dist(root, dist, module, body, entry_name):
+    (root / f"{module}.py").write_text(textwrap.dedent(body))
+    info = root / f"{dist.replace('-', '_')}-0.3.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3.0\n")
+    (info / "entry_points.txt").write_text(f"[lowbit]\n{entry_name} = {module}\n")
+
+
+THIRD_PARTY = """
+from lowbit import hookimpl
+from lowbit.types import BackendDescription
+
+@hookimpl
+def describe_backend(hardware):
+    return BackendDescription(name="thirdparty", kind="fp8", priority=150, available=True)
+"""
+
+
+def test_entry_point_plugin_is_discovered_and_ranked(tmp_path, monkeypatch):
+    _write_dist(tmp_path, "lowbit-thirdparty", "lowbit_thirdparty_fp8", THIRD_PARTY, "thirdparty")
+    _write_dist(tmp_path, "lowbit-broken", "lowbit_broken_fp8", "raise ImportError('missing dependency xyz')\n", "broken")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    manager = make_plugin_manager()
+    registry = BackendRegistry(manager, CPU)
+    names = [c.name for c in registry.ranked("fp8")]
+    assert "thirdparty" in names
+    chosen = choose_backend(registry, "fp8")
+    assert chosen.name == "thirdparty"  # priority 150 beats ao (100) when ao is installed
+    cand = registry.find("fp8", "thirdparty")
+    assert (cand.description.distribution, cand.description.version) == ("lowbit-thirdparty", "0.3.0")
+    assert any(b.name == "broken" and "missing dependency xyz" in b.error for b in manager.broken)
+
+
+def test_lowbit_plugins_env_limits_loading(tmp_path, monkeypatch):
+    _write_dist(tmp_path, "lowbit-thirdparty", "lowbit_thirdparty_fp8", THIRD_PARTY, "thirdparty")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LOWBIT_PLUGINS", "")
+    manager = make_plugin_manager()
+    assert [c.name for c in BackendRegistry(manager, CPU).ranked("fp8")] == []
+    monkeypatch.setenv("LOWBIT_PLUGINS", "thirdparty")
+    manager = make_plugin_manager()
+    assert [c.name for c in BackendRegistry(manager, CPU).ranked("fp8")] == ["thirdparty"]
+
+
+HEAVY = ("transformer_engine", "msamp", "deepspeed", "torchao")
+
+
+def test_discovery_imports_no_backend_library():
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from lowbit.plugins import make_plugin_manager
+        from lowbit.selection import BackendRegistry, choose_backend
+        from lowbit.types import HardwareInfo
+        registry = BackendRegistry(make_plugin_manager(), HardwareInfo("cpu", "CPU"))
+        print([c.name for c in registry.ranked("fp8")])
+        print(sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r}))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[-1] == "[]", f"discovery imported {out[-1]}"
+
+
+def test_help_does_not_import_torch():
+    code = "import sys\nfrom lowbit.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("False")
