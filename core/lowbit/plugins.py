@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from lowbit import hookspecs
-from lowbit.errors import PluginError
+from lowbit.errors import ConfigError, PluginError
 
 ENTRY_POINT_GROUP = "lowbit"
 BUILTIN_PLUGINS = (
@@ -78,6 +78,8 @@ class LowbitPluginManager(pluggy.PluginManager):
             origin = self.origin(impl.plugin)
             try:
                 result = impl.function(*[kwargs[arg] for arg in impl.argnames])
+            except ConfigError:
+                raise  # the user's input is wrong, not the plugin
             except Exception as exc:  # noqa: BLE001 - isolation is the point
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 self.record_broken(impl.plugin_name, origin.distribution, f"{hook_name} raised {detail}")

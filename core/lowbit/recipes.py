@@ -144,7 +144,8 @@ def add_recipe_flags(parser: Any, recipe_class: type[RecipeKwargs], title: str) 
         if spec.code_only or flag in parser._option_string_actions:
             continue
         metavar = "{" + ",".join(spec.choices) + "}" if spec.choices else getattr(spec.type, "__name__", "VALUE").upper()
-        group.add_argument(flag, dest=flag[2:], default=None, metavar=metavar, help=spec.help)
+        extra = {"nargs": "?", "const": "true"} if spec.type is bool else {}
+        group.add_argument(flag, dest=flag[2:], default=None, metavar=metavar, help=spec.help, **extra)
 
 
 def recipe_env_from_args(args: Any, recipe_class: type[RecipeKwargs]) -> dict[str, str]:

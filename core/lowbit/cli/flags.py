@@ -17,8 +17,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for key, spec in TOP_LEVEL.items():
         if key == "use_cpu":
             continue
-        kind = str if spec.type is bool else spec.type
-        group.add_argument(f"--{key}", type=kind, default=None, choices=spec.choices, help=spec.help)
+        if spec.type is bool:  # "--debug" alone means true; "--debug false" is accepted too
+            group.add_argument(f"--{key}", nargs="?", const="true", default=None, metavar="BOOL", help=spec.help)
+        else:
+            group.add_argument(f"--{key}", type=spec.type, default=None, choices=spec.choices, help=spec.help)
     group.add_argument("--cpu", action="store_true", default=None, help="train on CPU (gloo between processes)")
     for flag, dtype in DISTRIBUTED_FLAGS.items():
         group.add_argument(f"--{flag}", action="store_true", default=None, help=f"distributed_type={dtype}")

@@ -13,10 +13,13 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lowbit.config import LowbitConfig
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -58,7 +61,7 @@ def _check_port_free(port: int) -> None:
             ) from None
 
 
-def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], "LowbitConfig"]:
     """The command to run and the env vars to add, from the config file and the flags."""
     from lowbit.config import config_to_env, merge_raw, read_config_file, default_config_path, validate_config
 
@@ -81,7 +84,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
     world = config.num_processes * config.num_machines
     if world == 1 and config.distributed_type in ("NO", "MULTI_CPU", "MULTI_GPU"):
-        return [sys.executable, str(script), *args.training_script_args], env
+        return [sys.executable, str(script), *args.training_script_args], env, config
     if config.num_machines > 1:
         if not config.main_process_ip:
             raise ConfigError("A multi-machine launch needs --main_process_ip (the address of machine 0).")
@@ -99,12 +102,12 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         rendezvous = ["--nnodes", "1", "--master_addr", config.main_process_ip or "127.0.0.1", "--master_port", str(port)]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(config.num_processes),
                *rendezvous, str(script), *args.training_script_args]
-    return command, env
+    return command, env, config
 
 
 def run(args: argparse.Namespace) -> int:
-    command, extra_env = build_command(args)
-    if args.debug:
+    command, extra_env, config = build_command(args)
+    if config.debug:
         shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra_env.items()))
         print(f"lowbit launch: running: {shown} {shlex.join(command)}", file=sys.stderr, flush=True)
     completed = subprocess.run(command, env={**os.environ, **extra_env})

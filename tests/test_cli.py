@@ -1,0 +1,125 @@
+"""The `lowbit` command: plugins, env, config, launch."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lowbit.cli.main import main
+
+LOWBIT = [sys.executable, "-m", "lowbit.cli.main"]
+
+
+def run_cli(*args, env=None, cwd=None):
+    return subprocess.run([*LOWBIT, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def test_plugins_json_lists_builtins_and_the_choice():
+    proc = run_cli("plugins", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    names = {row["name"]: row for row in report["plugins"]}
+    assert {"native", "ddp", "fsdp"} <= set(names)
+    assert names["ddp"]["distribution"] == "lowbit (built-in)"
+    assert {"name", "distribution", "version", "kind", "priority", "status", "reason", "chosen"} <= set(names["ddp"])
+    assert report["hardware"] == "CPU"
+
+
+def test_plugins_table_marks_the_choice(capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "priority" in out and "mixed_precision='fp8'" in out
+
+
+def test_env_prints_a_bug_report(capsys):
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "- torch:" in out and "- Hardware:" in out and "- Config file:" in out
+
+
+def test_config_from_flags_round_trips_through_launch(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    assert main(["config", "--config_file", str(path), "--mixed_precision", "fp8", "--fp8_backend", "ao",
+                 "--gradient_accumulation_steps", "2"]) == 0
+    data = yaml.safe_load(path.read_text())
+    assert data["mixed_precision"] == "fp8" and data["gradient_accumulation_steps"] == 2
+    assert data["fp8_config"] == {"backend": "ao"}
+    script = tmp_path / "show.py"
+    script.write_text("import os\nprint({k: v for k, v in sorted(os.environ.items()) if k.startswith('LOWBIT_')})\n")
+    proc = run_cli("launch", "--config_file", str(path), "--gradient_accumulation_steps", "3", str(script))
+    assert proc.returncode == 0, proc.stderr
+    env = eval(proc.stdout)  # noqa: S307 - our own script's dict output
+    assert env["LOWBIT_MIXED_PRECISION"] == "fp8"
+    assert env["LOWBIT_FP8_BACKEND"] == "ao"
+    assert env["LOWBIT_GRADIENT_ACCUMULATION_STEPS"] == "3"  # the flag beats the file
+
+
+def test_config_default_writes_defaults(tmp_path):
+    path = tmp_path / "d.yaml"
+    assert main(["config", "--default", "--config_file", str(path)]) == 0
+    assert yaml.safe_load(path.read_text())["mixed_precision"] == "no"
+
+
+def test_launch_missing_script_is_a_clear_error(tmp_path, capsys):
+    assert main(["launch", str(tmp_path / "nope.py")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_launch_refuses_zero_processes(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert main(["launch", "--num_processes", "0", str(script)]) == 2
+    assert "at least 1" in capsys.readouterr().err
+
+
+def test_launch_refuses_fsdp_with_deepspeed(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert main(["launch", "--use_fsdp", "--use_deepspeed", str(script)]) == 2
+    assert "Choose one" in capsys.readouterr().err
+
+
+def test_launch_port_in_use_is_a_clear_error(tmp_path, capsys):
+    import socket
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["launch", "--num_processes", "2", "--main_process_port", str(port), str(script)]) == 2
+    assert "already in use" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess
+def test_launch_two_processes_runs_torchrun_and_prints_the_command(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], os.environ['LOWBIT_DISTRIBUTED_TYPE'])\n")
+    proc = run_cli("launch", "--debug", "--cpu", "--num_processes", "2", str(script), env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert "torch.distributed.run --nproc_per_node 2" in proc.stderr
+    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 of 2 MULTI_CPU", "rank 1 of 2 MULTI_CPU"]
+
+
+def test_script_exit_code_is_passed_through(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    assert run_cli("launch", str(script)).returncode == 3
+
+
+def test_ao_launch_flags_reach_the_script(tmp_path):
+    pytest.importorskip("lowbit_ao")
+    script = tmp_path / "show.py"
+    script.write_text("import os\nprint(os.environ.get('LOWBIT_FP8_RECIPE'), os.environ.get('LOWBIT_FP8_PAD_INNER_DIM'))\n")
+    proc = run_cli("launch", "--fp8_recipe", "rowwise", "--fp8_pad_inner_dim", "yes", str(script))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["rowwise", "true"]
+    bad = run_cli("launch", "--fp8_recipe", "rowwize", str(script))
+    assert bad.returncode == 2 and "Did you mean 'rowwise'" in bad.stderr
