@@ -77,7 +77,8 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
 def full_state_dict(model, context: PrepareContext):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # cpu_offload=True would leave the full dict on rank 0 only; every rank gets it, as documented.
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
 
 
 @hookimpl

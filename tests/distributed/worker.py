@@ -1,0 +1,100 @@
+"""One training scenario, run by `lowbit launch` in several processes; each rank writes its results.
+
+    lowbit launch --cpu --num_processes 2 [--use_fsdp | --use_deepspeed --zero_stage N] worker.py SCENARIO OUT_DIR
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import mlp, regression_data  # noqa: E402
+
+from lowbit import Accelerator  # noqa: E402
+
+STEPS_PER_EPOCH = 4
+PER_RANK_BATCH = 8
+
+
+def local_bytes(tensors) -> int:
+    total = 0
+    for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if hasattr(inner, "optimizer"):  # DeepSpeed's ZeRO optimizers wrap the torch one
+        inner = inner.optimizer
+    return local_bytes(v for state in inner.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+
+
+def build(scenario: str, shuffle: bool = False):
+    handlers = []
+    if scenario.startswith("fp8"):
+        from lowbit.utils import AORecipeKwargs
+
+        handlers = [AORecipeKwargs(enable_fsdp_float8_all_gather=scenario == "fp8-fsdp")]
+    accelerator = Accelerator(kwargs_handlers=handlers)
+    model = mlp(seed=0, width=64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = regression_data(STEPS_PER_EPOCH * PER_RANK_BATCH * accelerator.num_processes)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=PER_RANK_BATCH, shuffle=shuffle)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    return accelerator, model, optimizer, loader
+
+
+def train(accelerator, model, optimizer, loader, epochs: int) -> list[float]:
+    losses = []
+    for _ in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            losses.append(accelerator.gather(loss.detach()).mean().item())
+    return losses
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    if scenario == "resume":
+        acc, model, opt, loader = build(scenario, shuffle=True)
+        torch.manual_seed(123)
+        train(acc, model, opt, loader, 1)
+        acc.save_state(out / "ckpt")
+        train(acc, model, opt, loader, 1)
+        uninterrupted = acc.get_state_dict(model)
+        acc2, model2, opt2, loader2 = build(scenario, shuffle=True)
+        acc2.load_state(out / "ckpt")
+        train(acc2, model2, opt2, loader2, 1)
+        resumed = acc2.get_state_dict(model2)
+        same = all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
+        result = {"resumed_equals_uninterrupted": same}
+    else:
+        acc, model, opt, loader = build(scenario)
+        losses = train(acc, model, opt, loader, 3)
+        state = acc.get_state_dict(model)
+        if acc.is_main_process:
+            torch.save(state, out / "final_state.pt")
+        torch.save(state, out / f"state_rank{acc.process_index}.pt")
+        result = {
+            "strategy": acc.distributed_strategy,
+            "fp8_backend": acc.fp8_backend,
+            "losses": losses,
+            "param_bytes": local_bytes(acc.unwrap_model(model).parameters()),
+            "optimizer_state_bytes": optimizer_state_bytes(opt),
+            "weight_types": sorted({type(getattr(p, "_local_tensor", p)).__name__ for p in acc.unwrap_model(model).parameters()}),
+        }
+    result["world_size"] = acc.num_processes
+    (out / f"result_rank{acc.process_index}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

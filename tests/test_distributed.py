@@ -1,0 +1,94 @@
+"""DDP and FSDP2 in 2 processes over gloo, started by `lowbit launch --cpu --num_processes 2`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import mlp, regression_data
+from torch import nn
+
+WORKER = Path(__file__).parent / "distributed" / "worker.py"
+pytestmark = pytest.mark.multiprocess
+
+
+def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2) -> list[dict]:
+    out = tmp_path / scenario
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
+           str(WORKER), scenario, str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(world)]
+
+
+def single_process_reference(epochs: int = 3) -> dict[str, torch.Tensor]:
+    """The same model trained in one process on the same global batches (16 = 2 ranks x 8)."""
+    model = mlp(seed=0, width=64)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = regression_data(64)
+    for _ in range(epochs):
+        for bx, by in zip(x.split(16), y.split(16)):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(bx), by).backward()
+            opt.step()
+    return model.state_dict()
+
+
+def assert_ranks_agree_and_match_reference(tmp_path, scenario, results, atol=1e-5):
+    out = tmp_path / scenario
+    states = [torch.load(out / f"state_rank{r}.pt", weights_only=True) for r in range(2)]
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), f"{key} differs between ranks"
+    reference = single_process_reference()
+    for key, value in reference.items():
+        torch.testing.assert_close(states[0][key], value, atol=atol, rtol=1e-4)
+    losses = results[0]["losses"]
+    assert losses[-1] < losses[0] * 0.5, losses
+
+
+def test_ddp_two_processes_equal_single_process_training(tmp_path):
+    results = launch(tmp_path, "ddp")
+    assert results[0]["strategy"] == "ddp" and results[0]["world_size"] == 2
+    assert_ranks_agree_and_match_reference(tmp_path, "ddp", results)
+
+
+def test_fsdp2_two_processes_shard_parameters_and_match(tmp_path):
+    results = launch(tmp_path, "fsdp", "--use_fsdp")
+    assert results[0]["strategy"] == "fsdp"
+    full_bytes = sum(p.numel() * 4 for p in mlp(width=64).parameters())
+    for r in results:
+        ratio = r["param_bytes"] / full_bytes
+        print(f"FSDP2 rank param bytes / full model: {ratio:.3f}")
+        assert 0.45 <= ratio <= 0.55
+    assert_ranks_agree_and_match_reference(tmp_path, "fsdp", results)
+
+
+def test_fp8_under_ddp(tmp_path):
+    pytest.importorskip("lowbit_ao")
+    results = launch(tmp_path, "fp8-ddp", "--mixed_precision", "fp8")
+    assert results[0]["fp8_backend"] == "ao"
+    assert results[0]["losses"][-1] < results[0]["losses"][0] * 0.5
+
+
+def test_fp8_under_fsdp2_with_float8_all_gather(tmp_path):
+    pytest.importorskip("lowbit_ao")
+    results = launch(tmp_path, "fp8-fsdp", "--use_fsdp", "--mixed_precision", "fp8")
+    assert results[0]["fp8_backend"] == "ao" and results[0]["strategy"] == "fsdp"
+    assert "WeightWithDynamicFloat8CastTensor" in results[0]["weight_types"]  # float8 all-gather is on
+    assert results[0]["losses"][-1] < results[0]["losses"][0] * 0.5
+
+
+def test_two_process_checkpoint_resume_matches_uninterrupted_run(tmp_path):
+    results = launch(tmp_path, "resume")
+    assert all(r["resumed_equals_uninterrupted"] for r in results)
+
+
+def test_fsdp2_checkpoint_resume(tmp_path):
+    results = launch(tmp_path, "resume", "--use_fsdp")
+    assert all(r["resumed_equals_uninterrupted"] for r in results)
