@@ -27,6 +27,12 @@ def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2) -> list[d
     return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(world)]
 
 
+def assert_loss_decreases(losses: list[float]) -> None:
+    """The last epoch's mean loss is well below the first epoch's (4 steps per epoch)."""
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert last < 0.7 * first, f"loss did not decrease: first epoch {first:.3f}, last epoch {last:.3f}"
+
+
 def single_process_reference(epochs: int = 3) -> dict[str, torch.Tensor]:
     """The same model trained in one process on the same global batches (16 = 2 ranks x 8)."""
     model = mlp(seed=0, width=64)
@@ -48,8 +54,7 @@ def assert_ranks_agree_and_match_reference(tmp_path, scenario, results, atol=1e-
     reference = single_process_reference()
     for key, value in reference.items():
         torch.testing.assert_close(states[0][key], value, atol=atol, rtol=1e-4)
-    losses = results[0]["losses"]
-    assert losses[-1] < losses[0] * 0.5, losses
+    assert_loss_decreases(results[0]["losses"])
 
 
 def test_ddp_two_processes_equal_single_process_training(tmp_path):
@@ -73,7 +78,7 @@ def test_fp8_under_ddp(tmp_path):
     pytest.importorskip("lowbit_ao")
     results = launch(tmp_path, "fp8-ddp", "--mixed_precision", "fp8")
     assert results[0]["fp8_backend"] == "ao"
-    assert results[0]["losses"][-1] < results[0]["losses"][0] * 0.5
+    assert_loss_decreases(results[0]["losses"])
 
 
 def test_fp8_under_fsdp2_with_float8_all_gather(tmp_path):
@@ -81,7 +86,7 @@ def test_fp8_under_fsdp2_with_float8_all_gather(tmp_path):
     results = launch(tmp_path, "fp8-fsdp", "--use_fsdp", "--mixed_precision", "fp8")
     assert results[0]["fp8_backend"] == "ao" and results[0]["strategy"] == "fsdp"
     assert "WeightWithDynamicFloat8CastTensor" in results[0]["weight_types"]  # float8 all-gather is on
-    assert results[0]["losses"][-1] < results[0]["losses"][0] * 0.5
+    assert_loss_decreases(results[0]["losses"])
 
 
 def test_two_process_checkpoint_resume_matches_uninterrupted_run(tmp_path):

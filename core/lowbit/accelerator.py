@@ -427,12 +427,15 @@ class Accelerator:
     # ------------------------------------------------------------------ training loop
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided for gradient accumulation and scaled for fp16."""
-        if self.config.gradient_accumulation_steps > 1:
-            loss = loss / self.config.gradient_accumulation_steps
+        """``loss.backward()``, divided for gradient accumulation and scaled for fp16.
+
+        A strategy that owns backward (DeepSpeed's engine) gets the undivided loss: it divides
+        by its own accumulation steps."""
         model = self._models[0] if self._models else None
         if self._call(self._strategy, "backward", loss=loss, model=model):
             return
+        if self.config.gradient_accumulation_steps > 1:
+            loss = loss / self.config.gradient_accumulation_steps
         if self.scaler is not None:
             self.scaler.scale(loss).backward(**kwargs)
         else:
@@ -444,7 +447,8 @@ class Accelerator:
         self.step += 1
         self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0
         with contextlib.ExitStack() as stack:
-            if not self.sync_gradients:
+            # A strategy that owns backward (DeepSpeed) counts micro-batches itself.
+            if not self.sync_gradients and not self._implements(self._strategy, "backward"):
                 for model in models:
                     if hasattr(model, "no_sync"):
                         stack.enter_context(model.no_sync())
@@ -478,7 +482,7 @@ class Accelerator:
         while True:
             if hasattr(model, "_orig_mod"):
                 model = model._orig_mod
-            elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or hasattr(model, "module") and type(model).__name__ == "DeepSpeedEngine":
+            elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ == "DeepSpeedEngine":
                 model = model.module
             else:
                 return model

@@ -23,14 +23,15 @@ PER_RANK_BATCH = 8
 def local_bytes(tensors) -> int:
     total = 0
     for t in tensors:
-        t = t.to_local() if hasattr(t, "to_local") else t
+        t = t.to_local() if hasattr(t, "to_local") else t  # FSDP2 shard
+        t = getattr(t, "ds_tensor", t)  # ZeRO-3 partition
         total += t.numel() * t.element_size()
     return total
 
 
 def optimizer_state_bytes(optimizer) -> int:
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if hasattr(inner, "optimizer"):  # DeepSpeed's ZeRO optimizers wrap the torch one
+    inner = optimizer
+    while hasattr(inner, "optimizer"):  # lowbit's and DeepSpeed's wrappers around the torch optimizer
         inner = inner.optimizer
     return local_bytes(v for state in inner.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
 

@@ -7,6 +7,7 @@ launch; ``--debug`` prints the exact command.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import socket
@@ -44,6 +45,15 @@ def _add_plugin_flags(parser: argparse.ArgumentParser) -> None:
         print(f"lowbit launch: warning: plugin {broken.describe()}", file=sys.stderr)
 
 
+SECTION_ENV_VARS = ("LOWBIT_DEEPSPEED_CONFIG", "LOWBIT_FSDP_CONFIG")
+
+
+def _merge_section(from_config: str | None, from_flags: str) -> str:
+    """Flags override the config file key by key within a JSON section, not the whole section."""
+    merged = {**json.loads(from_config or "{}"), **json.loads(from_flags)}
+    return json.dumps(merged)
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -79,8 +89,12 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
 
     env = config_to_env(config)
     env["LOWBIT_CONFIG_FILE"] = str(path) if file_raw else os.devnull
-    for _plugin, extra in _plugin_manager().call_each("launch_environment", args=args):
-        env.update({k: str(v) for k, v in extra.items()})
+    manager = _plugin_manager()
+    for _plugin, extra in manager.call_each("launch_environment", args=args):
+        for key, value in extra.items():
+            env[key] = _merge_section(env.get(key), str(value)) if key in SECTION_ENV_VARS else str(value)
+    if config.distributed_type == "DEEPSPEED" and "deepspeed" not in {manager.get_name(p) for p in manager.get_plugins()}:
+        raise ConfigError("--use_deepspeed needs the DeepSpeed plugin, which is not installed: `pip install lowbit-deepspeed`.")
 
     world = config.num_processes * config.num_machines
     if world == 1 and config.distributed_type in ("NO", "MULTI_CPU", "MULTI_GPU"):

@@ -1,0 +1,81 @@
+"""lowbit-deepspeed: DeepSpeed ZeRO 0-3 as a lowbit distributed strategy.
+
+``deepspeed`` is imported only inside the hooks that run once DeepSpeed has been chosen.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from lowbit import hookimpl
+from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit_deepspeed.ds_config import SECTION_KEYS, check_section
+
+NAME = "deepspeed"
+LAUNCH_FLAGS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_clipping", "deepspeed_config_file")
+
+
+@hookimpl
+def describe_backend(hardware: HardwareInfo) -> BackendDescription:
+    found = importlib.util.find_spec("deepspeed") is not None
+    return BackendDescription(
+        name=NAME, kind="distributed", priority=20, available=found,
+        reason="" if found else "deepspeed not installed: `pip install deepspeed`", aliases=("ds", "zero"),
+    )
+
+
+@hookimpl
+def check_compatibility(context: PrepareContext) -> None:
+    check_section(context.strategy_options)
+
+
+@hookimpl
+def wrap_for_distribution(model, optimizer, context: PrepareContext):
+    from lowbit_deepspeed.engine import initialize
+
+    return initialize(model, optimizer, context)
+
+
+@hookimpl
+def backward(loss, model, context: PrepareContext):
+    model.backward(loss)
+    model.step()  # DeepSpeed's step knows the accumulation boundary; optimizer.step() is a no-op
+    return True
+
+
+@hookimpl
+def full_state_dict(model, context: PrepareContext):
+    from lowbit_deepspeed.engine import gathered_state_dict
+
+    return gathered_state_dict(model)
+
+
+@hookimpl
+def save_checkpoint(directory, model, optimizer, context: PrepareContext):
+    model.save_checkpoint(directory, tag="deepspeed")
+    return True
+
+
+@hookimpl
+def load_checkpoint(directory, model, optimizer, context: PrepareContext):
+    model.load_checkpoint(directory, tag="deepspeed")
+    return True
+
+
+@hookimpl
+def add_launch_arguments(parser) -> None:
+    group = parser.add_argument_group("DeepSpeed (lowbit-deepspeed), with --use_deepspeed")
+    for key in LAUNCH_FLAGS:
+        if f"--{key}" not in parser._option_string_actions:
+            group.add_argument(f"--{key}", default=None, help=SECTION_KEYS[key])
+
+
+@hookimpl
+def launch_environment(args):
+    section = {key: getattr(args, key) for key in LAUNCH_FLAGS if getattr(args, key, None) is not None}
+    if not section:
+        return None
+    if "zero_stage" in section:
+        section["zero_stage"] = int(section["zero_stage"]) if str(section["zero_stage"]).isdigit() else section["zero_stage"]
+    check_section(section)
+    return {"LOWBIT_DEEPSPEED_CONFIG": json.dumps(section)}

@@ -1,0 +1,135 @@
+"""lowbit-deepspeed: config building on its own, and ZeRO 0-3 for real in 2 processes over gloo."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lowbit_deepspeed")
+pytest.importorskip("deepspeed")
+
+import torch  # noqa: E402
+
+from lowbit.errors import ConfigError  # noqa: E402
+from lowbit.types import HardwareInfo, PrepareContext  # noqa: E402
+from lowbit_deepspeed.ds_config import build_config  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from test_distributed import assert_loss_decreases, launch  # noqa: E402
+
+
+def context(mixed_precision="bf16", **kw):
+    return PrepareContext(HardwareInfo("cpu", "CPU"), mixed_precision, torch.device("cpu"), world_size=2,
+                          gradient_accumulation_steps=kw.pop("gas", 1), batch_size=kw.pop("batch_size", 8), **kw)
+
+
+def test_auto_values_are_filled_from_the_accelerator():
+    config = build_config({"config": {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                                      "train_batch_size": "auto", "bf16": {"enabled": "auto"}}}, context(gas=4))
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"], config["train_batch_size"]) == (8, 4, 64)
+    assert config["bf16"] == {"enabled": True}
+
+
+def test_fp16_maps_to_dynamic_loss_scaling_and_keeps_every_docs_key():
+    user = {"fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 3, "min_loss_scale": 2}}
+    config = build_config({"config": user}, context("fp16"))
+    assert config["fp16"] == {"enabled": True, "loss_scale": 0, "loss_scale_window": 500, "initial_scale_power": 16,
+                              "hysteresis": 3, "min_loss_scale": 2}
+    assert "bf16" not in config or not config["bf16"]["enabled"]
+
+
+def test_fp8_runs_deepspeed_in_bf16():
+    assert build_config({}, context("fp8"))["bf16"] == {"enabled": True}
+
+
+def test_both_fp16_and_bf16_enabled_is_refused():
+    with pytest.raises(ConfigError, match=r"both fp16.enabled=true and bf16.enabled=true"):
+        build_config({"config": {"fp16": {"enabled": True}, "bf16": {"enabled": True}}}, context())
+
+
+def test_config_contradicting_mixed_precision_names_both_values():
+    with pytest.raises(ConfigError, match=r"fp16.enabled=true but mixed_precision='bf16'"):
+        build_config({"config": {"fp16": {"enabled": True}}}, context("bf16"))
+
+
+def test_section_keys_map_to_zero_settings():
+    config = build_config({"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu",
+                           "gradient_clipping": 1.0}, context())
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"] == {"device": "cpu"} and zero["offload_param"] == {"device": "cpu"}
+    assert config["gradient_clipping"] == 1.0
+
+
+def test_json_file_errors_name_the_path_and_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope.json' does not exist"):
+        build_config({"deepspeed_config_file": str(tmp_path / "nope.json")}, context())
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "zero_optimization": {"stage": 2},\n  oops\n}')
+    with pytest.raises(ConfigError, match=r"bad.json' is not valid JSON, line 3"):
+        build_config({"deepspeed_config_file": str(bad)}, context())
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_clipping": 0.5}))
+    assert build_config({"deepspeed_config_file": str(good)}, context())["zero_optimization"]["stage"] == 1
+
+
+def test_bad_stage_and_unknown_key():
+    with pytest.raises(ConfigError, match=r"zero_stage must be 0, 1, 2 or 3; got 5"):
+        build_config({"zero_stage": 5}, context())
+    with pytest.raises(ConfigError, match=r"Did you mean 'zero_stage'"):
+        build_config({"zero_stag": 2}, context())
+
+
+def test_launch_refuses_zero_stage_5(tmp_path, capsys):
+    from lowbit.cli.main import main
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert main(["launch", "--use_deepspeed", "--zero_stage", "5", str(script)]) == 2
+    assert "zero_stage must be 0, 1, 2 or 3" in capsys.readouterr().err
+
+
+def test_use_deepspeed_without_the_plugin_says_what_to_install(tmp_path, capsys, monkeypatch):
+    from lowbit.cli.main import main
+
+    monkeypatch.setenv("LOWBIT_PLUGINS", "ao")  # as if lowbit-deepspeed were not installed
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert main(["launch", "--use_deepspeed", str(script)]) == 2
+    assert "pip install lowbit-deepspeed" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def zero0(tmp_path_factory):
+    return launch(tmp_path_factory.mktemp("z0"), "ds", "--use_deepspeed", "--zero_stage", "0", "--mixed_precision", "bf16")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_stages_train_and_shard_state(tmp_path, zero0, stage):
+    results = launch(tmp_path, "ds", "--use_deepspeed", "--zero_stage", str(stage), "--mixed_precision", "bf16")
+    rank0 = results[0]
+    assert rank0["strategy"] == "deepspeed"
+    assert_loss_decreases(rank0["losses"])
+    assert_loss_decreases(zero0[0]["losses"])
+    state_ratio = rank0["optimizer_state_bytes"] / zero0[0]["optimizer_state_bytes"]
+    param_ratio = rank0["param_bytes"] / zero0[0]["param_bytes"]
+    print(f"ZeRO-{stage}: optimizer-state bytes per rank / ZeRO-0's = {state_ratio:.3f}; parameter bytes = {param_ratio:.3f}")
+    assert 0.4 <= state_ratio <= 0.6
+    if stage == 3:
+        assert 0.4 <= param_ratio <= 0.6
+
+
+@pytest.mark.multiprocess
+def test_fp8_under_zero2(tmp_path):
+    pytest.importorskip("lowbit_ao")
+    results = launch(tmp_path, "fp8-ds", "--use_deepspeed", "--zero_stage", "2", "--mixed_precision", "fp8")
+    assert results[0]["fp8_backend"] == "ao" and results[0]["strategy"] == "deepspeed"
+    assert_loss_decreases(results[0]["losses"])
+
+
+@pytest.mark.multiprocess
+def test_zero3_checkpoint_resume(tmp_path):
+    results = launch(tmp_path, "resume", "--use_deepspeed", "--zero_stage", "3", "--mixed_precision", "bf16")
+    assert all(r["resumed_equals_uninterrupted"] for r in results)
