@@ -33,12 +33,10 @@ class HardwareInfo:
 
     def describe(self) -> str:
         """Short human label, e.g. 'CPU' or 'NVIDIA H100 (sm_90)'."""
-        if self.device_type == "cpu":
-            return "CPU"
         if self.compute_capability:
             major, minor = self.compute_capability
             return f"{self.device_name} (sm_{major}{minor})"
-        return self.device_name
+        return "CPU" if self.device_type == "cpu" else self.device_name
 
 
 @dataclass
@@ -80,6 +78,8 @@ class PrepareContext:
     local_rank: int = 0
     gradient_accumulation_steps: int = 1
     batch_size: int | None = None  # per-process micro-batch size, when a dataloader told us
+    # Scratch space for the chosen backends, per Accelerator (e.g. a recipe object built once).
+    backend_state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def autocast_dtype(self) -> "torch.dtype | None":

@@ -1,0 +1,102 @@
+"""What needs Transformer Engine itself: its own hardware checks, the recipe object, autocast."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from contextlib import nullcontext
+from typing import Any, ContextManager
+
+from lowbit.errors import BackendUnavailableError, ConfigError
+from lowbit.types import PrepareContext
+
+# Options Accelerate passes to DelayedScaling that TE 2.x removed, with the value that means
+# "TE 2.x's behaviour" (scaling factors update every step; no per-GEMM override).
+REMOVED_IN_TE2 = {"interval": 1, "override_linear_precision": (False, False, False)}
+RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling", "block": "Float8BlockScaling"}
+
+
+def import_te() -> tuple[Any, Any]:
+    """``transformer_engine.pytorch`` and its recipe module, or a clear error."""
+    try:
+        import transformer_engine.pytorch as te
+        from transformer_engine.common import recipe
+    except Exception as exc:  # noqa: BLE001 - TE fails to import in many ways (CUDA libs, ABI)
+        raise BackendUnavailableError(f"transformer_engine not importable: {type(exc).__name__}: {exc}") from None
+    return te, recipe
+
+
+def _te_check(te: Any, name: str) -> tuple[bool, str]:
+    available, reason = getattr(te, name)(return_reason=True)
+    return bool(available), str(reason)
+
+
+def check_runtime(context: PrepareContext) -> None:
+    """TE's own verdict on this GPU, for FP8 and (when asked) MXFP8; and the recipe must build."""
+    te, _ = import_te()
+    ok, why = _te_check(te, "is_fp8_available")
+    if not ok:
+        raise BackendUnavailableError(f"Transformer Engine reports FP8 unavailable on {context.hardware.describe()}: {why}")
+    build_recipe(context)
+
+
+def build_recipe(context: PrepareContext) -> Any:
+    """The TE recipe object for these options; every option reaches TE with its value."""
+    te, recipe_module = import_te()
+    options = context.fp8_options
+    if options.te_recipe is not None:
+        if not isinstance(options.te_recipe, recipe_module.Recipe):
+            raise ConfigError(f"TERecipeKwargs(te_recipe=...) expects a transformer_engine.common.recipe.Recipe, got {type(options.te_recipe).__name__}.")
+        return options.te_recipe
+    if options.recipe == "mxfp8":
+        ok, why = _te_check(te, "is_mxfp8_available")
+        if not ok or not context.hardware.has_mxfp8_gemm:
+            raise BackendUnavailableError(
+                f"recipe='mxfp8' needs a Blackwell GPU (compute capability >= 10.0); found {context.hardware.describe()}"
+                f"{': ' + why if why else ''}. Use recipe='delayed' or 'current' on Ada/Hopper."
+            )
+    if options.fp8_format == "E5M2":
+        raise ConfigError("fp8_format='E5M2' (pure E5M2 training) is not supported by Transformer Engine; use HYBRID or E4M3.")
+    cls = getattr(recipe_module, RECIPE_CLASSES[options.recipe])
+    accepted = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(inspect.signature(cls).parameters)
+    wanted = {"fp8_format": recipe_module.Format[options.fp8_format]}
+    if options.recipe == "delayed":
+        wanted.update(margin=options.margin, amax_history_len=options.amax_history_len, amax_compute_algo=options.amax_compute_algo)
+    elif options.recipe == "mxfp8":
+        wanted["margin"] = options.margin
+    for name, neutral in REMOVED_IN_TE2.items():
+        value = getattr(options, name)
+        if name in accepted:
+            wanted[name] = value
+        elif value != neutral:
+            raise ConfigError(
+                f"{name}={value!r} cannot reach this Transformer Engine: its {cls.__name__} has no {name!r} "
+                f"(removed in TE 2.x, which behaves as {name}={neutral!r}). Remove the option."
+            )
+    if options.recipe == "delayed" and "override_linear_precision" in wanted:
+        wanted["override_linear_precision"] = tuple(wanted["override_linear_precision"])
+    return cls(**wanted)
+
+
+def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:
+    """TE's autocast (``te.autocast`` in TE 2.x, ``fp8_autocast`` before), off in eval unless
+    ``use_autocast_during_eval``; amax is reduced over the data-parallel group."""
+    te, _ = import_te()
+    options = context.fp8_options
+    enabled = model is None or model.training or options.use_autocast_during_eval
+    if not enabled:
+        return nullcontext()
+    if "te_recipe" not in context.backend_state:  # built once: autocast is entered every forward
+        context.backend_state["te_recipe"] = build_recipe(context)
+    recipe = context.backend_state["te_recipe"]
+    group = _data_parallel_group(context)
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe, fp8_group=group)
+
+
+def _data_parallel_group(context: PrepareContext) -> Any:
+    if context.world_size <= 1:
+        return None
+    import torch.distributed as dist
+
+    return dist.group.WORLD  # lowbit runs data parallelism only: every rank is in the DP group

@@ -1,0 +1,392 @@
+"""lowbit-te against a stand-in transformer_engine (exact TE 2.20 signatures, real recipe module).
+
+GPU tests at the end run only with CUDA sm_89+ and the real Transformer Engine.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lowbit_te")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from lowbit import Accelerator, hookimpl  # noqa: E402
+from lowbit.errors import BackendUnavailableError, ConfigError  # noqa: E402
+from lowbit.plugins import make_plugin_manager  # noqa: E402
+from lowbit.selection import BackendRegistry, choose_backend  # noqa: E402
+from lowbit.types import HardwareInfo  # noqa: E402
+from lowbit.utils import TERecipeKwargs  # noqa: E402
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import standin_te  # noqa: E402
+
+TE_VERSION = "2.20.2"
+H100 = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0))
+B200 = HardwareInfo("cpu", "stand-in NVIDIA B200 (tensors on CPU)", 1, (10, 0))
+A100 = HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0))
+
+
+@pytest.fixture(scope="session")
+def te_source() -> Path:
+    """TE's Python sources, from the transformer-engine wheel on PyPI (cached between runs)."""
+    cache = Path.home() / ".cache" / "lowbit-tests" / f"transformer-engine-{TE_VERSION}"
+    src = cache / "src"
+    if not (src / "transformer_engine").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
+                        f"transformer-engine=={TE_VERSION}"], check=True, timeout=300)
+        wheel = next(cache.glob("transformer_engine-*.whl"))
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(src)
+    return src / "transformer_engine"
+
+
+@pytest.fixture(scope="session")
+def real_recipe(te_source):
+    spec = importlib.util.spec_from_file_location("transformer_engine.common.recipe", te_source / "common" / "recipe" / "__init__.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["transformer_engine.common.recipe"] = module  # pydantic dataclasses resolve names through here
+    spec.loader.exec_module(module)
+    del sys.modules["transformer_engine.common.recipe"]
+    return module
+
+
+@pytest.fixture
+def te(monkeypatch, real_recipe):
+    for name, module in standin_te.install(real_recipe).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    standin_te.AUTOCAST_CALLS.clear()
+    return sys.modules["transformer_engine.pytorch"]
+
+
+class Detector:
+    def __init__(self, hardware):
+        self.hardware = hardware
+
+    @hookimpl(tryfirst=True)
+    def detect_hardware(self, cpu):
+        return self.hardware
+
+
+def te_accelerator(hardware=H100, **recipe):
+    manager = make_plugin_manager(extra_plugins=[Detector(hardware)])
+    return Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(**recipe)], plugin_manager=manager)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(32, 64)
+        self.norm = nn.LayerNorm(64)
+        self.rms = nn.RMSNorm(64)
+        self.block = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 40), nn.Linear(40, 64, bias=False))
+        self.out = nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.out(self.block(self.rms(self.norm(self.inp(x)))))
+
+
+# ------------------------------------------------------------------ the stand-in is faithful
+
+
+def _real_signature(path: Path, qualname: str) -> list[tuple[str, str | None]]:
+    tree = ast.parse(path.read_text())
+    cls_name, _, func_name = qualname.rpartition(".")
+    scope = tree.body
+    if cls_name:
+        scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name).body
+    func = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == func_name)
+    args = func.args
+    positional = args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + [ast.unparse(d) for d in args.defaults]
+    params = [(a.arg, d) for a, d in zip(positional, defaults)]
+    params += [(a.arg, ast.unparse(d) if d is not None else None) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    if args.kwarg:
+        params.append(("**" + args.kwarg.arg, None))
+    return params
+
+
+def _standin_signature(obj) -> list[tuple[str, str | None]]:
+    out = []
+    for p in inspect.signature(obj).parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            out.append(("**" + p.name, None))
+        else:
+            out.append((p.name, None if p.default is p.empty else repr(p.default)))
+    return out
+
+
+@pytest.mark.parametrize("path, qualname, standin", [
+    ("pytorch/module/linear.py", "Linear.__init__", standin_te.Linear.__init__),
+    ("pytorch/module/layernorm.py", "LayerNorm.__init__", standin_te.LayerNorm.__init__),
+    ("pytorch/module/rmsnorm.py", "RMSNorm.__init__", standin_te.RMSNorm.__init__),
+    ("pytorch/quantization.py", "autocast.__init__", standin_te.autocast.__init__),
+    ("pytorch/quantization.py", "fp8_autocast", standin_te.fp8_autocast),
+    ("pytorch/quantization.py", "is_fp8_available", standin_te.is_fp8_available),
+    ("pytorch/quantization.py", "is_mxfp8_available", standin_te.is_mxfp8_available),
+])
+def test_standin_signatures_match_the_real_te(te_source, path, qualname, standin):
+    assert _standin_signature(standin) == _real_signature(te_source / path, qualname)
+
+
+# ------------------------------------------------------------------ availability and ranking
+
+
+def test_unavailable_on_cpu_and_without_te_with_precise_reasons(te, monkeypatch):
+    import lowbit_te
+
+    assert lowbit_te.unavailable_reason(HardwareInfo("cpu", "CPU")) == "needs a CUDA GPU with compute capability >= 8.9; found CPU"
+    assert "found NVIDIA A100 (sm_80)" in lowbit_te.unavailable_reason(A100)
+    assert lowbit_te.unavailable_reason(H100) == ""
+    monkeypatch.setattr(lowbit_te.importlib.util, "find_spec", lambda name: None)
+    assert lowbit_te.unavailable_reason(H100).startswith("transformer_engine not importable")
+
+
+def test_old_te_version_is_named(te, monkeypatch):
+    import lowbit_te
+
+    monkeypatch.setattr(lowbit_te.importlib.metadata, "version", lambda name: "1.13.0")
+    assert "transformer_engine 1.13.0 is older than the supported 2.0" in lowbit_te.unavailable_reason(H100)
+
+
+def test_te_priority_200_beats_ao(te):
+    registry = BackendRegistry(make_plugin_manager(), H100)
+    assert choose_backend(registry, "fp8").name == "te"
+    assert registry.find("fp8", "te").description.priority == 200
+
+
+def test_forcing_te_on_cpu_is_a_clear_error(te):
+    with pytest.raises(BackendUnavailableError, match=r"'te'.*needs a CUDA GPU with compute capability >= 8.9; found CPU"):
+        Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
+
+
+# ------------------------------------------------------------------ conversion
+
+
+def test_layers_converted_and_skipped_with_reasons_and_weights_copied(te):
+    torch.manual_seed(0)
+    model = Net()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.warns(UserWarning, match=r"1 Linear layer\(s\) kept in high precision.*block.2"):
+        prepared = te_accelerator().prepare(model)
+    report = prepared._lowbit_fp8_report
+    assert set(report["converted"]) == {"inp", "norm", "rms", "block.0", "block.3", "out"}
+    assert report["skipped"] == {"block.2": "dims 64x40: FP8 GEMMs need in % 8 and out % 16"}
+    assert isinstance(prepared.block[3], standin_te.Linear) and prepared.block[3].bias is None
+    assert isinstance(prepared.block[2], nn.Linear)  # its siblings after it were still converted
+    after = prepared.state_dict()
+    for key, value in before.items():
+        assert torch.equal(after[key], value), key
+        assert after[key].dtype == value.dtype and after[key].device == value.device
+
+
+def test_keep_first_last_in_high_precision(te):
+    prepared = te_accelerator(keep_first_last_high_precision=True).prepare(Net())
+    assert type(prepared.inp) is nn.Linear and type(prepared.out) is nn.Linear
+    assert isinstance(prepared.block[0], standin_te.Linear)
+
+
+def test_model_with_te_modules_is_left_as_is(te):
+    model = nn.Sequential(standin_te.Linear(16, 16, device="cpu"), nn.Linear(16, 16))
+    prepared = te_accelerator().prepare(model)
+    assert type(prepared[1]) is nn.Linear  # untouched: the user built the model with TE already
+    assert not hasattr(prepared, "_lowbit_fp8_report")
+
+
+def test_optimizer_follows_the_new_parameters(te):
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    prepared, opt = te_accelerator().prepare(model, opt)
+    optimizer_params = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert optimizer_params == {id(p) for p in prepared.parameters()}
+
+
+def test_model_only_prepare_works(te):
+    assert isinstance(te_accelerator().prepare(Net()).inp, standin_te.Linear)
+
+
+# ------------------------------------------------------------------ recipes
+
+
+@pytest.mark.parametrize("explicit", [{}, {"amax_compute_algo": "most_recent", "margin": 0}])
+def test_every_delayed_scaling_field_reaches_te(te, real_recipe, explicit):
+    acc = te_accelerator(**explicit, fp8_format="E4M3", amax_history_len=16)
+    model = acc.prepare(Net())
+    model(torch.randn(2, 32))
+    recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
+    assert type(recipe) is real_recipe.DelayedScaling
+    assert recipe.fp8_format is real_recipe.Format.E4M3
+    assert (recipe.margin, recipe.amax_history_len, recipe.amax_compute_algo) == (0, 16, "most_recent")
+
+
+@pytest.mark.parametrize("name, cls", [("current", "Float8CurrentScaling"), ("block", "Float8BlockScaling")])
+def test_current_recipes(te, real_recipe, name, cls):
+    model = te_accelerator(recipe=name, fp8_format="E4M3").prepare(Net())
+    model(torch.randn(2, 32))
+    recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
+    assert type(recipe) is getattr(real_recipe, cls) and recipe.fp8_format is real_recipe.Format.E4M3
+
+
+def test_mxfp8_needs_blackwell(te, real_recipe, monkeypatch):
+    with pytest.raises(BackendUnavailableError, match=r"mxfp8.*compute capability >= 10.0.*sm_90"):
+        te_accelerator(recipe="mxfp8").prepare(Net())
+    monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
+    model = te_accelerator(B200, recipe="mxfp8", margin=2, fp8_format="E4M3").prepare(Net())
+    model(torch.randn(2, 32))
+    recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
+    assert type(recipe) is real_recipe.MXFP8BlockScaling and recipe.margin == 2
+
+
+def test_user_built_recipe_is_passed_as_is(te, real_recipe):
+    mine = real_recipe.Float8CurrentScaling()
+    model = te_accelerator(te_recipe=mine).prepare(Net())
+    model(torch.randn(2, 32))
+    assert standin_te.AUTOCAST_CALLS[-1]["recipe"] is mine
+
+
+def test_removed_te1_options_error_when_they_would_change_behaviour(te):
+    te_accelerator(interval=1, override_linear_precision=(False, False, False)).prepare(Net())  # TE 2.x behaviour: fine
+    with pytest.raises(ConfigError, match=r"interval=4 cannot reach this Transformer Engine"):
+        te_accelerator(interval=4).prepare(Net())
+    with pytest.raises(ConfigError, match=r"override_linear_precision"):
+        te_accelerator(override_linear_precision=(True, False, False)).prepare(Net())
+
+
+def test_bad_format_and_algo_are_named():
+    with pytest.raises(ConfigError, match=r"'E3M4'.*Valid: E4M3, E5M2, HYBRID"):
+        TERecipeKwargs(fp8_format="E3M4")
+    with pytest.raises(ConfigError, match=r"'maximum'.*Valid: max, most_recent"):
+        TERecipeKwargs(amax_compute_algo="maximum")
+
+
+def test_pure_e5m2_is_refused_before_te_asserts(te):
+    with pytest.raises(ConfigError, match=r"E5M2.*not supported by Transformer Engine"):
+        te_accelerator(fp8_format="E5M2").prepare(Net())
+
+
+def test_options_from_yaml_env_and_launch_flags(te, tmp_path, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("mixed_precision: fp8\nfp8_config:\n  backend: TE\n  fp8_format: E4M3\n  amax_history_len: 32\n"
+                    "  amax_compute_algo: max\n  override_linear_precision: (false, false, false)\n")
+    manager = make_plugin_manager(extra_plugins=[Detector(H100)])
+    acc = Accelerator(config_file=path, plugin_manager=manager)
+    assert acc.fp8_backend == "te"
+    assert (acc.fp8_options.fp8_format, acc.fp8_options.amax_history_len, acc.fp8_options.amax_compute_algo) == ("E4M3", 32, "max")
+    monkeypatch.setenv("LOWBIT_FP8_AMAX_HISTORY_LEN", "64")
+    assert Accelerator(config_file=path, plugin_manager=manager).fp8_options.amax_history_len == 64
+    from lowbit.cli.launch import build_command
+    from lowbit.cli.main import build_parser
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
+    args = build_parser().parse_args(["launch", "--fp8_format", "E4M3", "--fp8_amax_history_len", "8", str(script)])
+    _, env, _ = build_command(args)
+    assert env["LOWBIT_FP8_FORMAT"] == "E4M3" and env["LOWBIT_FP8_AMAX_HISTORY_LEN"] == "8"
+
+
+# ------------------------------------------------------------------ autocast
+
+
+def test_te_autocast_runs_inside_native_bf16_autocast(te):
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), len(standin_te.AUTOCAST_CALLS)))
+            return x
+
+    model = nn.Sequential(nn.Linear(16, 16), Probe())
+    model = te_accelerator().prepare(model)
+    model(torch.randn(2, 16))
+    assert seen == [(True, torch.bfloat16, 1)]  # inside bf16 autocast, after TE's autocast was entered
+    record = standin_te.AUTOCAST_CALLS[-1]
+    assert record["enabled"] and record["api"] == "autocast" and record["amax_reduction_group"] is None
+
+
+def test_eval_turns_te_autocast_off_unless_asked(te):
+    model = te_accelerator().prepare(Net())
+    model.eval()
+    model(torch.randn(2, 32))
+    assert standin_te.AUTOCAST_CALLS == []
+    model = te_accelerator(use_autocast_during_eval=True).prepare(Net())
+    model.eval()
+    model(torch.randn(2, 32))
+    assert len(standin_te.AUTOCAST_CALLS) == 1
+
+
+def test_older_te_uses_fp8_autocast(monkeypatch, real_recipe):
+    for name, module in standin_te.install(real_recipe, with_new_autocast=False).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    standin_te.AUTOCAST_CALLS.clear()
+    model = te_accelerator().prepare(Net())
+    model(torch.randn(2, 32))
+    assert standin_te.AUTOCAST_CALLS[-1]["api"] == "fp8_autocast"
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_save_model_maps_back_to_plain_names_without_fp8_metadata(te, tmp_path):
+    acc = te_accelerator()
+    model = acc.prepare(Net())
+    assert any(k.endswith("_extra_state") for k in model.state_dict())
+    path = acc.save_model(model, tmp_path)
+    state = torch.load(path, weights_only=True)
+    assert not any(k.endswith("_extra_state") for k in state)
+    Net().load_state_dict(state)  # strict: every name matches the plain model
+
+
+def test_save_state_keeps_fp8_metadata(te, tmp_path):
+    acc = te_accelerator()
+    model = acc.prepare(Net())
+    acc.save_state(tmp_path / "ckpt")
+    assert any(k.endswith("_extra_state") for k in torch.load(tmp_path / "ckpt" / "model_0.pt", weights_only=True))
+    acc.load_state(tmp_path / "ckpt")
+    assert hasattr(model.inp, "loaded_extra_state")
+
+
+# ------------------------------------------------------------------ real GPU
+
+
+def _real_te_gpu() -> bool:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+gpu = pytest.mark.skipif(not _real_te_gpu(), reason="needs a CUDA GPU with compute capability >= 8.9 and Transformer Engine")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_one_step_loss_matches_bf16(tmp_path):
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    losses = {}
+    for precision in ("bf16", "fp8"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
+        handlers = [TERecipeKwargs()] if precision == "fp8" else []
+        acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
+        model = acc.prepare(model)
+        losses[precision] = nn.functional.mse_loss(model(x), y).item()
+        if precision == "fp8":
+            path = acc.save_model(model, tmp_path)
+            plain = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
+            plain.load_state_dict(torch.load(path, weights_only=True))
+    assert abs(losses["fp8"] - losses["bf16"]) / losses["bf16"] < 0.05
