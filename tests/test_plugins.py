@@ -186,3 +186,19 @@ def test_help_does_not_import_torch():
     code = "import sys\nfrom lowbit.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("False")
+
+
+def test_installed_backends_share_option_names_only_with_the_same_meaning():
+    """Env vars, YAML keys and launch flags are shared by name: two backends must agree on them."""
+    registry = BackendRegistry(make_plugin_manager(), CPU)
+    seen: dict[str, tuple[str, object, object]] = {}
+    for cand in registry.ranked("fp8"):
+        if cand.description.options_class is None:
+            continue
+        for name, spec in cand.description.options_class.option_specs().items():
+            meaning = (spec.type, spec.choices)
+            if name in seen:
+                other, *other_meaning = seen[name]
+                assert tuple(other_meaning) == meaning, f"option {name!r} means different things in {other} and {cand.name}"
+            else:
+                seen[name] = (cand.name, *meaning)

@@ -373,6 +373,9 @@ class Accelerator:
     def _distribute(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
         if self._strategy is None:
             return model, optimizer
+        integration = self._call(self._fp8, "strategy_integration", strategy=self._strategy.name)
+        if integration:
+            self.context.backend_state["strategy_integration"] = integration
         names = _parameter_names(model)
         wrapped = self._call(self._strategy, "wrap_for_distribution", model=model, optimizer=optimizer)
         new_model, new_optimizer = wrapped if wrapped is not None else (model, optimizer)
@@ -472,6 +475,10 @@ class Accelerator:
                 if id(opt.optimizer) not in self._unscaled:
                     self.scaler.unscale_(opt.optimizer)
                     self._unscaled.add(id(opt.optimizer))
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        norm = self._call(self._fp8, "clip_grad_norm", parameters=parameters, max_norm=max_norm, norm_type=norm_type)
+        if norm is not None:
+            return norm
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:

@@ -128,6 +128,28 @@ def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 @hookspec(firstresult=True)
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, norm_type: float, context: PrepareContext) -> torch.Tensor | None:
+    """Clip gradients whose type torch's ``clip_grad_norm_`` cannot handle (MS-AMP's ScalingTensor).
+
+    Called by: ``Accelerator.clip_grad_norm_``, on the chosen FP8 backend, after fp16 gradients
+    were unscaled. Return the total norm; None lets lowbit call ``torch.nn.utils.clip_grad_norm_``.
+    """
+
+
+@hookspec(firstresult=True)
+def strategy_integration(strategy: str, context: PrepareContext) -> dict[str, Any] | None:
+    """Let the FP8 backend take part in the distributed strategy's own setup.
+
+    Called by: ``Accelerator.prepare``, on the chosen FP8 backend, before
+    ``wrap_for_distribution``; the result is stored in
+    ``context.backend_state["strategy_integration"]`` for the strategy to read. Keys the DeepSpeed
+    strategy reads: ``"initialize"`` (a drop-in for ``deepspeed.initialize``, e.g.
+    ``msamp.deepspeed.initialize``) and ``"config"`` (a dict merged into the DeepSpeed config,
+    e.g. ``{"msamp": {"enabled": True, "opt_level": "O2"}}``). Return None for "nothing to add".
+    """
+
+
+@hookspec(firstresult=True)
 def export_state_dict(model: torch.nn.Module, state_dict: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
     """Map a converted model's state dict back to the plain model's names and tensors.
 

@@ -25,12 +25,16 @@ def fp8_env_var(key: str) -> str:
 
 
 def recipe_option(
-    default: Any = None, *, type: Any = str, choices: tuple[str, ...] | None = None, help: str = "", code_only: bool = False
+    default: Any = None, *, type: Any = str, choices: tuple[str, ...] | None = None, help: str = "",
+    code_only: bool = False, normalize: Any = None,
 ) -> Any:
-    """A recipe field: None until filled, with its real default and type kept in metadata."""
+    """A recipe field: None until filled, with its real default and type kept in metadata.
+
+    ``normalize`` runs on every value (argument, env var, YAML) before the choices are checked;
+    it may raise ConfigError with a more helpful message than "unknown value"."""
     return dataclasses.field(
         default=None,
-        metadata={"lowbit": dict(type=type, default=default, choices=choices, help=help, code_only=code_only)},
+        metadata={"lowbit": dict(type=type, default=default, choices=choices, help=help, code_only=code_only, normalize=normalize)},
     )
 
 

@@ -45,11 +45,36 @@ class EngineOwnedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
 
+def _ensure_process_group(context: PrepareContext) -> None:
+    """DeepSpeed needs a process group, and the env vars a launcher sets, even for one process
+    (a script run with plain ``python``)."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    if dist.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = "nccl" if context.device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
 def initialize(model, optimizer, context: PrepareContext):
     import deepspeed
 
+    _ensure_process_group(context)
     config = build_config(dict(context.strategy_options), context)
-    engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+    # An FP8 backend with its own DeepSpeed integration (MS-AMP) supplies the initialize
+    # function and its config section; see the strategy_integration hook.
+    integration = context.backend_state.get("strategy_integration", {})
+    config.update(integration.get("config", {}))
+    initialize_fn = integration.get("initialize", deepspeed.initialize)
+    engine, ds_optimizer, _, _ = initialize_fn(model=model, optimizer=optimizer, config=config, dist_init_required=False)
     return engine, (EngineOwnedOptimizer(ds_optimizer) if ds_optimizer is not None else None)
 
 

@@ -8,15 +8,15 @@ from lowbit.recipes import RecipeKwargs, recipe_option
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
-# TE recipe classes, by the short name lowbit accepts.
-RECIPES = ("delayed", "current", "mxfp8", "block")
+# TE scaling recipes, by the short name lowbit accepts.
+SCALINGS = ("delayed", "current", "mxfp8", "block")
 
 
 @dataclass
 class TERecipeKwargs(RecipeKwargs):
     """Accelerate's ``TERecipeKwargs`` fields (same names and defaults), plus lowbit's.
 
-    recipe: which TE scaling recipe: delayed (``DelayedScaling``, Accelerate's), current
+    scaling: which TE scaling recipe: delayed (``DelayedScaling``, Accelerate's), current
         (``Float8CurrentScaling``), mxfp8 (``MXFP8BlockScaling``, sm_100+) or block
         (``Float8BlockScaling``).
     te_recipe: a TE recipe object you built yourself; used as it is (code only).
@@ -33,6 +33,6 @@ class TERecipeKwargs(RecipeKwargs):
     override_linear_precision: tuple[bool, bool, bool] | None = recipe_option(
         (False, False, False), type="bools3", help="(fprop, dgrad, wgrad) in high precision (TE 1.x only)"
     )
-    recipe: str | None = recipe_option("delayed", choices=RECIPES, help="delayed, current, mxfp8 or block")
+    scaling: str | None = recipe_option("delayed", choices=SCALINGS, help="scaling recipe: delayed, current, mxfp8 or block")
     keep_first_last_high_precision: bool | None = recipe_option(False, type=bool, help="keep the first and last Linear in high precision")
     te_recipe: Any = recipe_option(None, code_only=True, help="a transformer_engine.common.recipe object, used as is")

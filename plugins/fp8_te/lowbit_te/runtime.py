@@ -47,21 +47,21 @@ def build_recipe(context: PrepareContext) -> Any:
         if not isinstance(options.te_recipe, recipe_module.Recipe):
             raise ConfigError(f"TERecipeKwargs(te_recipe=...) expects a transformer_engine.common.recipe.Recipe, got {type(options.te_recipe).__name__}.")
         return options.te_recipe
-    if options.recipe == "mxfp8":
+    if options.scaling == "mxfp8":
         ok, why = _te_check(te, "is_mxfp8_available")
         if not ok or not context.hardware.has_mxfp8_gemm:
             raise BackendUnavailableError(
-                f"recipe='mxfp8' needs a Blackwell GPU (compute capability >= 10.0); found {context.hardware.describe()}"
-                f"{': ' + why if why else ''}. Use recipe='delayed' or 'current' on Ada/Hopper."
+                f"scaling='mxfp8' needs a Blackwell GPU (compute capability >= 10.0); found {context.hardware.describe()}"
+                f"{': ' + why if why else ''}. Use scaling='delayed' or 'current' on Ada/Hopper."
             )
     if options.fp8_format == "E5M2":
         raise ConfigError("fp8_format='E5M2' (pure E5M2 training) is not supported by Transformer Engine; use HYBRID or E4M3.")
-    cls = getattr(recipe_module, RECIPE_CLASSES[options.recipe])
+    cls = getattr(recipe_module, RECIPE_CLASSES[options.scaling])
     accepted = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(inspect.signature(cls).parameters)
     wanted = {"fp8_format": recipe_module.Format[options.fp8_format]}
-    if options.recipe == "delayed":
+    if options.scaling == "delayed":
         wanted.update(margin=options.margin, amax_history_len=options.amax_history_len, amax_compute_algo=options.amax_compute_algo)
-    elif options.recipe == "mxfp8":
+    elif options.scaling == "mxfp8":
         wanted["margin"] = options.margin
     for name, neutral in REMOVED_IN_TE2.items():
         value = getattr(options, name)
@@ -72,7 +72,7 @@ def build_recipe(context: PrepareContext) -> Any:
                 f"{name}={value!r} cannot reach this Transformer Engine: its {cls.__name__} has no {name!r} "
                 f"(removed in TE 2.x, which behaves as {name}={neutral!r}). Remove the option."
             )
-    if options.recipe == "delayed" and "override_linear_precision" in wanted:
+    if options.scaling == "delayed" and "override_linear_precision" in wanted:
         wanted["override_linear_precision"] = tuple(wanted["override_linear_precision"])
     return cls(**wanted)
 

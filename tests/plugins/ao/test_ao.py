@@ -53,10 +53,9 @@ def test_ao_is_chosen_on_cpu_with_priority_100():
 
 
 def test_a_higher_priority_backend_beats_ao_and_explicit_ao_beats_it():
-    te_like = FakeBackend("te", 200)
-    manager = make_plugin_manager(extra_plugins=[te_like])
-    assert Accelerator(mixed_precision="fp8", plugin_manager=manager).fp8_backend == "te"
-    manager = make_plugin_manager(extra_plugins=[FakeBackend("te", 200)])
+    manager = make_plugin_manager(extra_plugins=[FakeBackend("faster", 200)])
+    assert Accelerator(mixed_precision="fp8", plugin_manager=manager).fp8_backend == "faster"
+    manager = make_plugin_manager(extra_plugins=[FakeBackend("faster", 200)])
     assert Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()], plugin_manager=manager).fp8_backend == "ao"
 
 

@@ -19,7 +19,9 @@ pytest.importorskip("lowbit_te")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from lowbit import Accelerator, hookimpl  # noqa: E402
+from helpers import HardwareDetector  # noqa: E402
+
+from lowbit import Accelerator  # noqa: E402
 from lowbit.errors import BackendUnavailableError, ConfigError  # noqa: E402
 from lowbit.plugins import make_plugin_manager  # noqa: E402
 from lowbit.selection import BackendRegistry, choose_backend  # noqa: E402
@@ -69,17 +71,8 @@ def te(monkeypatch, real_recipe):
     return sys.modules["transformer_engine.pytorch"]
 
 
-class Detector:
-    def __init__(self, hardware):
-        self.hardware = hardware
-
-    @hookimpl(tryfirst=True)
-    def detect_hardware(self, cpu):
-        return self.hardware
-
-
 def te_accelerator(hardware=H100, **recipe):
-    manager = make_plugin_manager(extra_plugins=[Detector(hardware)])
+    manager = make_plugin_manager(extra_plugins=[HardwareDetector(hardware)])
     return Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(**recipe)], plugin_manager=manager)
 
 
@@ -231,7 +224,7 @@ def test_every_delayed_scaling_field_reaches_te(te, real_recipe, explicit):
 
 @pytest.mark.parametrize("name, cls", [("current", "Float8CurrentScaling"), ("block", "Float8BlockScaling")])
 def test_current_recipes(te, real_recipe, name, cls):
-    model = te_accelerator(recipe=name, fp8_format="E4M3").prepare(Net())
+    model = te_accelerator(scaling=name, fp8_format="E4M3").prepare(Net())
     model(torch.randn(2, 32))
     recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
     assert type(recipe) is getattr(real_recipe, cls) and recipe.fp8_format is real_recipe.Format.E4M3
@@ -239,9 +232,9 @@ def test_current_recipes(te, real_recipe, name, cls):
 
 def test_mxfp8_needs_blackwell(te, real_recipe, monkeypatch):
     with pytest.raises(BackendUnavailableError, match=r"mxfp8.*compute capability >= 10.0.*sm_90"):
-        te_accelerator(recipe="mxfp8").prepare(Net())
+        te_accelerator(scaling="mxfp8").prepare(Net())
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
-    model = te_accelerator(B200, recipe="mxfp8", margin=2, fp8_format="E4M3").prepare(Net())
+    model = te_accelerator(B200, scaling="mxfp8", margin=2, fp8_format="E4M3").prepare(Net())
     model(torch.randn(2, 32))
     recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
     assert type(recipe) is real_recipe.MXFP8BlockScaling and recipe.margin == 2
@@ -278,7 +271,7 @@ def test_options_from_yaml_env_and_launch_flags(te, tmp_path, monkeypatch):
     path = tmp_path / "c.yaml"
     path.write_text("mixed_precision: fp8\nfp8_config:\n  backend: TE\n  fp8_format: E4M3\n  amax_history_len: 32\n"
                     "  amax_compute_algo: max\n  override_linear_precision: (false, false, false)\n")
-    manager = make_plugin_manager(extra_plugins=[Detector(H100)])
+    manager = make_plugin_manager(extra_plugins=[HardwareDetector(H100)])
     acc = Accelerator(config_file=path, plugin_manager=manager)
     assert acc.fp8_backend == "te"
     assert (acc.fp8_options.fp8_format, acc.fp8_options.amax_history_len, acc.fp8_options.amax_compute_algo) == ("E4M3", 32, "max")

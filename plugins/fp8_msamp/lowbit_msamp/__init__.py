@@ -1,0 +1,128 @@
+"""lowbit-msamp: Microsoft MS-AMP as a lowbit FP8 backend (priority 300: first when usable).
+
+``msamp`` is imported only in the hooks that run once MS-AMP has been chosen.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from lowbit import hookimpl
+from lowbit.errors import BackendUnavailableError, UnsupportedCombinationError
+from lowbit.recipes import add_recipe_flags, recipe_env_from_args
+from lowbit.types import FP8_MIN_CAPABILITY, BackendDescription, HardwareInfo, PrepareContext
+from lowbit_msamp.recipe import MSAMPRecipeKwargs
+
+NAME = "msamp"
+PRIORITY = 300
+INSTALL_HINT = "MS-AMP is installed from its source repository, see plugins/fp8_msamp/README.md"
+ADAM_NAMES = ("Adam", "AdamW", "FusedAdam")
+
+
+def unavailable_reason(hardware: HardwareInfo) -> str:
+    if importlib.util.find_spec("msamp") is None:
+        return f"msamp not importable: not installed ({INSTALL_HINT})"
+    if hardware.compute_capability is None:
+        return f"MS-AMP needs CUDA; found {hardware.describe()}"
+    if not hardware.has_fp8_gemm:
+        return f"MS-AMP needs compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}; found {hardware.describe()}"
+    return ""
+
+
+@hookimpl
+def describe_backend(hardware: HardwareInfo) -> BackendDescription:
+    reason = unavailable_reason(hardware)
+    return BackendDescription(
+        name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
+        options_class=MSAMPRecipeKwargs, aliases=("ms-amp", "ms_amp"),
+    )
+
+
+def _import_msamp():
+    try:
+        import msamp
+    except Exception as exc:  # noqa: BLE001 - its CUDA extensions fail to load in many ways
+        raise BackendUnavailableError(f"msamp not importable: {type(exc).__name__}: {exc}") from None
+    return msamp
+
+
+def zero_stage(options: dict) -> int:
+    """The ZeRO stage a DeepSpeed run will use, from the section key or the config it names."""
+    if "zero_stage" in options:
+        return int(options["zero_stage"])
+    config = options.get("config")
+    if config is None and options.get("deepspeed_config_file"):
+        config = json.loads(Path(options["deepspeed_config_file"]).read_text())
+    return int((config or {}).get("zero_optimization", {}).get("stage", 0))
+
+
+@hookimpl
+def check_compatibility(context: PrepareContext) -> None:
+    if context.strategy == "fsdp":
+        raise UnsupportedCombinationError(
+            "MS-AMP does not support PyTorch FSDP2 through lowbit. Use DDP, or DeepSpeed ZeRO-1/2 "
+            "(--use_deepspeed --zero_stage 2), or another FP8 backend (backend='te' or 'ao') with FSDP."
+        )
+    if context.strategy == "deepspeed" and zero_stage(context.strategy_options) == 3:
+        raise UnsupportedCombinationError(
+            "ZeRO-3 is not supported by MS-AMP (its DeepSpeed integration covers ZeRO stages 1 and 2). "
+            "Use zero_stage 1 or 2, or another FP8 backend (backend='te' or 'ao') with ZeRO-3."
+        )
+
+
+@hookimpl
+def prepare_model_and_optimizer(model, optimizer, context: PrepareContext):
+    if optimizer is None:
+        raise UnsupportedCombinationError(
+            "MS-AMP converts the model and its optimizer together (msamp.initialize), so prepare() needs both "
+            "in the same call: `model, optimizer = accelerator.prepare(model, optimizer)` (dataloaders and "
+            "schedulers may come in the same call or later)."
+        )
+    level = context.fp8_options.opt_level
+    if type(optimizer).__name__ not in ADAM_NAMES:
+        raise UnsupportedCombinationError(
+            f"MS-AMP {level} works with Adam and AdamW only (it keeps their states in FP8/FP16); got "
+            f"{type(optimizer).__module__}.{type(optimizer).__qualname__}. Use torch.optim.AdamW, or opt_level O1 "
+            "with another backend."
+        )
+    if context.strategy == "deepspeed":
+        return model, optimizer  # msamp.deepspeed.initialize converts both (strategy_integration)
+    msamp = _import_msamp()
+    return msamp.initialize(model, optimizer, opt_level=level)
+
+
+@hookimpl
+def strategy_integration(strategy: str, context: PrepareContext):
+    if strategy != "deepspeed":
+        return None
+    import msamp.deepspeed
+
+    return {"initialize": msamp.deepspeed.initialize,
+            "config": {"msamp": {"enabled": True, "opt_level": context.fp8_options.opt_level}}}
+
+
+@hookimpl
+def clip_grad_norm(parameters, max_norm, norm_type, context: PrepareContext):
+    msamp = _import_msamp()
+    return msamp.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+
+def _plain(value):
+    # MS-AMP keeps FP8 weights as ScalingTensor (it has .meta); .float() dequantizes it.
+    return value.float() if hasattr(value, "meta") else value
+
+
+@hookimpl
+def export_state_dict(model, state_dict, context: PrepareContext):
+    return {k: _plain(v) for k, v in state_dict.items()}
+
+
+@hookimpl
+def add_launch_arguments(parser) -> None:
+    add_recipe_flags(parser, MSAMPRecipeKwargs, "fp8 backend msamp (MS-AMP)")
+
+
+@hookimpl
+def launch_environment(args):
+    return recipe_env_from_args(args, MSAMPRecipeKwargs)

@@ -1,0 +1,229 @@
+"""lowbit-msamp against a stand-in msamp (MS-AMP 0.4.0 signatures). GPU tests need real MS-AMP."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lowbit_msamp")
+
+import torch  # noqa: E402
+from helpers import FakeBackend, HardwareDetector, mlp, regression_data  # noqa: E402
+from torch import nn  # noqa: E402
+
+import lowbit_msamp  # noqa: E402
+from lowbit import Accelerator  # noqa: E402
+from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
+from lowbit.plugins import make_plugin_manager  # noqa: E402
+from lowbit.types import HardwareInfo  # noqa: E402
+from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import standin_msamp  # noqa: E402
+
+H100 = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0))
+
+
+@pytest.fixture
+def msamp(monkeypatch):
+    for name, module in standin_msamp.install().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    standin_msamp.CALLS.clear()
+    return sys.modules["msamp"]
+
+
+def manager(*extra):
+    return make_plugin_manager(extra_plugins=[HardwareDetector(H100), *extra])
+
+
+def accelerator(*handlers, **kwargs):
+    kwargs.setdefault("mixed_precision", "fp8")
+    return Accelerator(kwargs_handlers=list(handlers), plugin_manager=manager(), **kwargs)
+
+
+def model_and_adamw():
+    model = mlp()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def initialize_levels():
+    return [c[1]["opt_level"] for c in standin_msamp.CALLS if c[0] == "initialize"]
+
+
+def test_msamp_beats_te_and_ao_when_all_are_available(msamp):
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager(FakeBackend("te-like", 200)))
+    assert acc.fp8_backend == "msamp"
+    text = acc.explain_backend_choice()
+    assert "msamp" in text and "300" in text and "te-like" in text and "ao" in text
+
+
+def test_an_explicit_ao_still_wins_over_msamp(msamp):
+    assert accelerator(AORecipeKwargs()).fp8_backend == "ao"
+    assert accelerator(FP8RecipeKwargs(backend="ao")).fp8_backend == "ao"
+
+
+def test_default_level_is_o2_and_the_swapped_objects_come_back(msamp):
+    acc = accelerator()
+    model, opt = model_and_adamw()
+    prepared_model, prepared_opt = acc.prepare(model, opt)
+    assert initialize_levels() == ["O2"]
+    assert isinstance(prepared_model[2], standin_msamp.FP8Linear)
+    assert isinstance(prepared_opt.optimizer, standin_msamp.LBAdamW)
+    assert prepared_opt.optimizer.exp_avg_dtype == torch.uint8 and prepared_opt.optimizer.exp_avg_sq_dtype == torch.float16
+    assert {id(p) for g in prepared_opt.param_groups for p in g["params"]} == {id(p) for p in prepared_model.parameters()}
+
+
+@pytest.mark.parametrize("make", [
+    lambda: [MSAMPRecipeKwargs(opt_level="O1")],
+    lambda: [MSAMPRecipeKwargs(optimization_level="O1")],
+    lambda: [FP8RecipeKwargs(backend="msamp", optimization_level="O1")],
+])
+def test_opt_level_from_code(msamp, make):
+    accelerator(*make()).prepare(*model_and_adamw())
+    assert initialize_levels() == ["O1"]
+
+
+def test_opt_level_from_yaml(msamp, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("mixed_precision: fp8\nfp8_config:\n  backend: MSAMP\n  opt_level: O1\n")
+    acc = Accelerator(config_file=path, plugin_manager=manager())
+    assert acc.fp8_backend == "msamp"
+    acc.prepare(*model_and_adamw())
+    assert initialize_levels() == ["O1"]
+
+
+def test_opt_level_from_launch_flags(msamp, tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("import os\nprint(os.environ['LOWBIT_FP8_BACKEND'], os.environ['LOWBIT_FP8_OPT_LEVEL'], os.environ['LOWBIT_MIXED_PRECISION'])\n")
+    proc = subprocess.run([sys.executable, "-m", "lowbit.cli.main", "launch", "--mixed_precision", "fp8", "--fp8_backend=msamp",
+                           "--fp8_opt_level=O1", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    backend, level, precision = proc.stdout.split()
+    os.environ.update(LOWBIT_FP8_BACKEND=backend, LOWBIT_FP8_OPT_LEVEL=level, LOWBIT_MIXED_PRECISION=precision)
+    acc = Accelerator(plugin_manager=manager())
+    acc.prepare(*model_and_adamw())
+    assert acc.fp8_backend == "msamp" and initialize_levels() == ["O1"]
+
+
+@pytest.mark.parametrize("bad, hint", [("01", "did you mean 'O1'"), ("02", "did you mean 'O2'"), ("O0", "O1 and O2"), ("O3", "Valid: O1, O2")])
+def test_levels_are_letter_o_not_zero(bad, hint):
+    with pytest.raises(ConfigError, match=hint):
+        MSAMPRecipeKwargs(opt_level=bad)
+
+
+def test_lower_case_level_is_accepted():
+    assert MSAMPRecipeKwargs(opt_level="o2").opt_level == "O2"
+
+
+def test_env_level_is_checked_too(monkeypatch):
+    monkeypatch.setenv("LOWBIT_FP8_OPT_LEVEL", "01")
+    with pytest.raises(ConfigError, match="starts with a zero"):
+        MSAMPRecipeKwargs()
+
+
+def test_model_without_optimizer_says_how_to_call_prepare(msamp):
+    with pytest.raises(UnsupportedCombinationError, match=r"model, optimizer = accelerator.prepare\(model, optimizer\)"):
+        accelerator().prepare(mlp())
+
+
+def test_non_adam_optimizer_is_refused_by_name(msamp):
+    model = mlp()
+    with pytest.raises(UnsupportedCombinationError, match=r"Adam and AdamW only.*torch.optim.sgd.SGD"):
+        accelerator().prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_scheduler_and_clipping_keep_working(msamp):
+    acc = accelerator()
+    model, opt = model_and_adamw()
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    x, y = regression_data(32)
+    for _ in range(2):
+        opt.zero_grad()
+        acc.backward(nn.functional.mse_loss(model(x), y))
+        acc.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    assert [c[0] for c in standin_msamp.CALLS].count("clip_grad_norm_") == 2
+    assert sched.get_last_lr() == [1e-3 * 0.25]
+    assert sched.scheduler.optimizer is opt.optimizer  # the schedule drives MS-AMP's optimizer
+
+
+def test_fsdp_with_msamp_is_a_clear_error(msamp, monkeypatch):
+    monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "FSDP")
+    with pytest.raises(UnsupportedCombinationError, match="MS-AMP does not support PyTorch FSDP"):
+        accelerator().prepare(*model_and_adamw())
+
+
+def test_zero3_with_msamp_is_a_clear_error(msamp, monkeypatch):
+    monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "DEEPSPEED")
+    monkeypatch.setenv("LOWBIT_DEEPSPEED_CONFIG", '{"zero_stage": 3}')
+    with pytest.raises(UnsupportedCombinationError, match="ZeRO-3 is not supported by MS-AMP"):
+        accelerator().prepare(*model_and_adamw())
+
+
+@pytest.mark.parametrize("handlers, level", [([], "O2"), ([MSAMPRecipeKwargs(opt_level="O1")], "O1")])
+def test_deepspeed_path_uses_msamp_deepspeed_and_its_config_section(msamp, monkeypatch, handlers, level):
+    pytest.importorskip("lowbit_deepspeed")
+    monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "DEEPSPEED")
+    monkeypatch.setenv("LOWBIT_DEEPSPEED_CONFIG", '{"zero_stage": 2}')
+    acc = accelerator(*handlers)
+    model, opt = acc.prepare(*model_and_adamw())
+    ds_calls = [c[1] for c in standin_msamp.CALLS if c[0] == "deepspeed.initialize"]
+    assert ds_calls == [{"msamp": {"enabled": True, "opt_level": level}, "zero": 2}]
+    assert initialize_levels() == []  # MS-AMP's DeepSpeed engine converts; msamp.initialize is not called too
+    x, y = regression_data(16)
+    acc.backward(nn.functional.mse_loss(model(x), y))
+
+
+def test_availability_reasons():
+    assert lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU")).startswith("msamp not importable")
+
+
+def test_availability_reasons_with_msamp(msamp):
+    assert lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU")) == "MS-AMP needs CUDA; found CPU"
+    assert "found NVIDIA A100 (sm_80)" in lowbit_msamp.unavailable_reason(HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0)))
+    with pytest.raises(BackendUnavailableError, match="MS-AMP needs CUDA; found CPU"):
+        Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs()])
+
+
+def test_export_dequantizes_scaling_tensors():
+    class ScalingTensorLike:
+        meta = object()
+
+        def float(self):
+            return torch.ones(2)
+
+    out = lowbit_msamp.export_state_dict(None, {"w": ScalingTensorLike(), "b": torch.zeros(2)}, None)
+    assert torch.equal(out["w"], torch.ones(2)) and torch.equal(out["b"], torch.zeros(2))
+
+
+def _real_msamp_gpu() -> bool:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        return False
+    try:
+        import msamp  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _real_msamp_gpu(), reason="needs a CUDA GPU with compute capability >= 8.9 and MS-AMP")
+def test_gpu_o2_trains_a_few_steps():
+    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs()])
+    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
