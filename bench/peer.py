@@ -1,0 +1,71 @@
+"""lowbit against Hugging Face Accelerate on the same model, both with default settings.
+
+    pip install accelerate          # bench-only: `pip install -e ".[bench]"`
+    python bench/peer.py
+
+bf16, and fp8 through each one's torchao path. On CPU Accelerate needs to be told to emulate
+(its default Float8LinearConfig would run torchao's non-emulated path, seconds per matmul), so
+its fp8 gets `Float8LinearConfig(emulate=True)`; lowbit picks emulation itself.
+Printed: lowbit step time / Accelerate step time.
+"""
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import torch
+
+from common import batch, compare, make_model, print_table, step_fn
+
+warnings.filterwarnings("ignore")
+
+
+def lowbit_loop(precision: str):
+    from lowbit import Accelerator
+
+    acc = Accelerator(mixed_precision=precision)
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = acc.prepare(model, opt)
+    return step_fn(model, opt, *batch(), backward=acc.backward)
+
+
+def accelerate_loop(precision: str):
+    from accelerate import Accelerator
+    from accelerate.utils import AORecipeKwargs
+
+    handlers = []
+    if precision == "fp8":
+        from torchao.float8 import Float8LinearConfig
+
+        handlers = [AORecipeKwargs(config=Float8LinearConfig(emulate=not torch.cuda.is_available()))]
+    acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers, cpu=not torch.cuda.is_available())
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = acc.prepare(model, opt)
+    return step_fn(model, opt, *batch(), backward=acc.backward)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=200)
+    args = parser.parse_args()
+    try:
+        import accelerate
+    except ImportError:
+        raise SystemExit("This benchmark needs Hugging Face Accelerate: pip install accelerate") from None
+    rows = []
+    for precision in ("bf16", "fp8"):
+        try:
+            peer = accelerate_loop(precision)
+        except Exception as exc:  # noqa: BLE001 - report what the peer does, do not crash the table
+            rows.append((precision, "-", "-", "-", f"Accelerate {accelerate.__version__} failed: {type(exc).__name__}: {exc}"[:120]))
+            continue
+        ours, theirs, ratio = compare(lowbit_loop(precision), peer, pairs=args.pairs)
+        rows.append((precision, ours * 1e3, theirs * 1e3, ratio, ""))
+    print_table(f"lowbit / Accelerate {accelerate.__version__} step time (median of adjacent-pair ratios)",
+                ("precision", "lowbit ms", "Accelerate ms", "ratio", "note"), rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""lowbit.testing: the conformance suite passes for real backends and fails for broken ones."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import FakeBackend
+
+from lowbit import hookimpl
+from lowbit.testing import check_autocast_nests_with_bf16, check_description, check_discovery_is_cheap, run_conformance
+from lowbit.types import BackendDescription
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "third_party_backend"))
+import lowbit_fakefp8  # noqa: E402
+
+
+def test_the_ao_backend_passes(tmp_path):
+    pytest.importorskip("lowbit_ao")
+    run_conformance("ao", heavy_modules=("torchao",), tmp_path=tmp_path)
+
+
+def test_the_documented_third_party_backend_passes(tmp_path):
+    run_conformance("fakefp8", plugin=lowbit_fakefp8, tmp_path=tmp_path)
+
+
+def test_a_backend_without_a_reason_fails():
+    class Silent:
+        @hookimpl
+        def describe_backend(self, hardware):
+            return BackendDescription("silent", "fp8", 10, available=False, reason="")
+
+    with pytest.raises(AssertionError, match="must say why"):
+        check_description("silent", plugin=Silent())
+
+
+def test_a_backend_that_breaks_nesting_fails():
+    class NoAutocast(FakeBackend):
+        @hookimpl
+        def autocast_context(self, model, context):
+            import torch
+
+            return torch.autocast("cpu", enabled=False)  # switches the outer bf16 autocast off
+
+    with pytest.raises(AssertionError, match="expected bf16 autocast"):
+        check_autocast_nests_with_bf16("rude", plugin=NoAutocast("rude", 400))
+
+
+def test_heavy_import_at_discovery_fails(tmp_path, monkeypatch):
+    module = tmp_path / "lowbit_heavy_fp8.py"
+    module.write_text("import json_heavy_stand_in\nfrom lowbit import hookimpl\n")
+    (tmp_path / "json_heavy_stand_in.py").write_text("")
+    info = tmp_path / "lowbit_heavy-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowbit-heavy\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[lowbit]\nheavy = lowbit_heavy_fp8\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(AssertionError, match=r"imported \['json_heavy_stand_in'\]"):
+        check_discovery_is_cheap("heavy", heavy_modules=("json_heavy_stand_in",))
