@@ -187,7 +187,8 @@ def backward(loss: torch.Tensor, model: torch.nn.Module | None, context: Prepare
 def full_state_dict(model: torch.nn.Module, context: PrepareContext) -> dict[str, Any] | None:
     """Gather the model's complete, unsharded state dict (on every rank; only rank 0 writes it).
 
-    Called by: ``Accelerator.save_model``, on the chosen strategy. Default: ``model.state_dict()``.
+    Called by: ``Accelerator.save_model`` and ``Accelerator.get_state_dict``, on the chosen strategy.
+    Return the full ``{name: tensor}`` dict; None means ``model.state_dict()`` is already full.
     """
 
 
@@ -202,7 +203,11 @@ def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, cont
 
 @hookspec(firstresult=True)
 def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, context: PrepareContext) -> bool | None:
-    """Read back what ``save_checkpoint`` wrote. Return True when handled, None otherwise."""
+    """Read back what ``save_checkpoint`` wrote into ``directory``.
+
+    Called by: ``Accelerator.load_state``, on the chosen strategy, on every rank, when the
+    checkpoint's metadata says the strategy saved it. Return True when handled, None otherwise.
+    """
 
 
 # --------------------------------------------------------------------------- launcher
@@ -214,7 +219,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 
     Called by: ``lowbit launch`` on every plugin, each isolated, before parsing. Put the flags
     in an argument group named after the plugin; default them to None so the config file and
-    env vars can fill them. Must not import torch or a backend library.
+    env vars can fill them. Must not import torch or a backend library. Return None.
     """
 
 
