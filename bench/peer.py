@@ -32,8 +32,12 @@ def lowbit_loop(precision: str):
 
 def accelerate_loop(precision: str):
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import AORecipeKwargs
 
+    # Accelerate keeps one process-global state and refuses a second Accelerator with other
+    # settings ("AcceleratorState has already been initialized"); reset it between setups.
+    AcceleratorState._reset_state(reset_partial_state=True)
     handlers = []
     if precision == "fp8":
         from torchao.float8 import Float8LinearConfig

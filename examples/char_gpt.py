@@ -11,6 +11,7 @@ and the loss curves are written to a PNG.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -114,23 +115,33 @@ def train(precision: str, args: argparse.Namespace) -> dict:
     if precision == "fp8":
         accelerator.print(accelerator.explain_backend_choice())
 
+    if args.fp8_stats_every and precision == "fp8":
+        accelerator.enable_fp8_telemetry(every_n_steps=args.fp8_stats_every)
     gen = torch.Generator().manual_seed(args.seed + accelerator.process_index)
     progress = Progress(precision, args.steps, accelerator.is_main_process)
     losses, step_times = [], []
-    for step in range(1, args.steps + 1):
-        starts = torch.randint(len(data) - args.block_size - 1, (args.batch_size,), generator=gen)
-        x = torch.stack([data[s : s + args.block_size] for s in starts]).to(accelerator.device)
-        y = torch.stack([data[s + 1 : s + args.block_size + 1] for s in starts]).to(accelerator.device)
-        began = time.perf_counter()
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1))
-        accelerator.backward(loss)
-        optimizer.step()
-        if accelerator.device.type == "cuda":
-            torch.cuda.synchronize()
-        step_times.append(time.perf_counter() - began)
-        losses.append(accelerator.gather(loss.detach()).mean().item())
-        progress.update(step, losses[-1])
+    profiler = accelerator.profile(f"runs/profile_{precision}") if args.profile else contextlib.nullcontext()
+    with profiler as prof:
+        for step in range(1, args.steps + 1):
+            starts = torch.randint(len(data) - args.block_size - 1, (args.batch_size,), generator=gen)
+            x = torch.stack([data[s : s + args.block_size] for s in starts]).to(accelerator.device)
+            y = torch.stack([data[s + 1 : s + args.block_size + 1] for s in starts]).to(accelerator.device)
+            began = time.perf_counter()
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1))
+            accelerator.backward(loss)
+            optimizer.step()
+            if accelerator.device.type == "cuda":
+                torch.cuda.synchronize()
+            step_times.append(time.perf_counter() - began)
+            losses.append(accelerator.gather(loss.detach()).mean().item())
+            progress.update(step, losses[-1])
+            if prof is not None:
+                prof.step()
+            if args.fp8_stats_every and precision == "fp8" and step % args.fp8_stats_every == 0:
+                accelerator.print(f"\nFP8 numerics at step {step}:\n{accelerator.fp8_stats()}")
+    if args.profile:
+        accelerator.print(f"profile written to runs/profile_{precision}/ (trace_rank*.json, summary.txt)")
     warm = step_times[min(10, len(step_times) // 2):]  # skip warm-up (and compilation) steps
     return {
         "precision": precision,
@@ -194,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="torch.compile the model (dynamo_backend=inductor)")
+    p.add_argument("--profile", action="store_true", help="profile 3 steps with accelerator.profile(): runs/profile_<precision>/")
+    p.add_argument("--fp8_stats_every", type=int, default=0, help="print FP8 numerics telemetry every N steps (fp8 run)")
     p.add_argument("--plot", default="runs/char_gpt_loss.png")
     p.add_argument("--result_file", default=None, help=argparse.SUPPRESS)  # used by the isolated child runs
     return p.parse_args(argv)

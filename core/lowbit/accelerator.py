@@ -19,11 +19,12 @@ import torch
 
 from lowbit import checkpoint
 from lowbit.config import LowbitConfig, resolve_config
-from lowbit.errors import BackendUnavailableError, ConfigError
+from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
 from lowbit.prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
 from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
+from lowbit.telemetry import FP8StatsTable, TelemetryRecorder
 from lowbit.types import PrepareContext
 
 _STRATEGY_OF = {"NO": "ddp", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "deepspeed"}
@@ -114,6 +115,7 @@ class Accelerator:
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
+        self._telemetry: TelemetryRecorder | None = None
 
     # ------------------------------------------------------------------ choosing
 
@@ -406,11 +408,15 @@ class Accelerator:
     def _prepare_optimizer(self, optimizer: Any) -> PreparedOptimizer:
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
-        after_step = None
-        if self._implements(self._fp8, "after_optimizer_step"):
-            model = self._models[-1] if self._models else None
-            caller = self._routed(self._fp8, "after_optimizer_step")
-            after_step = lambda: caller(model=model, optimizer=optimizer, context=self.context)  # noqa: E731
+        model = self._models[-1] if self._models else None
+        backend_step = self._routed(self._fp8, "after_optimizer_step") if self._implements(self._fp8, "after_optimizer_step") else None
+
+        def after_step() -> None:
+            if backend_step is not None:
+                backend_step(model=model, optimizer=optimizer, context=self.context)
+            if self._telemetry is not None:
+                self._telemetry.next_step()
+
         prepared = PreparedOptimizer(optimizer, self, after_step)
         self._optimizers.append(prepared)
         return prepared
@@ -493,6 +499,45 @@ class Accelerator:
                 model = model.module
             else:
                 return model
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def profile(self, output_dir: str | os.PathLike = "runs/profile", **options: Any) -> ContextManager:
+        """A ``torch.profiler`` context with defaults (1 wait, 1 warm-up, 3 active steps, shapes and
+        memory recorded). Call ``.step()`` on what it yields once per training step. Each rank
+        writes ``trace_rank{N}.json``; the main process also writes ``summary.txt``."""
+        from lowbit.profiling import profile
+
+        return profile(output_dir, self.process_index, self.is_main_process, self.device, **options)
+
+    def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
+                             saturation_warning: float = 0.001) -> None:
+        """Collect per-layer FP8 numerics (amax, scale, saturated and flushed fractions) every
+        ``every_n_steps`` optimizer steps; warn when a saturation fraction passes the threshold.
+        Off by default: when off, nothing is observed and training speed is unchanged."""
+        if self._fp8 is None:
+            raise ConfigError(f"FP8 telemetry needs mixed_precision='fp8'; this Accelerator uses {self.mixed_precision!r}.")
+        if model is None:
+            if not self._models:
+                raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")
+            model = self._models[0]
+        recorder = TelemetryRecorder(every_n_steps, saturation_warning)
+        if not self._call(self._fp8, "enable_fp8_telemetry", model=self.unwrap_model(model), recorder=recorder):
+            raise UnsupportedCombinationError(f"FP8 telemetry is not supported by the {self.fp8_backend!r} backend.")
+        if self._telemetry is not None:
+            self._telemetry.remove()
+        self._telemetry = recorder
+
+    def fp8_stats(self) -> FP8StatsTable:
+        """The latest sampled FP8 numerics, one row per layer and tensor (prints as a table)."""
+        if self._telemetry is None:
+            raise ConfigError("Call accelerator.enable_fp8_telemetry() first (it is off by default).")
+        return FP8StatsTable(sorted(self._telemetry.layers.values(), key=lambda s: s.layer))
+
+    def disable_fp8_telemetry(self) -> None:
+        if self._telemetry is not None:
+            self._telemetry.remove()
+            self._telemetry = None
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -150,6 +150,19 @@ def strategy_integration(strategy: str, context: PrepareContext) -> dict[str, An
 
 
 @hookspec(firstresult=True)
+def enable_fp8_telemetry(model: torch.nn.Module, recorder: Any, context: PrepareContext) -> bool | None:
+    """Start reporting FP8 numerics of the model's FP8 layers to ``recorder``.
+
+    Called by: ``Accelerator.enable_fp8_telemetry``, on the chosen FP8 backend, once. Install
+    hooks that call ``recorder.record(layer_name, role, tensor, fp8_dtype, scale)`` for the
+    tensors the backend casts ("input", "weight", "grad_output"), with the scale it uses; skip
+    the work when ``recorder.active`` is False. Append each hook handle to
+    ``recorder.removers``. Return True; a backend that cannot observe its casts leaves this hook
+    out, and lowbit says "not supported".
+    """
+
+
+@hookspec(firstresult=True)
 def export_state_dict(model: torch.nn.Module, state_dict: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
     """Map a converted model's state dict back to the plain model's names and tensors.
 

@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "env": ("lowbit.cli.env_command", "print versions, hardware, plugins and config for a bug report"),
     "config": ("lowbit.cli.config_command", "write the YAML config (interactive, from flags, or --default)"),
     "launch": ("lowbit.cli.launch", "run a training script on one process or many (torchrun)"),
+    "test": ("lowbit.cli.test_command", "check this setup end to end with a tiny training run"),
 }
 
 

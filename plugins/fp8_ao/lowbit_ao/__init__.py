@@ -80,6 +80,13 @@ def after_optimizer_step(model, optimizer, context: PrepareContext) -> None:
 
 
 @hookimpl
+def enable_fp8_telemetry(model, recorder, context: PrepareContext):
+    from lowbit_ao.telemetry import enable
+
+    return enable(model, recorder)
+
+
+@hookimpl
 def export_state_dict(model, state_dict, context: PrepareContext):
     from lowbit_ao.convert import plain_state_dict
 

@@ -1,0 +1,107 @@
+"""FP8 numerics telemetry: per layer and step, the amax and scale of what gets cast to FP8, and
+the fraction of values that saturate (beyond the format's max) or flush to zero.
+
+Backends decide which tensors are cast and with which scale (their hook
+``enable_fp8_telemetry``); the arithmetic and the warning live here, once, for all of them.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class TensorStats:
+    amax: float
+    scale: float  # the per-tensor scale, or the smallest one for row-wise scaling
+    saturated: float  # fraction of values with |x * scale| beyond the FP8 max
+    flushed: float  # fraction of non-zero values that become zero in FP8
+
+
+@dataclass
+class LayerStats:
+    layer: str
+    step: int
+    tensors: dict[str, TensorStats] = field(default_factory=dict)  # "input", "weight", "grad_output"
+
+
+class SaturationWarning(UserWarning):
+    """A tensor's FP8 saturation fraction passed the configured threshold."""
+
+
+def cast_stats(x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor") -> TensorStats:
+    """What casting ``x * scale`` to ``fp8_dtype`` does to ``x`` (``scale`` broadcasts: scalar or row-wise)."""
+    import torch
+
+    x = x.detach().float()
+    scaled = x * scale.float()
+    info = torch.finfo(fp8_dtype)
+    fp8_max = info.max
+    # A value saturates when it would round to something above the largest finite FP8 number:
+    # beyond max + half the spacing of the top binade. Values just above max by a float ulp of
+    # the scale computation round to max and are not counted.
+    top_spacing = 2.0 ** math.floor(math.log2(fp8_max)) * info.eps
+    saturated = (scaled.abs() > fp8_max + top_spacing / 2).float().mean().item()
+    quantized = scaled.clamp(-fp8_max, fp8_max).to(fp8_dtype).float()
+    nonzero = x != 0
+    flushed = ((quantized == 0) & nonzero).float().sum().item() / max(x.numel(), 1)
+    return TensorStats(amax=x.abs().max().item(), scale=scale.float().min().item(), saturated=saturated, flushed=flushed)
+
+
+class TelemetryRecorder:
+    """Handed to the backend's ``enable_fp8_telemetry`` hook; the backend calls ``record``."""
+
+    def __init__(self, every_n_steps: int = 1, saturation_warning: float = 0.001):
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.saturation_warning = saturation_warning
+        self.step = 0
+        self.layers: dict[str, LayerStats] = {}
+        self.removers: list[Any] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether this step is sampled: backends skip the work otherwise."""
+        return self.step % self.every_n_steps == 0
+
+    def record(self, layer: str, role: str, x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor") -> None:
+        if not self.active:
+            return
+        stats = cast_stats(x, fp8_dtype, scale)
+        entry = self.layers.setdefault(layer, LayerStats(layer, self.step))
+        if entry.step != self.step:
+            entry.step, entry.tensors = self.step, {}
+        entry.tensors[role] = stats
+        if stats.saturated > self.saturation_warning:
+            warnings.warn(
+                f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the FP8 range at step {self.step} "
+                f"(threshold {self.saturation_warning:.2%}). See docs/troubleshooting.md, 'loss diverges under fp8'.",
+                SaturationWarning,
+                stacklevel=2,
+            )
+
+    def next_step(self) -> None:
+        self.step += 1
+
+    def remove(self) -> None:
+        for remover in self.removers:
+            remover.remove()
+        self.removers.clear()
+
+
+class FP8StatsTable(list):
+    """``accelerator.fp8_stats()``: a list of LayerStats that prints as a table."""
+
+    def __str__(self) -> str:
+        header = f"{'layer':<24} {'tensor':<12} {'step':>5} {'amax':>10} {'scale':>10} {'saturated':>10} {'flushed':>10}"
+        lines = [header, "-" * len(header)]
+        for layer in self:
+            for role, s in layer.tensors.items():
+                lines.append(f"{layer.layer:<24} {role:<12} {layer.step:>5} {s.amax:>10.4g} {s.scale:>10.4g} {s.saturated:>10.2%} {s.flushed:>10.2%}")
+        return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""`lowbit test`, accelerator.profile() and FP8 numerics telemetry."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers import mlp, regression_data
+from torch import nn
+
+from lowbit import Accelerator
+from lowbit.errors import ConfigError
+from lowbit.telemetry import SaturationWarning, TelemetryRecorder, cast_stats
+
+
+def lowbit_test(*flags, env=None):
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "lowbit.cli.main", "test", *flags], capture_output=True, text=True, env=full_env, timeout=300)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "bf16"])
+def test_lowbit_test_passes_on_cpu(precision):
+    if precision == "fp8":
+        pytest.importorskip("lowbit_ao")
+    proc = lowbit_test("--mixed_precision", precision)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    for check in ("hardware detected", "backend chosen", "loss decreasing", "checkpoint round-trip"):
+        assert f"PASS {check}" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("lowbit test: PASS")
+    assert ("PASS FP8 layers converted" in proc.stdout) == (precision == "fp8")
+
+
+@pytest.mark.multiprocess
+def test_lowbit_test_runs_under_the_launcher_with_two_processes():
+    pytest.importorskip("lowbit_ao")
+    proc = lowbit_test("--cpu", "--num_processes", "2", "--mixed_precision", "fp8")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "PASS ranks agreeing" in proc.stdout and "2 process(es), strategy ddp" in proc.stdout
+
+
+def test_lowbit_test_fails_naming_the_check_when_a_backend_is_unavailable():
+    proc = lowbit_test("--mixed_precision", "fp8", "--fp8_backend", "te")
+    assert proc.returncode != 0
+    assert "FAIL backend chosen" in proc.stdout and "lowbit test: FAIL (backend chosen)" in proc.stdout
+
+
+NOOP_PLUGIN = """
+from lowbit import hookimpl
+from lowbit.types import BackendDescription
+
+@hookimpl
+def describe_backend(hardware):
+    return BackendDescription(name="noop", kind="fp8", priority=999, available=True)
+
+@hookimpl
+def convert_model(model, context):
+    return model  # converts nothing: training would silently run in bf16
+"""
+
+
+def test_lowbit_test_fails_when_the_backend_converts_no_layer(tmp_path):
+    (tmp_path / "lowbit_noop_fp8.py").write_text(textwrap.dedent(NOOP_PLUGIN))
+    info = tmp_path / "lowbit_noop-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowbit-noop\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[lowbit]\nnoop = lowbit_noop_fp8\n")
+    proc = lowbit_test("--mixed_precision", "fp8", env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode != 0
+    assert "FAIL FP8 layers converted: 0 of 4 Linear layers" in proc.stdout
+    assert "lowbit test: FAIL (FP8 layers converted)" in proc.stdout
+
+
+def test_profile_writes_a_trace_that_parses_and_a_summary(tmp_path):
+    acc = Accelerator(mixed_precision="bf16")
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    model, opt = acc.prepare(model, opt)
+    x, y = regression_data(32)
+    with acc.profile(tmp_path) as prof:
+        for _ in range(5):
+            opt.zero_grad()
+            acc.backward(nn.functional.mse_loss(model(x), y))
+            opt.step()
+            prof.step()
+    trace = json.loads((tmp_path / "trace_rank0.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert "aten::addmm" in names or "aten::mm" in names
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "self_cpu_time_total" in summary and "peak resident memory" in summary
+
+
+def test_saturation_and_flush_fractions_match_a_hand_computation():
+    # 1000 tiny values and one outlier: the outlier sets amax, so the scale is 448 / 1000 and
+    # every tiny value (1e-3 * 0.448 = 4.5e-4) falls below half of e4m3's smallest subnormal
+    # (2**-9 / 2 = 9.8e-4): all 1000 flush to zero. Nothing exceeds the range.
+    x = torch.full((1001,), 1e-3)
+    x[0] = 1000.0
+    stats = cast_stats(x, torch.float8_e4m3fn, torch.tensor(448.0 / 1000.0))
+    assert stats.amax == 1000.0
+    assert abs(stats.flushed - 1000 / 1001) < 1e-6
+    assert abs(stats.saturated - 0.0) < 1e-6
+    # With a scale taken from the tiny values instead (a stale, delayed scale), the outlier saturates.
+    stale = cast_stats(x, torch.float8_e4m3fn, torch.tensor(448.0 / 1e-3))
+    assert abs(stale.saturated - 1 / 1001) < 1e-6 and stale.flushed == 0.0
+
+
+def test_ao_telemetry_reports_the_layers_casts_with_torchaos_scale():
+    pytest.importorskip("lowbit_ao")
+    acc = Accelerator(mixed_precision="fp8")
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    model, opt = acc.prepare(model, opt)
+    acc.enable_fp8_telemetry()
+    x, y = regression_data(32)
+    x[0, 0] = 500.0  # an outlier in the batch
+    opt.zero_grad()
+    acc.backward(nn.functional.mse_loss(model(x), y))
+    opt.step()
+    table = acc.fp8_stats()
+    layers = {row.layer for row in table}
+    assert layers == {"2", "4"}  # the FP8 layers (first and last Linear stay high precision)
+    row = next(r for r in table if r.layer == "2")
+    assert set(row.tensors) == {"input", "weight", "grad_output"}
+    weight = acc.unwrap_model(model)[2].weight.detach()
+    # weight stats were sampled before the optimizer step: compare against the dynamic-scale rule
+    assert row.tensors["weight"].scale == pytest.approx(448.0 / row.tensors["weight"].amax, rel=1e-6)
+    assert row.tensors["weight"].amax == pytest.approx(weight.abs().max().item(), rel=0.05)
+    assert "grad_output" in str(table) and "saturated" in str(table)
+
+
+def test_saturation_warning_fires_past_the_threshold():
+    recorder = TelemetryRecorder(saturation_warning=0.0001)
+    x = torch.ones(100)
+    with pytest.warns(SaturationWarning, match=r"layer1's input exceeds the FP8 range"):
+        recorder.record("layer1", "input", x, torch.float8_e4m3fn, torch.tensor(1000.0))
+
+
+def test_telemetry_off_by_default_and_unsupported_backends_say_so():
+    from helpers import FakeBackend, manager_with
+
+    from lowbit.errors import UnsupportedCombinationError
+
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(FakeBackend("plain", 100)))
+    acc.prepare(mlp())
+    with pytest.raises(ConfigError, match="enable_fp8_telemetry"):
+        acc.fp8_stats()
+    with pytest.raises(UnsupportedCombinationError, match="not supported by the 'plain' backend"):
+        acc.enable_fp8_telemetry()
