@@ -70,6 +70,19 @@ def compare(a: Callable[[], None], b: Callable[[], None], warmup: int = 10, pair
     return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
 
 
+def lowbit_loop(precision: str, compiled: bool = False, handlers: list | None = None, telemetry_every: int | None = None):
+    """A lowbit training step on the benchmark model."""
+    from lowbit import Accelerator
+
+    acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers or [], dynamo_backend="inductor" if compiled else None)
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt = acc.prepare(model, opt)
+    if telemetry_every:
+        acc.enable_fp8_telemetry(every_n_steps=telemetry_every)
+    return step_fn(model, opt, *batch(), backward=acc.backward)
+
+
 def print_table(title: str, header: tuple[str, ...], rows: list[tuple]) -> None:
     print(f"\n{title}")
     widths = [max(len(str(h)), *(len(_fmt(r[i])) for r in rows)) for i, h in enumerate(header)]

@@ -15,8 +15,7 @@ import warnings
 
 import torch
 
-from common import batch, compare, make_model, print_table, step_fn
-from lowbit import Accelerator
+from common import batch, compare, lowbit_loop, make_model, print_table, step_fn
 from lowbit.utils import AORecipeKwargs
 
 warnings.filterwarnings("ignore")
@@ -39,15 +38,6 @@ def raw_loop(precision: str, compiled: bool):
     return step_fn(model, opt, *batch(), context=context)
 
 
-def lowbit_loop(precision: str, compiled: bool):
-    handlers = [AORecipeKwargs()] if precision == "fp8" else []
-    acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers, dynamo_backend="inductor" if compiled else None)
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model, opt = acc.prepare(model, opt)
-    return step_fn(model, opt, *batch(), backward=acc.backward)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--eager", action="store_true", help="eager mode only")
@@ -56,7 +46,8 @@ def main() -> None:
     rows = []
     for compiled in ([False] if args.eager else [False, True]):
         for precision in ("no", "bf16", "fp8"):
-            ours, raw, ratio = compare(lowbit_loop(precision, compiled), raw_loop(precision, compiled), pairs=args.pairs)
+            handlers = [AORecipeKwargs()] if precision == "fp8" else []
+            ours, raw, ratio = compare(lowbit_loop(precision, compiled, handlers), raw_loop(precision, compiled), pairs=args.pairs)
             rows.append(("compiled" if compiled else "eager", precision, ours * 1e3, raw * 1e3, ratio, "yes" if ratio <= 1.02 else "NO"))
     print_table("lowbit / raw PyTorch step time (median of adjacent-pair ratios)",
                 ("mode", "precision", "lowbit ms", "raw ms", "ratio", "<= 1.02"), rows)

@@ -15,19 +15,9 @@ import warnings
 
 import torch
 
-from common import batch, compare, make_model, print_table, step_fn
+from common import batch, compare, lowbit_loop, make_model, print_table, step_fn
 
 warnings.filterwarnings("ignore")
-
-
-def lowbit_loop(precision: str):
-    from lowbit import Accelerator
-
-    acc = Accelerator(mixed_precision=precision)
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model, opt = acc.prepare(model, opt)
-    return step_fn(model, opt, *batch(), backward=acc.backward)
 
 
 def accelerate_loop(precision: str):

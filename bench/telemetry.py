@@ -9,29 +9,16 @@ from __future__ import annotations
 
 import warnings
 
-import torch
-
-from common import batch, compare, make_model, print_table, step_fn
-from lowbit import Accelerator
+from common import compare, lowbit_loop, print_table
 
 warnings.filterwarnings("ignore")
 
 
-def loop(telemetry_every: int | None):
-    acc = Accelerator(mixed_precision="fp8")
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    model, opt = acc.prepare(model, opt)
-    if telemetry_every:
-        acc.enable_fp8_telemetry(every_n_steps=telemetry_every)
-    return step_fn(model, opt, *batch(), backward=acc.backward)
-
-
 def main() -> None:
-    off = loop(None)
+    off = lowbit_loop("fp8")
     rows = []
     for every in (1, 10, 100):
-        on_ms, off_ms, ratio = compare(loop(every), off, pairs=150)
+        on_ms, off_ms, ratio = compare(lowbit_loop("fp8", telemetry_every=every), off, pairs=150)
         rows.append((f"every {every} step(s)", on_ms * 1e3, off_ms * 1e3, ratio))
     print_table("fp8 step time with telemetry on / off (median of adjacent-pair ratios)",
                 ("telemetry", "on ms", "off ms", "ratio"), rows)

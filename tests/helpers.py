@@ -85,3 +85,19 @@ class HardwareDetector:
     @hookimpl(tryfirst=True)
     def detect_hardware(self, cpu):
         return self.hardware
+
+
+def needs_fp8_gpu_with(module: str, label: str):
+    """Mark a test that needs a CUDA sm_89+ GPU and the real ``module`` (skipped elsewhere)."""
+    import importlib
+
+    import pytest
+
+    ok = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+    if ok:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - any import failure means "not here"
+            ok = False
+    reason = f"needs a CUDA GPU with compute capability >= 8.9 and {label}"
+    return lambda test: pytest.mark.gpu(pytest.mark.skipif(not ok, reason=reason)(test))

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.multiprocess
 def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2) -> list[dict]:
     out = tmp_path / scenario
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
            str(WORKER), scenario, str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

@@ -31,6 +31,15 @@ class HardwareInfo:
     def has_mxfp8_gemm(self) -> bool:
         return self.compute_capability is not None and self.compute_capability >= MXFP8_MIN_CAPABILITY
 
+    def fp8_gemm_problem(self) -> str:
+        """Why this hardware has no FP8 GEMMs, as backends phrase it; '' when it has them."""
+        need = f"compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}"
+        if self.compute_capability is None:
+            return f"needs CUDA (a GPU with {need}); found {self.describe()}"
+        if not self.has_fp8_gemm:
+            return f"needs {need} (Ada, Hopper, Blackwell); found {self.describe()}"
+        return ""
+
     def describe(self) -> str:
         """Short human label, e.g. 'CPU' or 'NVIDIA H100 (sm_90)'."""
         if self.compute_capability:

@@ -28,18 +28,16 @@ def enable(model: nn.Module, recorder: Any) -> bool:
     for name, layer in layers:
         config = layer.config
 
-        def on_forward(module, args, name=name, config=config):
-            if recorder.active:
-                x = args[0]
-                recorder.record(name, "input", x, e4m3_dtype, _scale(x, e4m3_dtype, config.cast_config_input))
-                weight = module.weight
-                recorder.record(name, "weight", weight, e4m3_dtype, _scale(weight, e4m3_dtype, config.cast_config_weight))
+        def on_forward(module, args, output, name=name, config=config):
+            if not recorder.active:
+                return  # unsampled steps cost one Python call per layer, nothing on the autograd graph
+            x = args[0]
+            recorder.record(name, "input", x, e4m3_dtype, _scale(x, e4m3_dtype, config.cast_config_input))
+            recorder.record(name, "weight", module.weight, e4m3_dtype, _scale(module.weight, e4m3_dtype, config.cast_config_weight))
+            if output.requires_grad:
+                # The gradient of the output is the grad_output torchao casts to e5m2 in backward.
+                output.register_hook(lambda g, name=name: recorder.record(
+                    name, "grad_output", g, e5m2_dtype, _scale(g, e5m2_dtype, config.cast_config_grad_output)))
 
-        def on_backward(module, grad_input, grad_output, name=name, config=config):
-            if recorder.active and grad_output[0] is not None:
-                g = grad_output[0]
-                recorder.record(name, "grad_output", g, e5m2_dtype, _scale(g, e5m2_dtype, config.cast_config_grad_output))
-
-        recorder.removers.append(layer.register_forward_pre_hook(on_forward))
-        recorder.removers.append(layer.register_full_backward_hook(on_backward))
+        recorder.removers.append(layer.register_forward_hook(on_forward))
     return True

@@ -11,7 +11,7 @@ from pathlib import Path
 from lowbit import hookimpl
 from lowbit.errors import BackendUnavailableError, UnsupportedCombinationError
 from lowbit.recipes import add_recipe_flags, recipe_env_from_args
-from lowbit.types import FP8_MIN_CAPABILITY, BackendDescription, HardwareInfo, PrepareContext
+from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit_msamp.recipe import MSAMPRecipeKwargs
 
 NAME = "msamp"
@@ -23,11 +23,8 @@ ADAM_NAMES = ("Adam", "AdamW", "FusedAdam")
 def unavailable_reason(hardware: HardwareInfo) -> str:
     if importlib.util.find_spec("msamp") is None:
         return f"msamp not importable: not installed ({INSTALL_HINT})"
-    if hardware.compute_capability is None:
-        return f"MS-AMP needs CUDA; found {hardware.describe()}"
-    if not hardware.has_fp8_gemm:
-        return f"MS-AMP needs compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}; found {hardware.describe()}"
-    return ""
+    problem = hardware.fp8_gemm_problem()
+    return f"MS-AMP {problem}" if problem else ""
 
 
 @hookimpl

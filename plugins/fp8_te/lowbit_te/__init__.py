@@ -10,7 +10,7 @@ import importlib.util
 
 from lowbit import hookimpl
 from lowbit.recipes import add_recipe_flags, recipe_env_from_args
-from lowbit.types import FP8_MIN_CAPABILITY, BackendDescription, HardwareInfo, PrepareContext
+from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit_te.recipe import TERecipeKwargs
 
 NAME = "te"
@@ -29,11 +29,7 @@ def unavailable_reason(hardware: HardwareInfo) -> str:
         version = ""
     if version and tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < MIN_TE:
         return f"transformer_engine {version} is older than the supported {MIN_TE[0]}.{MIN_TE[1]}: `pip install -U transformer-engine[pytorch]`"
-    if hardware.compute_capability is None:
-        return f"needs a CUDA GPU with compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}; found {hardware.describe()}"
-    if not hardware.has_fp8_gemm:
-        return f"needs compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} (Ada, Hopper, Blackwell); found {hardware.describe()}"
-    return ""
+    return hardware.fp8_gemm_problem()
 
 
 @hookimpl

@@ -1,7 +1,6 @@
 """lowbit-msamp against a stand-in msamp (MS-AMP 0.4.0 signatures). GPU tests need real MS-AMP."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ import pytest
 pytest.importorskip("lowbit_msamp")
 
 import torch  # noqa: E402
-from helpers import FakeBackend, HardwareDetector, mlp, regression_data  # noqa: E402
+from helpers import FakeBackend, HardwareDetector, mlp, needs_fp8_gpu_with, regression_data  # noqa: E402
 from torch import nn  # noqa: E402
 
 import lowbit_msamp  # noqa: E402
@@ -95,14 +94,15 @@ def test_opt_level_from_yaml(msamp, tmp_path):
     assert initialize_levels() == ["O1"]
 
 
-def test_opt_level_from_launch_flags(msamp, tmp_path):
+def test_opt_level_from_launch_flags(msamp, tmp_path, monkeypatch):
     script = tmp_path / "show.py"
     script.write_text("import os\nprint(os.environ['LOWBIT_FP8_BACKEND'], os.environ['LOWBIT_FP8_OPT_LEVEL'], os.environ['LOWBIT_MIXED_PRECISION'])\n")
     proc = subprocess.run([sys.executable, "-m", "lowbit.cli.main", "launch", "--mixed_precision", "fp8", "--fp8_backend=msamp",
                            "--fp8_opt_level=O1", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     backend, level, precision = proc.stdout.split()
-    os.environ.update(LOWBIT_FP8_BACKEND=backend, LOWBIT_FP8_OPT_LEVEL=level, LOWBIT_MIXED_PRECISION=precision)
+    for key, value in (("LOWBIT_FP8_BACKEND", backend), ("LOWBIT_FP8_OPT_LEVEL", level), ("LOWBIT_MIXED_PRECISION", precision)):
+        monkeypatch.setenv(key, value)
     acc = Accelerator(plugin_manager=manager())
     acc.prepare(*model_and_adamw())
     assert acc.fp8_backend == "msamp" and initialize_levels() == ["O1"]
@@ -184,9 +184,9 @@ def test_availability_reasons():
 
 
 def test_availability_reasons_with_msamp(msamp):
-    assert lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU")) == "MS-AMP needs CUDA; found CPU"
+    assert lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU")) == "MS-AMP needs CUDA (a GPU with compute capability >= 8.9); found CPU"
     assert "found NVIDIA A100 (sm_80)" in lowbit_msamp.unavailable_reason(HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0)))
-    with pytest.raises(BackendUnavailableError, match="MS-AMP needs CUDA; found CPU"):
+    with pytest.raises(BackendUnavailableError, match=r"MS-AMP needs CUDA \(a GPU with compute capability >= 8.9\); found CPU"):
         Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs()])
 
 
@@ -201,18 +201,7 @@ def test_export_dequantizes_scaling_tensors():
     assert torch.equal(out["w"], torch.ones(2)) and torch.equal(out["b"], torch.zeros(2))
 
 
-def _real_msamp_gpu() -> bool:
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
-        return False
-    try:
-        import msamp  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _real_msamp_gpu(), reason="needs a CUDA GPU with compute capability >= 8.9 and MS-AMP")
+@needs_fp8_gpu_with("msamp", "MS-AMP")
 def test_gpu_o2_trains_a_few_steps():
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs()])
     model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))

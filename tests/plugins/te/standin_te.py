@@ -67,7 +67,11 @@ class Linear(_TEModule):
         return F.linear(x, self.weight, self.bias)
 
 
-class LayerNorm(_TEModule):
+class _Norm(_TEModule):
+    """TE's LayerNorm and RMSNorm share this constructor signature."""
+
+    has_bias = True
+
     def __init__(
         self,
         normalized_shape: Union[Iterable[int], int, None] = None,
@@ -83,28 +87,17 @@ class LayerNorm(_TEModule):
         self.normalized_shape, self.eps = shape, eps
         dtype, device = params_dtype or torch.get_default_dtype(), kwargs.get("device", "cuda")
         self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
+        if self.has_bias:
+            self.bias = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
 
+
+class LayerNorm(_Norm):
     def forward(self, x):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-class RMSNorm(_TEModule):
-    def __init__(
-        self,
-        normalized_shape: Union[Iterable[int], int, None] = None,
-        eps: float = 1e-5,
-        sequence_parallel: Optional[bool] = None,
-        params_dtype: Optional[torch.dtype] = None,
-        zero_centered_gamma: bool = False,
-        hidden_size: Optional[int] = None,
-        **kwargs,
-    ) -> None:
-        super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-        self.normalized_shape, self.eps = shape, eps
-        dtype, device = params_dtype or torch.get_default_dtype(), kwargs.get("device", "cuda")
-        self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
+class RMSNorm(_Norm):
+    has_bias = False
 
     def forward(self, x):
         return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)

@@ -19,7 +19,7 @@ pytest.importorskip("lowbit_te")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from helpers import HardwareDetector  # noqa: E402
+from helpers import HardwareDetector, needs_fp8_gpu_with  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
 from lowbit.errors import BackendUnavailableError, ConfigError  # noqa: E402
@@ -138,7 +138,7 @@ def test_standin_signatures_match_the_real_te(te_source, path, qualname, standin
 def test_unavailable_on_cpu_and_without_te_with_precise_reasons(te, monkeypatch):
     import lowbit_te
 
-    assert lowbit_te.unavailable_reason(HardwareInfo("cpu", "CPU")) == "needs a CUDA GPU with compute capability >= 8.9; found CPU"
+    assert lowbit_te.unavailable_reason(HardwareInfo("cpu", "CPU")) == "needs CUDA (a GPU with compute capability >= 8.9); found CPU"
     assert "found NVIDIA A100 (sm_80)" in lowbit_te.unavailable_reason(A100)
     assert lowbit_te.unavailable_reason(H100) == ""
     monkeypatch.setattr(lowbit_te.importlib.util, "find_spec", lambda name: None)
@@ -159,7 +159,7 @@ def test_te_priority_200_beats_ao(te):
 
 
 def test_forcing_te_on_cpu_is_a_clear_error(te):
-    with pytest.raises(BackendUnavailableError, match=r"'te'.*needs a CUDA GPU with compute capability >= 8.9; found CPU"):
+    with pytest.raises(BackendUnavailableError, match=r"'te'.*needs CUDA \(a GPU with compute capability >= 8.9\); found CPU"):
         Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
 
 
@@ -352,21 +352,7 @@ def test_save_state_keeps_fp8_metadata(te, tmp_path):
 # ------------------------------------------------------------------ real GPU
 
 
-def _real_te_gpu() -> bool:
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
-        return False
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception:  # noqa: BLE001
-        return False
-    return True
-
-
-gpu = pytest.mark.skipif(not _real_te_gpu(), reason="needs a CUDA GPU with compute capability >= 8.9 and Transformer Engine")
-
-
-@pytest.mark.gpu
-@gpu
+@needs_fp8_gpu_with("transformer_engine.pytorch", "Transformer Engine")
 def test_gpu_one_step_loss_matches_bf16(tmp_path):
     torch.manual_seed(0)
     x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
