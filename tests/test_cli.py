@@ -123,3 +123,25 @@ def test_ao_launch_flags_reach_the_script(tmp_path):
     assert proc.stdout.split() == ["rowwise", "true"]
     bad = run_cli("launch", "--fp8_recipe", "rowwize", str(script))
     assert bad.returncode == 2 and "Did you mean 'rowwise'" in bad.stderr
+
+
+def test_multi_machine_launch_uses_torchrun_rendezvous_arguments(tmp_path, monkeypatch):
+    from lowbit.cli.launch import build_command
+    from lowbit.cli.main import build_parser
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
+    args = build_parser().parse_args(["launch", "--num_processes", "8", "--num_machines", "2", "--machine_rank", "1",
+                                      "--main_process_ip", "10.1.2.3", "--main_process_port", "29555", str(script), "--lr", "3"])
+    command, env, _ = build_command(args)
+    assert command[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1",
+                           "--master_addr", "10.1.2.3", "--master_port", "29555", str(script), "--lr", "3"]
+    assert env["LOWBIT_DISTRIBUTED_TYPE"] == "MULTI_GPU" and env["LOWBIT_NUM_MACHINES"] == "2"
+
+
+def test_multi_machine_launch_needs_the_main_ip(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert main(["launch", "--num_machines", "2", str(script)]) == 2
+    assert "--main_process_ip" in capsys.readouterr().err
