@@ -15,6 +15,7 @@ from torch import nn
 from lowbit import Accelerator
 from lowbit.errors import BackendUnavailableError, CheckpointError, ConfigError
 from lowbit.prepared import PreparedOptimizer
+from lowbit.selftest import train_steps
 from lowbit.utils import FP8RecipeKwargs
 
 
@@ -22,17 +23,8 @@ def no_fp8_manager():
     return manager_with()  # built-ins only: no FP8 backend at all
 
 
-def train(acc, model, opt, x, y, steps=5, sched=None):
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        acc.backward(loss)
-        opt.step()
-        if sched is not None:
-            sched.step()
-        losses.append(loss.item())
-    return losses
+def train(acc, model, opt, x, y, steps, sched=None):
+    return train_steps(acc, model, opt, x, y, steps, scheduler=sched)
 
 
 def test_prepare_returns_objects_in_the_order_given():

@@ -88,11 +88,6 @@ class LowbitPluginManager(pluggy.PluginManager):
                 results.append((impl.plugin, result))
         return results
 
-    def call_routed(self, plugin: object, hook_name: str, **kwargs: Any) -> Any:
-        """Call ``hook_name`` on ``plugin`` alone; None when it does not implement it."""
-        others = [p for p in self.get_plugins() if p is not plugin]
-        return self.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
-
 
 def _selected_entry_points() -> Iterable[importlib.metadata.EntryPoint]:
     entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)

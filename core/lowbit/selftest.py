@@ -52,13 +52,16 @@ class Report:
         return 0
 
 
-def _train(acc, model, opt, x, y, steps: int) -> list[float]:
+def train_steps(acc, model, opt, x, y, steps: int, scheduler=None) -> list[float]:
+    """``steps`` full-batch MSE steps on prepared objects; the loss averaged over ranks, per step."""
     losses = []
     for _ in range(steps):
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         acc.backward(loss)
         opt.step()
+        if scheduler is not None:
+            scheduler.step()
         losses.append(acc.gather(loss.detach()).mean().item())
     return losses
 
@@ -101,7 +104,7 @@ def run(work_dir: Path) -> int:
                      + ("" if converted else f": the {acc.fp8_backend!r} backend converted nothing, so nothing runs in FP8"))
 
     x, y = (t.to(acc.device) for t in make_data(acc.process_index))
-    losses = _train(acc, model, opt, x, y, STEPS)
+    losses = train_steps(acc, model, opt, x, y, STEPS)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     report.check("loss decreasing", last < 0.8 * first, f"{first:.4f} -> {last:.4f} over {STEPS} steps")
 
@@ -115,7 +118,7 @@ def run(work_dir: Path) -> int:
 
     try:
         acc.save_state(work_dir / "state")
-        _train(acc, model, opt, x, y, 2)
+        train_steps(acc, model, opt, x, y, 2)
         acc.load_state(work_dir / "state")
         restored = acc.get_state_dict(model)
         same = all(torch.equal(state[k], restored[k]) for k in state)

@@ -19,6 +19,7 @@ import lowbit_ao  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
 from lowbit.plugins import make_plugin_manager  # noqa: E402
+from lowbit.selftest import train_steps  # noqa: E402
 from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs  # noqa: E402
 from lowbit_ao.convert import FP8EmulationNotice, default_module_filter  # noqa: E402
 
@@ -174,14 +175,7 @@ def _lowbit_training(steps, x, y, **recipe):
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, opt = acc.prepare(model, opt)
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        acc.backward(loss)
-        opt.step()
-        losses.append(loss.item())
-    return acc, model, opt, losses
+    return acc, model, opt, train_steps(acc, model, opt, x, y, steps)
 
 
 def test_parity_with_raw_torchao_is_bitwise():
