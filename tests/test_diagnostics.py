@@ -150,3 +150,14 @@ def test_telemetry_off_by_default_and_unsupported_backends_say_so():
         acc.fp8_stats()
     with pytest.raises(UnsupportedCombinationError, match="not supported by the 'plain' backend"):
         acc.enable_fp8_telemetry()
+
+
+@pytest.mark.multiprocess
+def test_profile_under_two_processes_writes_one_trace_per_rank(tmp_path):
+    from test_distributed import launch
+
+    launch(tmp_path, "profile")
+    out = tmp_path / "profile" / "profile"
+    for rank in (0, 1):
+        assert json.loads((out / f"trace_rank{rank}.json").read_text())["traceEvents"]
+    assert (out / "summary.txt").exists()  # written by the main process only, once

@@ -78,6 +78,15 @@ def main() -> None:
         resumed = acc2.get_state_dict(model2)
         same = all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
         result = {"resumed_equals_uninterrupted": same}
+    elif scenario == "profile":
+        acc, model, opt, loader = build(scenario)
+        with acc.profile(out / "profile", wait=0, warmup=1, active=2) as prof:
+            for x, y in loader:
+                opt.zero_grad()
+                acc.backward(nn.functional.mse_loss(model(x), y))
+                opt.step()
+                prof.step()
+        result = {"profiled": True}
     else:
         acc, model, opt, loader = build(scenario)
         losses = train(acc, model, opt, loader, 3)
