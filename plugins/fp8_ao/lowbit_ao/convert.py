@@ -125,7 +125,7 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
             f"lowbit-ao: no Linear layer is eligible for FP8, so this model trains in high precision ({reasons}).",
             stacklevel=2,
         )
-    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped}  # read by tests and diagnostics
+    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped}  # why each layer is or is not FP8
     return model
 
 
