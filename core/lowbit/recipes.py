@@ -160,3 +160,21 @@ def recipe_env_from_args(args: Any, recipe_class: type[RecipeKwargs]) -> dict[st
         if value is not None and not spec.code_only:
             env[spec.env] = to_text(spec.parse(value, where=f"lowbit launch {recipe_flag(name)}"))
     return env
+
+
+def recipe_launch_hooks(recipe_class: type[RecipeKwargs], title: str) -> tuple[Any, Any]:
+    """A backend's two launcher hookimpls when its flags are exactly its recipe options:
+
+        add_launch_arguments, launch_environment = recipe_launch_hooks(AORecipeKwargs, "fp8 backend ao")
+    """
+    from lowbit.hookspecs import hookimpl
+
+    @hookimpl
+    def add_launch_arguments(parser: Any) -> None:
+        add_recipe_flags(parser, recipe_class, title)
+
+    @hookimpl
+    def launch_environment(args: Any) -> dict[str, str]:
+        return recipe_env_from_args(args, recipe_class)
+
+    return add_launch_arguments, launch_environment

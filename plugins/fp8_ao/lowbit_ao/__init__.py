@@ -9,7 +9,7 @@ import importlib.metadata
 import importlib.util
 
 from lowbit import hookimpl
-from lowbit.recipes import add_recipe_flags, recipe_env_from_args
+from lowbit.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit_ao.recipe import AORecipeKwargs
 
@@ -93,11 +93,4 @@ def export_state_dict(model, state_dict, context: PrepareContext):
     return plain_state_dict(state_dict)
 
 
-@hookimpl
-def add_launch_arguments(parser) -> None:
-    add_recipe_flags(parser, AORecipeKwargs, "fp8 backend ao (torchao)")
-
-
-@hookimpl
-def launch_environment(args):
-    return recipe_env_from_args(args, AORecipeKwargs)
+add_launch_arguments, launch_environment = recipe_launch_hooks(AORecipeKwargs, "fp8 backend ao (torchao)")

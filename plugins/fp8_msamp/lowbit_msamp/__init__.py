@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lowbit import hookimpl
 from lowbit.errors import BackendUnavailableError, UnsupportedCombinationError
-from lowbit.recipes import add_recipe_flags, recipe_env_from_args
+from lowbit.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit_msamp.recipe import MSAMPRecipeKwargs
 
@@ -115,11 +115,4 @@ def export_state_dict(model, state_dict, context: PrepareContext):
     return {k: _plain(v) for k, v in state_dict.items()}
 
 
-@hookimpl
-def add_launch_arguments(parser) -> None:
-    add_recipe_flags(parser, MSAMPRecipeKwargs, "fp8 backend msamp (MS-AMP)")
-
-
-@hookimpl
-def launch_environment(args):
-    return recipe_env_from_args(args, MSAMPRecipeKwargs)
+add_launch_arguments, launch_environment = recipe_launch_hooks(MSAMPRecipeKwargs, "fp8 backend msamp (MS-AMP)")

@@ -9,7 +9,7 @@ import importlib.metadata
 import importlib.util
 
 from lowbit import hookimpl
-from lowbit.recipes import add_recipe_flags, recipe_env_from_args
+from lowbit.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit_te.recipe import TERecipeKwargs
 
@@ -69,11 +69,4 @@ def export_state_dict(model, state_dict, context: PrepareContext):
     return {k: v for k, v in state_dict.items() if not k.endswith("_extra_state")}
 
 
-@hookimpl
-def add_launch_arguments(parser) -> None:
-    add_recipe_flags(parser, TERecipeKwargs, "fp8 backend te (Transformer Engine)")
-
-
-@hookimpl
-def launch_environment(args):
-    return recipe_env_from_args(args, TERecipeKwargs)
+add_launch_arguments, launch_environment = recipe_launch_hooks(TERecipeKwargs, "fp8 backend te (Transformer Engine)")
