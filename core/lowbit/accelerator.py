@@ -7,6 +7,7 @@ FP8 conversion, then distribution, then the forward is wrapped in the autocast c
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -213,6 +214,10 @@ class Accelerator:
 
             if not dist.is_initialized():
                 dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+                # Tear the group down before interpreter shutdown: left to static destructors,
+                # gloo's worker threads can abort the process ("terminate called without an
+                # active exception") after the script has finished successfully.
+                atexit.register(_destroy_process_group)
 
     # ------------------------------------------------------------------ what was chosen
 
@@ -629,6 +634,18 @@ class Accelerator:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _destroy_process_group() -> None:
+    """At exit: wait for every rank, then tear the group down together, so no rank closes its
+    connections while a peer's gloo threads still use them (which aborts the peer)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def _maybe(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:
