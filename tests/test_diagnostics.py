@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
-from helpers import mlp, regression_data
+from helpers import mlp, regression_data, run_launch
 from torch import nn
 
 from lowbit import Accelerator
@@ -19,7 +18,8 @@ from lowbit.telemetry import SaturationWarning, TelemetryRecorder, cast_stats
 
 def lowbit_test(*flags, env=None):
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "lowbit.cli.main", "test", *flags], capture_output=True, text=True, env=full_env, timeout=300)
+    return run_launch([sys.executable, "-m", "lowbit.cli.main", "test", *flags], env=full_env,
+                      finished=lambda p: "lowbit test: PASS" in p.stdout)
 
 
 @pytest.mark.parametrize("precision", ["fp8", "bf16"])

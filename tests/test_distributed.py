@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import mlp, regression_data
+from helpers import mlp, regression_data, run_launch
 from torch import nn
 
 WORKER = Path(__file__).parent / "distributed" / "worker.py"
@@ -23,7 +23,13 @@ def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2) -> list[d
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
            str(WORKER), scenario, str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+    def reset() -> None:
+        shutil.rmtree(out)
+        out.mkdir()
+
+    proc = run_launch(cmd, env=env, reset=reset,
+                      finished=lambda p: all((out / f"result_rank{r}.json").exists() for r in range(world)))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(world)]
 

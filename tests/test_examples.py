@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "examples" / "configs").glob("*.yaml"))
@@ -16,7 +17,9 @@ pytestmark = pytest.mark.multiprocess
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    # Finished: the examples' last lines are printed (the model saved / the table written).
+    return run_launch([sys.executable, *args], env=env, cwd=ROOT, timeout=timeout,
+                      finished=lambda p: "saved runs/fp8_train" in p.stdout or "loss curves written" in p.stdout)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
