@@ -390,11 +390,16 @@ class Accelerator:
             _remap_optimizer_params(optimizer, names, new_model)  # FSDP2 swaps in DTensor parameters
         return new_model, new_optimizer
 
+    def _autocast_callers(self) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+        """The precision plugin's context (outer, native autocast) and the FP8 backend's (inner)."""
+        outer = self._routed(self._precision, "autocast_context") if self.context.autocast_dtype is not None else None
+        inner = self._routed(self._fp8, "autocast_context") if self._implements(self._fp8, "autocast_context") else None
+        return outer, inner
+
     def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.config.dynamo_backend not in ("no", "NO", None):
             model = torch.compile(model, backend=self.config.dynamo_backend.lower())
-        outer = self._routed(self._precision, "autocast_context") if self.context.autocast_dtype is not None else None
-        inner = self._routed(self._fp8, "autocast_context") if self._implements(self._fp8, "autocast_context") else None
+        outer, inner = self._autocast_callers()
         if outer is None and inner is None:
             return model
         original = model.forward
@@ -474,8 +479,7 @@ class Accelerator:
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """The same contexts a prepared model's forward runs in, for code outside ``forward``."""
-        outer = self._routed(self._precision, "autocast_context") if self.context.autocast_dtype is not None else None
-        inner = self._routed(self._fp8, "autocast_context") if self._implements(self._fp8, "autocast_context") else None
+        outer, inner = self._autocast_callers()
         with _maybe(outer, None, self.context), _maybe(inner, None, self.context):
             yield
 
