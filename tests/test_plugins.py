@@ -100,10 +100,81 @@ def test_plugin_with_unknown_hook_name_is_reported_not_fatal():
 
 
 def test_duplicate_backend_names_are_refused_naming_both_distributions():
-    manager = manager_with(FakeBackend("same", 100), FakeBackend("same", 200))
+    manager = manager_with(FakeBackend("same", 100), FakeBackend("same", 200), FakeBackend("other", 50))
     registry = BackendRegistry(manager, CPU)
-    assert registry.ranked("fp8") == []
+    assert [c.name for c in registry.ranked("fp8")] == ["other"]
     assert any("claimed by both" in b.error for b in manager.broken)
+    with pytest.raises(BackendUnavailableError, match=r"'same'.*claimed by both"):
+        choose_backend(registry, "fp8", "same", "test")
+    assert choose_backend(registry, "fp8", "other", "test").name == "other"  # an unclaimed name still works
+
+
+def test_duplicate_names_across_entry_points_name_both_distributions(tmp_path, monkeypatch):
+    _write_dist(tmp_path, "lowbit-first", "lowbit_first_fp8", THIRD_PARTY, "first")
+    _write_dist(tmp_path, "lowbit-second", "lowbit_second_fp8", THIRD_PARTY, "second")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LOWBIT_PLUGINS", "first,second")
+    registry = BackendRegistry(make_plugin_manager(), CPU)
+    with pytest.raises(BackendUnavailableError, match="claimed by both lowbit-first and lowbit-second"):
+        choose_backend(registry, "fp8", "thirdparty", "test")
+
+
+class DescribesWithAString:
+    @hookimpl
+    def describe_backend(self, hardware):
+        return "fp8 backend, very fast"
+
+
+class WrongLaunchEnvironment:
+    @hookimpl
+    def launch_environment(self, args):
+        return ["LOWBIT_X=1"]
+
+
+class WrongHardware:
+    @hookimpl(tryfirst=True)
+    def detect_hardware(self, cpu):
+        return "a GPU"
+
+
+def test_a_wrong_result_type_marks_only_that_plugin_broken():
+    manager = manager_with(DescribesWithAString(), WrongHardware(), FakeBackend("good", 100))
+    acc = Accelerator(mixed_precision="no", plugin_manager=manager)
+    assert acc.hardware.device_type == "cpu"  # the built-in detector answered instead
+    errors = " | ".join(b.describe() for b in manager.broken)
+    assert "describe_backend returned 'fp8 backend, very fast': expected a lowbit.types.BackendDescription" in errors
+    assert "detect_hardware returned 'a GPU': expected a lowbit.types.HardwareInfo" in errors
+    assert choose_backend(BackendRegistry(manager, CPU), "fp8").name == "good"
+    launch = manager_with(WrongLaunchEnvironment())
+    assert launch.call_each("launch_environment", args=None) == []
+    assert "launch_environment returned ['LOWBIT_X=1']: expected a dict" in launch.broken[0].error
+
+
+def test_strict_mode_gives_a_clean_error_for_a_wrong_result_type():
+    manager = make_plugin_manager(load_entry_points=False, extra_plugins=[DescribesWithAString()], strict=True)
+    with pytest.raises(PluginError, match=r"is broken: describe_backend returned 'fp8 backend, very fast'"):
+        BackendRegistry(manager, CPU)
+
+
+def test_lowbit_plugins_survives_a_plugin_that_describes_itself_with_a_string(tmp_path, monkeypatch):
+    body = "from lowbit import hookimpl\n@hookimpl\ndef describe_backend(hardware):\n    return 'oops'\n"
+    _write_dist(tmp_path, "lowbit-oops", "lowbit_oops_fp8", body, "oops")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from lowbit.cli.plugins_command import collect
+
+    report = collect(cpu=True)
+    broken = [row for row in report["plugins"] if row["status"] == "broken"]
+    assert broken and broken[0]["distribution"] == "lowbit-oops" and "returned 'oops'" in broken[0]["reason"]
+
+
+def test_a_slow_plugin_is_named_with_its_import_time(tmp_path, monkeypatch, capsys):
+    _write_dist(tmp_path, "lowbit-slow", "lowbit_slow_fp8", "import time\ntime.sleep(0.8)\n" + THIRD_PARTY, "slow")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from lowbit.cli.main import main
+
+    assert main(["plugins", "--cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "slow plugin: 'slow' took" in out
 
 
 def test_bad_description_breaks_only_that_plugin():

@@ -7,11 +7,9 @@ FP8 conversion, then distribution, then the forward is wrapped in the autocast c
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import os
-import random
 import warnings
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
@@ -24,18 +22,14 @@ from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombi
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
 from lowbit.prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
+from lowbit.state import init_process_group
 from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
 from lowbit.telemetry import FP8StatsTable, TelemetryRecorder
+from lowbit.training_state import TrainingStateCheckpointer
 from lowbit.types import PrepareContext
 
 _STRATEGY_OF = {"NO": "ddp", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "deepspeed"}
 _MODEL_FILE = "model.pt"
-
-
-def _lowbit_version() -> str:
-    from lowbit import __version__
-
-    return __version__
 
 
 class Accelerator:
@@ -74,7 +68,7 @@ class Accelerator:
         # option names, so fp8_config keys can be checked against them.
         early = resolve_config(explicit, config_file, check_fp8_keys=False)
         self._plugins = plugin_manager or make_plugin_manager()
-        self.hardware = self._plugins.hook.detect_hardware(cpu=early.use_cpu)
+        self.hardware = self._plugins.detect_hardware(cpu=early.use_cpu)
         self._registry = BackendRegistry(self._plugins, self.hardware)
         fp8_specs = {}
         for cand in self._registry.ranked("fp8"):
@@ -117,6 +111,7 @@ class Accelerator:
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._telemetry: TelemetryRecorder | None = None
+        self._checkpointer = TrainingStateCheckpointer(self)
 
     # ------------------------------------------------------------------ choosing
 
@@ -210,14 +205,7 @@ class Accelerator:
         else:
             self.device = torch.device(self.hardware.device_type)
         if world > 1:
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-                # Tear the group down before interpreter shutdown: left to static destructors,
-                # gloo's worker threads can abort the process ("terminate called without an
-                # active exception") after the script has finished successfully.
-                atexit.register(_destroy_process_group)
+            init_process_group(self.device.type)
 
     # ------------------------------------------------------------------ what was chosen
 
@@ -550,72 +538,21 @@ class Accelerator:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _setup_fingerprint(self) -> dict[str, Any]:
-        return {"mixed_precision": self.mixed_precision, "fp8_backend": self.fp8_backend, "strategy": self.context.strategy}
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Carry more objects (anything with ``state_dict``/``load_state_dict``) through
+        ``save_state``/``load_state``; register them in the same order before loading."""
+        self._checkpointer.register(*objects)
 
     def save_state(self, output_dir: str | os.PathLike) -> Path:
-        """Save everything needed to resume: model, optimizer, scheduler, scaler, RNG, counters.
-
-        Written to a temp directory and renamed into place, so a crash keeps the previous one.
-        """
-        output_dir = Path(output_dir)
-        with checkpoint.atomic_directory(output_dir, self.is_main_process, self.wait_for_everyone) as tmp:
-            handled = False
-            if self._models and self._strategy is not None:
-                optimizer = self._optimizers[0].optimizer if self._optimizers else None
-                handled = bool(self._call(self._strategy, "save_checkpoint", directory=str(tmp), model=self._models[0], optimizer=optimizer))
-            if self.is_main_process:
-                if not handled:
-                    for i, model in enumerate(self._models):
-                        checkpoint.write_file_atomically(self.unwrap_model(model).state_dict(), tmp / f"model_{i}.pt")
-                    for i, opt in enumerate(self._optimizers):
-                        checkpoint.write_file_atomically(opt.state_dict(), tmp / f"optimizer_{i}.pt")
-                for i, sched in enumerate(self._schedulers):
-                    checkpoint.write_file_atomically(sched.state_dict(), tmp / f"scheduler_{i}.pt")
-                if self.scaler is not None:
-                    checkpoint.write_file_atomically(self.scaler.state_dict(), tmp / "scaler.pt")
-                checkpoint.write_metadata(
-                    tmp,
-                    {
-                        **self._setup_fingerprint(),
-                        "lowbit_version": _lowbit_version(),
-                        "world_size": self.num_processes,
-                        "step": self.step,
-                        "strategy_checkpoint": handled,
-                        "dataloader_epochs": [d.epoch for d in self._dataloaders],
-                    },
-                )
-            checkpoint.write_file_atomically(_rng_state(), tmp / f"rng_state_{self.process_index}.pt")
-        return output_dir
+        """Save everything needed to resume: model, optimizer, scheduler, scaler, RNG, counters and
+        registered objects. Files go beside any others in ``output_dir``; none of those is touched,
+        and a crash at any point leaves the previous checkpoint (see ``lowbit.checkpoint``)."""
+        return self._checkpointer.save(output_dir)
 
     def load_state(self, input_dir: str | os.PathLike) -> None:
-        """Restore what ``save_state`` wrote, into the objects already prepared."""
-        directory = checkpoint.resolve_checkpoint_dir(Path(input_dir))
-        meta = checkpoint.read_metadata(directory)
-        checkpoint.check_same_setup(meta, self._setup_fingerprint(), directory)
-        if meta.get("strategy_checkpoint"):
-            optimizer = self._optimizers[0].optimizer if self._optimizers else None
-            self._call(self._strategy, "load_checkpoint", directory=str(directory), model=self._models[0], optimizer=optimizer)
-        else:
-            for i, model in enumerate(self._models):
-                state = checkpoint.read_tensor_file(directory / f"model_{i}.pt")
-                try:
-                    self.unwrap_model(model).load_state_dict(state)
-                except RuntimeError as exc:
-                    raise checkpoint.CheckpointError(f"{directory / f'model_{i}.pt'} does not fit this model: {exc}") from None
-            for i, opt in enumerate(self._optimizers):
-                opt.load_state_dict(checkpoint.read_tensor_file(directory / f"optimizer_{i}.pt"))
-        for i, sched in enumerate(self._schedulers):
-            sched.load_state_dict(checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt"))
-        if self.scaler is not None:
-            self.scaler.load_state_dict(checkpoint.read_tensor_file(directory / "scaler.pt"))
-        for loader, epoch in zip(self._dataloaders, meta.get("dataloader_epochs", [])):
-            loader.set_epoch(epoch)
-        self.step = meta.get("step", 0)
-        rng_file = directory / f"rng_state_{self.process_index}.pt"
-        if rng_file.exists():
-            _set_rng_state(checkpoint.read_tensor_file(rng_file))
-        self.wait_for_everyone()
+        """Restore what ``save_state`` wrote into the objects already prepared, after checking each
+        file's checksum."""
+        self._checkpointer.load(input_dir)
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full, plain state dict an unconverted model loads, on every rank."""
@@ -638,18 +575,6 @@ class Accelerator:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _destroy_process_group() -> None:
-    """At exit: wait for every rank, then tear the group down together, so no rank closes its
-    connections while a peer's gloo threads still use them (which aborts the peer)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        try:
-            dist.barrier()
-        finally:
-            dist.destroy_process_group()
 
 
 def _maybe(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:
@@ -700,18 +625,3 @@ def _mark_step_tracked(optimizer: torch.optim.Optimizer) -> None:
 
     tracked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
     optimizer.step = tracked_step  # type: ignore[method-assign]
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

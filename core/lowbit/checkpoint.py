@@ -1,15 +1,31 @@
-"""Crash-safe checkpoint files.
+"""Crash-safe checkpoint files, written beside whatever else the directory holds.
 
-Everything is written under a temporary name and moved into place with a rename, so a process
-killed mid-save leaves the previous good checkpoint where it was. Everything is read with
-``torch.load(weights_only=True)``: a checkpoint can never run code on load.
+A checkpoint is a set of files plus ``lowbit_state.json``, whose ``files`` entry lists each file
+lowbit wrote with its sha256. lowbit never deletes or overwrites a file it did not write: in a
+run directory that also holds logs or TensorBoard events, the checkpoint goes beside them.
+
+Saving is a small journaled commit, so a process killed at any instant leaves either the
+previous checkpoint or the new one, never a mix:
+
+1. every rank writes into ``<dir>/.lowbit-staging/``; the main rank then writes the metadata
+   there (the staging is complete once that file exists);
+2. the previous checkpoint's metadata, then its files, move into ``<dir>/.lowbit-retired/``;
+3. the new files move into ``<dir>``, the metadata last (the commit point);
+4. ``.lowbit-retired/`` is removed.
+
+The next save or load finishes or rolls back an interrupted commit (:func:`recover`). Every
+file is read with ``torch.load(weights_only=True)``: a checkpoint can never run code on load.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
+import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -18,60 +34,210 @@ import torch
 from lowbit.errors import CheckpointError
 
 METADATA_FILE = "lowbit_state.json"
+STAGING_DIR = ".lowbit-staging"
+RETIRED_DIR = ".lowbit-retired"
+FORMAT_VERSION = 2
 _TMP_SUFFIX = ".lowbit-tmp"
-_OLD_SUFFIX = ".lowbit-old"
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
+# torch.save reports a failed write from its C++ zip writer as a RuntimeError naming these.
+_TORCH_WRITE_FAILURES = ("inline_container", "PytorchStreamWriter failed")
+
+
+class CheckpointNote(UserWarning):
+    """lowbit cleaned up after an interrupted save (said once, on the main process)."""
+
+
+# ---------------------------------------------------------------------- writing files
 
 
 def write_file_atomically(obj: Any, path: Path) -> None:
-    """``torch.save`` to ``path`` via a temp file and ``os.replace``."""
+    """``torch.save`` to ``path`` via a temp file and ``os.replace``; a full disk is a clear error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + _TMP_SUFFIX)
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise CheckpointError(disk_full_message(path)) from exc
+        raise
+
+
+def write_json_atomically(data: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + _TMP_SUFFIX)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(data, indent=2, sort_keys=True))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise CheckpointError(disk_full_message(path)) from exc
+        raise
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL_ERRNOS:
+        return True
+    return isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _TORCH_WRITE_FAILURES)
+
+
+def disk_full_message(path: Path) -> str:
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"The disk is full (or a file-size limit was reached) while writing {str(path)!r} ({free} there). "
+        "The partial save was removed and the previous checkpoint is intact. Free some space, or save elsewhere."
+    )
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _relative_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def _top_level(names: Any) -> set[str]:
+    return {name.split("/", 1)[0] for name in names}
+
+
+# ---------------------------------------------------------------------- the target directory
+
+
+def check_target(directory: Path) -> Path:
+    """Refuse targets where a checkpoint cannot sensibly go, before anything is written."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"save_state target {str(directory)!r} is a file, not a directory. Give a directory path.")
+    if directory.resolve() == Path.cwd().resolve():
+        raise CheckpointError(
+            f"save_state({str(directory)!r}) would write the checkpoint into the current directory, among your "
+            "project's files. Give a directory of its own, e.g. save_state('checkpoints/step_100')."
+        )
+    return directory
+
+
+def recover(directory: Path) -> None:
+    """Finish or undo a save that was killed mid-way (main process only; idempotent)."""
+    directory = Path(directory)
+    retired, staging = directory / RETIRED_DIR, directory / STAGING_DIR
+    if retired.is_dir():
+        if (directory / METADATA_FILE).exists():
+            shutil.rmtree(retired)  # the commit finished; only the cleanup was left
+        else:
+            _roll_back(directory, retired, staging)
+            _note(f"{str(directory)!r}: a save was interrupted while it replaced the previous checkpoint; "
+                  "the previous checkpoint was restored.")
+    if staging.is_dir():
+        shutil.rmtree(staging)
+        _note(f"{str(directory)!r}: removed the partial files of an interrupted save ({STAGING_DIR}/).")
+
+
+def _roll_back(directory: Path, retired: Path, staging: Path) -> None:
+    old_files = _top_level(_listed_files(retired / METADATA_FILE))
+    new_files = _top_level(_listed_files(staging / METADATA_FILE)) - old_files
+    for name in new_files:  # moved in by the interrupted commit: lowbit wrote them
+        target = directory / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    for name in old_files:
+        if (retired / name).exists():
+            os.replace(retired / name, directory / name)
+    os.replace(retired / METADATA_FILE, directory / METADATA_FILE)
+    shutil.rmtree(retired)
+
+
+def _listed_files(metadata_path: Path) -> list[str]:
+    try:
+        files = json.loads(metadata_path.read_text(encoding="utf-8")).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return []
+    return list(files) if isinstance(files, dict) else []
+
+
+def _note(message: str) -> None:
+    warnings.warn(message, CheckpointNote, stacklevel=4)
+
+
+@dataclass
+class StagedCheckpoint:
+    """Where the ranks write their files, and the metadata the main rank commits with them."""
+
+    path: Path
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @contextmanager
-def atomic_directory(final: Path, is_main: bool, barrier: Callable[[], None]) -> Iterator[Path]:
-    """Yield a temp directory to fill; on success it replaces ``final`` in two renames.
+def staged_save(directory: Path, is_main: bool, barrier: Callable[[], None]) -> Iterator[StagedCheckpoint]:
+    """Yield a staging area to fill; on success commit it into ``directory`` (see module doc).
 
-    All ranks write into the same temp directory; only the main rank creates and swaps it.
+    On any error the staging area is removed and the previous checkpoint stays as it was.
     """
-    final = Path(final)
-    tmp = final.with_name(final.name + _TMP_SUFFIX)
-    old = final.with_name(final.name + _OLD_SUFFIX)
+    directory = check_target(directory)
+    staging = directory / STAGING_DIR
     if is_main:
-        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of an earlier crashed save
-        tmp.mkdir(parents=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        recover(directory)
+        staging.mkdir()
     barrier()
-    yield tmp
-    barrier()
-    if is_main:
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+    staged = StagedCheckpoint(staging)
+    try:
+        yield staged
+        barrier()
+        if is_main:
+            _commit(directory, staged)
+    except BaseException:
+        if is_main:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
     barrier()
 
 
-def resolve_checkpoint_dir(directory: Path) -> Path:
-    """The checkpoint to read: ``directory``, or the previous one if a save died between renames."""
-    directory = Path(directory)
+def _commit(directory: Path, staged: StagedCheckpoint) -> None:
+    staging, retired = staged.path, directory / RETIRED_DIR
+    names = _relative_files(staging)
+    previous = _listed_files(directory / METADATA_FILE) if (directory / METADATA_FILE).exists() else []
+    previous_top = _top_level(previous)
+    new_top = _top_level(names)
+    clashes = sorted(name for name in new_top - previous_top if (directory / name).exists())
+    if clashes:
+        raise CheckpointError(
+            f"save_state would overwrite {', '.join(clashes)} in {str(directory)!r}, which lowbit did not write. "
+            "Move those files, or save the checkpoint into another directory."
+        )
+    metadata = {**staged.metadata, "format": FORMAT_VERSION, "files": {n: sha256_of(staging / n) for n in names}}
+    write_json_atomically(metadata, staging / METADATA_FILE)  # the staging is now complete
     if (directory / METADATA_FILE).exists():
-        return directory
-    old = directory.with_name(directory.name + _OLD_SUFFIX)
-    if (old / METADATA_FILE).exists():
-        return old
-    if not directory.exists():
-        raise CheckpointError(f"Checkpoint directory {str(directory)!r} does not exist.")
-    raise CheckpointError(
-        f"{str(directory)!r} is not a lowbit checkpoint: {METADATA_FILE} is missing "
-        "(a save that never finished, or a directory written by another tool)."
-    )
+        retired.mkdir(exist_ok=True)
+        os.replace(directory / METADATA_FILE, retired / METADATA_FILE)
+        for name in previous_top:
+            if (directory / name).exists():
+                os.replace(directory / name, retired / name)
+    for name in new_top:
+        os.replace(staging / name, directory / name)
+    os.replace(staging / METADATA_FILE, directory / METADATA_FILE)  # the commit point
+    shutil.rmtree(retired, ignore_errors=True)
+    staging.rmdir()
+
+
+# ---------------------------------------------------------------------- reading
 
 
 def read_tensor_file(path: Path) -> Any:
@@ -87,16 +253,92 @@ def read_tensor_file(path: Path) -> Any:
         ) from None
 
 
-def write_metadata(directory: Path, metadata: dict[str, Any]) -> None:
-    (Path(directory) / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True))
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _dict_of_str(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _list_of_int(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+# Every key lowbit writes, with its check and the type named in errors.
+METADATA_SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "format": (_is_int, "int"),
+    "lowbit_version": (lambda v: isinstance(v, str), "str"),
+    "mixed_precision": (lambda v: isinstance(v, str), "str"),
+    "fp8_backend": (_str_or_none, "str or null"),
+    "strategy": (lambda v: isinstance(v, str), "str"),
+    "world_size": (_is_int, "int"),
+    "step": (_is_int, "int"),
+    "strategy_checkpoint": (lambda v: isinstance(v, bool), "bool"),
+    "dataloader_epochs": (_list_of_int, "list of int"),
+    "custom_objects": (_is_int, "int"),
+    "files": (_dict_of_str, "mapping of file name to sha256"),
+}
 
 
 def read_metadata(directory: Path) -> dict[str, Any]:
+    """The checkpoint's metadata, checked key by key against :data:`METADATA_SCHEMA`."""
     path = Path(directory) / METADATA_FILE
+    if not path.exists():
+        if not Path(directory).exists():
+            raise CheckpointError(f"Checkpoint directory {str(directory)!r} does not exist.")
+        raise CheckpointError(
+            f"{str(directory)!r} is not a lowbit checkpoint: {METADATA_FILE} is missing "
+            "(a save that never finished, or a directory written by another tool)."
+        )
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
         raise CheckpointError(f"Checkpoint metadata {str(path)!r} cannot be read: {exc}.") from None
+    problem = _metadata_problem(metadata)
+    if problem:
+        raise CheckpointError(f"Checkpoint metadata {str(path)!r} is damaged or was edited: {problem}.")
+    return metadata
+
+
+def _metadata_problem(metadata: Any) -> str:
+    if not isinstance(metadata, dict):
+        return f"expected a JSON object, found a {type(metadata).__name__}"
+    unknown = sorted(set(metadata) - set(METADATA_SCHEMA))
+    if unknown:
+        return f"unknown key(s) {', '.join(map(repr, unknown))}"
+    if metadata.get("format") != FORMAT_VERSION:
+        return f"format {metadata.get('format')!r} is not {FORMAT_VERSION} (written by another lowbit version?)"
+    missing = sorted(k for k in ("files", "mixed_precision", "strategy", "world_size", "step") if k not in metadata)
+    if missing:
+        return f"missing key(s) {', '.join(missing)}"
+    for key, value in metadata.items():
+        check, expected = METADATA_SCHEMA[key]
+        if not check(value):
+            return f"{key!r} should be {expected}, found {value!r}"
+    return ""
+
+
+def verify_files(directory: Path, metadata: dict[str, Any], required: list[str]) -> None:
+    """Every listed file is present and has the sha256 recorded at save time; ``required`` are listed."""
+    directory = Path(directory)
+    files: dict[str, str] = metadata["files"]
+    for name in required:
+        if name not in files:
+            raise CheckpointError(f"Checkpoint {str(directory)!r} has no {name}; the checkpoint is incomplete.")
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"Checkpoint file {str(path)!r} is missing; the checkpoint is incomplete.")
+        if sha256_of(path) != expected:
+            raise CheckpointError(
+                f"Checkpoint file {str(path)!r} is corrupted: its sha256 differs from the one recorded when it was "
+                "saved (a flipped bit on disk, or a file changed after saving). Resume from another checkpoint."
+            )
 
 
 def check_same_setup(metadata: dict[str, Any], expected: dict[str, Any], directory: Path) -> None:
@@ -106,5 +348,5 @@ def check_same_setup(metadata: dict[str, Any], expected: dict[str, Any], directo
             raise CheckpointError(
                 f"Checkpoint {str(directory)!r} was saved with {key}={metadata.get(key)!r}, but this run uses "
                 f"{key}={value!r}. Load it with the same setting, or load only the weights with "
-                "`accelerator.load_model`/`torch.load` of a `save_model` file."
+                "`torch.load` of a file written by `accelerator.save_model`."
             )

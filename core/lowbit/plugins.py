@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -46,6 +47,11 @@ class BrokenPlugin:
 class PluginOrigin:
     distribution: str
     version: str
+    load_seconds: float = 0.0
+
+
+# A plugin whose entry module takes longer than this to import is named in `lowbit plugins`.
+SLOW_IMPORT_SECONDS = 0.5
 
 
 class LowbitPluginManager(pluggy.PluginManager):
@@ -68,12 +74,35 @@ class LowbitPluginManager(pluggy.PluginManager):
     def origin(self, plugin: object) -> PluginOrigin:
         return self.origins.get(self.get_name(plugin) or "", PluginOrigin("lowbit (built-in)", ""))
 
+    def detect_hardware(self, cpu: bool) -> Any:
+        """The first detector's answer (pluggy's call order), skipping and reporting a detector
+        that raises or returns something other than a ``HardwareInfo``."""
+        from lowbit.types import HardwareInfo
+
+        for impl in reversed(self.hook.detect_hardware.get_hookimpls()):
+            origin = self.origin(impl.plugin)
+            try:
+                result = impl.function(cpu)
+            except Exception as exc:  # noqa: BLE001 - isolation is the point
+                self.record_broken(impl.plugin_name, origin.distribution, f"detect_hardware raised {type(exc).__name__}: {exc}")
+                continue
+            if result is None:
+                continue
+            if isinstance(result, HardwareInfo):
+                return result
+            self.record_broken(impl.plugin_name, origin.distribution,
+                               f"detect_hardware returned {_short_repr(result)}: expected a lowbit.types.HardwareInfo or None")
+        raise PluginError("No hardware detector answered (the built-in one was unregistered?).")
+
     def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[object, Any]]:
         """Call a broadcast hook on every plugin separately, so one that raises cannot stop the rest.
 
-        Returns (plugin, result) for each plugin that returned a non-None result.
+        Each result is checked against the hook's contract (:data:`RESULT_CONTRACTS`); a plugin
+        that raises or returns the wrong thing is marked broken, naming the hook and the value.
+        Returns (plugin, result) for each plugin that returned a valid non-None result.
         """
         results = []
+        check = RESULT_CONTRACTS.get(hook_name)
         for impl in getattr(self.hook, hook_name).get_hookimpls():
             origin = self.origin(impl.plugin)
             try:
@@ -84,9 +113,46 @@ class LowbitPluginManager(pluggy.PluginManager):
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 self.record_broken(impl.plugin_name, origin.distribution, f"{hook_name} raised {detail}")
                 continue
+            problem = check(result) if check is not None else ""
+            if problem:
+                self.record_broken(impl.plugin_name, origin.distribution, f"{hook_name} returned {_short_repr(result)}: {problem}")
+                continue
             if result is not None:
                 results.append((impl.plugin, result))
         return results
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _expects_backend_description(result: Any) -> str:
+    from lowbit.types import BackendDescription
+
+    if result is None or isinstance(result, BackendDescription):
+        return ""
+    return f"expected a lowbit.types.BackendDescription or None, not {type(result).__name__}"
+
+
+def _expects_env_mapping(result: Any) -> str:
+    if result is None:
+        return ""
+    if not isinstance(result, dict) or not all(isinstance(k, str) for k in result):
+        return f"expected a dict of env var names to values or None, not {type(result).__name__}"
+    return ""
+
+
+def _expects_none(result: Any) -> str:
+    return "" if result is None else f"expected None (add flags to the parser), not {type(result).__name__}"
+
+
+# What each broadcast hook may return; firstresult hooks are checked where they are used.
+RESULT_CONTRACTS: dict[str, Callable[[Any], str]] = {
+    "describe_backend": _expects_backend_description,
+    "launch_environment": _expects_env_mapping,
+    "add_launch_arguments": _expects_none,
+}
 
 
 def _selected_entry_points() -> Iterable[importlib.metadata.EntryPoint]:
@@ -125,6 +191,7 @@ def make_plugin_manager(
         for ep in _selected_entry_points():
             dist = ep.dist.name if ep.dist else ""
             version = ep.dist.version if ep.dist else ""
+            started = time.perf_counter()
             try:
                 plugin = load(ep)
                 if manager.is_registered(plugin):
@@ -133,7 +200,7 @@ def make_plugin_manager(
             except Exception as exc:  # noqa: BLE001 - one broken plugin breaks nothing else
                 manager.record_broken(ep.name, dist, exc)
                 continue
-            manager.origins[ep.name] = PluginOrigin(dist, version)
+            manager.origins[ep.name] = PluginOrigin(dist, version, time.perf_counter() - started)
     _check_pending_per_plugin(manager)
     return manager
 

@@ -47,29 +47,32 @@ class BackendRegistry:
         self.manager = manager
         self.hardware = hardware
         self.candidates: list[Candidate] = []
+        # Backend names claimed by several plugins: name -> the message that refuses them.
+        self.conflicts: dict[str, str] = {}
         for plugin, description in manager.call_each("describe_backend", hardware=hardware):
             origin = manager.origin(plugin)
-            description.distribution = description.distribution or origin.distribution
-            description.version = description.version or origin.version
             problem = _contract_problem(description)
             if problem:
-                manager.record_broken(manager.get_name(plugin) or "?", origin.distribution, problem)
+                manager.record_broken(manager.get_name(plugin) or "?", origin.distribution, f"describe_backend: {problem}")
                 continue
+            description.distribution = description.distribution or origin.distribution
+            description.version = description.version or origin.version
             self.candidates.append(Candidate(description, plugin))
-        self._refuse_duplicates()
+        self._set_aside_duplicates()
 
-    def _refuse_duplicates(self) -> None:
+    def _set_aside_duplicates(self) -> None:
+        """Two plugins claiming one name: neither is used (which one the user meant is unknowable);
+        asking for that name is an error naming both distributions, every other name still works."""
         by_name: dict[str, list[Candidate]] = {}
         for cand in self.candidates:
             by_name.setdefault(normalize_name(cand.name), []).append(cand)
-        for same in by_name.values():
+        for key, same in by_name.items():
             if len(same) > 1:
                 dists = " and ".join(sorted(c.description.distribution or "?" for c in same))
+                message = f"backend name {same[0].name!r} is claimed by both {dists}; uninstall one of them"
+                self.conflicts[key] = message
                 for cand in same:
-                    self.manager.record_broken(
-                        self.manager.get_name(cand.plugin) or cand.name, cand.description.distribution,
-                        f"backend name {cand.name!r} is claimed by both {dists}; uninstall one",
-                    )
+                    self.manager.record_broken(self.manager.get_name(cand.plugin) or cand.name, cand.description.distribution, message)
                     self.candidates.remove(cand)
 
     @property
@@ -84,9 +87,9 @@ class BackendRegistry:
         return next((c for c in self.ranked(kind) if c.matches(requested)), None)
 
 
-def _contract_problem(description: object) -> str:
-    if not isinstance(description, BackendDescription):
-        return f"describe_backend returned {type(description).__name__}, not BackendDescription"
+def _contract_problem(description: BackendDescription) -> str:
+    if not isinstance(description.name, str) or not description.name:
+        return f"name must be a non-empty string, got {description.name!r}"
     if not isinstance(description.priority, int) or isinstance(description.priority, bool):
         return f"priority must be an int, got {description.priority!r}"
     if description.kind not in ("fp8", "precision", "distributed"):
@@ -164,6 +167,9 @@ def choose_backend(registry: BackendRegistry, kind: str, requested: str | None =
     """
     ranked = registry.ranked(kind)
     hardware = registry.hardware
+    if requested and normalize_name(requested) in registry.conflicts:
+        raise BackendUnavailableError(f"{kind} backend {requested!r} (from {source}) cannot be used: "
+                                      f"{registry.conflicts[normalize_name(requested)]}.")
     if requested:
         cand = registry.find(kind, requested)
         if cand is None:

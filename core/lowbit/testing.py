@@ -54,7 +54,7 @@ def default_model_factory():
 def check_description(backend: str, plugin: object | None = None, hardware: HardwareInfo | None = None) -> BackendDescription:
     """The backend describes itself: int priority, a known kind, a string reason (non-empty when unavailable)."""
     manager = _manager(plugin, hardware)
-    registry = BackendRegistry(manager, manager.hook.detect_hardware(cpu=False))
+    registry = BackendRegistry(manager, manager.detect_hardware(cpu=False))
     names = {backend} | ({manager.get_name(plugin)} if plugin is not None else set())
     broken = [b.error for b in manager.broken if b.name in names]
     assert not broken, f"plugin is broken: {broken}"

@@ -16,11 +16,11 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 def collect(cpu: bool = False) -> dict[str, Any]:
     """Everything ``lowbit plugins`` reports, as plain data."""
     from lowbit.errors import LowbitError
-    from lowbit.plugins import make_plugin_manager
+    from lowbit.plugins import SLOW_IMPORT_SECONDS, make_plugin_manager
     from lowbit.selection import BackendRegistry, choose_backend
 
     manager = make_plugin_manager()
-    hardware = manager.hook.detect_hardware(cpu=cpu)
+    hardware = manager.detect_hardware(cpu=cpu)
     registry = BackendRegistry(manager, hardware)
     try:
         selection = choose_backend(registry, "fp8")
@@ -39,7 +39,10 @@ def collect(cpu: bool = False) -> dict[str, Any]:
     for b in registry.broken:
         rows.append(dict(name=b.name, distribution=b.distribution, version="", kind="?", priority=None,
                          status="broken", reason=b.error, chosen=False))
-    return {"hardware": hardware.describe(), "fp8_choice": chosen, "fp8_choice_reason": why, "plugins": rows}
+    load_seconds = {name: round(origin.load_seconds, 3) for name, origin in manager.origins.items()}
+    slow = {name: s for name, s in load_seconds.items() if s > SLOW_IMPORT_SECONDS}
+    return {"hardware": hardware.describe(), "fp8_choice": chosen, "fp8_choice_reason": why, "plugins": rows,
+            "load_seconds": load_seconds, "slow_imports": slow}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         priority = "" if row["priority"] is None else row["priority"]
         print(f"{row['name'] + mark:<10} {row['kind']:<11} {priority:>8}  {row['status']:<11} "
               f"{row['distribution'] or '-':<20} {row['version'] or '-':<8} {row['reason']}")
+    for name, seconds in report["slow_imports"].items():
+        print(f"\nslow plugin: {name!r} took {seconds:.2f} s to import; every lowbit command pays for it "
+              "(a plugin's entry module should import its backend library lazily).")
     if report["fp8_choice"]:
         print(f"\nmixed_precision='fp8' would use: {report['fp8_choice']} (*), {report['fp8_choice_reason']}.")
     else:

@@ -1,0 +1,372 @@
+"""Process facts (ranks, device, process group) and Accelerate's state classes.
+
+Only the process group is global, because torch.distributed makes it so: ``PartialState`` reads
+the launcher's environment once per process and owns the group's life, including a safe exit.
+Precision settings stay per Accelerator: ``accelerator.state`` is an :class:`AcceleratorState`
+bound to that Accelerator, and ``AcceleratorState()`` built by hand sees only process facts.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import enum
+import functools
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+
+if TYPE_CHECKING:
+    from lowbit.accelerator import Accelerator
+
+# How long a rank that finished normally waits at exit for the others before leaving anyway.
+EXIT_BARRIER_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+class DistributedType(str, enum.Enum):
+    """How the work is spread over processes; compares equal to its string value."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+
+
+# ---------------------------------------------------------------------- the process group
+
+
+_uncaught: list[BaseException] = []
+
+
+def _record_uncaught(previous: Callable[..., Any]) -> Callable[..., Any]:
+    def hook(exc_type, exc, tb):  # noqa: ANN001 - sys.excepthook's signature
+        _uncaught.append(exc)
+        previous(exc_type, exc, tb)
+
+    hook._lowbit = True  # type: ignore[attr-defined]
+    return hook
+
+
+def _dying_of_an_exception() -> bool:
+    return bool(_uncaught) or getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
+
+
+def init_process_group(device_type: str) -> None:
+    """Join the job's process group (gloo on CPU, nccl on CUDA) and arrange a safe exit."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    if not getattr(sys.excepthook, "_lowbit", False):
+        sys.excepthook = _record_uncaught(sys.excepthook)
+    atexit.register(leave_process_group)
+
+
+def leave_process_group() -> None:
+    """At exit, leave the process group together with the other ranks, and never hang a failed job.
+
+    After an uncaught exception the other ranks may be waiting in a collective with this one:
+    a barrier here would pair with their all-reduce and hang the job until gloo's 30-minute
+    timeout, and so would interpreter shutdown, which joins gloo's worker threads while one of
+    them still waits on a peer. So a failing rank flushes its output and leaves at once with
+    exit status 1; the launcher then stops the other ranks. A rank that finished normally waits
+    at most EXIT_BARRIER_TIMEOUT for the others, then destroys the group; if they never come, it
+    leaves the same way as a failing rank.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if not _dying_of_an_exception():
+        try:
+            dist.barrier(async_op=True).wait(timeout=EXIT_BARRIER_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - a peer is gone or stuck
+            print(f"lowbit: the other ranks did not reach the end of the script within "
+                  f"{EXIT_BARRIER_TIMEOUT.total_seconds():.0f} s ({exc}); leaving without them.", file=sys.stderr)
+        else:
+            dist.destroy_process_group()
+            return
+    _exit_now(1)
+
+
+def _exit_now(status: int) -> None:
+    """Exit without interpreter shutdown, after flushing what a user would lose."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream has nothing left to lose
+            pass
+    os._exit(status)
+
+
+# ---------------------------------------------------------------------- PartialState
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+class PartialState:
+    """Where this process stands in the job: ranks, device, process group.
+
+    Every instance in a process shares one state (the process group is process-wide). Built
+    with ``cpu=True`` it keeps to the CPU. ``_reset_state()`` forgets the shared state (tests).
+    """
+
+    _shared: dict[str, Any] = {}
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        self.__dict__ = PartialState._shared
+        if self._shared:
+            return
+        self.num_processes = _env_int("WORLD_SIZE", 1)
+        self.process_index = _env_int("RANK", 0)
+        self.local_process_index = _env_int("LOCAL_RANK", 0)
+        use_cuda = torch.cuda.is_available() and not cpu and not _truthy(os.environ.get("ACCELERATE_USE_CPU"))
+        self.device = torch.device("cuda", self.local_process_index % max(torch.cuda.device_count(), 1)) if use_cuda else torch.device("cpu")
+        if self.num_processes > 1:
+            init_process_group(self.device.type)
+        self.backend = ("nccl" if use_cuda else "gloo") if self.num_processes > 1 else None
+        self.debug = _truthy(os.environ.get("ACCELERATE_DEBUG_MODE"))
+
+    @staticmethod
+    def _reset_state() -> None:
+        PartialState._shared.clear()
+
+    @property
+    def initialized(self) -> bool:
+        return bool(self._shared)
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if self.num_processes == 1:
+            return DistributedType.NO
+        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def default_device(self) -> torch.device:
+        return self.device
+
+    def __repr__(self) -> str:
+        return (f"Distributed environment: {self.distributed_type.value}\nNum processes: {self.num_processes}\n"
+                f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
+                f"Device: {self.device}\n")
+
+    # -------------------------------------------------------------- synchronising
+
+    def wait_for_everyone(self) -> None:
+        if self.use_distributed:
+            torch.distributed.barrier()
+
+    @contextlib.contextmanager
+    def _first(self, goes_first: bool) -> Iterator[None]:
+        if not goes_first:
+            self.wait_for_everyone()
+        yield
+        if goes_first:
+            self.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """The main process runs the block first (e.g. to download or preprocess), then the rest."""
+        return self._first(self.is_main_process)
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Like main_process_first, once per machine."""
+        return self._first(self.is_local_main_process)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """This process's contiguous share of a list, tuple, tensor or dict of them; the first
+        ``len % num_processes`` processes get one extra. ``apply_padding`` repeats the last item so
+        every process gets as many (to gather afterwards; drop the padding yourself)."""
+        if self.num_processes == 1:
+            yield inputs
+            return
+        length = _shared_length(inputs)
+        base, extra = divmod(length, self.num_processes)
+        start = self.process_index * base + min(self.process_index, extra)
+        end = start + base + (1 if self.process_index < extra else 0)
+        share = base + (1 if extra else 0)
+        yield _slice(inputs, start, end, share if apply_padding else None)
+
+    # -------------------------------------------------------------- running on some processes
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._only_if(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._only_if(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self._only_if(function, lambda: self.is_last_process)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Callable[..., Any]:
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return self._only_if(function, lambda: self.process_index == process_index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Callable[..., Any]:
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return self._only_if(function, lambda: self.local_process_index == local_process_index)
+
+    @staticmethod
+    def _only_if(function: Callable[..., Any], condition: Callable[[], bool]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if condition() else None
+
+        return wrapper
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        if self.use_distributed and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group(group)
+
+
+def _truthy(value: str | None) -> bool:
+    return str(value).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _shared_length(inputs: Any) -> int:
+    if isinstance(inputs, dict):
+        lengths = {len(v) for v in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"split_between_processes needs every value of the dict to have the same length, got {sorted(lengths)}.")
+        return lengths.pop() if lengths else 0
+    return len(inputs)
+
+
+def _slice(inputs: Any, start: int, end: int, pad_to: int | None) -> Any:
+    if isinstance(inputs, dict):
+        return {k: _slice(v, start, end, pad_to) for k, v in inputs.items()}
+    part = inputs[start:end]
+    if pad_to is None or len(part) >= pad_to or len(inputs) == 0:
+        return part
+    missing = pad_to - len(part)
+    if isinstance(part, torch.Tensor):
+        return torch.cat([part, inputs[-1:].expand(missing, *inputs.shape[1:])])
+    return part + type(part)([inputs[-1]] * missing)
+
+
+# ---------------------------------------------------------------------- AcceleratorState
+
+
+class AcceleratorState:
+    """Accelerate's ``AcceleratorState``: process facts plus one Accelerator's settings.
+
+    In lowbit the settings belong to an Accelerator (``accelerator.state``), not to the process,
+    so two Accelerators with different precisions can live side by side. Built by hand,
+    ``AcceleratorState()`` sees the process facts and ``mixed_precision`` "no".
+    ``_reset_state()`` exists for scripts written against Accelerate's singleton; there is no
+    global precision to reset, so it only forgets the process facts when asked to.
+    """
+
+    def __init__(self, accelerator: "Accelerator | None" = None, cpu: bool = False, **kwargs: Any) -> None:
+        self._accelerator = accelerator
+        self._partial = PartialState(cpu=cpu)
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        if reset_partial_state:
+            PartialState._reset_state()
+
+    @property
+    def initialized(self) -> bool:
+        return self._partial.initialized
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._accelerator.mixed_precision if self._accelerator is not None else "no"
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if self._accelerator is not None:
+            return self._accelerator.distributed_type
+        return self._partial.distributed_type
+
+    @property
+    def device(self) -> torch.device:
+        return self._accelerator.device if self._accelerator is not None else self._partial.device
+
+    @property
+    def num_processes(self) -> int:
+        return self._partial.num_processes
+
+    @property
+    def deepspeed_plugin(self) -> Any:
+        return self._accelerator.deepspeed_plugin if self._accelerator is not None else None
+
+    @property
+    def fsdp_plugin(self) -> Any:
+        return self._accelerator.fsdp_plugin if self._accelerator is not None else None
+
+    @property
+    def dynamo_plugin(self) -> Any:
+        return self._accelerator.dynamo_plugin if self._accelerator is not None else None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._partial, name)
+
+    def __repr__(self) -> str:
+        return f"{self._partial!r}Mixed precision type: {self.mixed_precision}\n"
+
+
+class GradientState:
+    """Accelerate's ``GradientState``, bound to one Accelerator: whether this micro-batch syncs
+    gradients, and whether the prepared dataloader just yielded its last batch."""
+
+    def __init__(self, accelerator: "Accelerator | None" = None, gradient_accumulation_plugin: Any = None) -> None:
+        self._accelerator = accelerator
+        self.sync_gradients = True
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    @property
+    def num_steps(self) -> int:
+        return self._accelerator.gradient_accumulation_steps if self._accelerator is not None else 1
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        return True
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Nothing is global in lowbit; kept for scripts that call it."""

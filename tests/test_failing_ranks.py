@@ -1,0 +1,47 @@
+"""A rank that fails ends the whole job quickly, with its traceback, instead of hanging it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+# Rank FAIL_RANK raises at step 3 while the other rank waits in DDP's all-reduce.
+SCRIPT = """
+import os, sys, time, torch
+from torch import nn
+from lowbit import Accelerator
+accelerator = Accelerator()
+model = nn.Linear(8, 8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+for step in range(1000):
+    if step == 3 and accelerator.process_index == {fail_rank}:
+        open({stamp!r}, "w").write(str(time.time()))
+        {failure}
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_a_failing_rank_ends_the_job_within_a_minute(tmp_path, fail_rank):
+    stamp = tmp_path / "failed_at"
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(fail_rank=fail_rank, stamp=str(stamp), failure="raise ValueError('rank failed on purpose')"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(script)]
+    # The wide limit only stops a hung job from hanging the suite; the assertion is on the time
+    # from the failure to the exit, which startup time on a busy machine does not affect.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+    ended = time.time()
+    assert stamp.exists(), proc.stderr[-3000:]
+    assert proc.returncode != 0
+    assert ended - float(stamp.read_text()) < 60, f"the job took {ended - float(stamp.read_text()):.0f} s to end"
+    assert "ValueError: rank failed on purpose" in proc.stderr
