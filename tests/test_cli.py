@@ -118,7 +118,7 @@ def test_ao_launch_flags_reach_the_script(tmp_path):
     pytest.importorskip("lowbit_ao")
     script = tmp_path / "show.py"
     script.write_text("import os\nprint(os.environ.get('LOWBIT_FP8_RECIPE'), os.environ.get('LOWBIT_FP8_PAD_INNER_DIM'))\n")
-    proc = run_cli("launch", "--fp8_recipe", "rowwise", "--fp8_pad_inner_dim", "yes", str(script))
+    proc = run_cli("launch", "--mixed_precision", "fp8", "--fp8_recipe", "rowwise", "--fp8_pad_inner_dim", "yes", str(script))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["rowwise", "true"]
     bad = run_cli("launch", "--fp8_recipe", "rowwize", str(script))

@@ -13,15 +13,26 @@ from typing import TYPE_CHECKING, Any
 from lowbit.hookspecs import hookimpl
 
 __version__ = "0.1.0"
-__all__ = ["Accelerator", "hookimpl", "__version__"]
+# Public name -> module that defines it (Accelerate's top-level names included).
+_LAZY = {
+    "Accelerator": "lowbit.accelerator",
+    "PartialState": "lowbit.state",
+    "AcceleratorState": "lowbit.state",
+    "GradientState": "lowbit.state",
+    "DistributedType": "lowbit.state",
+    "find_executable_batch_size": "lowbit.memory",
+    "skip_first_batches": "lowbit.data_loader",
+}
+__all__ = [*_LAZY, "hookimpl", "__version__"]
 
 if TYPE_CHECKING:
     from lowbit.accelerator import Accelerator
+    from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Accelerator":
-        from lowbit.accelerator import Accelerator
+    if name in _LAZY:
+        import importlib
 
-        return Accelerator
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")

@@ -17,14 +17,28 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 
 from lowbit import checkpoint
-from lowbit.config import LowbitConfig, resolve_config
-from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
+from lowbit.config import LowbitConfig, read_config_layer, resolve_config
+from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError, did_you_mean
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
-from lowbit.prepared import PreparedDataLoader, PreparedOptimizer, PreparedScheduler
+from lowbit import operations
+from lowbit.data_loader import PreparedDataLoader, skip_first_batches
+from lowbit.handlers import (
+    HANDLER_CLASSES,
+    DataLoaderConfiguration,
+    DeepSpeedPlugin,
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from lowbit.prepared import PreparedOptimizer, PreparedScheduler
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
-from lowbit.state import init_process_group
+from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState, init_process_group
 from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
 from lowbit.telemetry import FP8StatsTable, TelemetryRecorder
+from lowbit.tracking import GeneralTracker, build_trackers, start_trackers
 from lowbit.training_state import TrainingStateCheckpointer
 from lowbit.types import PrepareContext
 
@@ -53,10 +67,30 @@ class Accelerator:
         fp8_fallback: str | None = None,
         config_file: str | os.PathLike | None = None,
         plugin_manager: LowbitPluginManager | None = None,
+        *,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        even_batches: bool | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        rng_types: Any = None,
     ) -> None:
         if kwargs_handlers is not None and kwarg_handlers is not None:
             raise ConfigError("Give kwargs_handlers or kwarg_handlers (the spelling in Accelerate's docs), not both.")
-        handlers = list(kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or [])
+        handlers = kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or []
+        if not isinstance(handlers, (list, tuple)):
+            raise ConfigError(
+                f"kwargs_handlers must be a list of handler objects, e.g. kwargs_handlers=[{type(handlers).__name__}()]; "
+                f"got a single {type(handlers).__name__}."
+            )
+        handlers = list(handlers)
         explicit = dict(
             mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps,
@@ -64,9 +98,21 @@ class Accelerator:
             dynamo_backend=dynamo_backend,
             fp8_fallback=fp8_fallback,
         )
+        explicit.update(settings_from_plugin_objects(gradient_accumulation_plugin, fsdp_plugin, deepspeed_plugin, dynamo_plugin, explicit))
+        self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin = fsdp_plugin, deepspeed_plugin, dynamo_plugin
+        self.gradient_accumulation_plugin = gradient_accumulation_plugin
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration(
+            split_batches=bool(split_batches), even_batches=True if even_batches is None else even_batches)
+        self.split_batches = self.dataloader_config.split_batches
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(str(project_dir))
         # Pass 1 settles use_cpu, which hardware detection needs; pass 2 knows the plugins'
         # option names, so fp8_config keys can be checked against them.
-        early = resolve_config(explicit, config_file, check_fp8_keys=False)
+        file_layer = read_config_layer(config_file)
+        early = resolve_config(explicit, check_fp8_keys=False, file_layer=file_layer)
         self._plugins = plugin_manager or make_plugin_manager()
         self.hardware = self._plugins.detect_hardware(cpu=early.use_cpu)
         self._registry = BackendRegistry(self._plugins, self.hardware)
@@ -74,9 +120,10 @@ class Accelerator:
         for cand in self._registry.ranked("fp8"):
             if cand.description.options_class is not None:
                 fp8_specs.update(cand.description.options_class.option_specs())
-        self.config: LowbitConfig = resolve_config(explicit, config_file, fp8_specs=fp8_specs)
+        self.config: LowbitConfig = resolve_config(explicit, fp8_specs=fp8_specs, file_layer=file_layer)
         if self.config.gradient_accumulation_steps < 1:
             raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {self.config.gradient_accumulation_steps}.")
+        _check_dynamo_backend(self.config.dynamo_backend)
 
         self._init_distributed()
         self.mixed_precision = self.config.mixed_precision
@@ -97,13 +144,18 @@ class Accelerator:
             local_rank=self.local_process_index,
             gradient_accumulation_steps=self.config.gradient_accumulation_steps,
         )
+        scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
         self.scaler = (
-            torch.amp.GradScaler(self.device.type)
+            torch.amp.GradScaler(self.device.type, **scaler_kwargs)
             if self.mixed_precision == "fp16" and not self._strategy_owns_precision()
             else None
         )
-        self.sync_gradients = True
+        self.state = AcceleratorState(self)
+        self.gradient_state = GradientState(self)
         self.step = 0  # micro-batches seen by accumulate()
+        self.flag_tensor: torch.Tensor | None = None
+        self._tracker_requests = build_trackers(log_with, self._registered_trackers()) if log_with is not None else []
+        self.trackers: list[GeneralTracker] = []
         self._unscaled: set[int] = set()
         self._routed_callers: dict[tuple[int, str], Callable[..., Any]] = {}
         self._models: list[torch.nn.Module] = []
@@ -117,11 +169,13 @@ class Accelerator:
 
     def _choose_fp8(self, handlers: list[Any]) -> RecipeKwargs | None:
         recipe_handlers = [h for h in handlers if isinstance(h, (RecipeKwargs, FP8RecipeKwargs))]
-        unknown = [h for h in handlers if h not in recipe_handlers]
+        self.handlers = {type(h): h for h in handlers if isinstance(h, HANDLER_CLASSES)}
+        unknown = [h for h in handlers if h not in recipe_handlers and not isinstance(h, HANDLER_CLASSES)]
         if unknown:
             raise ConfigError(
                 f"kwargs_handlers got {type(unknown[0]).__name__}, which lowbit does not use. It takes FP8RecipeKwargs, "
-                "AORecipeKwargs, TERecipeKwargs, MSAMPRecipeKwargs or another backend's recipe class."
+                "AORecipeKwargs, TERecipeKwargs, MSAMPRecipeKwargs or another backend's recipe class, and "
+                + ", ".join(c.__name__ for c in HANDLER_CLASSES) + "."
             )
         if len(recipe_handlers) > 1:
             names = ", ".join(type(h).__name__ for h in recipe_handlers)
@@ -189,7 +243,8 @@ class Accelerator:
     def _strategy_options(self) -> dict[str, Any]:
         if self._strategy is None:
             return {}
-        return {"fsdp": self.config.fsdp_config, "deepspeed": self.config.deepspeed_config}.get(self._strategy.name, {})
+        ddp = self.handlers[DistributedDataParallelKwargs].ddp_kwargs() if DistributedDataParallelKwargs in self.handlers else {}
+        return {"fsdp": self.config.fsdp_config, "deepspeed": self.config.deepspeed_config, "ddp": ddp}.get(self._strategy.name, {})
 
     def _strategy_owns_precision(self) -> bool:
         return self._strategy is not None and self._strategy.name == "deepspeed"
@@ -253,14 +308,135 @@ class Accelerator:
         if self.use_distributed:
             torch.distributed.barrier()
 
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Concatenate ``tensor`` from every process along dim 0 (scalars become 1-D)."""
-        if not self.use_distributed:
-            return tensor
-        tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor
-        parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
-        torch.distributed.all_gather(parts, tensor.contiguous())
-        return torch.cat(parts, dim=0)
+    @property
+    def distributed_type(self) -> DistributedType:
+        if self.num_processes == 1 and self._strategy is None:
+            return DistributedType.NO
+        strategy = self.context.strategy
+        if strategy == "fsdp":
+            return DistributedType.FSDP
+        if strategy == "deepspeed":
+            return DistributedType.DEEPSPEED
+        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.config.gradient_accumulation_steps = self.context.gradient_accumulation_steps = int(steps)
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def fp8_recipe_handler(self) -> RecipeKwargs | None:
+        return self.fp8_options
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 inf/nan gradients)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    def main_process_first(self) -> ContextManager[None]:
+        return PartialState().main_process_first()
+
+    def local_main_process_first(self) -> ContextManager[None]:
+        return PartialState().local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> ContextManager[Any]:
+        return PartialState().split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return PartialState().on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return PartialState().on_local_main_process(function)
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors (or nests of them) from every process along dim 0."""
+        return operations.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather``, minus the samples repeated to even out the last batch across processes, so
+        a metric over the gathered predictions counts every sample exactly once."""
+        all_tensors = all(isinstance(t, torch.Tensor) for t in _leaves(input_data))
+        use_gather_object = use_gather_object or not all_tensors
+        data = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
+        remainder = self.gradient_state.remainder
+        if not self.gradient_state.end_of_dataloader or remainder <= 0:
+            return data
+        if use_gather_object:
+            return data[:remainder]
+        return operations.recursively_apply(lambda t: t[:remainder], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return operations.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+        return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` sees on every process (early stopping)."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (a collective: call it on all)."""
+        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
+        if operations.reduce(flag, "sum").item() >= 1:
+            self.flag_tensor = None
+            return True
+        return False
+
+    # ------------------------------------------------------------------ experiment tracking
+
+    def _registered_trackers(self) -> dict[str, type]:
+        registered: dict[str, type] = {}
+        for _plugin, trackers in self._plugins.call_each("register_trackers"):
+            registered.update(trackers)
+        return registered
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Start the trackers named in ``log_with`` (on the main process), storing ``config``."""
+        if self.is_main_process:
+            self.trackers = start_trackers(self._tracker_requests, self._registered_trackers(), project_name,
+                                           self.logging_dir, config, init_kwargs or {})
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        return GeneralTracker(name)  # a no-op on processes that run no tracker, as in Accelerate
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Close the trackers and wait for every process."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+        self.wait_for_everyone()
 
     # ------------------------------------------------------------------ routing
 
@@ -315,6 +491,7 @@ class Accelerator:
             if paired_optimizer is not None:
                 raw_optimizers[paired_optimizer] = optimizer
             result[m_index] = self._wrap_forward(model)
+            result[m_index]._lowbit_prepared = True
             self._models.append(result[m_index])
 
         if self._fp8 is not None and paired_optimizer is None:
@@ -328,13 +505,26 @@ class Accelerator:
             if kind == "scheduler":
                 result[index] = self._prepare_scheduler(objects[index], replaced)
             elif kind == "dataloader":
-                result[index] = PreparedDataLoader(objects[index], self.device, self.num_processes, self.process_index)
+                result[index] = PreparedDataLoader(
+                    objects[index], self.device, self.num_processes, self.process_index, self.gradient_state,
+                    split_batches=self.split_batches, even_batches=self.dataloader_config.even_batches,
+                    device_placement=self.device_placement, seed=self._shared_seed())
                 self._dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
+
+    def _shared_seed(self) -> int:
+        """One seed for every process's shuffling: the main process's, shared once."""
+        seed = torch.tensor([torch.initial_seed() % 2**31], dtype=torch.int64)
+        return int(operations.broadcast(seed)[0])
 
     @staticmethod
     def _kind_of(index: int, obj: Any) -> str:
         if isinstance(obj, torch.nn.Module):
+            if hasattr(obj, "_lowbit_prepared"):
+                raise ConfigError(
+                    f"prepare() argument {index} is a model that was already prepared; prepare each model once "
+                    "(pass the original model, and use what prepare() returned from then on)."
+                )
             return "model"
         if isinstance(obj, PreparedOptimizer):
             raise ConfigError(f"prepare() argument {index} is already prepared; pass each object once.")
@@ -386,7 +576,8 @@ class Accelerator:
 
     def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.config.dynamo_backend not in ("no", "NO", None):
-            model = torch.compile(model, backend=self.config.dynamo_backend.lower())
+            extra = self.dynamo_plugin.compile_kwargs() if self.dynamo_plugin is not None else {}
+            model = torch.compile(model, backend=self.config.dynamo_backend.lower(), **extra)
         outer, inner = self._autocast_callers()
         if outer is None and inner is None:
             return model
@@ -439,6 +630,11 @@ class Accelerator:
         A strategy that owns backward (DeepSpeed's engine) gets the undivided loss: it divides
         by its own accumulation steps."""
         model = self._models[0] if self._models else None
+        if model is None and self._fp8 is not None:
+            raise ConfigError(
+                "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
+                "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
+            )
         if self._call(self._strategy, "backward", loss=loss, model=model):
             return
         if self.config.gradient_accumulation_steps > 1:
@@ -450,9 +646,10 @@ class Accelerator:
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
-        """Run one micro-batch; gradients sync and optimizers step every N-th call."""
+        """Run one micro-batch; gradients sync and optimizers step every N-th call, and on the
+        last batch of a prepared dataloader (so an epoch never ends with gradients left over)."""
         self.step += 1
-        self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0
+        self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0 or self.gradient_state.end_of_dataloader
         with contextlib.ExitStack() as stack:
             # A strategy that owns backward (DeepSpeed) counts micro-batches itself.
             if not self.sync_gradients and not self._implements(self._strategy, "backward"):
@@ -484,18 +681,44 @@ class Accelerator:
             return norm
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip the gradient all-reduce inside this block (DDP and FSDP2; a no-op on one process)."""
+        with contextlib.ExitStack() as stack:
+            if hasattr(model, "no_sync"):
+                stack.enter_context(model.no_sync())
+            elif hasattr(model, "set_requires_gradient_sync"):
+                model.set_requires_gradient_sync(False)
+                stack.callback(model.set_requires_gradient_sync, True)
+            yield
+
+    def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
+        """The prepared ``dataloader``, starting ``num_batches`` batches into its epoch (to resume)."""
+        return skip_first_batches(dataloader, num_batches)
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """``torch.save`` on the main process only, written atomically."""
+        if self.is_main_process:
+            if safe_serialization:
+                from safetensors.torch import save_file
+
+                save_file(obj, str(f), metadata={"format": "pt"})
+            else:
+                checkpoint.write_file_atomically(obj, Path(f))
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget every prepared object (and return Nones for ``objects``), then collect garbage."""
+        from lowbit.memory import release_memory
+
+        self._models.clear(), self._optimizers.clear(), self._schedulers.clear(), self._dataloaders.clear()
+        self.step = 0
+        return release_memory(*objects)
+
+    clear = free_memory
+
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
         """The model without distributed/compile wrappers (and without the autocast forward if asked)."""
-        if not keep_fp32_wrapper and hasattr(model, "_lowbit_original_forward"):
-            model.forward = model._lowbit_original_forward
-            del model._lowbit_original_forward
-        while True:
-            if hasattr(model, "_orig_mod"):
-                model = model._orig_mod
-            elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ == "DeepSpeedEngine":
-                model = model.module
-            else:
-                return model
+        return unwrap(model, keep_fp32_wrapper)
 
     # ------------------------------------------------------------------ diagnostics
 
@@ -575,6 +798,62 @@ class Accelerator:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+    if not keep_fp32_wrapper and hasattr(model, "_lowbit_original_forward"):
+        model.forward = model._lowbit_original_forward
+        del model._lowbit_original_forward
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ == "DeepSpeedEngine":
+            model = model.module
+        else:
+            return model
+
+
+def _leaves(data: Any) -> Iterator[Any]:
+    if isinstance(data, dict):
+        for value in data.values():
+            yield from _leaves(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            yield from _leaves(value)
+    else:
+        yield data
+
+
+def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, dynamo: Any, explicit: dict[str, Any]) -> dict[str, Any]:
+    """Accelerate's plugin objects as lowbit settings (explicit arguments, so they win over files)."""
+    out: dict[str, Any] = {}
+    if accumulation is not None and accumulation.num_steps is not None:
+        if explicit.get("gradient_accumulation_steps") not in (None, accumulation.num_steps):
+            raise ConfigError("Give gradient_accumulation_steps or gradient_accumulation_plugin.num_steps, not both.")
+        out["gradient_accumulation_steps"] = accumulation.num_steps
+    if fsdp is not None and deepspeed is not None:
+        raise ConfigError("Give fsdp_plugin or deepspeed_plugin, not both: a model is sharded by one strategy.")
+    if fsdp is not None:
+        out.update(distributed_type="FSDP", fsdp_config=fsdp.to_fsdp_config())
+    if deepspeed is not None:
+        out.update(distributed_type="DEEPSPEED", deepspeed_config=deepspeed.to_deepspeed_config())
+        if deepspeed.gradient_accumulation_steps is not None:
+            out["gradient_accumulation_steps"] = deepspeed.gradient_accumulation_steps
+    if dynamo is not None and dynamo.backend is not None and not dynamo.disable:
+        out["dynamo_backend"] = str(getattr(dynamo.backend, "value", dynamo.backend)).lower()
+    return out
+
+
+def _check_dynamo_backend(backend: str | None) -> None:
+    """A typo in the torch.compile backend is an error now, not at the first forward."""
+    if backend is None or backend.lower() == "no":
+        return
+    import torch._dynamo
+
+    names = torch._dynamo.list_backends(exclude_tags=())
+    if backend.lower() not in names:
+        raise ConfigError(f"dynamo_backend {backend!r} is not a torch.compile backend here.{did_you_mean(backend.lower(), names)} "
+                          f"Available: {', '.join(sorted(names))}, or 'no' to not compile.")
 
 
 def _maybe(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from lowbit.distributions import PLUGIN_ONLY_FP8_KEYS, install_command
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.options import OptionSpec, to_text
 from lowbit.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
@@ -23,6 +24,10 @@ CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
 MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED")
 SECTIONS = ("fp8_config", "fsdp_config", "deepspeed_config")
+MAX_CONFIG_BYTES = 1 << 20
+# LOWBIT_* variables read outside this module (plugin manager, launcher).
+OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL"})
+_warned_env_vars: set[str] = set()
 
 
 def _spec(name: str, kind: Any, default: Any = None, choices: tuple[str, ...] | None = None, help: str = "") -> OptionSpec:
@@ -88,9 +93,22 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML config with ``yaml.safe_load``; errors name the file and the line."""
     path = Path(path)
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if path.is_dir():
+            raise ConfigError(f"Config file {str(path)!r} is a directory; give the path of a YAML file.")
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"Config file {str(path)!r} is {size / 2**20:.1f} MiB; a config is a few hundred bytes of YAML and files "
+                f"over {MAX_CONFIG_BYTES // 2**20} MiB are refused. Is it the right file?"
+            )
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"Config file {str(path)!r} does not exist. Write one with `lowbit config`.") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"Config file {str(path)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}). "
+            "A config file is YAML text: save it as UTF-8."
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -106,6 +124,13 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _section_error(section: str, key: str, valid: Mapping[str, Any]) -> ConfigError:
+    owners = PLUGIN_ONLY_FP8_KEYS.get(key, ()) if section == "fp8_config" else ()
+    if owners:
+        installs = " or ".join(install_command(b) for b in owners)
+        return ConfigError(
+            f"{section} key {key!r} is an option of the {' / '.join(owners)} backend, whose plugin is not installed here. "
+            f"Install it: {installs}."
+        )
     top_hint = " It is a top-level key: move it out of the section." if key in TOP_LEVEL else ""
     return ConfigError(
         f"Unknown key {key!r} in {section}.{did_you_mean(key, valid)}{top_hint} Valid keys: {', '.join(sorted(valid))}."
@@ -205,6 +230,29 @@ def merge_raw(*layers: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def read_config_layer(config_file: str | os.PathLike | None) -> tuple[dict[str, Any], str]:
+    """The config file's raw keys and its path: the given file, else the default one if present."""
+    if config_file is not None:
+        return read_config_file(config_file), str(config_file)
+    path = default_config_path()
+    return (read_config_file(path) if path.exists() else {}), str(path)
+
+
+def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSpec] | None = None) -> None:
+    """A LOWBIT_* variable lowbit does not read is most likely a typo: say so, once per name."""
+    import warnings
+
+    known = {spec.env for spec in TOP_LEVEL.values()} | set(OTHER_ENV_VARS)
+    known |= {"LOWBIT_" + section.upper() for section in SECTIONS if section != "fp8_config"}
+    fp8_keys = set(DOCUMENTED_FP8_KEYS) | set(fp8_specs or {}) | set(PLUGIN_ONLY_FP8_KEYS)
+    known |= {fp8_env_var(key) for key in fp8_keys}
+    for name in sorted(environ):
+        if name.startswith("LOWBIT_") and name not in known and name not in _warned_env_vars:
+            _warned_env_vars.add(name)
+            warnings.warn(f"Environment variable {name} is not a lowbit setting and is ignored.{did_you_mean(name, known)}",
+                          stacklevel=4)
+
+
 def resolve_config(
     explicit: Mapping[str, Any] | None = None,
     config_file: str | os.PathLike | None = None,
@@ -212,16 +260,15 @@ def resolve_config(
     fp8_specs: Mapping[str, OptionSpec] | None = None,
     *,
     check_fp8_keys: bool = True,
+    file_layer: tuple[dict[str, Any], str] | None = None,
 ) -> LowbitConfig:
-    """Merge default < config file < env vars < explicit arguments, then validate."""
+    """Merge default < config file < env vars < explicit arguments, then validate.
+
+    ``file_layer`` is the config file already read by :func:`read_config_layer` (read it once)."""
     environ = os.environ if environ is None else environ
-    if config_file is not None:
-        file_raw = read_config_file(config_file)
-        where = str(config_file)
-    else:
-        path = default_config_path()
-        file_raw = read_config_file(path) if path.exists() else {}
-        where = str(path)
+    file_raw, where = file_layer if file_layer is not None else read_config_layer(config_file)
+    if check_fp8_keys:
+        warn_unknown_env_vars(environ, fp8_specs)
     # Validate each layer on its own so that errors name their source.
     check = dict(check_fp8_keys=check_fp8_keys)
     validate_config(file_raw, fp8_specs, where=where, **check)

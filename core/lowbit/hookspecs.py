@@ -243,3 +243,18 @@ def launch_environment(args: argparse.Namespace) -> dict[str, str] | None:
     Called by: ``lowbit launch`` on every plugin, after parsing. Return e.g.
     ``{"LOWBIT_FP8_FP8_FORMAT": "E4M3"}``, only for flags that were given.
     """
+
+
+# --------------------------------------------------------------------------- experiment tracking
+
+
+@hookspec
+def register_trackers() -> dict[str, type] | None:
+    """Offer experiment trackers for ``Accelerator(log_with=...)``.
+
+    Called by: the Accelerator, on every plugin, each isolated, when ``log_with`` is given.
+    Return ``{"name": TrackerClass}`` where each class subclasses ``lowbit.tracking.GeneralTracker``
+    (``__init__(run_name, logging_dir, **init_kwargs)``, ``store_init_configuration``, ``log``,
+    ``finish``); import the tracker's library inside the class, not at module level.
+    """
+

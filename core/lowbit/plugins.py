@@ -24,6 +24,7 @@ BUILTIN_PLUGINS = (
     "lowbit.builtin.native_amp",
     "lowbit.builtin.ddp",
     "lowbit.builtin.fsdp",
+    "lowbit.builtin.trackers",
 )
 # Comma-separated entry-point names to load; set but empty loads only the built-ins.
 PLUGINS_ENV = "LOWBIT_PLUGINS"
@@ -147,11 +148,23 @@ def _expects_none(result: Any) -> str:
     return "" if result is None else f"expected None (add flags to the parser), not {type(result).__name__}"
 
 
+def _expects_tracker_classes(result: Any) -> str:
+    from lowbit.tracking import GeneralTracker
+
+    if result is None:
+        return ""
+    if not isinstance(result, dict) or not all(isinstance(k, str) and isinstance(v, type) and issubclass(v, GeneralTracker)
+                                               for k, v in result.items()):
+        return "expected a dict of tracker names to lowbit.tracking.GeneralTracker subclasses, or None"
+    return ""
+
+
 # What each broadcast hook may return; firstresult hooks are checked where they are used.
 RESULT_CONTRACTS: dict[str, Callable[[Any], str]] = {
     "describe_backend": _expects_backend_description,
     "launch_environment": _expects_env_mapping,
     "add_launch_arguments": _expects_none,
+    "register_trackers": _expects_tracker_classes,
 }
 
 

@@ -1,29 +1,17 @@
-"""What ``Accelerator.prepare`` hands back for optimizers, schedulers and dataloaders.
+"""What ``Accelerator.prepare`` hands back for optimizers and schedulers.
 
-The wrappers add the three things a plain script must not have to write: fp16 loss scaling
-(with skipped steps on inf/nan), gradient accumulation (step only on sync micro-batches) and
-moving batches to the device (with a distributed sampler when there are several processes).
+The wrappers add what a plain script must not have to write: fp16 loss scaling (with skipped
+steps on inf/nan), gradient accumulation (step only on sync micro-batches), and the learning
+rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.data_loader`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 if TYPE_CHECKING:
     from lowbit.accelerator import Accelerator
-
-
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return type(batch)({k: move_to_device(v, device) for k, v in batch.items()})
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(move_to_device(v, device) for v in batch)
-    if hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(move_to_device(v, device) for v in batch))
-    return batch
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -58,6 +46,12 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def __getstate__(self):
         return self.optimizer.__getstate__()
+
+    def __getattr__(self, name):
+        # Methods of the optimizer it wraps (train()/eval() of schedule-free optimizers, ...).
+        if name.startswith("__") or name == "optimizer":
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
 
     def __repr__(self) -> str:
         return f"PreparedOptimizer({self.optimizer!r})"
@@ -95,8 +89,13 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 
 class PreparedScheduler:
-    """Steps the LR schedule only when its optimizer really stepped (not on accumulation or
-    skipped fp16 steps), so the schedule counts optimizer updates, as the user meant."""
+    """Steps the LR schedule as Accelerate does, so a script gets the same learning rates.
+
+    Not on accumulation micro-batches or skipped fp16 steps. On an optimizer step it advances
+    ``num_processes`` times (unless ``split_batches``): a schedule written for one process counts
+    batches of the whole dataset, and each step of N processes consumes N batches. With
+    ``step_scheduler_with_optimizer=False`` every call steps once, as the user wrote it.
+    """
 
     def __init__(self, scheduler, optimizers: list[PreparedOptimizer], accelerator: "Accelerator"):
         self.scheduler = scheduler
@@ -104,11 +103,17 @@ class PreparedScheduler:
         self._accelerator = accelerator
 
     def step(self, *args, **kwargs):
-        if not self._accelerator.sync_gradients:
+        acc = self._accelerator
+        if not acc.step_scheduler_with_optimizer:
+            return self.scheduler.step(*args, **kwargs)
+        if not acc.sync_gradients or any(opt.step_was_skipped for opt in self.optimizers):
             return None
-        if any(opt.step_was_skipped for opt in self.optimizers):
-            return None
-        return self.scheduler.step(*args, **kwargs)
+        repeats = 1 if acc.split_batches else acc.num_processes
+        for _ in range(repeats):
+            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises past its end
+            if total is None or self.scheduler._step_count <= total:
+                self.scheduler.step(*args, **kwargs)
+        return None
 
     def state_dict(self):
         return self.scheduler.state_dict()
@@ -121,53 +126,3 @@ class PreparedScheduler:
 
     def __getattr__(self, name):
         return getattr(self.scheduler, name)
-
-
-class PreparedDataLoader:
-    """Iterates the user's DataLoader (resharded per rank when distributed), moving batches to
-    the device. Calls ``sampler.set_epoch`` so each epoch shuffles differently but identically
-    on every rank."""
-
-    def __init__(self, dataloader: torch.utils.data.DataLoader, device: torch.device, world_size: int, rank: int):
-        self.base = dataloader
-        self.device = device
-        self.epoch = 0
-        self.dataloader = dataloader if world_size <= 1 else self._shard(dataloader, world_size, rank)
-
-    @staticmethod
-    def _shard(dataloader, world_size: int, rank: int):
-        from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
-
-        shuffle = isinstance(dataloader.sampler, RandomSampler)
-        sampler = DistributedSampler(dataloader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, drop_last=dataloader.drop_last)
-        return DataLoader(
-            dataloader.dataset,
-            batch_size=dataloader.batch_size,
-            sampler=sampler,
-            num_workers=dataloader.num_workers,
-            collate_fn=dataloader.collate_fn,
-            pin_memory=dataloader.pin_memory,
-            drop_last=dataloader.drop_last,
-        )
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.dataloader)
-
-    @property
-    def dataset(self):
-        return self.dataloader.dataset
-
-    @property
-    def batch_size(self):
-        return self.dataloader.batch_size
-
-    def __iter__(self) -> Iterator[Any]:
-        sampler = getattr(self.dataloader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.epoch)
-        for batch in self.dataloader:
-            yield move_to_device(batch, self.device)
-        self.epoch += 1

@@ -8,18 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lowbit.distributions import FIRST_PARTY, install_command
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
 from lowbit.plugins import BrokenPlugin, LowbitPluginManager
 from lowbit.types import BackendDescription, HardwareInfo
-
-# First-party backends and the distribution that provides each, for "pip install ..." hints.
-KNOWN_DISTRIBUTIONS = {
-    "msamp": "lowbit-msamp",
-    "te": "lowbit-te",
-    "ao": "lowbit-ao",
-    "deepspeed": "lowbit-deepspeed",
-}
-
 
 def normalize_name(name: str) -> str:
     """'TE', 'Transformer-Engine' and 'transformer_engine' compare equal."""
@@ -154,8 +146,8 @@ def _install_hint(kind: str) -> str:
     if kind != "fp8":
         return ""
     return (
-        " Install one: `pip install lowbit-ao` (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
-        " `pip install lowbit-te` (Transformer Engine; sm_89+ GPU) or lowbit-msamp (MS-AMP; sm_89+ GPU)."
+        f" Install one: {install_command('ao')} (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
+        f" {install_command('te')} (Transformer Engine; sm_89+ GPU) or {install_command('msamp')} (MS-AMP; sm_89+ GPU)."
     )
 
 
@@ -174,18 +166,16 @@ def choose_backend(registry: BackendRegistry, kind: str, requested: str | None =
         cand = registry.find(kind, requested)
         if cand is None:
             wanted = normalize_name(requested)
-            known = KNOWN_DISTRIBUTIONS.get(wanted) or next(
-                (d for n, d in KNOWN_DISTRIBUTIONS.items() if normalize_name(n) == wanted), None
-            )
+            known = next((n for n in FIRST_PARTY if normalize_name(n) == wanted), None)
             if known and any(normalize_name(b.name) == wanted for b in registry.broken):
                 broken = next(b for b in registry.broken if normalize_name(b.name) == wanted)
                 raise BackendUnavailableError(f"{kind} backend {requested!r} is installed but broken: {broken.error}")
             if known:
                 raise BackendUnavailableError(
-                    f"{kind} backend {requested!r} (from {source}) is not installed: `pip install {known}`. "
+                    f"{kind} backend {requested!r} (from {source}) is not installed: {install_command(known)}. "
                     f"Detected hardware: {hardware.describe()}. Installed {kind} backends: {_installed_summary(ranked)}."
                 )
-            names = [c.name for c in ranked] + [n for n in KNOWN_DISTRIBUTIONS if n != "deepspeed" or kind == "distributed"]
+            names = [c.name for c in ranked] + [n for n in FIRST_PARTY if n != "deepspeed" or kind == "distributed"]
             raise BackendNotFoundError(
                 f"Unknown {kind} backend {requested!r} (from {source}).{did_you_mean(requested, names)} "
                 f"Installed {kind} backends: {_installed_summary(ranked)}."

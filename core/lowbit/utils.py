@@ -1,35 +1,157 @@
-"""Recipe-kwargs classes, importable as in Accelerate: ``from lowbit.utils import AORecipeKwargs``.
+"""Accelerate's ``accelerate.utils`` names: recipe kwargs, settings objects, collective ops, seeding.
 
 ``FP8RecipeKwargs`` lives in the core. Each backend's own class lives in that backend's plugin,
-so the core stays slim; importing one whose plugin is absent names the pip package to install.
+so the core stays slim. ``TERecipeKwargs`` and friends always import (as in Accelerate): when
+their plugin is absent, the name is a placeholder that raises, with the install command, only
+when a script creates one; a script that names TE but trains on ao still runs.
 """
 from __future__ import annotations
 
 import importlib
+import os
+import random
 from typing import Any
 
+from lowbit.distributions import install_command
+from lowbit.handlers import (  # noqa: F401 - re-exported under Accelerate's names
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DeepSpeedPlugin,
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+)
+from lowbit.memory import find_executable_batch_size, release_memory  # noqa: F401
+from lowbit.operations import (  # noqa: F401
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    recursively_apply,
+    reduce,
+    send_to_device,
+)
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs
+from lowbit.state import DistributedType  # noqa: F401
 
-# class name -> (module that defines it, distribution that ships the module)
+# class name -> (module that defines it, backend whose plugin ships the module)
 PLUGIN_CLASSES = {
-    "AORecipeKwargs": ("lowbit_ao.recipe", "lowbit-ao"),
-    "TERecipeKwargs": ("lowbit_te.recipe", "lowbit-te"),
-    "MSAMPRecipeKwargs": ("lowbit_msamp.recipe", "lowbit-msamp"),
+    "AORecipeKwargs": ("lowbit_ao.recipe", "ao"),
+    "TERecipeKwargs": ("lowbit_te.recipe", "te"),
+    "MSAMPRecipeKwargs": ("lowbit_msamp.recipe", "msamp"),
 }
 
-__all__ = ["FP8RecipeKwargs", "RecipeKwargs", *PLUGIN_CLASSES]
+__all__ = [
+    "FP8RecipeKwargs", "RecipeKwargs", *PLUGIN_CLASSES, "set_seed", "tqdm", "extract_model_from_parallel",
+    "get_grad_scaler", "LocalSGD", "DistributedType", "ProjectConfiguration", "DataLoaderConfiguration",
+    "GradientAccumulationPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "TorchDynamoPlugin",
+    "DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs", "InitProcessGroupKwargs",
+    "AutocastKwargs", "ProfileKwargs", "KwargsHandler", "find_executable_batch_size", "release_memory", "gather",
+    "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes", "send_to_device",
+    "recursively_apply",
+]
+
+
+def _missing_plugin_class(name: str, backend: str) -> type:
+    """A stand-in class that fails on use, naming the plugin to install."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ImportError(f"{name} comes with the {backend} backend's plugin, which is not installed: {install_command(backend)}.")
+
+    return type(name, (), {"__init__": refuse, "backend_name": backend, "__doc__": f"Install the {backend} plugin to use {name}."})
 
 
 def __getattr__(name: str) -> Any:
     if name not in PLUGIN_CLASSES:
         raise AttributeError(f"module 'lowbit.utils' has no attribute {name!r}")
-    module_name, distribution = PLUGIN_CLASSES[name]
+    module_name, backend = PLUGIN_CLASSES[name]
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            raise ImportError(
-                f"{name} comes with the {distribution} plugin, which is not installed: `pip install {distribution}`."
-            ) from None
+            return _missing_plugin_class(name, backend)
         raise
     return getattr(module, name)
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Seed Python, NumPy (when installed) and torch; ``device_specific`` adds the process index."""
+    import torch
+
+    if device_specific:
+        seed += int(os.environ.get("RANK", "0"))
+    random.seed(seed)
+    try:
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm``, shown on the local main process only (unless main_process_only=False)."""
+    from tqdm.auto import tqdm as _tqdm
+
+    if main_process_only and int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        kwargs["disable"] = True
+    return _tqdm(*args, **kwargs)
+
+
+def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, **_: Any) -> Any:
+    """The model inside DDP / DeepSpeed / torch.compile wrappers."""
+    from lowbit.accelerator import unwrap
+
+    return unwrap(model, keep_fp32_wrapper)
+
+
+def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
+    import torch
+
+    return torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu", **kwargs)
+
+
+class LocalSGD:
+    """Train without synchronising gradients, averaging the parameters every ``local_sgd_steps``
+    optimizer steps (call ``step()`` after each one)."""
+
+    def __init__(self, accelerator: Any, model: Any, local_sgd_steps: int, enabled: bool = True) -> None:
+        self.accelerator, self.model, self.every = accelerator, model, local_sgd_steps
+        self.enabled = enabled and accelerator.num_processes > 1
+        self.steps = 0
+        self._no_sync: Any = None
+
+    def __enter__(self) -> "LocalSGD":
+        if self.enabled:
+            self._no_sync = self.accelerator.no_sync(self.model)
+            self._no_sync.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            self._average()
+            self._no_sync.__exit__(*exc)
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.enabled and self.steps % self.every == 0:
+            self._average()
+
+    def _average(self) -> None:
+        import torch
+
+        for param in self.model.parameters():
+            param.data = reduce(param.data, reduction="mean")
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()

@@ -19,4 +19,4 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [context.device.index or 0] if context.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids), optimizer
+    return DistributedDataParallel(model, device_ids=device_ids, **context.strategy_options), optimizer

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
+from lowbit.distributions import install_command
 from lowbit.errors import ConfigError
+from lowbit.recipes import FP8_ENV_PREFIX
 
 if TYPE_CHECKING:
     from lowbit.config import LowbitConfig
@@ -93,8 +95,15 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     for _plugin, extra in manager.call_each("launch_environment", args=args):
         for key, value in extra.items():
             env[key] = _merge_section(env.get(key), str(value)) if key in SECTION_ENV_VARS else str(value)
+    fp8_settings = sorted(k for k in env if k.startswith(FP8_ENV_PREFIX))
+    if fp8_settings and config.mixed_precision != "fp8":
+        raise ConfigError(
+            f"FP8 options were given ({', '.join(fp8_settings)}, from the flags or the config's fp8_config) but "
+            f"mixed_precision is {config.mixed_precision!r}, so they would do nothing. Add --mixed_precision fp8 "
+            "(or mixed_precision: fp8 in the config), or drop the FP8 options."
+        )
     if config.distributed_type == "DEEPSPEED" and "deepspeed" not in {manager.get_name(p) for p in manager.get_plugins()}:
-        raise ConfigError("--use_deepspeed needs the DeepSpeed plugin, which is not installed: `pip install lowbit-deepspeed`.")
+        raise ConfigError(f"--use_deepspeed needs the DeepSpeed plugin, which is not installed: {install_command('deepspeed')}.")
 
     world = config.num_processes * config.num_machines
     if world == 1 and config.distributed_type in ("NO", "MULTI_CPU", "MULTI_GPU"):

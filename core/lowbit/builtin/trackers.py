@@ -1,0 +1,11 @@
+"""Built-in trackers, offered through the same hook a third-party tracker plugin uses."""
+from __future__ import annotations
+
+from lowbit.hookspecs import hookimpl
+
+
+@hookimpl
+def register_trackers():
+    from lowbit.tracking import MLflowTracker, TensorBoardTracker, WandBTracker
+
+    return {"tensorboard": TensorBoardTracker, "wandb": WandBTracker, "mlflow": MLflowTracker}

@@ -1,0 +1,156 @@
+"""The prepared dataloader: batches sharded across processes the way Accelerate shards them.
+
+With N processes, the user's batch sampler is read in rounds of N batches and process p takes
+the p-th batch of each round, so a batch is never split and ``gather`` of one step returns the
+round's samples in dataset order. The last, incomplete round is filled up with samples from the
+start of the epoch (``even_batches``, the default) so every process runs the same number of
+steps; ``gather_for_metrics`` drops exactly those repeated samples again. With ``split_batches``
+each batch is cut into N equal slices instead. Shuffling uses one generator seeded alike on
+every process, re-seeded each epoch.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+
+from lowbit.operations import send_to_device
+
+
+class PreparedDataLoader:
+    def __init__(self, dataloader: DataLoader, device: torch.device, num_processes: int, process_index: int,
+                 gradient_state: Any, *, split_batches: bool = False, even_batches: bool = True,
+                 device_placement: bool = True, seed: int = 0) -> None:
+        self.base = dataloader
+        self.device = device
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.gradient_state = gradient_state
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.device_placement = device_placement
+        self.seed = seed
+        self.epoch = 0
+        self.skip_batches = 0
+        if split_batches and dataloader.batch_size and dataloader.batch_size % num_processes:
+            raise ValueError(
+                f"split_batches=True needs a batch size divisible by the {num_processes} processes, got {dataloader.batch_size}."
+            )
+
+    # ------------------------------------------------------------------ what a DataLoader offers
+
+    @property
+    def dataset(self) -> Any:
+        return self.base.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.base.batch_size
+
+    @property
+    def total_batch_size(self) -> int:
+        size = self.base.batch_size or 1
+        return size if self.split_batches else size * self.num_processes
+
+    @property
+    def total_dataset_length(self) -> int:
+        return len(self.base.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.base.sampler, "set_epoch"):
+            self.base.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return max(len(self._batch_indices()) - self.skip_batches, 0) if self._sharded else len(self.base) - self.skip_batches
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "base":
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def skipping(self, num_batches: int) -> "PreparedDataLoader":
+        """A view of this loader whose iterations start ``num_batches`` batches in (for resuming)."""
+        view = copy.copy(self)
+        view.skip_batches = num_batches
+        return view
+
+    # ------------------------------------------------------------------ sharding
+
+    @property
+    def _sharded(self) -> bool:
+        return self.num_processes > 1 and not isinstance(self.base.dataset, IterableDataset) and self.base.batch_sampler is not None
+
+    def _batch_indices(self) -> list[list[int]]:
+        """This process's batches of dataset indices for the current epoch."""
+        sampler = self.base.batch_sampler
+        inner = getattr(sampler, "sampler", None)
+        if isinstance(inner, RandomSampler):  # the same permutation on every process
+            inner.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        batches = [list(b) for b in sampler]
+        n, size = self.num_processes, self.base.batch_size or 1
+        if self.split_batches:
+            share = size // n
+            full = [b for b in batches if len(b) == size]
+            if batches and len(batches[-1]) < size and not self.base.drop_last and self.even_batches:
+                full.append(_fill(batches[-1], [i for b in batches for i in b], size))
+            return [b[share * self.process_index: share * (self.process_index + 1)] for b in full]
+        rounds = len(batches) // n
+        if rounds and len(batches[rounds * n - 1]) < size:  # a short last batch does not complete a round
+            rounds -= 1
+        mine = [batches[r * n + self.process_index] for r in range(rounds)]
+        leftover = batches[rounds * n:]
+        if leftover and not self.base.drop_last:
+            if self.even_batches:
+                last_round = _fill([i for b in leftover for i in b], [i for b in batches for i in b], size * n)
+                mine.append(last_round[size * self.process_index: size * (self.process_index + 1)])
+            elif self.process_index < len(leftover):
+                mine.append(leftover[self.process_index])
+        return mine
+
+    def __iter__(self) -> Iterator[Any]:
+        self.gradient_state.end_of_dataloader = False
+        self.gradient_state.remainder = -1
+        if self._sharded:
+            collate = self.base.collate_fn
+            dataset = self.base.dataset
+            batches = (collate([dataset[i] for i in indices]) for indices in self._batch_indices()[self.skip_batches:])
+            remainder = self.total_dataset_length % self.total_batch_size if self.even_batches else -1
+        else:
+            batches = iter(self.base)
+            for _ in range(self.skip_batches):
+                next(batches, None)
+            remainder = -1
+        yield from self._with_end_marked(batches, remainder)
+        self.set_epoch(self.epoch + 1)
+
+    def _with_end_marked(self, batches: Iterator[Any], remainder: int) -> Iterator[Any]:
+        """Yield batches, telling the gradient state when the last one comes (one-batch lookahead)."""
+        current = next(batches, _END)
+        while current is not _END:
+            following = next(batches, _END)
+            if following is _END:
+                self.gradient_state.end_of_dataloader = True
+                self.gradient_state.remainder = remainder
+            yield send_to_device(current, self.device) if self.device_placement else current
+            current = following
+
+
+_END = object()
+
+
+def _fill(samples: list[int], epoch_order: list[int], length: int) -> list[int]:
+    """``samples`` topped up to ``length`` with samples from the start of the epoch, cycling."""
+    out = list(samples)
+    while len(out) < length:
+        out.extend(epoch_order[: length - len(out)])
+    return out
+
+
+def skip_first_batches(dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
+    """The prepared ``dataloader``, starting ``num_batches`` batches into its epoch (to resume)."""
+    if not isinstance(dataloader, PreparedDataLoader):
+        raise TypeError("skip_first_batches needs a dataloader returned by accelerator.prepare().")
+    return dataloader.skipping(num_batches)

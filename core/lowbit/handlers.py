@@ -1,0 +1,199 @@
+"""Accelerate's settings objects under their names: kwargs handlers, project and dataloader
+configuration, and the plugin dataclasses scripts pass to ``Accelerator(...)``.
+
+Each field here is one lowbit reads. A field it cannot honour is refused when set to a value
+other than its default (``UnsupportedSetting``), never silently dropped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from lowbit.errors import ConfigError
+
+
+def refuse_unsupported(obj: Any, unsupported: dict[str, str]) -> None:
+    """Raise for each field in ``unsupported`` that was set away from its default."""
+    for field in dataclasses.fields(obj):
+        if field.name in unsupported and getattr(obj, field.name) != field.default:
+            raise ConfigError(f"{type(obj).__name__}({field.name}=...) is not supported by lowbit: {unsupported[field.name]}")
+
+
+@dataclasses.dataclass
+class ProjectConfiguration:
+    """Where a run keeps its files: ``project_dir`` (trackers' logs, checkpoints) and automatic
+    checkpoint naming (``checkpoints/checkpoint_N``, keeping at most ``total_limit``)."""
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def set_directories(self, project_dir: str | None = None) -> None:
+        self.project_dir = project_dir
+        if self.logging_dir is None:
+            self.logging_dir = project_dir
+
+    def __post_init__(self) -> None:
+        self.set_directories(self.project_dir)
+
+
+@dataclasses.dataclass
+class DataLoaderConfiguration:
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+    def __post_init__(self) -> None:
+        refuse_unsupported(self, {
+            "dispatch_batches": "every process reads its own batches from its own dataloader.",
+            "use_stateful_dataloader": "resume with accelerator.skip_first_batches instead.",
+        })
+
+
+@dataclasses.dataclass
+class GradientAccumulationPlugin:
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+
+@dataclasses.dataclass
+class TorchDynamoPlugin:
+    backend: str | None = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        return {k: v for k, v in (("mode", self.mode), ("fullgraph", self.fullgraph), ("dynamic", self.dynamic),
+                                  ("options", self.options)) if v is not None}
+
+
+@dataclasses.dataclass
+class FullyShardedDataParallelPlugin:
+    """FSDP2 settings; the fields lowbit's FSDP strategy reads go to its ``fsdp_config``."""
+
+    fsdp_version: int | None = None
+    reshard_after_forward: Any = None
+    auto_wrap_policy: Any = None
+    transformer_cls_names_to_wrap: Any = None
+    cpu_offload: Any = None
+    state_dict_type: Any = None
+    activation_checkpointing: bool | None = None
+
+    def to_fsdp_config(self) -> dict[str, Any]:
+        names = self.transformer_cls_names_to_wrap
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",") if n.strip()]
+        values = {"reshard_after_forward": self.reshard_after_forward, "transformer_layer_cls_to_wrap": names}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclasses.dataclass
+class DeepSpeedPlugin:
+    """DeepSpeed settings; lowbit-deepspeed builds its config from them (or from ``hf_ds_config``)."""
+
+    hf_ds_config: Any = None
+    gradient_accumulation_steps: int | None = None
+    gradient_clipping: float | None = None
+    zero_stage: int | None = None
+    offload_optimizer_device: str | None = None
+    offload_param_device: str | None = None
+    zero3_init_flag: bool | None = None
+
+    def to_deepspeed_config(self) -> dict[str, Any]:
+        values = {"deepspeed_config_file": self.hf_ds_config if isinstance(self.hf_ds_config, str) else None,
+                  "config": self.hf_ds_config if isinstance(self.hf_ds_config, dict) else None,
+                  "zero_stage": self.zero_stage, "gradient_clipping": self.gradient_clipping,
+                  "offload_optimizer_device": self.offload_optimizer_device, "offload_param_device": self.offload_param_device}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+class KwargsHandler:
+    """Base of the kwargs handlers: ``to_kwargs()`` gives the fields changed from their defaults."""
+
+    def to_kwargs(self) -> dict[str, Any]:
+        defaults = type(self)()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(defaults, f.name)}
+
+
+class DDPCommunicationHookType(str, enum.Enum):
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+@dataclasses.dataclass
+class DistributedDataParallelKwargs(KwargsHandler):
+    """Arguments for ``torch.nn.parallel.DistributedDataParallel``, and a gradient comm hook."""
+
+    dim: int = 0
+    broadcast_buffers: bool = True
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+    check_reduction: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = dataclasses.field(default_factory=dict)
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        return {k: v for k, v in self.to_kwargs().items() if k not in ("comm_hook", "comm_wrapper", "comm_state_option")}
+
+
+@dataclasses.dataclass
+class GradScalerKwargs(KwargsHandler):
+    """Arguments for the fp16 ``torch.amp.GradScaler``."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+
+@dataclasses.dataclass
+class InitProcessGroupKwargs(KwargsHandler):
+    """Arguments for ``torch.distributed.init_process_group`` (the backend and timeout)."""
+
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: Any = None
+
+
+@dataclasses.dataclass
+class AutocastKwargs(KwargsHandler):
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+@dataclasses.dataclass
+class ProfileKwargs(KwargsHandler):
+    """Settings for ``accelerator.profile()`` (torch.profiler's arguments)."""
+
+    activities: list | None = None
+    schedule_option: dict | None = None
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+
+HANDLER_CLASSES = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs, ProfileKwargs)

@@ -1,0 +1,191 @@
+"""Experiment trackers behind Accelerate's ``log_with`` / ``init_trackers`` / ``log`` / ``end_training``.
+
+Each tracker library is imported only when that tracker is started; a missing one is an error
+naming the pip package. Trackers come from plugins through the ``register_trackers`` hook: the
+built-in ones (TensorBoard, W&B, MLflow) from ``lowbit.builtin.trackers``, others from anyone.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from lowbit.errors import ConfigError, did_you_mean
+
+
+class GeneralTracker:
+    """A tracker: ``store_init_configuration`` once, ``log`` per step, ``finish`` at the end.
+    ``tracker`` is the underlying library object (``get_tracker(name, unwrap=True)``)."""
+
+    name = "general"
+    requires_logging_directory = False
+    main_process_only = True
+
+    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
+        self.run_name = run_name
+
+    @property
+    def tracker(self) -> Any:
+        return self
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        pass
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class TensorBoardTracker(GeneralTracker):
+    name = "tensorboard"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_name = run_name
+        self.logging_dir = os.path.join(logging_dir or "runs", run_name)
+        self.writer = SummaryWriter(self.logging_dir, **kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        return self.writer
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        plain = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in values.items()}
+        self.writer.add_hparams(plain, metric_dict={}, run_name=".")
+        self.writer.flush()
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        for key, value in values.items():
+            if isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1):
+                self.writer.add_scalar(key, float(value), global_step=step, **kwargs)
+            elif isinstance(value, str):
+                self.writer.add_text(key, value, global_step=step, **kwargs)
+            elif isinstance(value, dict):
+                self.writer.add_scalars(key, {k: float(v) for k, v in value.items()}, global_step=step, **kwargs)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class WandBTracker(GeneralTracker):
+    name = "wandb"
+
+    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
+        import wandb
+
+        self.run = wandb.init(project=run_name, **kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        return self.run
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        import wandb
+
+        wandb.config.update(values, allow_val_change=True)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class MLflowTracker(GeneralTracker):
+    name = "mlflow"
+
+    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
+        import mlflow
+
+        if logging_dir:
+            mlflow.set_tracking_uri(logging_dir)
+        mlflow.set_experiment(run_name)
+        self.run = mlflow.start_run(**kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        return self.run
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        import mlflow
+
+        mlflow.log_params({k: str(v)[:250] for k, v in values.items()})
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        import mlflow
+
+        mlflow.log_metrics({k: float(v) for k, v in values.items() if isinstance(v, (int, float))}, step=step)
+
+    def finish(self) -> None:
+        import mlflow
+
+        mlflow.end_run()
+
+
+# Tracker name -> (module to import, pip package), for install hints and log_with="all".
+TRACKER_PACKAGES: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "comet_ml": ("comet_ml", "comet-ml"),
+    "aim": ("aim", "aim"),
+    "clearml": ("clearml", "clearml"),
+    "dvclive": ("dvclive", "dvclive"),
+}
+
+
+def _installed(name: str) -> bool:
+    module = TRACKER_PACKAGES.get(name, (None,))[0]
+    return module is None or importlib.util.find_spec(module) is not None
+
+
+def build_trackers(log_with: Any, registered: dict[str, type[GeneralTracker]]) -> list[Any]:
+    """Normalise ``log_with`` ("all", a name, a GeneralTracker, or a list of them) into a list of
+    names and tracker instances, checking each name now so a typo fails at ``Accelerator()``.
+    ``registered`` are the tracker classes the plugins offer (``register_trackers``)."""
+    if log_with is None:
+        return []
+    items = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, GeneralTracker):
+            out.append(item)
+            continue
+        name = str(getattr(item, "value", item)).lower()
+        if name == "all":
+            out.extend(n for n in sorted(registered) if _installed(n))
+            continue
+        known = set(registered) | set(TRACKER_PACKAGES)
+        if name not in known:
+            raise ConfigError(f"Unknown tracker {name!r} in log_with.{did_you_mean(name, known)} Valid: {', '.join(sorted(known))}.")
+        if not _installed(name):
+            package = TRACKER_PACKAGES[name][1]
+            raise ConfigError(f"log_with={name!r} needs the {package} package, which is not installed: `pip install {package}`.")
+        if name not in registered:
+            raise ConfigError(f"The {name!r} tracker is not built into lowbit yet: pass an instance of a GeneralTracker "
+                              "subclass in log_with, or add it through a plugin's register_trackers hook.")
+        out.append(name)
+    return out
+
+
+def start_trackers(requested: list[Any], registered: dict[str, type[GeneralTracker]], project_name: str,
+                   logging_dir: str | None, config: dict[str, Any] | None, init_kwargs: dict[str, dict[str, Any]]) -> list[GeneralTracker]:
+    trackers = []
+    for item in requested:
+        if isinstance(item, GeneralTracker):
+            tracker = item
+        else:
+            cls = registered[item]
+            if cls.requires_logging_directory and logging_dir is None:
+                raise ConfigError(f"The {item!r} tracker writes files: give Accelerator(project_dir=...) or "
+                                  "project_config=ProjectConfiguration(logging_dir=...).")
+            tracker = cls(project_name, logging_dir, **init_kwargs.get(item, {}))
+        if config is not None:
+            tracker.store_init_configuration(config)
+        trackers.append(tracker)
+    return trackers

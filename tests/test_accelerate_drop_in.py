@@ -1,0 +1,48 @@
+"""An Accelerate-style script (tests/accelerate_style/train_eval.py) runs with only the import
+changed, and ends on the same metrics as under Accelerate, on 1 and on 2 processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "accelerate_style" / "train_eval.py"
+# Compared exactly between the libraries (rank 0's resumed loss too; see the README's note on rank 1).
+COMPARED = ("distributed_type", "epochs", "lrs", "counter", "batch_size", "total_samples", "resumed_loss")
+
+
+def run(library: str, out: Path, processes: int) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    script = [str(SCRIPT), "--library", library, str(out)]
+    if processes == 1:
+        cmd = [sys.executable, *script]
+    elif library == "lowbit":
+        cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(processes), *script]
+    else:  # Accelerate reads torchrun's variables as `accelerate launch` would set them
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *script]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(processes)]
+
+
+@pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
+def test_same_metrics_as_accelerate(tmp_path, processes):
+    ours = run("lowbit", tmp_path / "lowbit", processes)
+    assert ours[0]["epochs"][0]["samples"] == 43  # gather_for_metrics dropped the padded samples
+    assert ours[0]["batch_size"] == 15 and ours[0]["counter"] == 20 // processes
+    events = list((tmp_path / "lowbit" / "drop_in").glob("events.out.tfevents.*"))
+    assert events, "the TensorBoard tracker wrote no event file"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logged = EventAccumulator(str(tmp_path / "lowbit" / "drop_in")).Reload()
+    accuracy = [e.value for e in logged.Scalars("accuracy")]
+    assert accuracy == pytest.approx([e["accuracy"] for e in ours[0]["epochs"]], abs=1e-6)
+    pytest.importorskip("accelerate")
+    theirs = run("accelerate", tmp_path / "accelerate", processes)
+    for key in COMPARED:
+        assert ours[0][key] == theirs[0][key], key

@@ -1,0 +1,111 @@
+"""Bad input gets a clear error at the call that caused it (issue: reliability)."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from helpers import FakeBackend, manager_with, mlp
+
+from lowbit import Accelerator
+from lowbit.config import read_config_file, resolve_config, validate_config
+from lowbit.errors import ConfigError
+
+
+def test_kwargs_handlers_must_be_a_list():
+    from lowbit.utils import FP8RecipeKwargs
+
+    with pytest.raises(ConfigError, match=r"kwargs_handlers must be a list.*kwargs_handlers=\[FP8RecipeKwargs\(\)\]"):
+        Accelerator(kwargs_handlers=FP8RecipeKwargs(), plugin_manager=manager_with())
+
+
+def test_unknown_dynamo_backend_is_refused_at_construction():
+    with pytest.raises(ConfigError, match=r"dynamo_backend 'inductr' is not a torch.compile backend.*Did you mean 'inductor'"):
+        Accelerator(dynamo_backend="inductr", plugin_manager=manager_with())
+    Accelerator(dynamo_backend="EAGER", plugin_manager=manager_with())  # Accelerate's upper-case names are fine
+
+
+def test_config_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_bytes("mixed_precision: bf16\n# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 0xe9 at offset 27\)"):
+        read_config_file(path)
+
+
+def test_config_file_over_the_size_limit_is_refused_before_parsing(tmp_path, monkeypatch):
+    path = tmp_path / "huge.yaml"
+    path.write_text("mixed_precision: bf16\n" + "# padding\n" * 120_000)
+    parsed = []
+    import yaml
+
+    monkeypatch.setattr(yaml, "safe_load", lambda text: parsed.append(text))
+    with pytest.raises(ConfigError, match=r"MiB.*over 1 MiB are refused"):
+        read_config_file(path)
+    assert parsed == []
+
+
+def test_the_config_file_is_read_once_per_accelerator(tmp_path, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("mixed_precision: bf16\n")
+    import lowbit.config as config
+
+    reads = []
+    real = config.read_config_file
+    monkeypatch.setattr(config, "read_config_file", lambda p: reads.append(p) or real(p))
+    acc = Accelerator(config_file=path, plugin_manager=manager_with())
+    assert acc.mixed_precision == "bf16" and len(reads) == 1
+
+
+def test_an_unknown_lowbit_env_var_is_a_warning_with_a_suggestion():
+    with pytest.warns(UserWarning, match=r"LOWBIT_MIXED_PRECISON is not a lowbit setting.*Did you mean 'LOWBIT_MIXED_PRECISION'"):
+        resolve_config(environ={"LOWBIT_MIXED_PRECISON": "bf16"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_config(environ={"LOWBIT_MIXED_PRECISION": "bf16", "LOWBIT_FP8_BACKEND": "ao", "LOWBIT_PLUGINS": ""})
+
+
+def test_preparing_a_model_twice_is_an_error():
+    acc = Accelerator(plugin_manager=manager_with())
+    model = acc.prepare(mlp())
+    with pytest.raises(ConfigError, match="already prepared"):
+        acc.prepare(model)
+    with pytest.raises(ConfigError, match="already prepared"):
+        Accelerator(plugin_manager=manager_with()).prepare(model)
+
+
+def test_backward_on_fp8_without_a_prepared_model_is_an_error():
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(FakeBackend("fake", 100)))
+    model = mlp()
+    loss = model(torch.randn(4, 32)).sum()
+    with pytest.raises(ConfigError, match="no model was prepared"):
+        acc.backward(loss)
+
+
+def test_fp8_key_of_a_backend_that_is_not_installed_names_the_plugin():
+    with pytest.raises(ConfigError, match=r"'recipe' is an option of the ao backend.*pip install lowbit-ao.*pip install -e plugins/fp8_ao"):
+        validate_config({"fp8_config": {"recipe": "rowwise"}}, fp8_specs={})
+    with pytest.raises(ConfigError, match=r"Unknown key 'recipee'"):
+        validate_config({"fp8_config": {"recipee": "rowwise"}}, fp8_specs={})
+
+
+def test_plugin_only_keys_match_the_plugins_recipes():
+    """The core's list of plugin-only fp8_config keys stays in step with the installed plugins."""
+    from lowbit.distributions import PLUGIN_ONLY_FP8_KEYS
+    from lowbit.recipes import DOCUMENTED_FP8_KEYS
+
+    for backend, module in (("ao", "lowbit_ao.recipe"), ("te", "lowbit_te.recipe")):
+        recipe_module = pytest.importorskip(module)
+        recipe = next(c for c in vars(recipe_module).values() if getattr(c, "backend_name", None) == backend)
+        text_keys = {k for k, spec in recipe.option_specs().items() if not spec.code_only} - set(DOCUMENTED_FP8_KEYS)
+        listed = {k for k, owners in PLUGIN_ONLY_FP8_KEYS.items() if backend in owners}
+        assert text_keys == listed, backend
+
+
+def test_launch_with_fp8_options_but_no_fp8_precision_is_an_error(tmp_path, capsys):
+    from lowbit.cli.main import main
+
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    assert main(["launch", "--fp8_backend", "te", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "LOWBIT_FP8_BACKEND" in err and "mixed_precision is 'no'" in err and "--mixed_precision fp8" in err
