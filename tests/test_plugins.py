@@ -273,3 +273,16 @@ def test_installed_backends_share_option_names_only_with_the_same_meaning():
                 assert tuple(other_meaning) == meaning, f"option {name!r} means different things in {other} and {cand.name}"
             else:
                 seen[name] = (cand.name, *meaning)
+
+
+class WrongTrackers:
+    @hookimpl
+    def register_trackers(self):
+        return {"mine": object}
+
+
+def test_register_trackers_results_are_checked():
+    manager = manager_with(WrongTrackers())
+    names = [n for _, trackers in manager.call_each("register_trackers") for n in trackers]
+    assert "tensorboard" in names and "mine" not in names  # the built-ins come through the same hook
+    assert "register_trackers returned" in manager.broken[0].error

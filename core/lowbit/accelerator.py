@@ -35,7 +35,7 @@ from lowbit.handlers import (
 )
 from lowbit.prepared import PreparedOptimizer, PreparedScheduler
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
-from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState, init_process_group
+from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState, RankFacts, init_process_group
 from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
 from lowbit.telemetry import FP8StatsTable, TelemetryRecorder
 from lowbit.tracking import GeneralTracker, build_trackers, start_trackers
@@ -46,7 +46,7 @@ _STRATEGY_OF = {"NO": "ddp", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fs
 _MODEL_FILE = "model.pt"
 
 
-class Accelerator:
+class Accelerator(RankFacts):
     """Train a plain PyTorch loop in fp16, bf16 or fp8, on one process or many.
 
     Args mirror Hugging Face Accelerate: ``mixed_precision`` ("no", "fp16", "bf16", "fp8"),
@@ -288,18 +288,6 @@ class Accelerator:
 
     # ------------------------------------------------------------------ processes
 
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_process_index == 0
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.num_processes > 1
-
     def print(self, *args: Any, **kwargs: Any) -> None:
         if self.is_main_process:
             print(*args, **kwargs)
@@ -318,10 +306,6 @@ class Accelerator:
         if strategy == "deepspeed":
             return DistributedType.DEEPSPEED
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.process_index == self.num_processes - 1
 
     @property
     def gradient_accumulation_steps(self) -> int:

@@ -6,6 +6,14 @@ Prints one line per check and a one-line verdict; exits 1 when a check fails.
 """
 from __future__ import annotations
 
+import os
+import sys
+
+# Run as a script (by `lowbit test`), this file's folder is sys.path[0]; lowbit/logging.py would
+# then shadow the standard library's logging for every import that follows.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
 import copy
 import sys
 import traceback

@@ -122,7 +122,32 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-class PartialState:
+class RankFacts:
+    """Predicates on ``num_processes``, ``process_index`` and ``local_process_index``, shared by
+    PartialState and the Accelerator (both hold those three numbers)."""
+
+    num_processes: int
+    process_index: int
+    local_process_index: int
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+
+class PartialState(RankFacts):
     """Where this process stands in the job: ranks, device, process group.
 
     Every instance in a process shares one state (the process group is process-wide). Built
@@ -158,22 +183,6 @@ class PartialState:
         if self.num_processes == 1:
             return DistributedType.NO
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.num_processes > 1
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_process_index == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.process_index == self.num_processes - 1
 
     @property
     def default_device(self) -> torch.device:

@@ -283,7 +283,7 @@ def test_options_from_yaml_env_and_launch_flags(te, tmp_path, monkeypatch):
     script = tmp_path / "s.py"
     script.write_text("")
     monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
-    args = build_parser().parse_args(["launch", "--fp8_format", "E4M3", "--fp8_amax_history_len", "8", str(script)])
+    args = build_parser().parse_args(["launch", "--mixed_precision", "fp8", "--fp8_format", "E4M3", "--fp8_amax_history_len", "8", str(script)])
     _, env, _ = build_command(args)
     assert env["LOWBIT_FP8_FORMAT"] == "E4M3" and env["LOWBIT_FP8_AMAX_HISTORY_LEN"] == "8"
 
