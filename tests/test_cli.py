@@ -100,7 +100,9 @@ def test_launch_port_in_use_is_a_clear_error(tmp_path, capsys):
 @pytest.mark.multiprocess
 def test_launch_two_processes_runs_torchrun_and_prints_the_command(tmp_path):
     script = tmp_path / "ranks.py"
-    script.write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], os.environ['LOWBIT_DISTRIBUTED_TYPE'])\n")
+    # One write per line: torchrun runs workers unbuffered, and print() writes each piece apart.
+    script.write_text("import os, sys\nsys.stdout.write(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} "
+                      "{os.environ['LOWBIT_DISTRIBUTED_TYPE']}\\n\")\n")
     proc = run_cli("launch", "--debug", "--cpu", "--num_processes", "2", str(script), env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert "torch.distributed.run --nproc_per_node 2" in proc.stderr
