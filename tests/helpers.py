@@ -111,7 +111,7 @@ def needs_fp8_gpu_with(module: str, label: str):
 SHUTDOWN_ABORT = "terminate called without an active exception"
 
 
-def run_launch(cmd, *, env, finished, cwd=None, timeout=300, reset=None):
+def run_launch(cmd, *, env, finished, cwd=None, timeout=1500, reset=None):
     import subprocess
 
     for attempt in (1, 2):

@@ -15,7 +15,7 @@ CONFIGS = sorted((ROOT / "examples" / "configs").glob("*.yaml"))
 pytestmark = pytest.mark.multiprocess
 
 
-def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def run(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     # Finished: the examples' last lines are printed (the model saved / the table written).
     return run_launch([sys.executable, *args], env=env, cwd=ROOT, timeout=timeout,

@@ -694,7 +694,8 @@ class Accelerator(RankFacts):
         """Forget every prepared object (and return Nones for ``objects``), then collect garbage."""
         from lowbit.memory import release_memory
 
-        self._models.clear(), self._optimizers.clear(), self._schedulers.clear(), self._dataloaders.clear()
+        for prepared in (self._models, self._optimizers, self._schedulers, self._dataloaders):
+            prepared.clear()
         self.step = 0
         return release_memory(*objects)
 

@@ -46,7 +46,7 @@ def te_source() -> Path:
     if not (src / "transformer_engine").exists():
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
-                        f"transformer-engine=={TE_VERSION}"], check=True, timeout=300)
+                        f"transformer-engine=={TE_VERSION}"], check=True, timeout=900)
         wheel = next(cache.glob("transformer_engine-*.whl"))
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(src)
