@@ -137,7 +137,8 @@ def test_multi_machine_launch_uses_torchrun_rendezvous_arguments(tmp_path, monke
     args = build_parser().parse_args(["launch", "--num_processes", "8", "--num_machines", "2", "--machine_rank", "1",
                                       "--main_process_ip", "10.1.2.3", "--main_process_port", "29555", str(script), "--lr", "3"])
     command, env, _ = build_command(args)
-    assert command[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1",
+    # --num_processes is the total over all machines, as in Accelerate: 8 over 2 machines is 4 each.
+    assert command[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "4", "--nnodes", "2", "--node_rank", "1",
                            "--master_addr", "10.1.2.3", "--master_port", "29555", str(script), "--lr", "3"]
     assert env["LOWBIT_DISTRIBUTED_TYPE"] == "MULTI_GPU" and env["LOWBIT_NUM_MACHINES"] == "2"
 
@@ -145,5 +146,5 @@ def test_multi_machine_launch_uses_torchrun_rendezvous_arguments(tmp_path, monke
 def test_multi_machine_launch_needs_the_main_ip(tmp_path, capsys):
     script = tmp_path / "train.py"
     script.write_text("")
-    assert main(["launch", "--num_machines", "2", str(script)]) == 2
+    assert main(["launch", "--num_processes", "2", "--num_machines", "2", str(script)]) == 2
     assert "--main_process_ip" in capsys.readouterr().err

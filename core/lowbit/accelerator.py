@@ -209,8 +209,11 @@ class Accelerator(RankFacts):
         from_config = self.config.fp8_config.get("backend")
         if from_config:
             env = fp8_env_var("backend")
-            source = f"env {env} / lowbit launch --fp8_backend" if os.environ.get(env) else "config file fp8_config.backend"
-            return from_config, source
+            if os.environ.get(env):
+                return from_config, f"env {env} / lowbit launch --fp8_backend"
+            if os.environ.get("ACCELERATE_FP8_BACKEND"):
+                return from_config, "env ACCELERATE_FP8_BACKEND / accelerate launch --fp8_backend"
+            return from_config, "config file fp8_config.backend"
         return None, "ranking"
 
     def _resolve_fp8_options(self, chosen: Candidate, handler: Any) -> RecipeKwargs | None:
@@ -558,10 +561,16 @@ class Accelerator(RankFacts):
         inner = self._routed(self._fp8, "autocast_context") if self._implements(self._fp8, "autocast_context") else None
         return outer, inner
 
+    def _compile_options(self) -> dict[str, Any]:
+        """torch.compile's mode, fullgraph and dynamic from the settings (only those given)."""
+        given = {"mode": self.config.dynamo_mode, "fullgraph": self.config.dynamo_use_fullgraph,
+                 "dynamic": self.config.dynamo_use_dynamic}
+        options = self.dynamo_plugin.options if self.dynamo_plugin is not None else None
+        return {k: v for k, v in {**given, "options": options}.items() if v is not None}
+
     def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.config.dynamo_backend not in ("no", "NO", None):
-            extra = self.dynamo_plugin.compile_kwargs() if self.dynamo_plugin is not None else {}
-            model = torch.compile(model, backend=self.config.dynamo_backend.lower(), **extra)
+            model = torch.compile(model, backend=self.config.dynamo_backend.lower(), **self._compile_options())
         outer, inner = self._autocast_callers()
         if outer is None and inner is None:
             return model
@@ -826,6 +835,7 @@ def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, d
             out["gradient_accumulation_steps"] = deepspeed.gradient_accumulation_steps
     if dynamo is not None and dynamo.backend is not None and not dynamo.disable:
         out["dynamo_backend"] = str(getattr(dynamo.backend, "value", dynamo.backend)).lower()
+        out.update(dynamo_mode=dynamo.mode, dynamo_use_fullgraph=dynamo.fullgraph, dynamo_use_dynamic=dynamo.dynamic)
     return out
 
 

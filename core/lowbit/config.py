@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from lowbit.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
 from lowbit.distributions import PLUGIN_ONLY_FP8_KEYS, install_command
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.options import OptionSpec, to_text
@@ -39,7 +40,7 @@ TOP_LEVEL: dict[str, OptionSpec] = {
     for s in (
         _spec("mixed_precision", str, "no", MIXED_PRECISIONS, "no, fp16, bf16 or fp8"),
         _spec("distributed_type", str, "NO", DISTRIBUTED_TYPES, "NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED"),
-        _spec("num_processes", int, 1, help="processes per machine"),
+        _spec("num_processes", int, 1, help="processes in all, across every machine (as in Accelerate)"),
         _spec("num_machines", int, 1, help="machines (nodes) in the job"),
         _spec("machine_rank", int, 0, help="rank of this machine, 0 for the main one"),
         _spec("main_process_ip", str, None, help="address of machine 0"),
@@ -47,18 +48,13 @@ TOP_LEVEL: dict[str, OptionSpec] = {
         _spec("use_cpu", bool, False, help="train on CPU even when a GPU is present"),
         _spec("gradient_accumulation_steps", int, 1, help="micro-batches per optimizer step"),
         _spec("dynamo_backend", str, "no", help="torch.compile backend, e.g. inductor; 'no' disables"),
+        _spec("dynamo_mode", str, None, help="torch.compile mode, e.g. default, reduce-overhead, max-autotune"),
+        _spec("dynamo_use_fullgraph", bool, None, help="torch.compile fullgraph: fail on graph breaks"),
+        _spec("dynamo_use_dynamic", bool, None, help="torch.compile dynamic shapes"),
         _spec("fp8_fallback", str, None, ("no", "fp16", "bf16"), help="precision to fall back to when FP8 cannot run"),
         _spec("debug", bool, False, help="print the launcher's underlying command"),
     )
 }
-# Keys Accelerate's `accelerate config` writes that mean nothing to lowbit; accepted so that an
-# Accelerate config file loads, and otherwise ignored.
-ACCELERATE_ONLY_KEYS = frozenset(
-    {"compute_environment", "main_training_function", "downcast_bf16", "rdzv_backend", "same_network",
-     "enable_cpu_affinity", "gpu_ids", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "use_mps_device"}
-)
-
-
 @dataclasses.dataclass
 class LowbitConfig:
     mixed_precision: str = "no"
@@ -71,6 +67,9 @@ class LowbitConfig:
     use_cpu: bool = False
     gradient_accumulation_steps: int = 1
     dynamo_backend: str = "no"
+    dynamo_mode: str | None = None
+    dynamo_use_fullgraph: bool | None = None
+    dynamo_use_dynamic: bool | None = None
     fp8_fallback: str | None = None
     debug: bool = False
     fp8_config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -120,7 +119,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"Config file {str(path)!r} must hold a mapping of keys, got {type(data).__name__}.")
-    return data
+    return translate_config_file(data, where=f"Config file {str(path)!r}")
 
 
 def _section_error(section: str, key: str, valid: Mapping[str, Any]) -> ConfigError:
@@ -148,8 +147,6 @@ def validate_config(
     fp8_specs = dict(DOCUMENTED_FP8_KEYS, **(fp8_specs or {}))
     values: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in ACCELERATE_ONLY_KEYS:
-            continue
         if key in SECTIONS:
             if value is None:
                 continue
@@ -262,7 +259,8 @@ def resolve_config(
     check_fp8_keys: bool = True,
     file_layer: tuple[dict[str, Any], str] | None = None,
 ) -> LowbitConfig:
-    """Merge default < config file < env vars < explicit arguments, then validate.
+    """Merge default < config file < ACCELERATE_* env vars < LOWBIT_* env vars < explicit arguments,
+    then validate. (``accelerate launch`` exports its config file as ACCELERATE_* variables.)
 
     ``file_layer`` is the config file already read by :func:`read_config_layer` (read it once)."""
     environ = os.environ if environ is None else environ
@@ -272,11 +270,13 @@ def resolve_config(
     # Validate each layer on its own so that errors name their source.
     check = dict(check_fp8_keys=check_fp8_keys)
     validate_config(file_raw, fp8_specs, where=where, **check)
+    accelerate_raw = settings_from_accelerate_env(environ)
+    validate_config(accelerate_raw, fp8_specs, where=ACCELERATE_ENV, **check)
     env_raw = config_from_env(environ, fp8_specs)
     validate_config(env_raw, fp8_specs, where="environment variables", **check)
     explicit_raw = {k: v for k, v in (explicit or {}).items() if v is not None}
     validate_config(explicit_raw, fp8_specs, where="Accelerator arguments", **check)
-    return validate_config(merge_raw(file_raw, env_raw, explicit_raw), fp8_specs, where=where, **check)
+    return validate_config(merge_raw(file_raw, accelerate_raw, env_raw, explicit_raw), fp8_specs, where=where, **check)
 
 
 def write_config_file(config: LowbitConfig, path: str | os.PathLike) -> Path:

@@ -75,10 +75,6 @@ class TorchDynamoPlugin:
     options: Any = None
     disable: bool = False
 
-    def compile_kwargs(self) -> dict[str, Any]:
-        return {k: v for k, v in (("mode", self.mode), ("fullgraph", self.fullgraph), ("dynamic", self.dynamic),
-                                  ("options", self.options)) if v is not None}
-
 
 @dataclasses.dataclass
 class FullyShardedDataParallelPlugin:
@@ -93,11 +89,16 @@ class FullyShardedDataParallelPlugin:
     activation_checkpointing: bool | None = None
 
     def to_fsdp_config(self) -> dict[str, Any]:
-        names = self.transformer_cls_names_to_wrap
-        if isinstance(names, str):
-            names = [n.strip() for n in names.split(",") if n.strip()]
-        values = {"reshard_after_forward": self.reshard_after_forward, "transformer_layer_cls_to_wrap": names}
-        return {k: v for k, v in values.items() if v is not None}
+        """Read the way an Accelerate fsdp_config section is, so that what lowbit cannot do
+        (CPU offload, activation checkpointing) is an error here too, not silently dropped."""
+        from lowbit.accelerate_config import translate_fsdp
+
+        offload = getattr(self.cpu_offload, "offload_params", self.cpu_offload)
+        section = {"fsdp_reshard_after_forward": self.reshard_after_forward,
+                   "fsdp_transformer_layer_cls_to_wrap": self.transformer_cls_names_to_wrap,
+                   "fsdp_offload_params": offload, "fsdp_activation_checkpointing": self.activation_checkpointing,
+                   "fsdp_auto_wrap_policy": self.auto_wrap_policy if isinstance(self.auto_wrap_policy, str) else None}
+        return translate_fsdp({k: v for k, v in section.items() if v is not None}, "FullyShardedDataParallelPlugin", [])
 
 
 @dataclasses.dataclass

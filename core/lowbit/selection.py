@@ -11,11 +11,7 @@ from dataclasses import dataclass, field
 from lowbit.distributions import FIRST_PARTY, install_command
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
 from lowbit.plugins import BrokenPlugin, LowbitPluginManager
-from lowbit.types import BackendDescription, HardwareInfo
-
-def normalize_name(name: str) -> str:
-    """'TE', 'Transformer-Engine' and 'transformer_engine' compare equal."""
-    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+from lowbit.types import BackendDescription, HardwareInfo, normalize_name
 
 
 @dataclass

@@ -96,3 +96,9 @@ class PrepareContext:
         import torch
 
         return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(self.mixed_precision)
+
+
+def normalize_name(name: str) -> str:
+    """Backend names compare this way: 'TE', 'Transformer-Engine' and 'transformer_engine' are equal,
+    and so are Accelerate's 'MS-AMP' and 'MSAMP'."""
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())

@@ -4,11 +4,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lowbit.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, note_ignored, translate_fsdp
 from lowbit.config import TOP_LEVEL
 from lowbit.errors import ConfigError
 
 # Flags that set distributed_type, as in Accelerate's launcher.
 DISTRIBUTED_FLAGS = {"multi_gpu": "MULTI_GPU", "use_fsdp": "FSDP", "use_deepspeed": "DEEPSPEED"}
+# Accelerate's FSDP launcher flags (its fsdp_config key names); lowbit's FSDP2 strategy reads
+# the first three, the others are explained when given (see accelerate_config.py).
+FSDP_FLAGS = ("fsdp_transformer_layer_cls_to_wrap", "fsdp_reshard_after_forward", "fsdp_sharding_strategy",
+              "fsdp_auto_wrap_policy", *FSDP_MUST_BE_OFF, *FSDP_IGNORED)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -17,13 +22,16 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for key, spec in TOP_LEVEL.items():
         if key == "use_cpu":
             continue
-        if spec.type is bool:  # "--debug" alone means true; "--debug false" is accepted too
-            group.add_argument(f"--{key}", nargs="?", const="true", default=None, metavar="BOOL", help=spec.help)
+        if spec.type is bool:  # "--debug" as in Accelerate; "--no-debug" turns off what a config file turned on
+            group.add_argument(f"--{key}", action=argparse.BooleanOptionalAction, default=None, help=spec.help)
         else:
             group.add_argument(f"--{key}", type=spec.type, default=None, choices=spec.choices, help=spec.help)
     group.add_argument("--cpu", action="store_true", default=None, help="train on CPU (gloo between processes)")
     for flag, dtype in DISTRIBUTED_FLAGS.items():
         group.add_argument(f"--{flag}", action="store_true", default=None, help=f"distributed_type={dtype}")
+    fsdp = parser.add_argument_group("FSDP, with --use_fsdp (Accelerate's flag names)")
+    for flag in FSDP_FLAGS:
+        fsdp.add_argument(f"--{flag}", default=None, metavar="VALUE", help=argparse.SUPPRESS if flag in FSDP_IGNORED else None)
     fp8 = parser.add_argument_group("fp8 (any backend)")
     fp8.add_argument("--fp8_backend", default=None, help="fp8 backend: msamp, te, ao, or a third-party name")
     fp8.add_argument("--fp8_opt_level", default=None, help="MS-AMP optimization level: O1 or O2 (letter O)")
@@ -43,6 +51,11 @@ def raw_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"Choose one of --{' / --'.join(chosen)}: they are different distributed strategies.")
     if chosen:
         raw["distributed_type"] = DISTRIBUTED_FLAGS[chosen[0]]
+    fsdp = {flag: getattr(args, flag) for flag in FSDP_FLAGS if getattr(args, flag, None) is not None}
+    if fsdp:
+        ignored: list[str] = []
+        raw["fsdp_config"] = translate_fsdp(fsdp, "the --fsdp_* flags", ignored)
+        note_ignored("the --fsdp_* flags", ignored)
     fp8 = {k: getattr(args, f"fp8_{k}", None) for k in ("backend", "opt_level")}
     fp8 = {k: v for k, v in fp8.items() if v is not None}
     if fp8:

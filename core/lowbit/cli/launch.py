@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lowbit.accelerate_config import note_ignored
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.distributions import install_command
 from lowbit.errors import ConfigError
@@ -29,9 +30,28 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser = sub.add_parser(name, help=help_text, description=help_text)
     add_config_flags(parser)
     _add_plugin_flags(parser)
-    parser.add_argument("training_script", help="the script to run")
+    _add_launcher_flags(parser)
+    parser.add_argument("training_script", help="the script to run (a module name with -m)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     parser.set_defaults(run=run)
+
+
+# `accelerate launch` flags that only tune Accelerate's own launcher or other hardware: accepted
+# so that a launch command moves over unchanged, and named in a note.
+ACCELERATE_NOOP_SWITCHES = ("same_network", "downcast_bf16", "enable_cpu_affinity", "dynamo_use_regional_compilation")
+ACCELERATE_NOOP_FLAGS = ("gpu_ids", "rdzv_backend", "main_training_function", "zero3_init_flag", "zero3_save_16bit_model",
+                         *ACCELERATE_NOOP_SWITCHES)
+
+
+def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("launcher (as in accelerate launch)")
+    group.add_argument("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
+    group.add_argument("--num_cpu_threads_per_process", type=int, default=None, help="OMP_NUM_THREADS for each process")
+    group.add_argument("--monitor_interval", type=float, default=None, help="seconds between torchrun's checks of the workers")
+    group.add_argument("--max_restarts", type=int, default=None, help="torchrun restarts of a failed job (default 0)")
+    for flag in ACCELERATE_NOOP_FLAGS:
+        switch = flag in ACCELERATE_NOOP_SWITCHES
+        group.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS, **({"action": "store_true"} if switch else {}))
 
 
 def _plugin_manager():
@@ -77,16 +97,27 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     """The command to run and the env vars to add, from the config file and the flags."""
     from lowbit.config import config_to_env, merge_raw, read_config_file, default_config_path, validate_config
 
+    # `lowbit test` builds its command here too, without the launcher-only flags.
+    module = getattr(args, "module", False)
+    threads = getattr(args, "num_cpu_threads_per_process", None)
     script = Path(args.training_script)
-    if not script.is_file():
-        raise ConfigError(f"Training script {str(script)!r} does not exist (looked in {os.getcwd()}).")
+    if not module and not script.is_file():
+        raise ConfigError(f"Training script {str(script)!r} does not exist (looked in {os.getcwd()}). "
+                          "To run a module, add -m.")
+    noop = [f"--{flag}" for flag in ACCELERATE_NOOP_FLAGS if getattr(args, flag, None) is not None]
+    note_ignored("lowbit launch", noop)
     path = Path(args.config_file) if args.config_file else default_config_path()
     file_raw = read_config_file(path) if (args.config_file or path.exists()) else {}
     flags_raw = raw_config_from_args(args)
     config = validate_config(merge_raw(file_raw, flags_raw), where=str(path), check_fp8_keys=False)
     if config.num_processes < 1 or config.num_machines < 1:
         raise ConfigError(f"--num_processes and --num_machines must be at least 1, got {config.num_processes} and {config.num_machines}.")
-    if config.distributed_type == "NO" and config.num_processes * config.num_machines > 1:
+    if config.num_processes % config.num_machines:
+        raise ConfigError(
+            f"--num_processes is the total across machines (as in Accelerate): {config.num_processes} processes cannot be "
+            f"split evenly over {config.num_machines} machines. Give a multiple of {config.num_machines}."
+        )
+    if config.distributed_type == "NO" and config.num_processes > 1:
         config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
 
     env = config_to_env(config)
@@ -105,9 +136,11 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     if config.distributed_type == "DEEPSPEED" and "deepspeed" not in {manager.get_name(p) for p in manager.get_plugins()}:
         raise ConfigError(f"--use_deepspeed needs the DeepSpeed plugin, which is not installed: {install_command('deepspeed')}.")
 
-    world = config.num_processes * config.num_machines
-    if world == 1 and config.distributed_type in ("NO", "MULTI_CPU", "MULTI_GPU"):
-        return [sys.executable, str(script), *args.training_script_args], env, config
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    target = ["-m", args.training_script] if module else [str(script)]
+    if config.num_processes == 1 and config.distributed_type in ("NO", "MULTI_CPU", "MULTI_GPU"):
+        return [sys.executable, *target, *args.training_script_args], env, config
     if config.num_machines > 1:
         if not config.main_process_ip:
             raise ConfigError("A multi-machine launch needs --main_process_ip (the address of machine 0).")
@@ -123,8 +156,13 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         else:
             _check_port_free(port)
         rendezvous = ["--nnodes", "1", "--master_addr", config.main_process_ip or "127.0.0.1", "--master_port", str(port)]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(config.num_processes),
-               *rendezvous, str(script), *args.training_script_args]
+    per_machine = config.num_processes // config.num_machines
+    torchrun_options = [f"--{name}={getattr(args, name)}" for name in ("monitor_interval", "max_restarts")
+                        if getattr(args, name, None) is not None]
+    if module:
+        torchrun_options.append("--module")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(per_machine), *torchrun_options,
+               *rendezvous, args.training_script, *args.training_script_args]
     return command, env, config
 
 
