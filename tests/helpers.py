@@ -103,21 +103,9 @@ def needs_fp8_gpu_with(module: str, label: str):
     return lambda test: pytest.mark.gpu(pytest.mark.skipif(not ok, reason=reason)(test))
 
 
-# A multi-process gloo run on this CPU machine now and then aborts in interpreter shutdown,
-# after every rank has finished its work and written its results (a C++ thread torn down while
-# joinable; not reproduced outside pytest's subprocess pipes, root cause not found). A launch
-# that failed only that way, with its work complete, is run once more; any other failure, or
-# a second one, fails the test.
-SHUTDOWN_ABORT = "terminate called without an active exception"
-
-
-def run_launch(cmd, *, env, finished, cwd=None, timeout=1500, reset=None):
+def run_launch(cmd, *, env, cwd=None, timeout=1500):
+    """Run a (multi-process) launch once. PYTHONFAULTHANDLER is on so that a crash of any rank,
+    including an abort in interpreter shutdown, prints every thread's Python stack in the failure."""
     import subprocess
 
-    for attempt in (1, 2):
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
-        if proc.returncode == 0 or attempt == 2 or SHUTDOWN_ABORT not in proc.stderr or not finished(proc):
-            return proc
-        if reset is not None:
-            reset()
-    return proc
+    return subprocess.run(cmd, capture_output=True, text=True, env={**env, "PYTHONFAULTHANDLER": "1"}, cwd=cwd, timeout=timeout)

@@ -1,6 +1,7 @@
 """The Accelerator with the built-in plugins: precision, prepare, accumulation, checkpoints."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import warnings
 import pytest
 import torch
 from helpers import FakeBackend, manager_with, mlp, regression_data
+
+from lowbit import hookimpl
 from torch import nn
 
 from lowbit import Accelerator
@@ -159,3 +162,36 @@ def test_save_model_is_a_plain_state_dict(tmp_path):
     plain.load_state_dict(torch.load(path, weights_only=True))
     for a, b in zip(plain.parameters(), acc.unwrap_model(model).parameters()):
         assert torch.equal(a, b)
+
+
+class RecordingContextBackend(FakeBackend):
+    """An FP8 backend whose autocast context records the native autocast state around it."""
+
+    def __init__(self):
+        super().__init__("nesting", 300)
+        self.events: list[tuple[str, bool]] = []
+
+    @hookimpl
+    def autocast_context(self, model, context):
+        backend = self
+
+        @contextlib.contextmanager
+        def recording():
+            backend.events.append(("enter", torch.is_autocast_enabled("cpu")))
+            yield
+            backend.events.append(("exit", torch.is_autocast_enabled("cpu")))
+
+        return recording()
+
+
+def test_autocast_nests_the_fp8_context_inside_bf16_autocast():
+    """Outside forward too: bf16 autocast is entered first and left last, the backend's context
+    runs inside it (an FP8 library sees autocast on, as in a prepared model's forward)."""
+    backend = RecordingContextBackend()
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(backend))
+    assert not torch.is_autocast_enabled("cpu")
+    with acc.autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        backend.events.append(("body", torch.is_autocast_enabled("cpu")))
+    assert not torch.is_autocast_enabled("cpu")
+    assert backend.events == [("enter", True), ("body", True), ("exit", True)]

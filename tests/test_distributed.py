@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,13 +22,7 @@ def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2) -> list[d
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
            str(WORKER), scenario, str(out)]
-
-    def reset() -> None:
-        shutil.rmtree(out)
-        out.mkdir()
-
-    proc = run_launch(cmd, env=env, reset=reset,
-                      finished=lambda p: all((out / f"result_rank{r}.json").exists() for r in range(world)))
+    proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(world)]
 

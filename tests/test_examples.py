@@ -17,9 +17,7 @@ pytestmark = pytest.mark.multiprocess
 
 def run(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    # Finished: the examples' last lines are printed (the model saved / the table written).
-    return run_launch([sys.executable, *args], env=env, cwd=ROOT, timeout=timeout,
-                      finished=lambda p: "saved runs/fp8_train" in p.stdout or "loss curves written" in p.stdout)
+    return run_launch([sys.executable, *args], env=env, cwd=ROOT, timeout=timeout)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
