@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parent / "accelerate_style" / "train_eval.py"
-# Compared exactly between the libraries (rank 0's resumed loss too; see the README's note on rank 1).
-COMPARED = ("distributed_type", "epochs", "lrs", "counter", "batch_size", "total_samples", "resumed_loss")
+# Compared exactly between the libraries, on every rank.
+COMPARED = ("distributed_type", "epochs", "lrs", "counter", "batch_size", "total_samples", "resumed_loss", "first_batches")
 
 
 def run(library: str, out: Path, processes: int) -> list[dict]:
@@ -44,5 +44,10 @@ def test_same_metrics_as_accelerate(tmp_path, processes):
     assert accuracy == pytest.approx([e["accuracy"] for e in ours[0]["epochs"]], abs=1e-6)
     pytest.importorskip("accelerate")
     theirs = run("accelerate", tmp_path / "accelerate", processes)
-    for key in COMPARED:
-        assert ours[0][key] == theirs[0][key], key
+    for rank in range(processes):
+        for key in COMPARED:
+            # Accelerate's rank 1 may load_state before rank 0 has finished writing the custom
+            # objects of the last save_state (no barrier between them) and so read the previous
+            # counter; lowbit's load waits for the save. Only rank 0's counter is comparable.
+            if not (key == "counter" and rank > 0):
+                assert ours[rank][key] == theirs[rank][key], (rank, key)

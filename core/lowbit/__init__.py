@@ -22,6 +22,11 @@ _LAZY = {
     "DistributedType": "lowbit.state",
     "find_executable_batch_size": "lowbit.memory",
     "skip_first_batches": "lowbit.data_loader",
+    # The handler classes Accelerate also exports at its top level.
+    **{name: "lowbit.handlers" for name in (
+        "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin",
+        "DistributedDataParallelKwargs", "FullyShardedDataParallelPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
+        "ProfileKwargs")},
 }
 __all__ = [*_LAZY, "hookimpl", "__version__"]
 

@@ -495,14 +495,9 @@ class Accelerator(RankFacts):
                 result[index] = PreparedDataLoader(
                     objects[index], self.device, self.num_processes, self.process_index, self.gradient_state,
                     split_batches=self.split_batches, even_batches=self.dataloader_config.even_batches,
-                    device_placement=self.device_placement, seed=self._shared_seed())
+                    device_placement=self.device_placement)
                 self._dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
-
-    def _shared_seed(self) -> int:
-        """One seed for every process's shuffling: the main process's, shared once."""
-        seed = torch.tensor([torch.initial_seed() % 2**31], dtype=torch.int64)
-        return int(operations.broadcast(seed)[0])
 
     @staticmethod
     def _kind_of(index: int, obj: Any) -> str:

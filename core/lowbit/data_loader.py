@@ -5,8 +5,10 @@ the p-th batch of each round, so a batch is never split and ``gather`` of one st
 round's samples in dataset order. The last, incomplete round is filled up with samples from the
 start of the epoch (``even_batches``, the default) so every process runs the same number of
 steps; ``gather_for_metrics`` drops exactly those repeated samples again. With ``split_batches``
-each batch is cut into N equal slices instead. Shuffling uses one generator seeded alike on
-every process, re-seeded each epoch.
+each batch is cut into N equal slices instead. Shuffling follows Accelerate too, so that a script
+sees the same samples in the same order under both: the sampler gets a generator seeded from the
+global torch RNG at prepare time, and at the start of each epoch every process takes the main
+process's generator state.
 """
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ import copy
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset
 
-from lowbit.operations import send_to_device
+from lowbit.operations import broadcast, send_to_device
 
 
 class PreparedDataLoader:
     def __init__(self, dataloader: DataLoader, device: torch.device, num_processes: int, process_index: int,
                  gradient_state: Any, *, split_batches: bool = False, even_batches: bool = True,
-                 device_placement: bool = True, seed: int = 0) -> None:
+                 device_placement: bool = True) -> None:
         self.base = dataloader
         self.device = device
         self.num_processes = num_processes
@@ -31,13 +33,23 @@ class PreparedDataLoader:
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.device_placement = device_placement
-        self.seed = seed
         self.epoch = 0
         self.skip_batches = 0
         if split_batches and dataloader.batch_size and dataloader.batch_size % num_processes:
             raise ValueError(
                 f"split_batches=True needs a batch size divisible by the {num_processes} processes, got {dataloader.batch_size}."
             )
+        self.generator = self._shuffle_generator() if self._sharded else None
+
+    def _shuffle_generator(self) -> torch.Generator | None:
+        """The shuffling sampler's generator, created (seeded from the global RNG) when it has none."""
+        inner = getattr(self.base.batch_sampler, "sampler", None)
+        if not hasattr(inner, "generator"):
+            return None
+        if inner.generator is None:
+            inner.generator = torch.Generator()
+            inner.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        return inner.generator
 
     # ------------------------------------------------------------------ what a DataLoader offers
 
@@ -64,7 +76,13 @@ class PreparedDataLoader:
             self.base.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return max(len(self._batch_indices()) - self.skip_batches, 0) if self._sharded else len(self.base) - self.skip_batches
+        if not self._sharded:
+            return len(self.base) - self.skip_batches
+        saved = self.generator.get_state() if self.generator is not None else None
+        count = len(self._batch_indices())
+        if saved is not None:  # counting must not move the shuffle on
+            self.generator.set_state(saved)
+        return max(count - self.skip_batches, 0)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "base":
@@ -85,11 +103,7 @@ class PreparedDataLoader:
 
     def _batch_indices(self) -> list[list[int]]:
         """This process's batches of dataset indices for the current epoch."""
-        sampler = self.base.batch_sampler
-        inner = getattr(sampler, "sampler", None)
-        if isinstance(inner, RandomSampler):  # the same permutation on every process
-            inner.generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        batches = [list(b) for b in sampler]
+        batches = [list(b) for b in self.base.batch_sampler]
         n, size = self.num_processes, self.base.batch_size or 1
         if self.split_batches:
             share = size // n
@@ -114,6 +128,8 @@ class PreparedDataLoader:
         self.gradient_state.end_of_dataloader = False
         self.gradient_state.remainder = -1
         if self._sharded:
+            if self.generator is not None:  # every process shuffles as the main one does
+                self.generator.set_state(broadcast(self.generator.get_state()))
             collate = self.base.collate_fn
             dataset = self.base.dataset
             batches = (collate([dataset[i] for i in indices]) for indices in self._batch_indices()[self.skip_batches:])
