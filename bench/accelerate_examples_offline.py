@@ -3,8 +3,9 @@
     python bench/accelerate_examples_offline.py SCRIPT [ARGS...]
 
 The stand-ins keep the shapes the scripts expect and need no network: ``datasets.load_dataset``
-gives an MRPC-shaped synthetic corpus (sentence pairs, a learnable paraphrase label, an uneven
-validation split of 43), ``AutoTokenizer.from_pretrained`` a word-level fast tokenizer over that
+gives an MRPC-shaped synthetic corpus (sentence pairs whose label says which half of the
+vocabulary the second sentence is drawn from, so that a small model learns it within the
+examples' few steps; 1024 training pairs, an uneven validation split of 43), ``AutoTokenizer.from_pretrained`` a word-level fast tokenizer over that
 corpus' vocabulary, ``AutoModelForSequenceClassification.from_pretrained`` a 2-layer BERT with
 random weights, and ``evaluate.load`` an accuracy/F1 metric.
 """
@@ -16,7 +17,8 @@ import sys
 
 WORDS = [f"w{i}" for i in range(60)]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-SIZES = {"train": 128, "validation": 43, "test": 43}
+SIZES = {"train": 1024, "validation": 43, "test": 43}
+HALF = len(WORDS) // 2
 
 
 def _pairs(n: int, seed: int) -> dict[str, list]:
@@ -25,7 +27,7 @@ def _pairs(n: int, seed: int) -> dict[str, list]:
     for i in range(n):
         first = rng.choices(WORDS, k=rng.randint(5, 12))
         label = rng.random() < 0.5
-        second = [w if rng.random() < 0.8 else rng.choice(WORDS) for w in first] if label else rng.choices(WORDS, k=len(first))
+        second = rng.choices(WORDS[:HALF] if label else WORDS[HALF:], k=rng.randint(5, 12))
         rows["sentence1"].append(" ".join(first))
         rows["sentence2"].append(" ".join(second))
         rows["label"].append(int(label))

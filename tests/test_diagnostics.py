@@ -92,6 +92,24 @@ def test_profile_writes_a_trace_that_parses_and_a_summary(tmp_path):
     assert "self_cpu_time_total" in summary and "peak resident memory" in summary
 
 
+@pytest.mark.parametrize("given_to", ["accelerator", "call"])
+def test_profile_without_a_directory_behaves_as_accelerate(tmp_path, given_to):
+    """Accelerate's form: the whole block is profiled (no schedule, no .step() needed), with the
+    ProfileKwargs from kwargs_handlers or from the call; output_trace_dir gets a trace per rank."""
+    from lowbit.utils import ProfileKwargs
+
+    handler = ProfileKwargs(record_shapes=True, output_trace_dir=str(tmp_path / "traces"))
+    acc = Accelerator(kwargs_handlers=[handler] if given_to == "accelerator" else [])
+    model = acc.prepare(mlp())
+    x, _ = regression_data(8)
+    with (acc.profile() if given_to == "accelerator" else acc.profile(handler)) as prof:
+        model(x)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=5)
+    assert "aten::" in table
+    trace = json.loads((tmp_path / "traces" / "trace_rank0.json").read_text())
+    assert any(event.get("name", "").startswith("aten::") for event in trace["traceEvents"])
+
+
 def test_saturation_and_flush_fractions_match_a_hand_computation():
     # 1000 tiny values and one outlier: the outlier sets amax, so the scale is 448 / 1000 and
     # every tiny value (1e-3 * 0.448 = 4.5e-4) falls below half of e4m3's smallest subnormal

@@ -30,6 +30,7 @@ from lowbit.handlers import (
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
+    ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
@@ -711,13 +712,18 @@ class Accelerator(RankFacts):
 
     # ------------------------------------------------------------------ diagnostics
 
-    def profile(self, output_dir: str | os.PathLike = "runs/profile", **options: Any) -> ContextManager:
-        """A ``torch.profiler`` context with defaults (1 wait, 1 warm-up, 3 active steps, shapes and
-        memory recorded). Call ``.step()`` on what it yields once per training step. Each rank
-        writes ``trace_rank{N}.json``; the main process also writes ``summary.txt``."""
-        from lowbit.profiling import profile
+    def profile(self, output_dir: str | os.PathLike | ProfileKwargs | None = None, **options: Any) -> ContextManager:
+        """Two forms. ``profile("runs/profile")``: lowbit's scheduled profile (1 wait, 1 warm-up, 3
+        active steps, shapes and memory recorded; call ``.step()`` on what it yields once per
+        step); each rank writes ``trace_rank{N}.json``, the main process also ``summary.txt``.
+        ``profile()`` or ``profile(ProfileKwargs(...))``: Accelerate's, the whole block profiled with
+        the ProfileKwargs given here or in ``kwargs_handlers``."""
+        from lowbit import profiling
 
-        return profile(output_dir, self.process_index, self.is_main_process, self.device, **options)
+        if output_dir is None and not options or isinstance(output_dir, ProfileKwargs):
+            handler = output_dir or self.handlers.get(ProfileKwargs) or ProfileKwargs()
+            return profiling.profile_as_accelerate(handler, self.process_index, self.device)
+        return profiling.profile(output_dir or "runs/profile", self.process_index, self.is_main_process, self.device, **options)
 
     def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
                              saturation_warning: float = 0.001) -> None:

@@ -41,3 +41,27 @@ def profile(output_dir: str | Path, rank: int, is_main: bool, device: torch.devi
     with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=on_trace_ready,
                                 record_shapes=record_shapes, profile_memory=profile_memory) as prof:
         yield prof
+
+
+@contextlib.contextmanager
+def profile_as_accelerate(handler, rank: int, device: torch.device) -> Iterator[torch.profiler.profile]:
+    """Accelerate's ``profile()``: torch.profiler with the ProfileKwargs given, profiling the whole
+    block unless ``schedule_option`` sets a schedule; with ``output_trace_dir`` each rank writes
+    ``trace_rank{rank}.json`` there at the end."""
+    activities = handler.activities
+    if activities is None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+    else:
+        activities = [getattr(torch.profiler.ProfilerActivity, a.upper()) if isinstance(a, str) else a for a in activities]
+    schedule = torch.profiler.schedule(**handler.schedule_option) if handler.schedule_option else None
+    with torch.profiler.profile(activities=activities, schedule=schedule, on_trace_ready=handler.on_trace_ready,
+                                record_shapes=handler.record_shapes, profile_memory=handler.profile_memory,
+                                with_stack=handler.with_stack, with_flops=handler.with_flops,
+                                with_modules=handler.with_modules) as prof:
+        yield prof
+    if handler.output_trace_dir:
+        Path(handler.output_trace_dir).mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(Path(handler.output_trace_dir) / f"trace_rank{rank}.json"))
+

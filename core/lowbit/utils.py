@@ -8,6 +8,7 @@ when a script creates one; a script that names TE but trains on ao still runs.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import random
 from typing import Any
@@ -28,6 +29,7 @@ from lowbit.handlers import (  # noqa: F401 - re-exported under Accelerate's nam
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from lowbit.local_sgd import LocalSGD  # noqa: F401
 from lowbit.memory import find_executable_batch_size, release_memory  # noqa: F401
 from lowbit.operations import (  # noqa: F401
     broadcast,
@@ -49,7 +51,17 @@ PLUGIN_CLASSES = {
     "MSAMPRecipeKwargs": ("lowbit_msamp.recipe", "msamp"),
 }
 
-__all__ = [
+# Accelerate's `is_<name>_available()` helpers that training scripts test before importing an
+# optional library: name -> the module whose presence answers it.
+OPTIONAL_LIBRARIES = {
+    "schedulefree": "schedulefree", "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow",
+    "comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "deepspeed": "deepspeed",
+    "transformer_engine": "transformer_engine", "msamp": "msamp", "torchao": "torchao", "datasets": "datasets",
+    "transformers": "transformers", "rich": "rich", "bnb": "bitsandbytes", "peft": "peft", "timm": "timm",
+}
+AVAILABILITY_CHECKS = {f"is_{name}_available": module for name, module in OPTIONAL_LIBRARIES.items()}
+
+__all__ = [*AVAILABILITY_CHECKS, 
     "FP8RecipeKwargs", "RecipeKwargs", *PLUGIN_CLASSES, "set_seed", "tqdm", "extract_model_from_parallel",
     "get_grad_scaler", "LocalSGD", "DistributedType", "ProjectConfiguration", "DataLoaderConfiguration",
     "GradientAccumulationPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "TorchDynamoPlugin",
@@ -70,6 +82,9 @@ def _missing_plugin_class(name: str, backend: str) -> type:
 
 
 def __getattr__(name: str) -> Any:
+    if name in AVAILABILITY_CHECKS:
+        module = AVAILABILITY_CHECKS[name]
+        return lambda: importlib.util.find_spec(module) is not None
     if name not in PLUGIN_CLASSES:
         raise AttributeError(f"module 'lowbit.utils' has no attribute {name!r}")
     module_name, backend = PLUGIN_CLASSES[name]
@@ -120,38 +135,3 @@ def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
     import torch
 
     return torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu", **kwargs)
-
-
-class LocalSGD:
-    """Train without synchronising gradients, averaging the parameters every ``local_sgd_steps``
-    optimizer steps (call ``step()`` after each one)."""
-
-    def __init__(self, accelerator: Any, model: Any, local_sgd_steps: int, enabled: bool = True) -> None:
-        self.accelerator, self.model, self.every = accelerator, model, local_sgd_steps
-        self.enabled = enabled and accelerator.num_processes > 1
-        self.steps = 0
-        self._no_sync: Any = None
-
-    def __enter__(self) -> "LocalSGD":
-        if self.enabled:
-            self._no_sync = self.accelerator.no_sync(self.model)
-            self._no_sync.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.enabled:
-            self._average()
-            self._no_sync.__exit__(*exc)
-
-    def step(self) -> None:
-        self.steps += 1
-        if self.enabled and self.steps % self.every == 0:
-            self._average()
-
-    def _average(self) -> None:
-        import torch
-
-        for param in self.model.parameters():
-            param.data = reduce(param.data, reduction="mean")
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
