@@ -5,7 +5,8 @@
     lowbit launch --config_file examples/configs/fsdp.yaml examples/fp8_train.py        # FSDP2, float8 all-gather
     lowbit launch --config_file examples/configs/deepspeed_zero2.yaml examples/fp8_train.py
 
-Precision and backend come from the config (or --mixed_precision / --fp8_backend); nothing in
+The script asks for fp8; the backend and the strategy come from the config (or --fp8_backend,
+--use_fsdp, ...), and prepare() prints which Linear layers train in FP8. Nothing in
 the script changes between one device and many.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ def make_model(width: int = 64) -> nn.Module:
 
 
 def main() -> None:
-    accelerator = Accelerator()  # mixed_precision, backend, strategy: from the config file / launcher
+    accelerator = Accelerator(mixed_precision="fp8")  # backend and strategy: from the config file / launcher
     torch.manual_seed(0)
     x = torch.randn(1024, 32)
     y = torch.tanh(x @ torch.randn(32, 8))

@@ -34,6 +34,7 @@ from lowbit.handlers import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from lowbit.fp8_report import conversion_report
 from lowbit.prepared import PreparedOptimizer, PreparedScheduler
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
 from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState, RankFacts, init_process_group
@@ -481,6 +482,9 @@ class Accelerator(RankFacts):
             result[m_index] = self._wrap_forward(model)
             result[m_index]._lowbit_prepared = True
             self._models.append(result[m_index])
+            report = self.fp8_report(result[m_index])
+            if report:
+                self.print(f"lowbit: {report}")
 
         if self._fp8 is not None and paired_optimizer is None:
             for index in optimizer_positions:  # optimizers prepared without their model
@@ -724,6 +728,13 @@ class Accelerator(RankFacts):
             handler = output_dir or self.handlers.get(ProfileKwargs) or ProfileKwargs()
             return profiling.profile_as_accelerate(handler, self.process_index, self.device)
         return profiling.profile(output_dir or "runs/profile", self.process_index, self.is_main_process, self.device, **options)
+
+    def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
+        """What FP8 took in a prepared model (the first one by default): how many Linear layers
+        train in FP8 and why the others stay in high precision. None without FP8."""
+        if self._fp8 is None or not (model is not None or self._models):
+            return None
+        return conversion_report(self.unwrap_model(model if model is not None else self._models[0]), self.fp8_backend)
 
     def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
                              saturation_warning: float = 0.001) -> None:

@@ -1,0 +1,27 @@
+"""One line that says what FP8 took in a prepared model, and why the other Linear layers stay in
+high precision. Backends record ``model._lowbit_fp8_report = {"converted": [...], "skipped":
+{name: reason}}`` when they convert; this module only words it."""
+from __future__ import annotations
+
+from typing import Any
+
+SHOWN_SKIPPED = 4  # the report names this many kept layers, then counts the rest
+
+
+def conversion_report(model: Any, backend: str) -> str | None:
+    """``fp8 (ao): 4 of 6 Linear layers; kept high precision: 0 (first Linear ...), ...``, or None
+    when the backend recorded nothing (it converts the model its own way)."""
+    record = getattr(model, "_lowbit_fp8_report", None)
+    if record is None:
+        return None
+    converted, skipped = record["converted"], record["skipped"]
+    total = len(converted) + len(skipped)
+    line = f"fp8 ({backend}): {len(converted)} of {total} Linear layers"
+    if skipped:
+        kept = [f"{name or '<model>'} ({why})" for name, why in list(skipped.items())[:SHOWN_SKIPPED]]
+        more = len(skipped) - SHOWN_SKIPPED
+        line += "; kept high precision: " + ", ".join(kept) + (f", and {more} more" if more > 0 else "")
+    if not converted:
+        line += (". Nothing trains in FP8: FP8 GEMMs need both dims divisible by 16, and the first and last Linear "
+                 "are kept in high precision by default (keep_first_last_high_precision=False converts them too)")
+    return line + "."
