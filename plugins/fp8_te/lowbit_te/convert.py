@@ -11,8 +11,10 @@ from torch import nn
 from lowbit.types import PrepareContext
 from lowbit_te.runtime import import_te
 
-# FP8 GEMMs in TE need in_features % 8 == 0 and out_features % 16 == 0.
-IN_MULTIPLE, OUT_MULTIPLE = 8, 16
+# TE's FP8 GEMM takes the weight as (out_features, in_features) and needs the leading dim to be a
+# multiple of 8 and the last a multiple of 16 (transformer_engine/pytorch/utils.py,
+# assert_dim_for_fp8_exec, called from module/linear.py): out_features % 8, in_features % 16.
+OUT_MULTIPLE, IN_MULTIPLE = 8, 16
 
 
 def has_te_modules(model: nn.Module) -> bool:
@@ -78,7 +80,8 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
                 if fqn in skipped:
                     continue
                 if child.in_features % IN_MULTIPLE or child.out_features % OUT_MULTIPLE:
-                    skipped[fqn] = f"dims {child.in_features}x{child.out_features}: FP8 GEMMs need in % 8 and out % 16"
+                    skipped[fqn] = (f"dims {child.in_features}x{child.out_features}: TE's FP8 GEMMs need in_features % 16 "
+                                    "and out_features % 8")
                     continue
                 setattr(module, child_name, _te_linear(te, child))
                 converted.append(fqn)

@@ -60,11 +60,13 @@ class Linear(_TEModule):
         self.in_features, self.out_features = in_features, out_features
         dtype = params_dtype or torch.get_default_dtype()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else None
+        self.use_bias = bias
+        # As in TE: without a bias, `bias` is an empty plain tensor, not None and not a parameter.
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else torch.Tensor().to(dtype=dtype, device=device)
         nn.init.normal_(self.weight)
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias if self.use_bias else None)
 
 
 class _Norm(_TEModule):
