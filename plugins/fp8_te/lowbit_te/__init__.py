@@ -15,7 +15,9 @@ from lowbit_te.recipe import TERecipeKwargs
 
 NAME = "te"
 PRIORITY = 200
-MIN_TE = (2, 0)
+# te.autocast, te.is_fp8_available and te.is_mxfp8_available, which this plugin calls, first
+# appear in TE 2.9; older releases are refused with the upgrade command.
+MIN_TE = (2, 9)
 INSTALL = "`pip install lowbit-te[te]` (transformer-engine[pytorch], needs CUDA)"
 
 

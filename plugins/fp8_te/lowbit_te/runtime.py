@@ -78,8 +78,8 @@ def build_recipe(context: PrepareContext) -> Any:
 
 
 def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:
-    """TE's autocast (``te.autocast`` in TE 2.x, ``fp8_autocast`` before), off in eval unless
-    ``use_autocast_during_eval``; amax is reduced over the data-parallel group."""
+    """TE's autocast (``te.autocast``, TE >= 2.9), off in eval unless ``use_autocast_during_eval``;
+    amax is reduced over the data-parallel group."""
     te, _ = import_te()
     options = context.fp8_options
     enabled = model is None or model.training or options.use_autocast_during_eval
@@ -89,9 +89,7 @@ def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:
         context.backend_state["te_recipe"] = build_recipe(context)
     recipe = context.backend_state["te_recipe"]
     group = _data_parallel_group(context)
-    if hasattr(te, "autocast"):
-        return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
-    return te.fp8_autocast(enabled=True, fp8_recipe=recipe, fp8_group=group)
+    return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
 
 
 def _data_parallel_group(context: PrepareContext) -> Any:

@@ -144,7 +144,7 @@ def is_mxfp8_available(return_reason: bool = False) -> Union[bool, Tuple[bool, s
     return CAPABILITY["mxfp8"] if return_reason else CAPABILITY["mxfp8"][0]
 
 
-def install(recipe_module: types.ModuleType, *, with_new_autocast: bool = True) -> dict[str, types.ModuleType]:
+def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     """Modules to put in ``sys.modules`` (the test uses monkeypatch.setitem on each)."""
     te = types.ModuleType("transformer_engine")
     te.__spec__ = importlib.machinery.ModuleSpec("transformer_engine", None, is_package=True)
@@ -154,10 +154,8 @@ def install(recipe_module: types.ModuleType, *, with_new_autocast: bool = True) 
     common.__path__ = []
     common.recipe = recipe_module
     pytorch = types.ModuleType("transformer_engine.pytorch")
-    for obj in (Linear, LayerNorm, RMSNorm, fp8_autocast, is_fp8_available, is_mxfp8_available):
+    for obj in (Linear, LayerNorm, RMSNorm, autocast, fp8_autocast, is_fp8_available, is_mxfp8_available):
         setattr(pytorch, obj.__name__, obj)
-    if with_new_autocast:
-        pytorch.autocast = autocast
     te.common, te.pytorch = common, pytorch
     return {"transformer_engine": te, "transformer_engine.common": common,
             "transformer_engine.common.recipe": recipe_module, "transformer_engine.pytorch": pytorch}
