@@ -145,6 +145,7 @@ class Accelerator(RankFacts):
             rank=self.process_index,
             local_rank=self.local_process_index,
             gradient_accumulation_steps=self.config.gradient_accumulation_steps,
+            compiled=str(self.config.dynamo_backend).lower() != "no",
         )
         scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
         self.scaler = (

@@ -87,6 +87,7 @@ class PrepareContext:
     local_rank: int = 0
     gradient_accumulation_steps: int = 1
     batch_size: int | None = None  # per-process micro-batch size, when a dataloader told us
+    compiled: bool = False  # the model's forward is run through torch.compile (dynamo_backend)
     # Scratch space for the chosen backends, per Accelerator (e.g. a recipe object built once).
     backend_state: dict[str, Any] = field(default_factory=dict)
 

@@ -6,7 +6,7 @@ import inspect
 from contextlib import nullcontext
 from typing import Any, ContextManager
 
-from lowbit.errors import BackendUnavailableError, ConfigError
+from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
 from lowbit.types import PrepareContext
 
 # Options Accelerate passes to DelayedScaling that TE 2.x removed, with the value that means
@@ -54,6 +54,13 @@ def build_recipe(context: PrepareContext) -> Any:
                 f"scaling='mxfp8' needs a Blackwell GPU (compute capability >= 10.0); found {context.hardware.describe()}"
                 f"{': ' + why if why else ''}. Use scaling='delayed' or 'current' on Ada/Hopper."
             )
+    if options.scaling == "block":
+        _check_block_scaling(te, context)
+    if options.scaling == "delayed" and context.compiled:
+        raise UnsupportedCombinationError(
+            "Transformer Engine's DelayedScaling recipe (scaling='delayed', the default) raises under torch.compile. "
+            "Use scaling='current' with dynamo_backend, or train without dynamo_backend."
+        )
     if options.fp8_format == "E5M2":
         raise ConfigError("fp8_format='E5M2' (pure E5M2 training) is not supported by Transformer Engine; use HYBRID or E4M3.")
     cls = getattr(recipe_module, RECIPE_CLASSES[options.scaling])
@@ -75,6 +82,23 @@ def build_recipe(context: PrepareContext) -> Any:
     if options.scaling == "delayed" and "override_linear_precision" in wanted:
         wanted["override_linear_precision"] = tuple(wanted["override_linear_precision"])
     return cls(**wanted)
+
+
+def _check_block_scaling(te: Any, context: PrepareContext) -> None:
+    """TE checks this at the first forward; say it at prepare() instead."""
+    import torch
+
+    capability = context.hardware.compute_capability
+    cuda = torch.version.cuda
+    ok = capability is not None and capability >= (9, 0) and cuda is not None and float(cuda) >= 12.9
+    why = ""
+    if ok and hasattr(te, "is_fp8_block_scaling_available"):
+        ok, why = _te_check(te, "is_fp8_block_scaling_available")
+    if not ok:
+        raise BackendUnavailableError(
+            f"scaling='block' needs a GPU with compute capability >= 9.0 and CUDA >= 12.9; found "
+            f"{context.hardware.describe()}, CUDA {cuda or 'none'}{': ' + why if why else ''}. Use scaling='delayed' or 'current'."
+        )
 
 
 def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:

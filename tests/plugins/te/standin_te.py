@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 AUTOCAST_CALLS: list[dict[str, Any]] = []
-CAPABILITY = {"fp8": (True, ""), "mxfp8": (False, "MXFP8 requires compute capability 10.0 or higher")}
+CAPABILITY = {"fp8": (True, ""), "mxfp8": (False, "MXFP8 requires compute capability 10.0 or higher"), "block": (True, "")}
 
 
 class _TEModule(nn.Module):
@@ -144,6 +144,10 @@ def is_mxfp8_available(return_reason: bool = False) -> Union[bool, Tuple[bool, s
     return CAPABILITY["mxfp8"] if return_reason else CAPABILITY["mxfp8"][0]
 
 
+def is_fp8_block_scaling_available(return_reason: bool = False) -> Union[bool, Tuple[bool, str]]:
+    return CAPABILITY["block"] if return_reason else CAPABILITY["block"][0]
+
+
 def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     """Modules to put in ``sys.modules`` (the test uses monkeypatch.setitem on each)."""
     te = types.ModuleType("transformer_engine")
@@ -154,7 +158,8 @@ def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     common.__path__ = []
     common.recipe = recipe_module
     pytorch = types.ModuleType("transformer_engine.pytorch")
-    for obj in (Linear, LayerNorm, RMSNorm, autocast, fp8_autocast, is_fp8_available, is_mxfp8_available):
+    for obj in (Linear, LayerNorm, RMSNorm, autocast, fp8_autocast, is_fp8_available, is_mxfp8_available,
+                is_fp8_block_scaling_available):
         setattr(pytorch, obj.__name__, obj)
     te.common, te.pytorch = common, pytorch
     return {"transformer_engine": te, "transformer_engine.common": common,

@@ -22,7 +22,7 @@ from torch import nn  # noqa: E402
 from helpers import HardwareDetector, needs_fp8_gpu_with  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
-from lowbit.errors import BackendUnavailableError, ConfigError  # noqa: E402
+from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
 from lowbit.plugins import make_plugin_manager  # noqa: E402
 from lowbit.selection import BackendRegistry, choose_backend  # noqa: E402
 from lowbit.types import HardwareInfo  # noqa: E402
@@ -128,6 +128,7 @@ def _standin_signature(obj) -> list[tuple[str, str | None]]:
     ("pytorch/quantization.py", "fp8_autocast", standin_te.fp8_autocast),
     ("pytorch/quantization.py", "is_fp8_available", standin_te.is_fp8_available),
     ("pytorch/quantization.py", "is_mxfp8_available", standin_te.is_mxfp8_available),
+    ("pytorch/quantization.py", "is_fp8_block_scaling_available", standin_te.is_fp8_block_scaling_available),
 ])
 def test_standin_signatures_match_the_real_te(te_source, path, qualname, standin):
     assert _standin_signature(standin) == _real_signature(te_source / path, qualname)
@@ -227,7 +228,8 @@ def test_every_delayed_scaling_field_reaches_te(te, real_recipe, explicit):
 
 
 @pytest.mark.parametrize("name, cls", [("current", "Float8CurrentScaling"), ("block", "Float8BlockScaling")])
-def test_current_recipes(te, real_recipe, name, cls):
+def test_current_recipes(te, real_recipe, name, cls, monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "12.9")  # block scaling needs CUDA >= 12.9 (this CPU build has none)
     model = te_accelerator(scaling=name, fp8_format="E4M3").prepare(Net())
     model(torch.randn(2, 32))
     recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
@@ -242,6 +244,31 @@ def test_mxfp8_needs_blackwell(te, real_recipe, monkeypatch):
     model(torch.randn(2, 32))
     recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
     assert type(recipe) is real_recipe.MXFP8BlockScaling and recipe.margin == 2
+
+
+def test_block_scaling_needs_hopper_and_cuda_12_9_at_prepare(te, real_recipe, monkeypatch):
+    """TE itself finds this out at the first forward; lowbit says it at prepare()."""
+    ada = HardwareInfo("cpu", "stand-in NVIDIA L4 (tensors on CPU)", 1, (8, 9))
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    with pytest.raises(BackendUnavailableError, match=r"scaling='block' needs .*>= 9.0 and CUDA >= 12.9.*sm_89"):
+        te_accelerator(ada, scaling="block").prepare(Net())
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    with pytest.raises(BackendUnavailableError, match=r"CUDA 12.4"):
+        te_accelerator(scaling="block").prepare(Net())
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    model = te_accelerator(scaling="block").prepare(Net())
+    model(torch.randn(2, 32))
+    assert type(standin_te.AUTOCAST_CALLS[-1]["recipe"]) is real_recipe.Float8BlockScaling
+
+
+def test_delayed_scaling_under_torch_compile_is_refused_at_prepare(te):
+    manager = make_plugin_manager(extra_plugins=[HardwareDetector(H100)])
+    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()], dynamo_backend="eager", plugin_manager=manager)
+    with pytest.raises(UnsupportedCombinationError, match="DelayedScaling.*torch.compile.*scaling='current'"):
+        acc.prepare(Net())
+    current = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(scaling="current")], dynamo_backend="eager",
+                          plugin_manager=manager)
+    current.prepare(Net())
 
 
 def test_user_built_recipe_is_passed_as_is(te, real_recipe):
