@@ -23,6 +23,12 @@ ADAM_NAMES = ("Adam", "AdamW", "FusedAdam")
 def unavailable_reason(hardware: HardwareInfo) -> str:
     if importlib.util.find_spec("msamp") is None:
         return f"msamp not importable: not installed ({INSTALL_HINT})"
+    # `import msamp` imports both; without them it fails in prepare(), after winning the ranking.
+    if importlib.util.find_spec("transformer_engine_extensions") is None:
+        return ("msamp not importable here: it imports transformer_engine_extensions, the extension module of the "
+                "Transformer Engine it pins (2023); Transformer Engine 2.x no longer has it")
+    if importlib.util.find_spec("deepspeed") is None:
+        return "msamp not importable here: it imports deepspeed (MS-AMP pins deepspeed==0.13.1)"
     problem = hardware.fp8_gemm_problem()
     return f"MS-AMP {problem}" if problem else ""
 
@@ -85,8 +91,30 @@ def prepare_model_and_optimizer(model, optimizer, context: PrepareContext):
         )
     if context.strategy == "deepspeed":
         return model, optimizer  # msamp.deepspeed.initialize converts both (strategy_integration)
-    msamp = _import_msamp()
-    return msamp.initialize(model, optimizer, opt_level=level)
+    return initialize(_import_msamp(), model, optimizer, level)
+
+
+def initialize(msamp, model, optimizer, level: str):
+    """``msamp.initialize``, made right for PyTorch releases newer than MS-AMP 0.4.
+
+    MS-AMP passes every default of the optimizer to its LBAdam/LBAdamW, which do not take
+    ``decoupled_weight_decay`` (a default of Adam and AdamW in current PyTorch: TypeError); and it
+    tests ``isinstance(optimizer, Adam)`` first, which a current AdamW also is, so an AdamW would
+    silently become LBAdam (L2 weight decay instead of decoupled). lowbit removes the key before
+    the call and, for a decoupled optimizer given LBAdam, builds MS-AMP's LBAdamW on the same
+    converted parameter groups.
+    """
+    import inspect
+
+    import torch
+
+    decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(optimizer.defaults.get("decoupled_weight_decay"))
+    optimizer.defaults.pop("decoupled_weight_decay", None)
+    model, cast = msamp.initialize(model, optimizer, opt_level=level)
+    if decoupled and getattr(cast, "use_adam", False):
+        accepted = inspect.signature(msamp.optim.LBAdamW).parameters
+        cast = msamp.optim.LBAdamW(cast.param_groups, **{k: v for k, v in cast.defaults.items() if k in accepted})
+    return model, cast
 
 
 @hookimpl

@@ -49,6 +49,7 @@ class LBAdamW(torch.optim.AdamW):
 class LBAdam(LBAdamW):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, maximize: bool = False, *args, **kwargs):
         super().__init__(params=params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, *args, **kwargs)
+        self.use_adam = True  # MS-AMP's LBAdam is LBAdamW with L2 (coupled) weight decay
 
 
 def initialize(model, optimizer=None, opt_level="O1", use_te=False, weight_qtype=Dtypes.kfloat16, use_fsdp=False):
@@ -73,12 +74,14 @@ def initialize(model, optimizer=None, opt_level="O1", use_te=False, weight_qtype
         for i in range(len(group["params"])):
             group["params"][i] = parameters[order[position]]
             position += 1
-    defaults = dict(optimizer.defaults)
+    # As MS-AMP 0.4.0 does: the optimizer's own defaults, four keys dropped, and Adam tested first
+    # (so a PyTorch whose AdamW subclasses Adam gets LBAdam, and an unknown default key is passed on).
+    defaults = optimizer.defaults
     defaults["exp_avg_dtype"] = torch.uint8 if opt_level == "O2" else torch.float32
     defaults["exp_avg_sq_dtype"] = torch.float16 if opt_level == "O2" else torch.float32
-    for k in ["foreach", "capturable", "differentiable", "fused", "decoupled_weight_decay"]:
+    for k in ["foreach", "capturable", "differentiable", "fused"]:
         defaults.pop(k, None)
-    cls = LBAdamW if isinstance(optimizer, torch.optim.AdamW) else LBAdam
+    cls = LBAdam if isinstance(optimizer, torch.optim.Adam) else LBAdamW
     return model, cls(optimizer.param_groups, **defaults)
 
 
@@ -110,4 +113,7 @@ def install() -> dict[str, types.ModuleType]:
     ds.initialize = deepspeed_initialize
     ds.initialize.__name__ = "initialize"
     msamp.optim, msamp.deepspeed = optim, ds
-    return {"msamp": msamp, "msamp.optim": optim, "msamp.deepspeed": ds}
+    # msamp imports Transformer Engine's pre-2.0 extension module at import time.
+    tex = types.ModuleType("transformer_engine_extensions")
+    tex.__spec__ = importlib.machinery.ModuleSpec("transformer_engine_extensions", None)
+    return {"msamp": msamp, "msamp.optim": optim, "msamp.deepspeed": ds, "transformer_engine_extensions": tex}

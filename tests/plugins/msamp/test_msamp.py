@@ -179,6 +179,28 @@ def test_deepspeed_path_uses_msamp_deepspeed_and_its_config_section(msamp, monke
     acc.backward(nn.functional.mse_loss(model(x), y))
 
 
+@pytest.mark.parametrize("make, adam_w", [
+    (lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1), True),
+    (lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True), True),
+    (lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1), False),
+])
+def test_current_pytorch_adam_and_adamw_reach_the_right_msamp_optimizer(msamp, make, adam_w):
+    """MS-AMP 0.4 passes `decoupled_weight_decay` (a default of today's Adam/AdamW) on to LBAdam
+    (TypeError) and takes today's AdamW, a subclass of Adam, for Adam (L2 decay). lowbit hands
+    MS-AMP what it understands and keeps the decay the user chose."""
+    model = mlp()
+    _, prepared_opt = accelerator().prepare(model, make(model.parameters()))
+    cast = prepared_opt.optimizer
+    assert isinstance(cast, standin_msamp.LBAdamW) and getattr(cast, "use_adam", False) is (not adam_w)
+    assert cast.defaults["weight_decay"] == 0.1 and cast.exp_avg_dtype == torch.uint8
+
+
+def test_msamp_without_its_te_extension_is_unavailable_and_loses_the_ranking(msamp, monkeypatch):
+    monkeypatch.delitem(sys.modules, "transformer_engine_extensions")
+    assert "transformer_engine_extensions" in lowbit_msamp.unavailable_reason(H100)
+    assert Accelerator(mixed_precision="fp8", plugin_manager=manager()).fp8_backend == "ao"
+
+
 def test_availability_reasons():
     assert lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU")).startswith("msamp not importable")
 
