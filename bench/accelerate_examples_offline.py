@@ -4,10 +4,11 @@
 
 The stand-ins keep the shapes the scripts expect and need no network: ``datasets.load_dataset``
 gives an MRPC-shaped synthetic corpus (sentence pairs whose label says which half of the
-vocabulary the second sentence is drawn from, so that a small model learns it within the
-examples' few steps; 1024 training pairs, an uneven validation split of 43), ``AutoTokenizer.from_pretrained`` a word-level fast tokenizer over that
-corpus' vocabulary, ``AutoModelForSequenceClassification.from_pretrained`` a 2-layer BERT with
-random weights, and ``evaluate.load`` an accuracy/F1 metric.
+vocabulary both sentences are drawn from, so that a small model learns it within the examples'
+few epochs; 4096 training pairs, an uneven validation split of 43),
+``AutoTokenizer.from_pretrained`` a word-level fast tokenizer over that vocabulary,
+``AutoModelForSequenceClassification.from_pretrained`` a 2-layer BERT with random weights, and
+``evaluate.load`` an accuracy/F1 metric.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import sys
 
 WORDS = [f"w{i}" for i in range(60)]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-SIZES = {"train": 1024, "validation": 43, "test": 43}
+SIZES = {"train": 4096, "validation": 43, "test": 43}
 HALF = len(WORDS) // 2
 
 
@@ -25,9 +26,9 @@ def _pairs(n: int, seed: int) -> dict[str, list]:
     rng = random.Random(seed)
     rows: dict[str, list] = {"sentence1": [], "sentence2": [], "label": [], "idx": []}
     for i in range(n):
-        first = rng.choices(WORDS, k=rng.randint(5, 12))
         label = rng.random() < 0.5
-        second = rng.choices(WORDS[:HALF] if label else WORDS[HALF:], k=rng.randint(5, 12))
+        words = WORDS[:HALF] if label else WORDS[HALF:]
+        first, second = rng.choices(words, k=rng.randint(5, 12)), rng.choices(words, k=rng.randint(5, 12))
         rows["sentence1"].append(" ".join(first))
         rows["sentence2"].append(" ".join(second))
         rows["label"].append(int(label))

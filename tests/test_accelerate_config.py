@@ -196,3 +196,13 @@ def test_boolean_flags_do_not_swallow_the_script(tmp_path, monkeypatch):
 def test_num_processes_must_split_over_machines(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="total across machines"):
         build(tmp_path, monkeypatch, "--num_processes", "3", "--num_machines", "2", "--main_process_ip", "10.0.0.1")
+
+
+def test_processes_sharing_the_cores_get_their_share_of_threads(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    _, env, _ = build(tmp_path, monkeypatch, "--cpu", "--num_processes", "4")
+    assert env["OMP_NUM_THREADS"] == "4" and "4 processes share 16 CPU cores" in capsys.readouterr().err
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    _, env, _ = build(tmp_path, monkeypatch, "--cpu", "--num_processes", "4")
+    assert "OMP_NUM_THREADS" not in env  # the user's choice stands

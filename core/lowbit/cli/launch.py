@@ -161,9 +161,19 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
                         if getattr(args, name, None) is not None]
     if module:
         torchrun_options.append("--module")
+    if per_machine > 1 and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads_per_process(per_machine))
+        print(f"lowbit launch: {per_machine} processes share {os.cpu_count()} CPU cores: OMP_NUM_THREADS={env['OMP_NUM_THREADS']} "
+              "each (set OMP_NUM_THREADS or --num_cpu_threads_per_process to choose).", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(per_machine), *torchrun_options,
                *rendezvous, args.training_script, *args.training_script_args]
     return command, env, config
+
+
+def threads_per_process(processes: int) -> int:
+    """The cores of this machine split evenly: more threads than cores make every process slower
+    (torchrun alone would give each process 1 thread)."""
+    return max(1, (os.cpu_count() or 1) // processes)
 
 
 def run(args: argparse.Namespace) -> int:
