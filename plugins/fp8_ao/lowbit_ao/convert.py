@@ -11,6 +11,7 @@ from torch import nn
 
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
 from lowbit.types import PrepareContext
+from lowbit_ao.quiet_import import import_torchao
 
 # FP8 GEMMs need both dims of a weight to be multiples of 16.
 FP8_DIM_MULTIPLE = 16
@@ -21,6 +22,7 @@ class FP8EmulationNotice(UserWarning):
 
 
 def _float8_types():
+    import_torchao()
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.config import CastConfig, Float8GemmConfig
 
@@ -67,7 +69,7 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
             "Leave emulate unset (lowbit emulates where needed) or set emulate=True."
         )
     emulate = needs_emulation if options.emulate is None else options.emulate
-    if emulate and options.emulate is None and not config.emulate:
+    if emulate and options.emulate is None and not config.emulate and context.rank == 0:  # said once, not per rank
         warnings.warn(
             f"lowbit-ao: {hardware.describe()} has no FP8 GEMMs, so torchao emulates them (emulate=True): "
             "FP8 numerics, high-precision speed.",
@@ -108,6 +110,7 @@ def check_compatibility(context: PrepareContext) -> None:
 
 
 def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
+    import_torchao()
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
@@ -119,7 +122,7 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
         module_filter, skipped = default_module_filter(model, options.keep_first_last_high_precision)
     model = convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
-    if not converted:
+    if not converted and context.rank == 0:  # said once, not per rank
         reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear"
         warnings.warn(
             f"lowbit-ao: no Linear layer is eligible for FP8, so this model trains in high precision ({reasons}).",

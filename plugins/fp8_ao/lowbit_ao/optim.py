@@ -31,6 +31,9 @@ def to_low_bit_optimizer(optimizer: torch.optim.Optimizer, states: str) -> torch
         )
     if any(group.get("maximize") for group in optimizer.param_groups):
         raise UnsupportedCombinationError(f"torchao's {name} cannot maximize; the optimizer has maximize=True.")
+    from lowbit_ao.quiet_import import import_torchao
+
+    import_torchao()
     import torchao.optim
 
     cls = getattr(torchao.optim, name)

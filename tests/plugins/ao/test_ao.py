@@ -311,3 +311,21 @@ def test_torchao_missing_or_too_old_makes_ao_unavailable_with_the_reason(monkeyp
         ao_accelerator()
     monkeypatch.setattr(lowbit_ao.importlib.util, "find_spec", lambda name: None)
     assert lowbit_ao.unavailable_reason() == "torchao not installed: `pip install torchao`"
+
+
+def test_torchao_start_up_noise_is_dropped_and_nothing_else():
+    """torchao's GPU-kernel load failures and torch's Enum notices are harmless on a CPU machine;
+    lowbit drops exactly those lines while it imports torchao, and keeps everything else."""
+    import subprocess
+    import sys
+
+    def stderr_of(code: str) -> list[str]:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return [line for line in proc.stderr.splitlines() if line.strip()]
+
+    loud = stderr_of("import torchao")
+    quiet = stderr_of("from lowbit_ao.quiet_import import import_torchao; import_torchao()")
+    dropped = [line for line in loud if ("Failed to load" in line and "_C_" in line) or "is an Enum subclass" in line]
+    assert not any(line in quiet for line in dropped)
+    assert set(quiet) <= set(loud)  # nothing else was dropped, nothing new appeared
