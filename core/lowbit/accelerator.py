@@ -670,9 +670,10 @@ class Accelerator(RankFacts):
                     self.scaler.unscale_(opt.optimizer)
                     self._unscaled.add(id(opt.optimizer))
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        norm = self._call(self._fp8, "clip_grad_norm", parameters=parameters, max_norm=max_norm, norm_type=norm_type)
-        if norm is not None:
-            return norm
+        for plugin in (self._strategy, self._fp8):  # a strategy that owns the step (DeepSpeed) first
+            norm = self._call(plugin, "clip_grad_norm", parameters=parameters, max_norm=max_norm, norm_type=norm_type)
+            if norm is not None:
+                return norm
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     @contextlib.contextmanager

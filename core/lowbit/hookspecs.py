@@ -129,10 +129,13 @@ def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 @hookspec(firstresult=True)
 def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, norm_type: float, context: PrepareContext) -> torch.Tensor | None:
-    """Clip gradients whose type torch's ``clip_grad_norm_`` cannot handle (MS-AMP's ScalingTensor).
+    """Clip gradients where torch's ``clip_grad_norm_`` cannot: gradients of a type it does not
+    handle (MS-AMP's ScalingTensor), or held by a strategy that clips inside its own step
+    (DeepSpeed's ZeRO partitions).
 
-    Called by: ``Accelerator.clip_grad_norm_``, on the chosen FP8 backend, after fp16 gradients
-    were unscaled. Return the total norm; None lets lowbit call ``torch.nn.utils.clip_grad_norm_``.
+    Called by: ``Accelerator.clip_grad_norm_``, after fp16 gradients were unscaled: on the
+    distributed strategy first, then on the chosen FP8 backend. Return the total norm (before
+    clipping); None passes to the next, and finally to ``torch.nn.utils.clip_grad_norm_``.
     """
 
 

@@ -69,7 +69,8 @@ class TrainingStateCheckpointer:
                     dataloader_epochs=[d.epoch for d in acc._dataloaders],
                     custom_objects=len(self.custom_objects),
                 )
-            checkpoint.write_file_atomically(rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
+            checkpoint.write_file_atomically(rng_state([d.generator for d in acc._dataloaders]),
+                                             tmp / f"rng_state_{acc.process_index}.pt")
         return output_dir
 
     def load(self, input_dir: str | Path) -> None:
@@ -108,7 +109,8 @@ class TrainingStateCheckpointer:
         for loader, epoch in zip(acc._dataloaders, meta.get("dataloader_epochs", [])):
             loader.set_epoch(epoch)
         acc.step = meta["step"]
-        set_rng_state(checkpoint.read_tensor_file(directory / f"rng_state_{acc.process_index}.pt"))
+        set_rng_state(checkpoint.read_tensor_file(directory / f"rng_state_{acc.process_index}.pt"),
+                      [d.generator for d in acc._dataloaders])
         acc.wait_for_everyone()
 
 
@@ -118,9 +120,11 @@ def _lowbit_version() -> str:
     return __version__
 
 
-def rng_state() -> dict[str, Any]:
-    """Every RNG a training script draws from: Python's, NumPy's (when installed), torch's, CUDA's."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+def rng_state(loader_generators: list[Any] = ()) -> dict[str, Any]:
+    """Every RNG a training script draws from: Python's, NumPy's (when installed), torch's, CUDA's,
+    and the shuffling generators of the prepared dataloaders (so a resumed epoch draws the same order)."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state(),
+                             "dataloaders": [g.get_state() if g is not None else None for g in loader_generators]}
     try:
         import numpy as np
     except ImportError:
@@ -133,11 +137,14 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], loader_generators: list[Any] = ()) -> None:
     try:
         version, internal, gauss = state["python"]
         random.setstate((version, tuple(internal), gauss))
         torch.set_rng_state(state["torch"])
+        for generator, saved in zip(loader_generators, state.get("dataloaders", [])):
+            if generator is not None and saved is not None:
+                generator.set_state(saved)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"The RNG state in this checkpoint is damaged: {type(exc).__name__}: {exc}") from None
     if "numpy" in state:

@@ -78,6 +78,24 @@ def main() -> None:
         resumed = acc2.get_state_dict(model2)
         same = all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
         result = {"resumed_equals_uninterrupted": same}
+    elif scenario == "clip":
+        # One SGD step at lr 1 after clip_grad_norm_(0.05): the weights move by exactly the
+        # clipped norm when clipping took effect, by the full gradient norm when it did not.
+        acc = Accelerator()
+        model = mlp(seed=0, width=64)
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        x, y = regression_data(PER_RANK_BATCH * acc.num_processes)
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=PER_RANK_BATCH)
+        model, opt, loader = acc.prepare(model, opt, loader)
+        before = {k: v.float().clone() for k, v in acc.get_state_dict(model).items()}
+        inputs, targets = next(iter(loader))
+        acc.backward(nn.functional.mse_loss(model(inputs), targets))
+        norm = acc.clip_grad_norm_(model.parameters(), 0.05)
+        opt.step()
+        opt.zero_grad()
+        after = acc.get_state_dict(model)
+        update = sum(((after[k].float() - before[k]) ** 2).sum() for k in before) ** 0.5
+        result = {"norm": float(norm), "update": float(update)}
     elif scenario == "profile":
         acc, model, opt, loader = build(scenario)
         with acc.profile(out / "profile", wait=0, warmup=1, active=2) as prof:

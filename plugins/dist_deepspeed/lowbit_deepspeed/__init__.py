@@ -8,6 +8,7 @@ import importlib.util
 import json
 
 from lowbit import hookimpl
+from lowbit.errors import UnsupportedCombinationError
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit_deepspeed.ds_config import SECTION_KEYS, check_section
 
@@ -38,20 +39,40 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
 
 @hookimpl
 def backward(loss, model, context: PrepareContext):
+    from lowbit_deepspeed.engine import PENDING_STEP, run_pending_step
+
+    run_pending_step(context)  # a boundary step the script never took (no optimizer.step()) comes first
+    boundary = model.is_gradient_accumulation_boundary()
     model.backward(loss)
-    model.step()  # DeepSpeed's step knows the accumulation boundary; optimizer.step() is a no-op
+    if boundary:
+        context.backend_state[PENDING_STEP] = model  # taken by optimizer.step() or clip_grad_norm_
+    else:
+        model.step()  # between boundaries DeepSpeed's step only counts the micro-step
     return True
 
 
 @hookimpl
-def full_state_dict(model, context: PrepareContext):
-    from lowbit_deepspeed.engine import gathered_state_dict
+def clip_grad_norm(parameters, max_norm, norm_type, context: PrepareContext):
+    from lowbit_deepspeed.engine import clip_and_step
 
+    if float(norm_type) != 2.0:
+        raise UnsupportedCombinationError(f"DeepSpeed clips gradients by their 2-norm only; got norm_type={norm_type}.")
+    return clip_and_step(context.backend_state["deepspeed_engine"], max_norm, context)
+
+
+@hookimpl
+def full_state_dict(model, context: PrepareContext):
+    from lowbit_deepspeed.engine import gathered_state_dict, run_pending_step
+
+    run_pending_step(context)
     return gathered_state_dict(model)
 
 
 @hookimpl
 def save_checkpoint(directory, model, optimizer, context: PrepareContext):
+    from lowbit_deepspeed.engine import run_pending_step
+
+    run_pending_step(context)
     model.save_checkpoint(directory, tag="deepspeed")
     return True
 

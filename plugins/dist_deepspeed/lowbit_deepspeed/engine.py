@@ -9,16 +9,31 @@ from lowbit.types import PrepareContext
 from lowbit_deepspeed.ds_config import build_config
 
 
-class EngineOwnedOptimizer(torch.optim.Optimizer):
-    """The DeepSpeed optimizer, with ``step``/``zero_grad`` left to the engine.
+PENDING_STEP = "deepspeed_pending_step"
 
-    ``accelerator.backward`` runs ``engine.backward`` and ``engine.step`` (which steps at the
-    accumulation boundary and zeroes gradients), as DeepSpeed requires; so the script's own
-    ``optimizer.step()`` and ``zero_grad()`` must not act a second time.
+
+def run_pending_step(context: PrepareContext) -> bool:
+    """Take the engine step that the last backward left for the script's ``optimizer.step()``
+    (or ``clip_grad_norm_``); True when there was one."""
+    engine = context.backend_state.pop(PENDING_STEP, None)
+    if engine is None:
+        return False
+    engine.step()
+    return True
+
+
+class EngineOwnedOptimizer(torch.optim.Optimizer):
+    """The DeepSpeed optimizer, stepped through the engine.
+
+    ``accelerator.backward`` runs ``engine.backward``, and ``engine.step`` at once between
+    accumulation boundaries (DeepSpeed counts micro-steps there); the step at a boundary waits
+    for the script's ``optimizer.step()``, so that ``accelerator.clip_grad_norm_`` called before
+    it can still clip. ``zero_grad()`` is the engine's business.
     """
 
-    def __init__(self, ds_optimizer: Any):
+    def __init__(self, ds_optimizer: Any, context: PrepareContext):
         self.optimizer = ds_optimizer
+        self._context = context
 
     @property
     def param_groups(self):
@@ -33,6 +48,7 @@ class EngineOwnedOptimizer(torch.optim.Optimizer):
         return getattr(self.optimizer, "defaults", {})
 
     def step(self, closure=None):
+        run_pending_step(self._context)
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -75,7 +91,30 @@ def initialize(model, optimizer, context: PrepareContext):
     config.update(integration.get("config", {}))
     initialize_fn = integration.get("initialize", deepspeed.initialize)
     engine, ds_optimizer, _, _ = initialize_fn(model=model, optimizer=optimizer, config=config, dist_init_required=False)
-    return engine, (EngineOwnedOptimizer(ds_optimizer) if ds_optimizer is not None else None)
+    context.backend_state["deepspeed_engine"] = engine
+    return engine, (EngineOwnedOptimizer(ds_optimizer, context) if ds_optimizer is not None else None)
+
+
+def clip_and_step(engine, max_norm: float, context: PrepareContext) -> torch.Tensor:
+    """``clip_grad_norm_`` under DeepSpeed: the boundary step runs now, clipped at ``max_norm``.
+
+    DeepSpeed clips inside its step, with the value of ``gradient_clipping``; that value is set to
+    the caller's ``max_norm`` first (in the engine's config and in its ZeRO / bf16 optimizer,
+    which copied it at creation). The returned norm is the one DeepSpeed computed before
+    clipping. Without ZeRO and in fp32 the gradients are plain ``.grad`` tensors, clipped here.
+    """
+    engine._config.gradient_clipping = float(max_norm)
+    if hasattr(engine.optimizer, "clip_grad"):
+        engine.optimizer.clip_grad = float(max_norm)
+    plain = not (engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled())
+    norm = None
+    if plain and PENDING_STEP in context.backend_state:
+        norm = torch.nn.utils.clip_grad_norm_([p for p in engine.module.parameters() if p.grad is not None], max_norm)
+    if run_pending_step(context) and norm is None:
+        norm = engine.get_global_grad_norm()
+    if norm is None:  # not at an accumulation boundary: the norm of the last step taken
+        norm = engine.get_global_grad_norm() or 0.0
+    return norm.detach() if torch.is_tensor(norm) else torch.tensor(float(norm))
 
 
 def gathered_state_dict(engine) -> dict[str, torch.Tensor]:

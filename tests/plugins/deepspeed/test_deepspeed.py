@@ -133,3 +133,23 @@ def test_fp8_under_zero2(tmp_path):
 def test_zero3_checkpoint_resume(tmp_path):
     results = launch(tmp_path, "resume", "--use_deepspeed", "--zero_stage", "3", "--mixed_precision", "bf16")
     assert all(r["resumed_equals_uninterrupted"] for r in results)
+
+
+@pytest.fixture(scope="module")
+def clip_under_ddp(tmp_path_factory):
+    return {precision: launch(tmp_path_factory.mktemp(f"ddp-{precision}"), "clip", "--mixed_precision", precision)
+            for precision in ("no", "bf16")}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("stage, precision", [(0, "no"), (2, "bf16"), (3, "bf16")])
+def test_clip_grad_norm_clips_under_deepspeed_as_under_ddp(tmp_path, clip_under_ddp, stage, precision):
+    """DeepSpeed clips inside its own step: accelerator.clip_grad_norm_ must still take effect
+    (the step waits for it) and return the real norm, as under DDP."""
+    ours = launch(tmp_path, "clip", "--use_deepspeed", "--zero_stage", str(stage), "--mixed_precision", precision)
+    reference = clip_under_ddp[precision][0]
+    assert reference["norm"] > 0.2 and reference["update"] == pytest.approx(0.05, rel=0.05)  # DDP clipped
+    for rank in ours:
+        assert rank["norm"] == pytest.approx(reference["norm"], rel=0.02)
+        assert rank["update"] == pytest.approx(0.05, rel=0.05), "the update was not clipped to max_norm"
+
