@@ -195,3 +195,13 @@ def test_autocast_nests_the_fp8_context_inside_bf16_autocast():
         backend.events.append(("body", torch.is_autocast_enabled("cpu")))
     assert not torch.is_autocast_enabled("cpu")
     assert backend.events == [("enter", True), ("body", True), ("exit", True)]
+
+
+def test_fp16_on_cpu_says_that_bf16_is_the_choice_there():
+    from lowbit.accelerator import CPUFp16Notice
+
+    with pytest.warns(CPUFp16Notice, match="bf16 is the low-precision choice on CPUs"):
+        Accelerator(mixed_precision="fp16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CPUFp16Notice)
+        Accelerator(mixed_precision="bf16")

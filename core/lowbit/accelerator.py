@@ -133,6 +133,10 @@ class Accelerator(RankFacts):
         self._fp8: Selection | None = None
         fp8_options = self._choose_fp8(handlers)
         self._strategy = self._choose_strategy()
+        if self.mixed_precision == "fp16" and self.device.type == "cpu" and self.is_main_process:
+            warnings.warn("fp16 on a CPU usually runs much slower than fp32 (torch's CPU autocast has no fast fp16 "
+                          "matmuls on most CPUs); bf16 is the low-precision choice on CPUs.",
+                          CPUFp16Notice, stacklevel=2)
 
         self.context = PrepareContext(
             hardware=self.hardware,
@@ -830,6 +834,10 @@ def _leaves(data: Any) -> Iterator[Any]:
             yield from _leaves(value)
     else:
         yield data
+
+
+class CPUFp16Notice(UserWarning):
+    """fp16 was chosen on a CPU, where it is slow; said once per Accelerator, on the main process."""
 
 
 def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, dynamo: Any, explicit: dict[str, Any]) -> dict[str, Any]:
