@@ -97,3 +97,11 @@ def test_two_process_checkpoint_resume_matches_uninterrupted_run(tmp_path):
 def test_fsdp2_checkpoint_resume(tmp_path):
     results = launch(tmp_path, "resume", "--use_fsdp")
     assert all(r["resumed_equals_uninterrupted"] for r in results)
+
+
+@pytest.mark.parametrize("hook, registered", [("fp16", "fp16_compress_hook"), ("power_sgd", "powerSGD_hook")])
+def test_ddp_comm_hooks_are_registered_and_train(tmp_path, hook, registered):
+    results = launch(tmp_path, f"comm-hook-{hook}")
+    assert all(registered in (r["comm_hook"] or "") for r in results), [r["comm_hook"] for r in results]
+    assert_loss_decreases(results[0]["losses"])
+

@@ -153,7 +153,12 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_state_option: dict = dataclasses.field(default_factory=dict)
 
     def ddp_kwargs(self) -> dict[str, Any]:
-        return {k: v for k, v in self.to_kwargs().items() if k not in ("comm_hook", "comm_wrapper", "comm_state_option")}
+        """DDP's constructor arguments, plus the comm hook settings (by value) for the DDP strategy."""
+        kwargs = self.to_kwargs()
+        for key in ("comm_hook", "comm_wrapper"):
+            if key in kwargs:
+                kwargs[key] = DDPCommunicationHookType(kwargs[key]).value
+        return kwargs
 
 
 @dataclasses.dataclass

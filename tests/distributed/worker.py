@@ -38,6 +38,12 @@ def optimizer_state_bytes(optimizer) -> int:
 
 def build(scenario: str, shuffle: bool = False):
     handlers = []
+    if scenario.startswith("comm-hook-"):  # comm-hook-fp16, comm-hook-power_sgd, ...
+        from lowbit.utils import DistributedDataParallelKwargs
+
+        hook = scenario[len("comm-hook-"):]
+        state = {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2} if "power_sgd" in hook else {}
+        handlers = [DistributedDataParallelKwargs(comm_hook=hook, comm_state_option=state)]
     if scenario.startswith("fp8"):
         from lowbit.utils import AORecipeKwargs
 
@@ -118,6 +124,7 @@ def main() -> None:
             "losses": losses,
             "param_bytes": local_bytes(acc.unwrap_model(model).parameters()),
             "optimizer_state_bytes": optimizer_state_bytes(opt),
+            "comm_hook": model._get_ddp_logging_data().get("comm_hook") if hasattr(model, "_get_ddp_logging_data") else None,
             "weight_types": sorted({type(getattr(p, "_local_tensor", p)).__name__ for p in acc.unwrap_model(model).parameters()}),
         }
     result["world_size"] = acc.num_processes

@@ -18,5 +18,23 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
         return model, optimizer
     from torch.nn.parallel import DistributedDataParallel
 
+    options = dict(context.strategy_options)
+    hook, wrapper, state_option = options.pop("comm_hook", "no"), options.pop("comm_wrapper", "no"), options.pop("comm_state_option", {})
     device_ids = [context.device.index or 0] if context.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids, **context.strategy_options), optimizer
+    model = DistributedDataParallel(model, device_ids=device_ids, **options)
+    if hook != "no":
+        model.register_comm_hook(*_comm_hook(hook, wrapper, state_option))
+    return model, optimizer
+
+
+def _comm_hook(hook: str, wrapper: str, state_option: dict):
+    """torch's gradient-communication hook for DistributedDataParallelKwargs(comm_hook=...), with
+    its state; ``comm_wrapper`` compresses what a PowerSGD hook sends to fp16 or bf16."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if hook in ("fp16", "bf16"):
+        return None, getattr(default_hooks, f"{hook}_compress_hook")
+    function = {"power_sgd": powerSGD_hook.powerSGD_hook, "batched_power_sgd": powerSGD_hook.batched_powerSGD_hook}[hook]
+    if wrapper != "no":
+        function = getattr(default_hooks, f"{wrapper}_compress_wrapper")(function)
+    return powerSGD_hook.PowerSGDState(process_group=None, **state_option), function
