@@ -45,3 +45,29 @@ def test_a_failing_rank_ends_the_job_within_a_minute(tmp_path, fail_rank):
     assert proc.returncode != 0
     assert ended - float(stamp.read_text()) < 60, f"the job took {ended - float(stamp.read_text()):.0f} s to end"
     assert "ValueError: rank failed on purpose" in proc.stderr
+
+
+def test_exit_waits_for_busy_native_threads_but_not_for_idle_ones():
+    """The normal-exit path gives other threads of the process a GIL-free moment before shutdown:
+    it returns at once when they are idle, and waits (up to its limit) while one is running."""
+    import threading
+    import time
+
+    from lowbit.state import wait_for_native_threads_to_settle
+
+    assert wait_for_native_threads_to_settle(timeout=5.0)
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            sum(range(1000))
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        started = time.monotonic()
+        assert not wait_for_native_threads_to_settle(timeout=0.5)
+        assert time.monotonic() - started >= 0.5
+    finally:
+        stop.set()
+        worker.join()

@@ -98,8 +98,57 @@ def leave_process_group() -> None:
                   f"{EXIT_BARRIER_TIMEOUT.total_seconds():.0f} s ({exc}); leaving without them.", file=sys.stderr)
         else:
             dist.destroy_process_group()
+            wait_for_native_threads_to_settle()
             return
     _exit_now(1)
+
+
+def wait_for_native_threads_to_settle(timeout: float = 2.0, interval: float = 0.02, quiet_samples: int = 3) -> bool:
+    """Before interpreter shutdown, give torch's C++ threads the GIL-free moment they need to finish.
+
+    Why: after DDP or FSDP2 the gloo process group outlives ``destroy_process_group`` (the model
+    holds it), so its worker threads live on into interpreter shutdown. A worker that is still
+    dropping the last reference to a Python-owned object needs the GIL; if it gets it once
+    shutdown has begun, CPython 3.11 ends the thread with ``pthread_exit``, whose unwinding through
+    a C++ ``noexcept`` frame aborts the process ("terminate called without an active exception",
+    exit -6), after the script finished. Seen under load, with faulthandler showing the main
+    thread in shutdown (no Python frame) and the abort in a thread Python does not own. So: sleep
+    (releasing the GIL) until no other thread of this process is running, for a few samples in a
+    row, or ``timeout`` seconds. Returns True when the threads settled.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    calm = 0
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        calm = calm + 1 if not _other_threads_running() else 0
+        if calm >= quiet_samples:
+            return True
+    return False
+
+
+def _other_threads_running() -> bool:
+    """Whether a thread of this process other than the calling one is running (state R in
+    /proc); False where /proc is not available (nothing to wait for that can be seen)."""
+    import threading
+
+    me = threading.get_native_id()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        if int(tid) == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        if state == "R":
+            return True
+    return False
 
 
 def _exit_now(status: int) -> None:
