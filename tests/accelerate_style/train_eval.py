@@ -89,7 +89,11 @@ def main():
         result["epochs"].append({"accuracy": round(accuracy, 6), "samples": total})
         accelerator.save_state(os.path.join(args.out, "checkpoint"))
 
-    # Resume: reload the last checkpoint, skip the first batches, continue the same way.
+    # Resume: reload the last checkpoint, skip the first batches, continue the same way. Under
+    # Accelerate only the main process writes the checkpoint and nothing waits for it, so the other
+    # ranks must wait before reading it back (without this, Accelerate's rank 1 was seen reading a
+    # half-written file). lowbit's load_state waits by itself; the line is harmless there.
+    accelerator.wait_for_everyone()
     accelerator.load_state(os.path.join(args.out, "checkpoint"))
     resumed = accelerator.skip_first_batches(train_loader, 2)
     x, y = next(iter(resumed))
