@@ -83,7 +83,7 @@ def run_one(src: Path, script: str, library: str, processes: int, timeout: float
         if processes == 1:
             cmd = [sys.executable, *runner]
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", "0", *runner]
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *runner]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
         env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                    HF_HOME=str(workdir / "hf"), WANDB_MODE="disabled", PYTHONPATH=str(workdir))
@@ -110,7 +110,7 @@ def main() -> int:
     rows, failures = [], 0
     for script in args.scripts or list(SCRIPTS):
         results = {lib: run_one(args.accelerate_src, script, lib, args.processes, args.timeout) for lib in ("accelerate", "lowbit")}
-        (acc_rc, acc_metrics, acc_err, acc_s), (low_rc, low_metrics, low_err, low_s) = results["accelerate"], results["lowbit"]
+        (acc_rc, acc_metrics, _, acc_s), (low_rc, low_metrics, _, low_s) = results["accelerate"], results["lowbit"]
         same = "same" if acc_rc == low_rc == 0 and acc_metrics == low_metrics else ("differ" if acc_rc == low_rc == 0 else "-")
         failures += low_rc != 0 or same == "differ"
         rows.append((script, acc_rc, low_rc, same, low_s / max(acc_s, 1e-9)))

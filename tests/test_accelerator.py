@@ -2,9 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 import textwrap
 import warnings
 

@@ -1,0 +1,250 @@
+"""What ``Accelerator.prepare`` does: each object through the chosen plugins, in order.
+
+A model goes through the FP8 backend (conversion, or model and optimizer together), then the
+distributed strategy, then gets its forward wrapped in the autocast contexts (and
+``torch.compile``); optimizers, schedulers and dataloaders get lowbit's wrappers. The
+Accelerator owns the state; this collaborator holds the steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
+
+import torch
+
+from lowbit.data_loader import PreparedDataLoader
+from lowbit.errors import ConfigError
+from lowbit.prepared import PreparedOptimizer, PreparedScheduler
+from lowbit.types import PrepareContext
+
+if TYPE_CHECKING:
+    from lowbit.accelerator import Accelerator
+
+
+class Preparation:
+    def __init__(self, accelerator: "Accelerator") -> None:
+        self.acc = accelerator
+
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare models, optimizers, dataloaders and LR schedulers, in any order.
+
+        Returns them in the order given (a single object is returned as itself).
+        """
+        acc = self.acc
+        kinds = [self._kind_of(index, obj) for index, obj in enumerate(objects)]
+        result = list(objects)
+        acc._call(acc._fp8, "check_compatibility")
+        acc._call(acc._strategy, "check_compatibility")
+
+        model_positions = [i for i, k in enumerate(kinds) if k == "model"]
+        optimizer_positions = [i for i, k in enumerate(kinds) if k == "optimizer"]
+        raw_optimizers = {i: objects[i] for i in optimizer_positions}
+        # A model and the optimizers created for it travel together through the joint hooks.
+        paired_optimizer = optimizer_positions[0] if len(model_positions) == 1 and optimizer_positions else None
+        if len(model_positions) == 1 and acc.context.batch_size is None:
+            acc.context.batch_size = next(
+                (getattr(o, "batch_size", None) for o, k in zip(objects, kinds) if k == "dataloader"), None
+            )
+
+        for m_index in model_positions:
+            model = result[m_index].to(acc.device)
+            optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
+            model, optimizer = self._prepare_fp8(model, optimizer)
+            if paired_optimizer is not None:
+                raw_optimizers[paired_optimizer] = optimizer
+            model, optimizer = self._distribute(model, optimizer)
+            if paired_optimizer is not None:
+                raw_optimizers[paired_optimizer] = optimizer
+            result[m_index] = self._wrap_forward(model)
+            result[m_index]._lowbit_prepared = True
+            acc._models.append(result[m_index])
+            report = acc.fp8_report(result[m_index])
+            if report:
+                acc.print(f"lowbit: {report}")
+
+        if acc._fp8 is not None and paired_optimizer is None:
+            for index in optimizer_positions:  # optimizers prepared without their model
+                raw_optimizers[index] = acc._call(acc._fp8, "wrap_optimizer", optimizer=raw_optimizers[index], model=None) or raw_optimizers[index]
+        for index in optimizer_positions:
+            result[index] = self._prepare_optimizer(raw_optimizers[index])
+
+        replaced = {id(objects[i]): result[i] for i in optimizer_positions}
+        for index, kind in enumerate(kinds):
+            if kind == "scheduler":
+                result[index] = self._prepare_scheduler(objects[index], replaced)
+            elif kind == "dataloader":
+                result[index] = PreparedDataLoader(
+                    objects[index], acc.device, acc.num_processes, acc.process_index, acc.gradient_state,
+                    split_batches=acc.split_batches, even_batches=acc.dataloader_config.even_batches,
+                    device_placement=acc.device_placement)
+                acc._dataloaders.append(result[index])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    @staticmethod
+    def _kind_of(index: int, obj: Any) -> str:
+        if isinstance(obj, torch.nn.Module):
+            if hasattr(obj, "_lowbit_prepared"):
+                raise ConfigError(
+                    f"prepare() argument {index} is a model that was already prepared; prepare each model once "
+                    "(pass the original model, and use what prepare() returned from then on)."
+                )
+            return "model"
+        if isinstance(obj, PreparedOptimizer):
+            raise ConfigError(f"prepare() argument {index} is already prepared; pass each object once.")
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer"
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return "dataloader"
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+            hasattr(obj, "step") and isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer)
+        ):
+            return "scheduler"
+        raise TypeError(
+            f"prepare() argument {index} is a {type(obj).__module__}.{type(obj).__name__}, which lowbit cannot prepare. "
+            "It takes models (torch.nn.Module), optimizers (torch.optim.Optimizer), dataloaders "
+            "(torch.utils.data.DataLoader) and LR schedulers."
+        )
+
+    def _prepare_fp8(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+        acc = self.acc
+        if acc._fp8 is None:
+            return model, optimizer
+        names = _parameter_names(model)
+        if acc._implements(acc._fp8, "prepare_model_and_optimizer"):
+            model, optimizer = acc._call(acc._fp8, "prepare_model_and_optimizer", model=model, optimizer=optimizer)
+            return model, optimizer
+        model = acc._call(acc._fp8, "convert_model", model=model) or model
+        if optimizer is not None:
+            _remap_optimizer_params(optimizer, names, model)
+            optimizer = acc._call(acc._fp8, "wrap_optimizer", optimizer=optimizer, model=model) or optimizer
+        return model, optimizer
+
+    def _distribute(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+        acc = self.acc
+        if acc._strategy is None:
+            return model, optimizer
+        integration = acc._call(acc._fp8, "strategy_integration", strategy=acc._strategy.name)
+        if integration:
+            acc.context.backend_state["strategy_integration"] = integration
+        names = _parameter_names(model)
+        wrapped = acc._call(acc._strategy, "wrap_for_distribution", model=model, optimizer=optimizer)
+        new_model, new_optimizer = wrapped if wrapped is not None else (model, optimizer)
+        if new_optimizer is optimizer and optimizer is not None:
+            _remap_optimizer_params(optimizer, names, new_model)  # FSDP2 swaps in DTensor parameters
+        return new_model, new_optimizer
+
+    def autocast_callers(self) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+        """The precision plugin's context (outer, native autocast) and the FP8 backend's (inner)."""
+        acc = self.acc
+        outer = acc._routed(acc._precision, "autocast_context") if acc.context.autocast_dtype is not None else None
+        inner = acc._routed(acc._fp8, "autocast_context") if acc._implements(acc._fp8, "autocast_context") else None
+        return outer, inner
+
+    def _compile_options(self) -> dict[str, Any]:
+        """torch.compile's mode, fullgraph and dynamic from the settings (only those given)."""
+        acc = self.acc
+        given = {"mode": acc.config.dynamo_mode, "fullgraph": acc.config.dynamo_use_fullgraph,
+                 "dynamic": acc.config.dynamo_use_dynamic}
+        options = acc.dynamo_plugin.options if acc.dynamo_plugin is not None else None
+        return {k: v for k, v in {**given, "options": options}.items() if v is not None}
+
+    def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
+        acc = self.acc
+        if acc.config.dynamo_backend not in ("no", "NO", None):
+            model = torch.compile(model, backend=acc.config.dynamo_backend.lower(), **self._compile_options())
+        outer, inner = self.autocast_callers()
+        if outer is None and inner is None:
+            return model
+        original = model.forward
+        context = acc.context
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with _maybe(outer, model, context), _maybe(inner, model, context):
+                output = original(*args, **kwargs)
+            return _outputs_to_fp32(output)
+
+        forward.__wrapped__ = original  # type: ignore[attr-defined]
+        model.forward = forward
+        model._lowbit_original_forward = original  # type: ignore[assignment]
+        return model
+
+    def _prepare_optimizer(self, optimizer: Any) -> PreparedOptimizer:
+        acc = self.acc
+        if isinstance(optimizer, PreparedOptimizer):
+            return optimizer
+        model = acc._models[-1] if acc._models else None
+        backend_step = acc._routed(acc._fp8, "after_optimizer_step") if acc._implements(acc._fp8, "after_optimizer_step") else None
+
+        def after_step() -> None:
+            if backend_step is not None:
+                backend_step(model=model, optimizer=optimizer, context=acc.context)
+            if acc._telemetry is not None:
+                acc._telemetry.next_step()
+
+        prepared = PreparedOptimizer(optimizer, acc, after_step)
+        acc._optimizers.append(prepared)
+        return prepared
+
+    def _prepare_scheduler(self, scheduler: Any, replaced: dict[int, PreparedOptimizer]) -> PreparedScheduler:
+        acc = self.acc
+        prepared_opt = replaced.get(id(scheduler.optimizer))
+        if prepared_opt is not None and prepared_opt.optimizer is not scheduler.optimizer:
+            # The backend swapped the optimizer (e.g. for one with FP8 states); keep the
+            # schedule driving the one that actually steps.
+            scheduler.optimizer = prepared_opt.optimizer
+            _mark_step_tracked(prepared_opt.optimizer)
+        optimizers = [prepared_opt] if prepared_opt is not None else list(acc._optimizers)
+        prepared = PreparedScheduler(scheduler, optimizers, acc)
+        acc._schedulers.append(prepared)
+        return prepared
+
+
+def _maybe(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:
+    if caller is None:
+        return contextlib.nullcontext()
+    return caller(model=model, context=context) or contextlib.nullcontext()
+
+
+def _outputs_to_fp32(output: Any) -> Any:
+    """Return model outputs in fp32 so the loss is computed outside low precision."""
+    if isinstance(output, torch.Tensor):
+        return output.float() if output.dtype in (torch.float16, torch.bfloat16) else output
+    if isinstance(output, dict):
+        return type(output)({k: _outputs_to_fp32(v) for k, v in output.items()})
+    if isinstance(output, (list, tuple)) and not hasattr(output, "_fields"):
+        return type(output)(_outputs_to_fp32(v) for v in output)
+    return output
+
+
+def _parameter_names(model: torch.nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+def _remap_optimizer_params(optimizer: torch.optim.Optimizer, old_names: dict[int, str], model: torch.nn.Module) -> None:
+    """Point the optimizer at the model's current parameters after a backend replaced them."""
+    current = dict(model.named_parameters(remove_duplicate=False))
+    for group in optimizer.param_groups:
+        new_params = []
+        for p in group["params"]:
+            replacement = current.get(old_names.get(id(p), ""), p)
+            if replacement is not p and p in optimizer.state:
+                optimizer.state[replacement] = optimizer.state.pop(p)
+            new_params.append(replacement)
+        group["params"] = new_params
+
+
+def _mark_step_tracked(optimizer: torch.optim.Optimizer) -> None:
+    """Give a swapped-in optimizer the step marker torch's LRScheduler put on the original, so the
+    scheduler does not warn that ``optimizer.step`` was overridden."""
+    step = optimizer.step
+    if hasattr(step, "_wrapped_by_lr_sched"):
+        return
+
+    @functools.wraps(step)
+    def tracked_step(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True  # type: ignore[attr-defined]
+        return step(*args, **kwargs)
+
+    tracked_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = tracked_step  # type: ignore[method-assign]
