@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import textwrap
 import warnings
 
 import pytest
@@ -13,7 +12,7 @@ from lowbit import hookimpl
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.errors import BackendUnavailableError, CheckpointError, ConfigError
+from lowbit.errors import BackendUnavailableError, ConfigError
 from lowbit.prepared import PreparedOptimizer
 from lowbit.selftest import train_steps
 from lowbit.utils import FP8RecipeKwargs
