@@ -163,6 +163,11 @@ def run_isolated(precision: str, argv: list[str]) -> dict:
         return json.loads(out.read_text())
 
 
+def smoothed(losses: list[float], window: int = 10) -> list[float]:
+    """The trailing mean over ``window`` steps (the raw per-step loss is too noisy to compare)."""
+    return [sum(losses[max(0, i - window):i + 1]) / len(losses[max(0, i - window):i + 1]) for i in range(len(losses))]
+
+
 def report(results: list[dict], plot_path: str) -> None:
     base = next((r for r in results if r["precision"] == "fp32"), results[0])
     print(f"\n{'precision':<10}{'backend':<9}{'final loss':>11}{'step ms':>10}{'vs ' + base['precision']:>9}{'peak MB':>10}")
@@ -177,13 +182,25 @@ def report(results: list[dict], plot_path: str) -> None:
     except ImportError:
         print("(pip install matplotlib to get the loss plot)")
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in results:
-        window = 10
-        smooth = [sum(r["losses"][max(0, i - window):i + 1]) / len(r["losses"][max(0, i - window):i + 1]) for i in range(len(r["losses"]))]
-        ax.plot(range(1, len(smooth) + 1), smooth, label=f"{r['precision']} ({r['backend']})")
-    ax.set(xlabel="step", ylabel="training loss (10-step mean)", title="char GPT: loss by precision")
-    ax.legend()
+    # Left: the loss curves, and beneath them each precision's difference from the baseline, so
+    # that curves lying on top of each other read as "the same", on purpose. Right: step time.
+    fig = plt.figure(figsize=(11, 5.5))
+    grid = fig.add_gridspec(2, 2, width_ratios=(2.2, 1), height_ratios=(2, 1))
+    curves, diffs, bars = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[:, 1])
+    base_curve = smoothed(base["losses"])
+    for i, r in enumerate(results):
+        curve = smoothed(r["losses"])
+        label = f"{r['precision']} ({r['backend']})"
+        curves.plot(range(1, len(curve) + 1), curve, label=label, color=f"C{i}")
+        if r is not base:
+            diffs.plot(range(1, len(curve) + 1), [a - b for a, b in zip(curve, base_curve)], label=label, color=f"C{i}")
+    curves.set(ylabel="training loss (10-step mean)", title="char GPT: loss by precision")
+    curves.legend()
+    diffs.axhline(0.0, color="grey", linewidth=0.8)
+    diffs.set(xlabel="step", ylabel=f"minus {base['precision']}")
+    names = [r["precision"] for r in results]
+    bars.bar(names, [r["step_ms"] for r in results], color=[f"C{i}" for i in range(len(results))])
+    bars.set(ylabel="ms per step (median)", title="step time")
     fig.tight_layout()
     Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(plot_path, dpi=120)

@@ -193,11 +193,21 @@ def test_autocast_nests_the_fp8_context_inside_bf16_autocast():
     assert backend.events == [("enter", True), ("body", True), ("exit", True)]
 
 
-def test_fp16_on_cpu_says_that_bf16_is_the_choice_there():
-    from lowbit.accelerator import CPUFp16Notice
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_slow_precisions_on_this_cpu_are_named(monkeypatch, native_bf16):
+    from lowbit.accelerator import SlowPrecisionNotice
 
-    with pytest.warns(CPUFp16Notice, match="bf16 is the low-precision choice on CPUs"):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    with pytest.warns(SlowPrecisionNotice, match="bf16 is the low-precision choice on CPUs"):
         Accelerator(mixed_precision="fp16")
+    if native_bf16:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SlowPrecisionNotice)
+            Accelerator(mixed_precision="bf16")
+    else:
+        with pytest.warns(SlowPrecisionNotice, match="no native bf16"):
+            Accelerator(mixed_precision="bf16")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", CPUFp16Notice)
-        Accelerator(mixed_precision="bf16")
+        warnings.simplefilter("error", SlowPrecisionNotice)
+        Accelerator(mixed_precision="no")
