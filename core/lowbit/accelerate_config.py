@@ -34,8 +34,8 @@ UNSUPPORTED_DISTRIBUTED_TYPES = {
 # YAML reads an unquoted `no` as false; for these keys it was meant as the word.
 NO_AS_FALSE = {"mixed_precision": "no", "dynamo_backend": "no", "distributed_type": "NO", "fp8_fallback": "no"}
 
-DYNAMO_KEYS = {"dynamo_backend": "dynamo_backend", "dynamo_mode": "dynamo_mode",
-               "dynamo_use_fullgraph": "dynamo_use_fullgraph", "dynamo_use_dynamic": "dynamo_use_dynamic"}
+# dynamo_config's other keys (dynamo_backend, dynamo_mode, dynamo_use_fullgraph,
+# dynamo_use_dynamic) are lowbit's own top-level settings, under the same names.
 DYNAMO_IGNORED = {"dynamo_use_regional_compilation": "lowbit compiles the whole model"}
 
 # FSDP keys (fsdp_config in the file; FSDP_<KEY> variables from the launcher).
@@ -55,8 +55,6 @@ FSDP_MUST_BE_OFF = {"fsdp_offload_params": "parameter offload to CPU", "fsdp_act
 # FSDP1 sharding strategies (also accepted as fsdp_reshard_after_forward) as FSDP2's reshard flag.
 SHARDING_TO_RESHARD = {"FULL_SHARD": True, "1": True, "SHARD_GRAD_OP": False, "2": False, "NO_RESHARD": False}
 
-DEEPSPEED_KEYS = ("deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
-                  "gradient_accumulation_steps", "gradient_clipping")
 DEEPSPEED_IGNORED = {
     "zero3_init_flag": "build large models under deepspeed.zero.Init yourself",
     "zero3_save_16bit_model": "save_model gathers the full weights",
@@ -112,10 +110,8 @@ def _translate_dynamo(section: Mapping[str, Any], ignored: list[str]) -> dict[st
     for key, value in section.items():
         if key in DYNAMO_IGNORED:
             ignored.append(f"dynamo_config.{key} ({DYNAMO_IGNORED[key]})")
-        elif key in DYNAMO_KEYS:
-            out[DYNAMO_KEYS[key]] = value
         else:
-            out[key] = value  # validation names the unknown key
+            out[key] = value  # validation names an unknown key
     if out.get("dynamo_backend") is False or str(out.get("dynamo_backend", "")).upper() == "NO":
         return {"dynamo_backend": "no"}
     if "dynamo_backend" in out:

@@ -35,7 +35,7 @@ from lowbit.handlers import (
 )
 from lowbit.fp8_report import conversion_report
 from lowbit.prepared import PreparedOptimizer, PreparedScheduler
-from lowbit.preparation import Preparation, _maybe
+from lowbit.preparation import Preparation, context_or_null
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
 from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState, RankFacts, init_process_group
 from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
@@ -505,7 +505,7 @@ class Accelerator(RankFacts):
     def autocast(self) -> Iterator[None]:
         """The same contexts a prepared model's forward runs in, for code outside ``forward``."""
         outer, inner = self._preparation.autocast_callers()
-        with _maybe(outer, None, self.context), _maybe(inner, None, self.context):
+        with context_or_null(outer, None, self.context), context_or_null(inner, None, self.context):
             yield
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

@@ -10,6 +10,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from lowbit.accelerate_config import translate_fsdp
 from lowbit.errors import ConfigError
 
 
@@ -91,8 +92,6 @@ class FullyShardedDataParallelPlugin:
     def to_fsdp_config(self) -> dict[str, Any]:
         """Read the way an Accelerate fsdp_config section is, so that what lowbit cannot do
         (CPU offload, activation checkpointing) is an error here too, not silently dropped."""
-        from lowbit.accelerate_config import translate_fsdp
-
         offload = getattr(self.cpu_offload, "offload_params", self.cpu_offload)
         section = {"fsdp_reshard_after_forward": self.reshard_after_forward,
                    "fsdp_transformer_layer_cls_to_wrap": self.transformer_cls_names_to_wrap,

@@ -160,7 +160,7 @@ class Preparation:
         context = acc.context
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            with _maybe(outer, model, context), _maybe(inner, model, context):
+            with context_or_null(outer, model, context), context_or_null(inner, model, context):
                 output = original(*args, **kwargs)
             return _outputs_to_fp32(output)
 
@@ -200,7 +200,8 @@ class Preparation:
         return prepared
 
 
-def _maybe(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:
+def context_or_null(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:
+    """The context a routed ``autocast_context`` hook returns, or a no-op one when there is none."""
     if caller is None:
         return contextlib.nullcontext()
     return caller(model=model, context=context) or contextlib.nullcontext()
