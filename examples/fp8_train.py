@@ -57,7 +57,7 @@ def main() -> None:
         mean = accelerator.gather(torch.tensor([total / len(dataloader)])).mean().item()
         accelerator.print(f"epoch {epoch}: loss {mean:.4f}")
     accelerator.save_model(model, "runs/fp8_train")
-    accelerator.print("saved runs/fp8_train/model.pt (loads into the plain model)")
+    accelerator.print("saved runs/fp8_train/model.safetensors (loads into the plain model)")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from lowbit.handlers import (
     TorchDynamoPlugin,
 )
 from lowbit.fp8_report import conversion_report
+from lowbit.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
 from lowbit.prepared import PreparedOptimizer, PreparedScheduler
 from lowbit.preparation import Preparation, context_or_null
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
@@ -45,7 +46,6 @@ from lowbit.training_state import TrainingStateCheckpointer
 from lowbit.types import PrepareContext
 
 _STRATEGY_OF = {"NO": "ddp", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "deepspeed"}
-_MODEL_FILE = "model.pt"
 
 
 class Accelerator(RankFacts):
@@ -638,20 +638,37 @@ class Accelerator(RankFacts):
             state = self.unwrap_model(model).state_dict()
         exported = self._call(self._fp8, "export_state_dict", model=self.unwrap_model(model), state_dict=state)
         state = exported if exported is not None else state
-        return {k: v.detach().cpu().clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+        return detached_copy(state)
 
-    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, filename: str = _MODEL_FILE) -> Path:
-        """Write a plain ``{name: tensor}`` file (``torch.load(weights_only=True)`` reads it) that
-        the unconverted ``nn.Module`` loads, whichever backend trained the model."""
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> Path:
+        """Write the model's weights as Accelerate does: ``model.safetensors`` (``pytorch_model.bin``
+        with ``safe_serialization=False``), sharded with an index above ``max_shard_size``. The
+        names and layout are the unconverted model's, whichever backend trained it. Returns the
+        file written (the index when sharded)."""
         state = self.get_state_dict(model)
-        path = Path(save_directory) / filename
+        path = Path(save_directory) / (SAFE_WEIGHTS if safe_serialization else TORCH_WEIGHTS)
         if self.is_main_process:
-            checkpoint.write_file_atomically(state, path)
+            path = write_model_files(state, Path(save_directory), max_shard_size, safe_serialization)
         self.wait_for_everyone()
         return path
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def detached_copy(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A CPU copy of every tensor. Names that share one tensor (tied weights) share one copy, as
+    in the model, so ``save_model`` can write them once, as Accelerate does."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in state.items():
+        if isinstance(tensor, torch.Tensor):
+            key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+            if key not in copies or not tensor.numel():
+                copies[key] = tensor.detach().cpu().clone()
+            out[name] = copies[key]
+    return out
 
 
 def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:

@@ -50,14 +50,15 @@ class CheckpointNote(UserWarning):
 # ---------------------------------------------------------------------- writing files
 
 
-def write_file_atomically(obj: Any, path: Path) -> None:
-    """``torch.save`` to ``path`` via a temp file and ``os.replace``; a full disk is a clear error."""
+def write_file_atomically(obj: Any, path: Path, serialize: Callable[[Any, Any], None] = torch.save) -> None:
+    """``serialize(obj, handle)`` (``torch.save`` by default) to ``path`` via a temp file and
+    ``os.replace``; a full disk is a clear error."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + _TMP_SUFFIX)
     try:
         with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
+            serialize(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -348,5 +349,5 @@ def check_same_setup(metadata: dict[str, Any], expected: dict[str, Any], directo
             raise CheckpointError(
                 f"Checkpoint {str(directory)!r} was saved with {key}={metadata.get(key)!r}, but this run uses "
                 f"{key}={value!r}. Load it with the same setting, or load only the weights with "
-                "`torch.load` of a file written by `accelerator.save_model`."
+                "`safetensors.torch.load_file` of the file `accelerator.save_model` writes."
             )

@@ -1,6 +1,7 @@
 """One line that says what FP8 took in a prepared model, and why the other Linear layers stay in
 high precision. Backends record ``model._lowbit_fp8_report = {"converted": [...], "skipped":
-{name: reason}}`` when they convert; this module only words it."""
+{name: reason}}`` when they convert, and optionally ``"types": {name: type name}`` for every
+candidate layer when they take more than nn.Linear; this module only words it."""
 from __future__ import annotations
 
 from typing import Any
@@ -16,7 +17,8 @@ def conversion_report(model: Any, backend: str) -> str | None:
         return None
     converted, skipped = record["converted"], record["skipped"]
     total = len(converted) + len(skipped)
-    line = f"fp8 ({backend}): {len(converted)} of {total} Linear layers"
+    noun, per_type = layer_kinds(record)
+    line = f"fp8 ({backend}): {len(converted)} of {total} {noun} layers{per_type}"
     if skipped:
         kept = [f"{name or '<model>'} ({why})" for name, why in list(skipped.items())[:SHOWN_SKIPPED]]
         more = len(skipped) - SHOWN_SKIPPED
@@ -25,3 +27,18 @@ def conversion_report(model: Any, backend: str) -> str | None:
         line += (". Nothing trains in FP8: FP8 GEMMs need both dims divisible by 16, and the first and last Linear "
                  "are kept in high precision by default (keep_first_last_high_precision=False converts them too)")
     return line + "."
+
+
+def layer_kinds(record: dict[str, Any]) -> tuple[str, str]:
+    """The layers' type name and, when a model mixes types, the count per type:
+    ``("Conv1D/Linear", " (Conv1D 22 of 24, Linear 0 of 1)")``."""
+    types = record.get("types") or {}
+    kinds = sorted(set(types.values()))
+    if len(kinds) <= 1:
+        return (kinds[0] if kinds else "Linear"), ""
+    converted = set(record["converted"])
+    counts = ", ".join(
+        f"{kind} {sum(1 for n, t in types.items() if t == kind and n in converted)} of {sum(1 for t in types.values() if t == kind)}"
+        for kind in kinds
+    )
+    return "/".join(kinds), f" ({counts})"

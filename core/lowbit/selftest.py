@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors.torch import load_file as safetensors_load
 from torch import nn
 
 STEPS = 30
@@ -131,7 +132,7 @@ def run(work_dir: Path) -> int:
         restored = acc.get_state_dict(model)
         same = all(torch.equal(state[k], restored[k]) for k in state)
         path = acc.save_model(model, work_dir / "model")
-        make_model().load_state_dict(torch.load(path, weights_only=True))
+        make_model().load_state_dict(safetensors_load(path))
         report.check("checkpoint round-trip", same, "save_state/load_state restore the weights; save_model loads into the plain model"
                      if same else "weights after load_state differ from those saved")
     except Exception as exc:  # noqa: BLE001

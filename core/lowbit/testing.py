@@ -130,11 +130,12 @@ def check_save_model_is_portable(backend: str, tmp_path: Path, plugin: object | 
                                  model_factory: Callable[[], Any] = default_model_factory) -> None:
     """``save_model`` writes a file the plain, unconverted model loads strictly, with the same values."""
     import torch
+    from safetensors.torch import load_file as safetensors_load
 
     source = model_factory()
     acc, prepared = _prepare(backend, plugin, hardware, copy.deepcopy(source))
     path = acc.save_model(prepared, tmp_path)
-    state = torch.load(path, weights_only=True)
+    state = safetensors_load(path)
     plain = model_factory()
     plain.load_state_dict(state)  # strict: every name present, none extra
     for name, value in source.state_dict().items():

@@ -11,6 +11,7 @@ from torch import nn
 
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
 from lowbit.types import PrepareContext
+from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.quiet_import import import_torchao
 
 # FP8 GEMMs need both dims of a weight to be multiples of 16.
@@ -80,18 +81,30 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
     return dataclasses.replace(config, **overrides)
 
 
+def linear_layers(model: nn.Module) -> dict[str, str]:
+    """The layers FP8 can take, in module order: nn.Linear and transformers' Conv1D, name -> type name."""
+    return {
+        name: type(module).__name__
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) or is_conv1d(module)
+    }
+
+
 def default_module_filter(model: nn.Module, keep_first_last: bool) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
-    """All Linears, but the model's first and last (by module order, at any depth) and those whose
-    dims FP8 GEMMs cannot take. Returns the filter and the reason for each layer it skips."""
-    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    """All Linears (and Conv1Ds), but the model's first and last (by module order, at any depth) and
+    those whose dims FP8 GEMMs cannot take. Returns the filter and the reason for each layer it skips."""
+    layers = linear_layers(model)
+    names = list(layers)
     skipped: dict[str, str] = {}
-    if keep_first_last and linears:
-        skipped[linears[0]] = "first Linear kept in high precision"
-        skipped[linears[-1]] = "last Linear kept in high precision"
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and name not in skipped:
-            if module.in_features % FP8_DIM_MULTIPLE or module.out_features % FP8_DIM_MULTIPLE:
-                skipped[name] = f"dims {module.in_features}x{module.out_features} not divisible by {FP8_DIM_MULTIPLE}"
+    if keep_first_last and names:
+        skipped[names[0]] = f"first {layers[names[0]]} kept in high precision"
+        skipped[names[-1]] = f"last {layers[names[-1]]} kept in high precision"
+    modules = dict(model.named_modules())
+    for name in names:
+        if name not in skipped:
+            in_features, out_features = linear_dims(modules[name])
+            if in_features % FP8_DIM_MULTIPLE or out_features % FP8_DIM_MULTIPLE:
+                skipped[name] = f"dims {in_features}x{out_features} not divisible by {FP8_DIM_MULTIPLE}"
 
     def module_filter(module: nn.Module, fqn: str) -> bool:
         return fqn not in skipped
@@ -120,15 +133,18 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
         module_filter, skipped = options.module_filter_func, {}
     else:
         module_filter, skipped = default_module_filter(model, options.keep_first_last_high_precision)
+    layer_types = linear_layers(model)
     model = convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
+    model = convert_conv1d_layers(model, module_filter, config)
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
     if not converted and context.rank == 0:  # said once, not per rank
-        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear"
+        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear or Conv1D"
         warnings.warn(
             f"lowbit-ao: no Linear layer is eligible for FP8, so this model trains in high precision ({reasons}).",
             stacklevel=2,
         )
-    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped}  # why each layer is or is not FP8
+    # Which layers are FP8, why the others are not, and each one's type (for the report's wording).
+    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types}
     return model
 
 

@@ -33,7 +33,8 @@ def enable(model: nn.Module, recorder: Any) -> bool:
                 return  # unsampled steps cost one Python call per layer, nothing on the autograd graph
             x = args[0]
             recorder.record(name, "input", x, e4m3_dtype, _scale(x, e4m3_dtype, config.cast_config_input))
-            recorder.record(name, "weight", module.weight, e4m3_dtype, _scale(module.weight, e4m3_dtype, config.cast_config_weight))
+            weight = module.linear_weight() if hasattr(module, "linear_weight") else module.weight  # Conv1D: (in, out)
+            recorder.record(name, "weight", weight, e4m3_dtype, _scale(weight, e4m3_dtype, config.cast_config_weight))
             if output.requires_grad:
                 # The gradient of the output is the grad_output torchao casts to e5m2 in backward.
                 output.register_hook(lambda g, name=name: recorder.record(

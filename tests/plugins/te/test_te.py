@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("lowbit_te")
 
 import torch  # noqa: E402
+from safetensors.torch import load_file
 from torch import nn  # noqa: E402
 
 from helpers import HardwareDetector, needs_fp8_gpu_with  # noqa: E402
@@ -357,7 +358,7 @@ def test_save_model_maps_back_to_plain_names_without_fp8_metadata(te, tmp_path):
     model = acc.prepare(Net())
     assert any(k.endswith("_extra_state") for k in model.state_dict())
     path = acc.save_model(model, tmp_path)
-    state = torch.load(path, weights_only=True)
+    state = load_file(path)
     assert not any(k.endswith("_extra_state") for k in state)
     Net().load_state_dict(state)  # strict: every name matches the plain model
 
@@ -389,7 +390,7 @@ def test_gpu_one_step_loss_matches_bf16(tmp_path):
         if precision == "fp8":
             path = acc.save_model(model, tmp_path)
             plain = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
-            plain.load_state_dict(torch.load(path, weights_only=True))
+            plain.load_state_dict(load_file(path))
     assert abs(losses["fp8"] - losses["bf16"]) / losses["bf16"] < 0.05
 
 
