@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -148,3 +147,13 @@ def test_multi_machine_launch_needs_the_main_ip(tmp_path, capsys):
     script.write_text("")
     assert main(["launch", "--num_processes", "2", "--num_machines", "2", str(script)]) == 2
     assert "--main_process_ip" in capsys.readouterr().err
+
+
+def test_plugins_lists_the_hooks_each_plugin_implements(capsys):
+    from lowbit.cli.plugins_command import collect
+
+    rows = {row["name"]: row for row in collect(cpu=True)["plugins"]}
+    assert {"convert_model", "wrap_optimizer", "export_state_dict"} <= set(rows["ao"]["hooks"])
+    assert "describe_backend" not in rows["ao"]["hooks"]
+    assert main(["plugins", "--cpu"]) == 0
+    assert "Hooks each plugin implements" in capsys.readouterr().out

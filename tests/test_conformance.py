@@ -1,7 +1,7 @@
 """lowbit.testing: the conformance suite passes for real backends and fails for broken ones."""
 from __future__ import annotations
 
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -12,8 +12,6 @@ from lowbit.testing import check_autocast_nests_with_bf16, check_description, ch
 from lowbit.types import BackendDescription
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "third_party_backend"))
-import lowbit_fakefp8  # noqa: E402
 
 
 def test_the_ao_backend_passes(tmp_path):
@@ -21,8 +19,19 @@ def test_the_ao_backend_passes(tmp_path):
     run_conformance("ao", heavy_modules=("torchao",), tmp_path=tmp_path)
 
 
-def test_the_documented_third_party_backend_passes(tmp_path):
-    run_conformance("fakefp8", plugin=lowbit_fakefp8, tmp_path=tmp_path)
+def test_the_documented_third_party_backend_passes_through_its_entry_point(tmp_path, monkeypatch):
+    """As installed by `pip install -e examples/third_party_backend`: a dist-info with its entry
+    point, so discovery (and the discovery check) find it the way users' runs do."""
+    info = tmp_path / "lowbit_fakefp8-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowbit-fakefp8\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[lowbit]\nfakefp8 = lowbit_fakefp8\n")
+    example = ROOT / "examples" / "third_party_backend"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(example))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(example)]))
+    report = run_conformance("fakefp8", tmp_path=tmp_path / "work")
+    assert report["converted"] and report["weight_change"] == 0.0
 
 
 def test_a_backend_without_a_reason_fails():

@@ -7,7 +7,6 @@ atomically, so an interrupted save never leaves a half-written file under a fina
 """
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from pathlib import Path

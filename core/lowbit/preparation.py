@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 import torch
 
 from lowbit.data_loader import PreparedDataLoader
-from lowbit.errors import ConfigError
+from lowbit.errors import ConfigError, PluginError
 from lowbit.prepared import PreparedOptimizer, PreparedScheduler
 from lowbit.types import PrepareContext
 
@@ -114,10 +114,13 @@ class Preparation:
         if acc._implements(acc._fp8, "prepare_model_and_optimizer"):
             model, optimizer = acc._call(acc._fp8, "prepare_model_and_optimizer", model=model, optimizer=optimizer)
             return model, optimizer
-        model = acc._call(acc._fp8, "convert_model", model=model) or model
+        converted = acc._call(acc._fp8, "convert_model", model=model)
+        model = expect_result(acc._fp8, "convert_model", converted, torch.nn.Module, "a torch.nn.Module (or None)") or model
         if optimizer is not None:
             _remap_optimizer_params(optimizer, names, model)
-            optimizer = acc._call(acc._fp8, "wrap_optimizer", optimizer=optimizer, model=model) or optimizer
+            wrapped = acc._call(acc._fp8, "wrap_optimizer", optimizer=optimizer, model=model)
+            optimizer = expect_result(acc._fp8, "wrap_optimizer", wrapped, torch.optim.Optimizer,
+                                      "a torch.optim.Optimizer (or None)") or optimizer
         return model, optimizer
 
     def _distribute(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
@@ -154,6 +157,11 @@ class Preparation:
         if acc.config.dynamo_backend not in ("no", "NO", None):
             model = torch.compile(model, backend=acc.config.dynamo_backend.lower(), **self._compile_options())
         outer, inner = self.autocast_callers()
+        if inner is not None:  # a broken context would fail at the first forward, far from its cause
+            probe = inner(model=model, context=acc.context)
+            if probe is not None and not (hasattr(probe, "__enter__") and hasattr(probe, "__exit__")):
+                raise PluginError(f"{plugin_label(acc._fp8)}: autocast_context returned {type(probe).__name__} "
+                                  f"{probe!r:.60}, expected a context manager (or None).")
         if outer is None and inner is None:
             return model
         original = model.forward
@@ -198,6 +206,20 @@ class Preparation:
         prepared = PreparedScheduler(scheduler, optimizers, acc)
         acc._schedulers.append(prepared)
         return prepared
+
+
+def plugin_label(selection: Any) -> str:
+    """``backend 'fakefp8' (lowbit-fakefp8 0.1.0)``: who to blame in an error about a hook's result."""
+    description = selection.chosen.description
+    where = f" ({description.distribution} {description.version})".rstrip() if description.distribution else ""
+    return f"{description.kind} backend {description.name!r}{where}"
+
+
+def expect_result(selection: Any, hook: str, result: Any, expected: type, wording: str) -> Any:
+    """``result`` when it is None or an ``expected``; otherwise an error naming the plugin and the hook."""
+    if result is not None and not isinstance(result, expected):
+        raise PluginError(f"{plugin_label(selection)}: {hook} returned {type(result).__name__}, expected {wording}.")
+    return result
 
 
 def context_or_null(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:

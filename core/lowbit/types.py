@@ -52,9 +52,13 @@ class HardwareInfo:
 class BackendDescription:
     """What a plugin says about the backend it offers (the `describe_backend` hook).
 
-    `reason` explains why the backend is unavailable; it is empty when `available` is True.
+    `reason` explains why the backend is unavailable; when `available` is True it is empty, or a
+    note users should see (lowbit-style "emulated: no FP8 GEMMs here").
     `options_class` is the recipe-kwargs dataclass users configure it with (None when it has none).
     `aliases` are other accepted spellings of `name` ("TE", "transformer_engine", ...).
+    `weight_storage` names the torch dtype the backend keeps weights in when it is lower than the
+    model's own (MS-AMP: "float8_e4m3fn"); empty when weights keep their values, as they should.
+    The conformance kit then allows that format's rounding instead of requiring bit equality.
     """
 
     name: str
@@ -64,6 +68,7 @@ class BackendDescription:
     reason: str = ""
     options_class: type | None = None
     aliases: tuple[str, ...] = ()
+    weight_storage: str = ""
     # Filled in by the plugin manager, not by the plugin:
     distribution: str = ""
     version: str = ""

@@ -34,7 +34,7 @@ def collect(cpu: bool = False) -> dict[str, Any]:
             rows.append(
                 dict(name=d.name, distribution=d.distribution, version=d.version, kind=d.kind, priority=d.priority,
                      status="available" if d.available else "unavailable", reason=d.reason,
-                     chosen=(d.name == chosen))
+                     chosen=(d.name == chosen), hooks=implemented_hooks(manager, cand.plugin))
             )
     for b in registry.broken:
         rows.append(dict(name=b.name, distribution=b.distribution, version="", kind="?", priority=None,
@@ -43,6 +43,11 @@ def collect(cpu: bool = False) -> dict[str, Any]:
     slow = {name: s for name, s in load_seconds.items() if s > SLOW_IMPORT_SECONDS}
     return {"hardware": hardware.describe(), "fp8_choice": chosen, "fp8_choice_reason": why, "plugins": rows,
             "load_seconds": load_seconds, "slow_imports": slow}
+
+
+def implemented_hooks(manager: Any, plugin: object) -> list[str]:
+    """The hooks ``plugin`` implements, besides describe_backend (which every plugin has)."""
+    return sorted(caller.name for caller in manager.get_hookcallers(plugin) or () if caller.name != "describe_backend")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
         priority = "" if row["priority"] is None else row["priority"]
         print(f"{row['name'] + mark:<10} {row['kind']:<11} {priority:>8}  {row['status']:<11} "
               f"{row['distribution'] or '-':<20} {row['version'] or '-':<8} {row['reason']}")
+    print("\nHooks each plugin implements (docs/writing-a-backend.md):")
+    for row in report["plugins"]:
+        if row.get("hooks") is not None:
+            print(f"  {row['name']:<10} {', '.join(row['hooks']) or '-'}")
     for name, seconds in report["slow_imports"].items():
         print(f"\nslow plugin: {name!r} took {seconds:.2f} s to import; every lowbit command pays for it "
               "(a plugin's entry module should import its backend library lazily).")

@@ -39,6 +39,9 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     return BackendDescription(
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
         options_class=MSAMPRecipeKwargs, aliases=("ms-amp", "ms_amp"),
+        # msamp.initialize keeps the converted Linears' weights as fp16 ScalingTensors
+        # (weight_qtype defaults to Dtypes.kfloat16), so they round to fp16 at conversion.
+        weight_storage="float16",
     )
 
 

@@ -238,3 +238,11 @@ def test_gpu_o2_trains_a_few_steps():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+def test_the_conformance_kit_passes_on_the_msamp_stand_in(msamp, tmp_path):
+    """Through the installed entry point, on a stand-in H100 (tensors stay on the CPU)."""
+    from lowbit.testing import run_conformance
+
+    report = run_conformance("msamp", heavy_modules=("msamp",), hardware=H100, tmp_path=tmp_path)
+    assert report["converted"]

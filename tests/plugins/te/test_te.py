@@ -406,3 +406,11 @@ def test_amax_reduction_group_is_the_data_parallel_group(te):
     with fp8_autocast(None, acc.context):
         pass
     assert standin_te.AUTOCAST_CALLS[-1]["amax_reduction_group"] is dist.group.WORLD
+
+
+def test_the_conformance_kit_passes_on_the_te_stand_in(te, tmp_path):
+    """Through the installed entry point, on a stand-in H100 (tensors stay on the CPU)."""
+    from lowbit.testing import run_conformance
+
+    report = run_conformance("te", heavy_modules=("transformer_engine",), hardware=H100, tmp_path=tmp_path)
+    assert report["converted"] and report["weight_change"] == 0.0

@@ -1,0 +1,55 @@
+"""Checks on how a plugin is found: what it says about itself, and what loading it imports."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from lowbit.selection import BackendRegistry
+from lowbit.testing.setup import fail, make_manager
+from lowbit.types import BackendDescription, HardwareInfo
+
+# Never imported while lowbit discovers plugins: discovery runs at every start, on every rank.
+BACKEND_LIBRARIES = ("torch", "transformer_engine", "msamp", "deepspeed", "torchao")
+
+
+def check_description(backend: str, plugin: object | None = None, hardware: HardwareInfo | None = None) -> BackendDescription:
+    """The backend describes itself: int priority, a known kind, a string reason (non-empty when unavailable)."""
+    manager = make_manager(plugin, hardware)
+    registry = BackendRegistry(manager, manager.detect_hardware(cpu=False))
+    names = {backend} | ({manager.get_name(plugin)} if plugin is not None else set())
+    broken = [b.error for b in manager.broken if b.name in names]
+    if broken:
+        fail(backend, "describe_backend", f"the plugin is broken: {broken}")
+    found = [c for c in registry.candidates if c.matches(backend)]
+    if not found:
+        fail(backend, "describe_backend", f"no installed plugin describes a backend named {backend!r} "
+                                          "(is the distribution installed, with an entry point in the 'lowbit' group?)")
+    description = found[0].description
+    if not isinstance(description.priority, int) or isinstance(description.priority, bool):
+        fail(backend, "describe_backend", f"priority must be an int, got {description.priority!r}")
+    if not isinstance(description.reason, str):
+        fail(backend, "describe_backend", f"reason must be a string, got {description.reason!r}")
+    if not (description.available or description.reason):
+        fail(backend, "describe_backend", "an unavailable backend must say why (reason is empty)")
+    return description
+
+
+def check_discovery_is_cheap(entry_point: str, heavy_modules: tuple[str, ...] = ()) -> None:
+    """Loading the plugin and describing it imports none of ``heavy_modules``, torch, nor a known
+    backend library (checked in a fresh interpreter)."""
+    heavy = tuple(heavy_modules) + BACKEND_LIBRARIES
+    code = textwrap.dedent(f"""
+        import os, sys
+        os.environ["LOWBIT_PLUGINS"] = {entry_point!r}
+        from lowbit.plugins import make_plugin_manager
+        from lowbit.selection import BackendRegistry
+        from lowbit.types import HardwareInfo
+        manager = make_plugin_manager()
+        BackendRegistry(manager, HardwareInfo("cpu", "CPU"))
+        print(sorted({{m.split(".")[0] for m in sys.modules}} & set({heavy!r})))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    if out != "[]":
+        fail(entry_point, "discovery (the entry module and describe_backend)",
+             f"imported {out}; import them inside the hooks that run once the backend is chosen (convert_model, ...)")

@@ -1,0 +1,86 @@
+"""`lowbit new-backend NAME` writes a distribution whose own test passes once convert_model is
+filled in (and fails, saying so, before)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from lowbit.cli.main import main
+from lowbit.scaffold import FILL_IN_MARKER
+
+CONVERT = '''import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    class FakeFP8Linear(nn.Linear):
+        def forward(self, x):
+            scale = 448.0 / self.weight.detach().abs().amax().clamp(min=1e-12)
+            rounded = (self.weight * scale).to(torch.float8_e4m3fn).to(self.weight.dtype) / scale
+            return F.linear(x, self.weight + (rounded - self.weight).detach(), self.bias)
+
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = FakeFP8Linear  # same parameters, same values
+    return model'''
+
+
+def install_in_place(root: Path, site: Path) -> None:
+    """What `pip install -e` leaves behind for discovery: a dist-info with the entry points."""
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    lines = [f"{key} = {value}" for key, value in project["entry-points"]["lowbit"].items()]
+    (info / "entry_points.txt").write_text("[lowbit]\n" + "\n".join(lines) + "\n")
+
+
+def run_its_test(root: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(root)])
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests")],
+                          capture_output=True, text=True, env=env, cwd=root, timeout=1500)
+
+
+def test_the_scaffold_passes_its_own_test_after_filling_in_convert_model(tmp_path, capsys):
+    assert main(["new-backend", "myfp8", "--dir", str(tmp_path)]) == 0
+    root = tmp_path / "lowbit-myfp8"
+    assert "fill in convert_model" in capsys.readouterr().out
+    module = root / "lowbit_myfp8" / "__init__.py"
+    source = module.read_text()
+    for hook in ("autocast_context", "wrap_optimizer", "export_state_dict", "prepare_model_and_optimizer"):
+        assert f"def {hook}(" in source  # stubbed, with the hook's documentation
+    assert "Called by:" in source
+    install_in_place(root, tmp_path / "site")
+
+    before = run_its_test(root, tmp_path / "site")
+    assert before.returncode != 0 and "fill in convert_model" in before.stdout, before.stdout[-3000:]
+
+    line = next(line for line in source.splitlines() if FILL_IN_MARKER in line)
+    module.write_text(source.replace(line, "    " + CONVERT))
+    after = run_its_test(root, tmp_path / "site")
+    assert after.returncode == 0, after.stdout[-4000:] + after.stderr[-2000:]
+    assert "1 passed" in after.stdout
+
+
+def test_bad_names_and_existing_directories_are_refused(tmp_path, capsys):
+    assert main(["new-backend", "My-FP8", "--dir", str(tmp_path)]) == 2
+    assert "must be lower case" in capsys.readouterr().err
+    (tmp_path / "lowbit-taken").mkdir()
+    assert main(["new-backend", "taken", "--dir", str(tmp_path)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert not any((tmp_path / "lowbit-taken").iterdir())
+
+
+@pytest.mark.parametrize("hook", ["convert_model", "autocast_context"])
+def test_the_stubs_are_valid_python_and_inactive(tmp_path, hook):
+    from lowbit.scaffold import module_text
+
+    namespace: dict = {}
+    exec(compile(module_text("okfp8"), "lowbit_okfp8", "exec"), namespace)  # noqa: S102 - our own template
+    assert callable(namespace[hook])
+    assert not hasattr(namespace["autocast_context"], "lowbit_impl")  # no @hookimpl: pluggy skips it
