@@ -34,7 +34,8 @@ def _stub(hook: str) -> str:
     from lowbit import hookspecs
 
     spec = getattr(hookspecs, hook)
-    signature = str(inspect.signature(spec)).replace("torch.nn.Module", "Any").replace("torch.optim.Optimizer", "Any")
+    # hookspecs' annotations are strings (postponed evaluation): written unquoted, as in hand-written code
+    signature = str(inspect.signature(spec)).replace("'", "").replace("torch.nn.Module", "Any").replace("torch.optim.Optimizer", "Any")
     doc = textwrap.indent(inspect.getdoc(spec) or "", "    ")
     return (f"# Inactive: put @hookimpl above it to use it.\n"
             f"def {hook}{signature}:\n"
@@ -52,10 +53,13 @@ torch and your FP8 library inside the hooks, which run only once {name!r} is cho
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from lowbit import hookimpl
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+
+if TYPE_CHECKING:  # annotations only: torch is imported inside the hooks
+    import torch
 
 NAME = "{name}"
 # Ranks this backend among the installed ones when the user names none: msamp 300, te 200, ao 100.
