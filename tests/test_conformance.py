@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import FakeBackend
+from helpers import FakeBackend, install_entry_points
 
 from lowbit import hookimpl
 from lowbit.testing import check_autocast_nests_with_bf16, check_description, check_discovery_is_cheap, run_conformance
@@ -22,10 +22,7 @@ def test_the_ao_backend_passes(tmp_path):
 def test_the_documented_third_party_backend_passes_through_its_entry_point(tmp_path, monkeypatch):
     """As installed by `pip install -e examples/third_party_backend`: a dist-info with its entry
     point, so discovery (and the discovery check) find it the way users' runs do."""
-    info = tmp_path / "lowbit_fakefp8-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowbit-fakefp8\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text("[lowbit]\nfakefp8 = lowbit_fakefp8\n")
+    install_entry_points(tmp_path, "lowbit-fakefp8", "0.1.0", {"fakefp8": "lowbit_fakefp8"})
     example = ROOT / "examples" / "third_party_backend"
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(example))
@@ -60,10 +57,7 @@ def test_heavy_import_at_discovery_fails(tmp_path, monkeypatch):
     module = tmp_path / "lowbit_heavy_fp8.py"
     module.write_text("import json_heavy_stand_in\nfrom lowbit import hookimpl\n")
     (tmp_path / "json_heavy_stand_in.py").write_text("")
-    info = tmp_path / "lowbit_heavy-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowbit-heavy\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[lowbit]\nheavy = lowbit_heavy_fp8\n")
+    install_entry_points(tmp_path, "lowbit-heavy", "0.1", {"heavy": "lowbit_heavy_fp8"})
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     with pytest.raises(AssertionError, match=r"imported \['json_heavy_stand_in'\]"):
         check_discovery_is_cheap("heavy", heavy_modules=("json_heavy_stand_in",))

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from helpers import install_entry_points
 from torch import nn
 from torch.nn import functional as F
 
@@ -93,10 +94,7 @@ def test_a_planted_defect_fails_the_kit_naming_it(tmp_path, defect, message):
 def test_a_module_level_torch_import_fails_discovery(tmp_path, monkeypatch):
     """The call the docs show (no heavy_modules) catches it: torch is always on the list."""
     (tmp_path / "lowbit_eager_fp8.py").write_text("import torch\nfrom lowbit import hookimpl\n")
-    info = tmp_path / "lowbit_eager-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowbit-eager\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[lowbit]\neager = lowbit_eager_fp8\n")
+    install_entry_points(tmp_path, "lowbit-eager", "0.1", {"eager": "lowbit_eager_fp8"})
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     with pytest.raises(ConformanceFailure, match=r"eager: discovery .* imported \['torch'\]"):
         check_discovery_is_cheap("eager")

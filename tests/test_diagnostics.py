@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from helpers import mlp, regression_data, run_launch
+from helpers import install_entry_points, mlp, regression_data, run_launch
 from torch import nn
 
 from lowbit import Accelerator
@@ -63,10 +63,7 @@ def convert_model(model, context):
 
 def test_lowbit_test_fails_when_the_backend_converts_no_layer(tmp_path):
     (tmp_path / "lowbit_noop_fp8.py").write_text(textwrap.dedent(NOOP_PLUGIN))
-    info = tmp_path / "lowbit_noop-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lowbit-noop\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[lowbit]\nnoop = lowbit_noop_fp8\n")
+    install_entry_points(tmp_path, "lowbit-noop", "0.1", {"noop": "lowbit_noop_fp8"})
     proc = lowbit_test("--mixed_precision", "fp8", env={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode != 0
     assert "FAIL FP8 layers converted: 0 of 4 Linear layers" in proc.stdout

@@ -9,6 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from helpers import install_entry_points
 
 from lowbit.cli.main import main
 from lowbit.scaffold import FILL_IN_MARKER
@@ -32,11 +33,7 @@ CONVERT = '''import torch
 def install_in_place(root: Path, site: Path) -> None:
     """What `pip install -e` leaves behind for discovery: a dist-info with the entry points."""
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-    info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    lines = [f"{key} = {value}" for key, value in project["entry-points"]["lowbit"].items()]
-    (info / "entry_points.txt").write_text("[lowbit]\n" + "\n".join(lines) + "\n")
+    install_entry_points(site, project["name"], project["version"], project["entry-points"]["lowbit"])
 
 
 def run_its_test(root: Path, site: Path) -> subprocess.CompletedProcess:
