@@ -25,6 +25,22 @@ def test_unknown_dynamo_backend_is_refused_at_construction():
     Accelerator(dynamo_backend="EAGER", plugin_manager=manager_with())  # Accelerate's upper-case names are fine
 
 
+def test_inductor_on_cpu_without_a_compiler_is_refused_at_prepare(monkeypatch, tmp_path):
+    """torch.compile's inductor builds C++ at the first forward; without a compiler lowbit says so
+    at prepare (what was looked for, what to install, what runs without one), and loses nothing."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no c++, g++ or clang++
+    monkeypatch.delenv("CXX", raising=False)
+    model = mlp()
+    accelerator = Accelerator(dynamo_backend="inductor", cpu=True, plugin_manager=manager_with())
+    with pytest.raises(ConfigError, match=r"no C\+\+ compiler was found \(looked for c\+\+, g\+\+, clang\+\+ on PATH\)"
+                                          r".*apt install g\+\+.*dynamo_backend='aot_eager'"):
+        accelerator.prepare(model)
+    monkeypatch.setenv("CXX", "my-g++")
+    with pytest.raises(ConfigError, match=r"looked for \$CXX=my-g\+\+ on PATH"):
+        Accelerator(dynamo_backend="inductor", cpu=True, plugin_manager=manager_with()).prepare(mlp())
+    Accelerator(dynamo_backend="aot_eager", cpu=True, plugin_manager=manager_with()).prepare(mlp())
+
+
 def test_config_file_that_is_not_utf8(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_bytes("mixed_precision: bf16\n# caf\xe9\n".encode("latin-1"))

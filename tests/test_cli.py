@@ -38,7 +38,7 @@ def test_plugins_table_marks_the_choice(capsys):
 def test_env_prints_a_bug_report(capsys):
     assert main(["env"]) == 0
     out = capsys.readouterr().out
-    assert "- torch:" in out and "- Hardware:" in out and "- Config file:" in out
+    assert "- torch:" in out and "- Hardware:" in out and "- Config file:" in out and "- C++ compiler:" in out
 
 
 def test_config_from_flags_round_trips_through_launch(tmp_path, capsys):

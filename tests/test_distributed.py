@@ -15,11 +15,11 @@ WORKER = Path(__file__).parent / "distributed" / "worker.py"
 pytestmark = pytest.mark.multiprocess
 
 
-def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2) -> list[dict]:
+def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2, env_extra: dict | None = None) -> list[dict]:
     out = tmp_path / scenario
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env_extra or {}))
     cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
            str(WORKER), scenario, str(out)]
     proc = run_launch(cmd, env=env)

@@ -16,6 +16,7 @@ import torch
 from lowbit.data_loader import PreparedDataLoader
 from lowbit.errors import ConfigError, PluginError
 from lowbit.prepared import PreparedOptimizer, PreparedScheduler
+from lowbit.toolchain import check_compiler_for
 from lowbit.types import PrepareContext
 
 if TYPE_CHECKING:
@@ -155,6 +156,9 @@ class Preparation:
     def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         acc = self.acc
         if acc.config.dynamo_backend not in ("no", "NO", None):
+            advice = check_compiler_for(acc.config.dynamo_backend, acc.context.device.type)
+            if advice is not None:
+                raise ConfigError(advice)
             model = torch.compile(model, backend=acc.config.dynamo_backend.lower(), **self._compile_options())
         outer, inner = self.autocast_callers()
         if inner is not None:  # a broken context would fail at the first forward, far from its cause

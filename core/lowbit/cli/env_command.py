@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lowbit.cli.plugins_command import collect
     from lowbit.config import default_config_path, read_config_file
+    from lowbit.toolchain import find_cxx_compiler
 
     report = collect()
     lines = [
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
         "- pluggy: " + _version("pluggy"),
         *(f"- {dist}: {_version(dist)}" for dist in ("torchao", "transformer-engine", "msamp", "deepspeed")),
         f"- Hardware: {report['hardware']}",
+        "- C++ compiler: " + (find_cxx_compiler() or "none found (torch.compile on CPU needs one; "
+                              "training without dynamo_backend does not)"),
         f"- FP8 backend that would be chosen: {report['fp8_choice'] or 'none'}",
         "- Plugins:",
         *(f"    {r['name']} ({r['distribution'] or '-'} {r['version']}) {r['kind']} priority={r['priority']} "

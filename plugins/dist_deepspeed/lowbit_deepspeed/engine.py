@@ -1,7 +1,8 @@
 """``deepspeed.initialize`` and the objects lowbit hands back around the engine."""
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 
@@ -80,6 +81,36 @@ def _ensure_process_group(context: PrepareContext) -> None:
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
+@contextlib.contextmanager
+def _without_shared_memory_kernels(device: torch.device) -> Iterator[None]:
+    """On CPU, keep DeepSpeed from compiling its shared-memory collectives at startup.
+
+    DeepSpeed's torch communication backend builds a C++ extension (``deepspeed_shm_comm``) with
+    the system compiler when it is created on CPU: 30-150 s on a 2-core machine, again in every
+    new virtual environment, and it fails without a compiler. Only DeepSpeed's inference
+    all-reduce (tensor-parallel inference) uses it; training's collectives go through
+    ``torch.distributed`` either way. So its builder reports "no kernel" while lowbit creates the
+    backend. ``LOWBIT_DEEPSPEED_SHM_COMM=1`` keeps DeepSpeed's own behaviour.
+    """
+    import importlib
+    import os
+
+    # not ``import deepspeed.comm.torch as ...``: that name resolves to the ``torch`` that
+    # ``deepspeed.comm`` re-exports, not to the submodule
+    ds_comm = importlib.import_module("deepspeed.comm.torch")
+
+    keep = device.type != "cpu" or os.environ.get("LOWBIT_DEEPSPEED_SHM_COMM") == "1"
+    if keep or not hasattr(ds_comm, "build_shm_op"):
+        yield
+        return
+    original = ds_comm.build_shm_op
+    ds_comm.build_shm_op = lambda: None
+    try:
+        yield
+    finally:
+        ds_comm.build_shm_op = original
+
+
 def initialize(model, optimizer, context: PrepareContext):
     import deepspeed
 
@@ -90,7 +121,10 @@ def initialize(model, optimizer, context: PrepareContext):
     integration = context.backend_state.get("strategy_integration", {})
     config.update(integration.get("config", {}))
     initialize_fn = integration.get("initialize", deepspeed.initialize)
-    engine, ds_optimizer, _, _ = initialize_fn(model=model, optimizer=optimizer, config=config, dist_init_required=False)
+    with _without_shared_memory_kernels(context.device):
+        engine, ds_optimizer, _, _ = initialize_fn(
+            model=model, optimizer=optimizer, config=config, dist_init_required=False
+        )
     context.backend_state["deepspeed_engine"] = engine
     return engine, (EngineOwnedOptimizer(ds_optimizer, context) if ds_optimizer is not None else None)
 

@@ -102,7 +102,21 @@ def test_use_deepspeed_without_the_plugin_says_what_to_install(tmp_path, capsys,
 
 @pytest.fixture(scope="module")
 def zero0(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("z0"), "ds", "--use_deepspeed", "--zero_stage", "0", "--mixed_precision", "bf16")
+    """ZeRO-0 in 2 processes, with torch's C++ extension cache pointed at an empty folder, as in a
+    new virtual environment (results[0]["extensions_built"] lists what was compiled into it)."""
+    work = tmp_path_factory.mktemp("z0")
+    extensions = work / "torch_extensions"
+    results = launch(work, "ds", "--use_deepspeed", "--zero_stage", "0", "--mixed_precision", "bf16",
+                     env_extra={"TORCH_EXTENSIONS_DIR": str(extensions)})
+    results[0]["extensions_built"] = sorted(p.name for p in extensions.iterdir()) if extensions.exists() else []
+    return results
+
+
+@pytest.mark.multiprocess
+def test_deepspeed_on_cpu_compiles_nothing_at_launch(zero0):
+    """DeepSpeed builds its shared-memory collectives (deepspeed_shm_comm, 30-150 s with the system
+    compiler) when its communication backend starts on CPU; training never uses them."""
+    assert zero0[0]["extensions_built"] == [], f"DeepSpeed compiled {zero0[0]['extensions_built']} at launch"
 
 
 @pytest.mark.multiprocess
