@@ -111,14 +111,17 @@ def run_launch(cmd, *, env, cwd=None, timeout=1500):
     return subprocess.run(cmd, capture_output=True, text=True, env={**env, "PYTHONFAULTHANDLER": "1"}, cwd=cwd, timeout=timeout)
 
 
-def install_entry_points(site, distribution: str, version: str, entry_points: dict[str, str]):
+def install_entry_points(site, distribution: str, version: str, entry_points: dict[str, str], requires: tuple[str, ...] = ()):
     """What `pip install` leaves for discovery: ``site/<dist>-<version>.dist-info`` with the
-    distribution's metadata and its ``lowbit`` entry points (put ``site`` on the path to use it)."""
+    distribution's metadata (``requires``: its Requires-Dist lines) and its ``lowbit`` entry
+    points (put ``site`` on the path to use it)."""
     from pathlib import Path
 
     info = Path(site) / f"{distribution.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
-    lines = "".join(f"{name} = {module}\n" for name, module in entry_points.items())
-    (info / "entry_points.txt").write_text("[lowbit]\n" + lines)
+    requirements = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n{requirements}")
+    if entry_points:
+        lines = "".join(f"{name} = {module}\n" for name, module in entry_points.items())
+        (info / "entry_points.txt").write_text("[lowbit]\n" + lines)
     return info

@@ -12,6 +12,7 @@ from lowbit import hookimpl
 from lowbit.errors import BackendUnavailableError, UnsupportedCombinationError
 from lowbit.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit_msamp.compat import unmet_requirements
 from lowbit_msamp.recipe import MSAMPRecipeKwargs
 
 NAME = "msamp"
@@ -23,6 +24,9 @@ ADAM_NAMES = ("Adam", "AdamW", "FusedAdam")
 def unavailable_reason(hardware: HardwareInfo) -> str:
     if importlib.util.find_spec("msamp") is None:
         return f"msamp not importable: not installed ({INSTALL_HINT})"
+    unmet = unmet_requirements()
+    if unmet:
+        return "MS-AMP cannot run with what is installed here: " + "; ".join(unmet)
     # `import msamp` imports both; without them it fails in prepare(), after winning the ranking.
     if importlib.util.find_spec("transformer_engine_extensions") is None:
         return ("msamp not importable here: it imports transformer_engine_extensions, the extension module of the "
@@ -40,7 +44,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
         options_class=MSAMPRecipeKwargs, aliases=("ms-amp", "ms_amp"),
         # msamp.initialize keeps the converted Linears' weights as fp16 ScalingTensors
-        # (weight_qtype defaults to Dtypes.kfloat16), so they round to fp16 at conversion.
+        # (LinearReplacer.replace's weight_qtype default), so they round to fp16 at conversion.
         weight_storage="float16",
     )
 

@@ -1,10 +1,13 @@
 """A CPU stand-in for ``msamp`` (MS-AMP 0.4.0), for tests only: MS-AMP needs CUDA and is not on PyPI.
 
-Signatures are copied from Azure/MS-AMP: ``msamp/__init__.py`` (``initialize``),
-``msamp/deepspeed/__init__.py`` (``initialize``), ``msamp/optim/adamw.py`` (``LBAdamW``),
-``msamp/optim/adam.py`` (``LBAdam``) and ``msamp/nn/clip_grad.py`` (``clip_grad_norm_``).
-``initialize`` keeps MS-AMP's own checks (levels, optimizer types); the DeepSpeed one records
-the config and hands the rest to the real ``deepspeed.initialize``. Calls are recorded.
+Only the signatures are MS-AMP's: ``msamp.initialize``, ``msamp.deepspeed.initialize``,
+``msamp.optim.LBAdamW``/``LBAdam`` and ``msamp.clip_grad_norm_`` match ``msamp_signatures.json``,
+the manifest read from MS-AMP's source at the commits it names
+(``test_msamp.py::test_standin_signatures_match_the_msamp_manifest``). The bodies are this
+project's: ``initialize`` refuses what MS-AMP refuses (a non-module, an unknown level, a
+non-Adam optimizer) and builds the optimizer the way MS-AMP 0.4 does (the behaviour lowbit must
+work around); the DeepSpeed one records the config and hands the rest to the real
+``deepspeed.initialize``. Calls are recorded.
 """
 from __future__ import annotations
 
@@ -16,10 +19,6 @@ from torch import nn
 
 CALLS: list[tuple[str, dict]] = []
 opt_levels = ["O1", "O2"]
-
-
-class Dtypes:  # msamp.common.dtype.Dtypes, the one member used as a default
-    kfloat16 = "kfloat16"
 
 
 class FP8Linear(nn.Linear):
@@ -52,14 +51,14 @@ class LBAdam(LBAdamW):
         self.use_adam = True  # MS-AMP's LBAdam is LBAdamW with L2 (coupled) weight decay
 
 
-def initialize(model, optimizer=None, opt_level="O1", use_te=False, weight_qtype=Dtypes.kfloat16, use_fsdp=False):
+def initialize(model, optimizer=None, opt_level="O1", use_te=False):
     CALLS.append(("initialize", {"opt_level": opt_level, "optimizer": type(optimizer).__name__}))
     if not isinstance(model, torch.nn.Module):
-        raise ValueError("Model must be an instance of torch.nn.Module")
+        raise ValueError(f"stand-in msamp.initialize: model is a {type(model).__name__}, not an nn.Module")
     if opt_level not in opt_levels:
-        raise ValueError("Invalid optimization level. Please choose from {}".format(opt_levels))
+        raise ValueError(f"stand-in msamp.initialize: opt_level {opt_level!r} is not one of {opt_levels}")
     if not isinstance(optimizer, (torch.optim.AdamW, torch.optim.Adam)):
-        raise ValueError("Optimizer {} is not supported in optimization level {}".format(optimizer, opt_level))
+        raise ValueError(f"stand-in msamp.initialize: {type(optimizer).__name__} cannot be cast at {opt_level}")
     index_of = {id(p): i for i, p in enumerate(model.parameters())}
     order = [index_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
     for module in list(model.modules()):
@@ -74,13 +73,14 @@ def initialize(model, optimizer=None, opt_level="O1", use_te=False, weight_qtype
         for i in range(len(group["params"])):
             group["params"][i] = parameters[order[position]]
             position += 1
-    # As MS-AMP 0.4.0 does: the optimizer's own defaults, four keys dropped, and Adam tested first
-    # (so a PyTorch whose AdamW subclasses Adam gets LBAdam, and an unknown default key is passed on).
-    defaults = optimizer.defaults
-    defaults["exp_avg_dtype"] = torch.uint8 if opt_level == "O2" else torch.float32
-    defaults["exp_avg_sq_dtype"] = torch.float16 if opt_level == "O2" else torch.float32
-    for k in ["foreach", "capturable", "differentiable", "fused"]:
-        defaults.pop(k, None)
+    # The behaviour of MS-AMP 0.4 that lowbit works around: the new optimizer gets the old one's
+    # defaults (less the fused/foreach-style switches, plus the state dtypes of the level), so an
+    # unknown default key reaches LBAdam; and the Adam check comes before the AdamW one, so a
+    # PyTorch whose AdamW subclasses Adam gets LBAdam.
+    state_dtypes = {"O1": (torch.float32, torch.float32), "O2": (torch.uint8, torch.float16)}[opt_level]
+    switches = ("foreach", "capturable", "differentiable", "fused")
+    defaults = {k: v for k, v in optimizer.defaults.items() if k not in switches}
+    defaults.update(exp_avg_dtype=state_dtypes[0], exp_avg_sq_dtype=state_dtypes[1])
     cls = LBAdam if isinstance(optimizer, torch.optim.Adam) else LBAdamW
     return model, cls(optimizer.param_groups, **defaults)
 

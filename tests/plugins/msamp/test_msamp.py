@@ -1,6 +1,9 @@
 """lowbit-msamp against a stand-in msamp (MS-AMP 0.4.0 signatures). GPU tests need real MS-AMP."""
 from __future__ import annotations
 
+import ast
+import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +13,8 @@ import pytest
 pytest.importorskip("lowbit_msamp")
 
 import torch  # noqa: E402
-from helpers import FakeBackend, HardwareDetector, mlp, needs_fp8_gpu_with, regression_data  # noqa: E402
+import source_signatures  # noqa: E402
+from helpers import FakeBackend, HardwareDetector, install_entry_points, mlp, needs_fp8_gpu_with, regression_data  # noqa: E402
 from torch import nn  # noqa: E402
 
 import lowbit_msamp  # noqa: E402
@@ -24,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import standin_msamp  # noqa: E402
 
 H100 = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0))
+MANIFEST = json.loads((Path(__file__).parent / "msamp_signatures.json").read_text())
 
 
 @pytest.fixture
@@ -246,3 +251,103 @@ def test_the_conformance_kit_passes_on_the_msamp_stand_in(msamp, tmp_path):
 
     report = run_conformance("msamp", heavy_modules=("msamp",), hardware=H100, tmp_path=tmp_path)
     assert report["converted"]
+
+
+# ------------------------------------------------------------------ the stand-in cannot drift
+
+
+STANDIN_OBJECTS = {"msamp.initialize": standin_msamp.initialize, "msamp.clip_grad_norm_": standin_msamp.clip_grad_norm_,
+                   "msamp.optim.LBAdamW": standin_msamp.LBAdamW, "msamp.optim.LBAdam": standin_msamp.LBAdam,
+                   "msamp.deepspeed.initialize": standin_msamp.deepspeed_initialize}
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST["signatures"]))
+def test_standin_signatures_match_the_msamp_manifest(name):
+    """The manifest was read from MS-AMP's source at the commits it records
+    (tests/plugins/msamp/read_msamp_signatures.py); the stand-in must have exactly those parameters."""
+    standin = source_signatures.as_text(source_signatures.parameters_of(STANDIN_OBJECTS[name]))
+    revisions = ", ".join(f"{rev} {r['commit'][:12]}" for rev, r in MANIFEST["revisions"].items())
+    assert standin == MANIFEST["signatures"][name], f"stand-in {name} differs from MS-AMP ({revisions})"
+
+
+def _manifest_signature(name):
+    args = ast.parse(f"def f({MANIFEST['signatures'][name]}): pass").body[0].args
+    return source_signatures.signature(args)
+
+
+def _calls_into_msamp():
+    """Every call lowbit makes into MS-AMP, read from the plugins' source: ``msamp.NAME(...)`` and
+    ``msamp.optim.NAME(...)`` in lowbit-msamp, and lowbit-deepspeed's ``initialize_fn(...)`` (which
+    is ``msamp.deepspeed.initialize`` when MS-AMP supplies it), as (name, positional, keywords, where)."""
+    sources = [(Path(importlib.util.find_spec("lowbit_msamp").origin).parent, None)]
+    if importlib.util.find_spec("lowbit_deepspeed") is not None:
+        sources.append((Path(importlib.util.find_spec("lowbit_deepspeed").origin).parent, "initialize_fn"))
+    calls = []
+    for folder, alias in sources:
+        for file in sorted(folder.glob("*.py")):
+            for node in ast.walk(ast.parse(file.read_text())):
+                if not isinstance(node, ast.Call):
+                    continue
+                dotted = ast.unparse(node.func)
+                name = "msamp.deepspeed.initialize" if alias and dotted == alias else dotted
+                if name in MANIFEST["signatures"] or (name.startswith("msamp.") and not alias):
+                    positional = sum(1 for a in node.args if not isinstance(a, ast.Starred))
+                    keywords = tuple(k.arg for k in node.keywords if k.arg)
+                    calls.append((name, positional, keywords, f"{file.name}:{node.lineno}"))
+    return calls
+
+
+def test_every_msamp_call_of_lowbit_binds_to_msamp_signatures():
+    calls = _calls_into_msamp()
+    assert {c[0] for c in calls} >= {"msamp.initialize", "msamp.clip_grad_norm_", "msamp.optim.LBAdamW"}
+    for name, positional, keywords, where in calls:
+        assert name in MANIFEST["signatures"], f"{where}: lowbit calls {name}, which the manifest does not record"
+        try:
+            _manifest_signature(name).bind(*range(positional), **dict.fromkeys(keywords))
+        except TypeError as exc:
+            pytest.fail(f"{where}: {name}({positional} positional, {', '.join(keywords)}) does not fit MS-AMP's "
+                        f"({MANIFEST['signatures'][name]}): {exc}")
+
+
+def test_a_call_msamp_would_refuse_does_not_bind():
+    with pytest.raises(TypeError, match="weight_qtype"):
+        _manifest_signature("msamp.initialize").bind(1, 2, opt_level="O2", weight_qtype=None)
+
+
+# ------------------------------------------------------------------ its pins, from metadata
+
+
+def test_msamp_whose_pins_are_not_met_is_unavailable_says_what_to_change_and_loses_the_ranking(msamp, tmp_path, monkeypatch):
+    """MS-AMP 0.4.0's own requirements (from the manifest) against what is installed here:
+    deepspeed 0.19 against its ==0.13.1 pin, and no Transformer Engine at all."""
+    install_entry_points(tmp_path, "msamp", "0.4.0", {}, requires=tuple(MANIFEST["dependencies"]))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reason = lowbit_msamp.unavailable_reason(H100)
+    assert reason.startswith("MS-AMP cannot run with what is installed here: ")
+    if importlib.util.find_spec("deepspeed") is not None:
+        import deepspeed
+
+        assert (f"MS-AMP 0.4.0 requires deepspeed==0.13.1, installed {deepspeed.__version__}: "
+                '`pip install "deepspeed==0.13.1"` (lowbit-deepspeed needs deepspeed>=0.14') in reason
+    assert ("transformer-engine is not installed (MS-AMP 0.4.0 requires transformer-engine from "
+            "git+https://github.com/NVIDIA/TransformerEngine.git@v1.1)") in reason
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager())
+    assert acc.fp8_backend == "ao" and "deepspeed==0.13.1" in acc.explain_backend_choice()
+
+
+def test_msamp_whose_requirements_are_met_stays_first(msamp, tmp_path, monkeypatch):
+    install_entry_points(tmp_path, "msamp", "0.4.0", {}, requires=("torch>=2", "packaging", 'pytest-cov; extra == "test"'))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert lowbit_msamp.unavailable_reason(H100) == ""
+    assert Accelerator(mixed_precision="fp8", plugin_manager=manager()).fp8_backend == "msamp"
+
+
+def test_a_transformer_engine_of_another_major_than_the_git_tag_is_named(monkeypatch, tmp_path):
+    from lowbit_msamp import compat
+
+    install_entry_points(tmp_path, "msamp", "0.4.0", {}, requires=(MANIFEST["dependencies"][1],))
+    install_entry_points(tmp_path, "transformer-engine", "2.20.2", {})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert compat.unmet_requirements() == [
+        "MS-AMP 0.4.0 requires transformer-engine 1.1 (from git+https://github.com/NVIDIA/TransformerEngine.git@v1.1), "
+        'installed 2.20.2: `pip install "transformer-engine @ git+https://github.com/NVIDIA/TransformerEngine.git@v1.1"`']

@@ -7,9 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
-import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,8 @@ from lowbit.utils import TERecipeKwargs  # noqa: E402
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import standin_te  # noqa: E402
+import te_sources  # noqa: E402
+import source_signatures  # noqa: E402
 
 TE_VERSION = "2.20.2"
 H100 = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0))
@@ -42,16 +42,7 @@ A100 = HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0))
 @pytest.fixture(scope="session")
 def te_source() -> Path:
     """TE's Python sources, from the transformer-engine wheel on PyPI (cached between runs)."""
-    cache = Path.home() / ".cache" / "lowbit-tests" / f"transformer-engine-{TE_VERSION}"
-    src = cache / "src"
-    if not (src / "transformer_engine").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
-                        f"transformer-engine=={TE_VERSION}"], check=True, timeout=900)
-        wheel = next(cache.glob("transformer_engine-*.whl"))
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(src)
-    return src / "transformer_engine"
+    return te_sources.te_source(TE_VERSION)
 
 
 @pytest.fixture(scope="session")
@@ -101,24 +92,7 @@ def _real_signature(path: Path, qualname: str) -> list[tuple[str, str | None]]:
     if cls_name:
         scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name).body
     func = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == func_name)
-    args = func.args
-    positional = args.args
-    defaults = [None] * (len(positional) - len(args.defaults)) + [ast.unparse(d) for d in args.defaults]
-    params = [(a.arg, d) for a, d in zip(positional, defaults)]
-    params += [(a.arg, ast.unparse(d) if d is not None else None) for a, d in zip(args.kwonlyargs, args.kw_defaults)]
-    if args.kwarg:
-        params.append(("**" + args.kwarg.arg, None))
-    return params
-
-
-def _standin_signature(obj) -> list[tuple[str, str | None]]:
-    out = []
-    for p in inspect.signature(obj).parameters.values():
-        if p.kind is p.VAR_KEYWORD:
-            out.append(("**" + p.name, None))
-        else:
-            out.append((p.name, None if p.default is p.empty else repr(p.default)))
-    return out
+    return source_signatures.parameters_with_defaults(func.args)
 
 
 @pytest.mark.parametrize("path, qualname, standin", [
@@ -132,7 +106,39 @@ def _standin_signature(obj) -> list[tuple[str, str | None]]:
     ("pytorch/quantization.py", "is_fp8_block_scaling_available", standin_te.is_fp8_block_scaling_available),
 ])
 def test_standin_signatures_match_the_real_te(te_source, path, qualname, standin):
-    assert _standin_signature(standin) == _real_signature(te_source / path, qualname)
+    assert source_signatures.parameters_of(standin) == _real_signature(te_source / path, qualname)
+
+
+PLUGIN_DIR = Path(importlib.util.find_spec("lowbit_te").origin).parent
+
+
+@pytest.mark.parametrize("version", te_sources.SUPPORTED_VERSIONS)
+def test_every_te_call_of_the_plugin_binds_to_that_te_release(version):
+    """Each ``te.NAME(...)`` in lowbit-te's source names something ``transformer_engine.pytorch``
+    exports in that release, and its positional count and keywords bind to the real parameters."""
+    root = te_sources.te_source(version)
+    calls = te_sources.te_calls(PLUGIN_DIR)
+    assert {name for name, *_ in calls} >= {"Linear", "LayerNorm", "RMSNorm", "autocast", "is_fp8_available"}
+    for name, positional, keywords, where in calls:
+        node = source_signatures.find_definition(root, "transformer_engine.pytorch", name)
+        assert node is not None, f"{where}: te.{name} does not exist in transformer_engine.pytorch {version}"
+        real = source_signatures.signature(source_signatures.callable_args(node))
+        try:
+            real.bind(*range(positional), **dict.fromkeys(keywords))
+        except TypeError as exc:
+            pytest.fail(f"{where}: te.{name}({positional} positional, {', '.join(keywords)}) does not fit "
+                        f"TE {version}'s {name}{real}: {exc}")
+
+
+def test_the_call_reader_sees_a_call_that_does_not_fit(tmp_path):
+    """The check above can fail: a keyword TE does not have, and a name TE does not export."""
+    (tmp_path / "bad.py").write_text("def f(te):\n    te.Linear(1, 2, bais=True)\n    te.fp8_magic()\n")
+    root = te_sources.te_source(TE_VERSION)
+    (name, positional, keywords, _), (missing, *_rest) = te_sources.te_calls(tmp_path)
+    real = source_signatures.signature(source_signatures.callable_args(source_signatures.find_definition(root, "transformer_engine.pytorch", name)))
+    with pytest.raises(TypeError, match="bais"):
+        real.bind(*range(positional), **dict.fromkeys(keywords))
+    assert source_signatures.find_definition(root, "transformer_engine.pytorch", missing) is None
 
 
 # ------------------------------------------------------------------ availability and ranking
