@@ -88,19 +88,32 @@ class HardwareDetector:
 
 
 def needs_fp8_gpu_with(module: str, label: str):
-    """Mark a test that needs a CUDA sm_89+ GPU and the real ``module`` (skipped elsewhere)."""
+    """Mark a test that needs a CUDA sm_89+ GPU and the real ``module``.
+
+    Skipped without such a GPU or without the library; a library that is installed but fails to
+    import fails the test with its import error (a broken install is not "not here")."""
+    import functools
     import importlib
+    import importlib.util
 
     import pytest
 
-    ok = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
-    if ok:
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - any import failure means "not here"
-            ok = False
+    gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+    installed = importlib.util.find_spec(module.split(".")[0]) is not None
     reason = f"needs a CUDA GPU with compute capability >= 8.9 and {label}"
-    return lambda test: pytest.mark.gpu(pytest.mark.skipif(not ok, reason=reason)(test))
+
+    def mark(test):
+        @functools.wraps(test)
+        def run(*args, **kwargs):
+            try:
+                importlib.import_module(module)
+            except Exception as exc:  # noqa: BLE001 - report whatever the import raised
+                pytest.fail(f"{label} is installed but does not import: {type(exc).__name__}: {exc}")
+            return test(*args, **kwargs)
+
+        return pytest.mark.gpu(pytest.mark.skipif(not (gpu and installed), reason=reason)(run))
+
+    return mark
 
 
 def run_launch(cmd, *, env, cwd=None, timeout=1500):

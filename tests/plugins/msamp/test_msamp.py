@@ -229,20 +229,41 @@ def test_export_dequantizes_scaling_tensors():
 
 
 @needs_fp8_gpu_with("msamp", "MS-AMP")
-def test_gpu_o2_trains_a_few_steps():
-    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs()])
-    model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, opt = acc.prepare(model, opt)
-    x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
-    losses = []
-    for _ in range(5):
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        acc.backward(loss)
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_gpu_real_msamp_trains_close_to_bf16(level):
+    import msamp
+
+    losses = {}
+    for precision in ("bf16", "fp8"):
+        torch.manual_seed(0)
+        handlers = [MSAMPRecipeKwargs(opt_level=level)] if precision == "fp8" else []
+        acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
+        model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        model, opt = acc.prepare(model, opt)
+        if precision == "fp8":
+            assert acc.fp8_backend == "msamp"
+            assert any(type(m).__module__.startswith("msamp") for m in model.modules())
+            assert type(opt.optimizer).__module__.startswith("msamp"), type(opt.optimizer)
+        x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
+        run = []
+        for _ in range(20):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            acc.backward(loss)
+            opt.step()
+            run.append(loss.item())
+        losses[precision] = run
+    assert losses["fp8"][-1] < 0.7 * losses["fp8"][0]
+    assert abs(losses["fp8"][-1] - losses["bf16"][-1]) / losses["bf16"][-1] < 0.05
+    assert msamp.__version__
+
+
+@needs_fp8_gpu_with("msamp", "MS-AMP")
+def test_gpu_the_conformance_kit_passes_on_real_msamp(tmp_path):
+    from lowbit.testing import run_conformance
+
+    assert run_conformance("msamp", heavy_modules=("msamp",), tmp_path=tmp_path)["converted"]
 
 
 def test_the_conformance_kit_passes_on_the_msamp_stand_in(msamp, tmp_path):

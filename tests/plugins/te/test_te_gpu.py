@@ -1,0 +1,154 @@
+"""lowbit-te on a real GPU with the real Transformer Engine: ``pytest -m gpu tests/plugins/te``.
+
+Skipped without a CUDA sm_89+ GPU or without TE; a TE that is installed but does not import
+fails (see ``helpers.needs_fp8_gpu_with``). The 2-process tests also need two GPUs. These have
+not run in this repository's CI (it has no GPU); ``bench/gpu_check.sh`` runs them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import needs_fp8_gpu_with, run_launch
+
+from lowbit import Accelerator
+from lowbit.utils import TERecipeKwargs
+
+gpu_te = needs_fp8_gpu_with("transformer_engine.pytorch", "Transformer Engine")
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+WORKER = Path(__file__).with_name("te_gpu_worker.py")
+# recipe -> TE's own check for it on this GPU
+RECIPE_CHECKS = {"delayed": "is_fp8_available", "current": "is_fp8_available", "mxfp8": "is_mxfp8_available",
+                 "block": "is_fp8_block_scaling_available"}
+
+
+class Block(nn.Module):
+    """Every layer kind lowbit-te converts, with FP8-friendly sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(256)
+        self.up = nn.Linear(256, 512)
+        self.rms = nn.RMSNorm(512)
+        self.down = nn.Linear(512, 256)
+
+    def forward(self, x):
+        return self.down(self.rms(nn.functional.gelu(self.up(self.norm(x)))))
+
+
+def train(precision: str, steps: int = 20, **recipe):
+    torch.manual_seed(0)
+    model = Block().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    handlers = [TERecipeKwargs(**recipe)] if precision == "fp8" else []
+    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(128, 256, device="cuda", generator=generator)
+    y = torch.randn(128, 256, device="cuda", generator=generator)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        losses.append(loss.item())
+    return accelerator, model, losses
+
+
+def te_verdict(name: str) -> tuple[bool, str]:
+    import transformer_engine.pytorch as te
+
+    ok, why = getattr(te, name)(return_reason=True)
+    return bool(ok), str(why)
+
+
+@gpu_te
+def test_real_te_modules_replace_linear_and_norms_and_train_close_to_bf16():
+    import transformer_engine.pytorch as te
+
+    accelerator, model, losses = train("fp8")
+    assert accelerator.fp8_backend == "te"
+    kinds = {type(m) for m in model.modules()}
+    assert {te.Linear, te.LayerNorm, te.RMSNorm} <= kinds, kinds
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    assert losses[-1] < 0.7 * losses[0], losses
+    _, _, bf16 = train("bf16")
+    assert abs(losses[0] - bf16[0]) / bf16[0] < 0.02  # same weights, one forward: FP8 rounding only
+    assert abs(losses[-1] - bf16[-1]) / bf16[-1] < 0.05, (losses[-1], bf16[-1])
+
+
+@gpu_te
+@pytest.mark.parametrize("scaling", sorted(RECIPE_CHECKS))
+def test_every_recipe_this_gpu_supports_trains(scaling):
+    ok, why = te_verdict(RECIPE_CHECKS[scaling])
+    if not ok:
+        pytest.skip(f"Transformer Engine says {scaling} scaling cannot run on this GPU: {why}")
+    accelerator, model, losses = train("fp8", scaling=scaling)
+    assert type(accelerator.context.backend_state["te_recipe"]).__name__ == {
+        "delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
+        "block": "Float8BlockScaling"}[scaling]
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+@gpu_te
+def test_save_state_and_load_state_keep_the_fp8_metadata(tmp_path):
+    accelerator, model, _ = train("fp8", steps=5)
+    assert any(k.endswith("_extra_state") for k in model.state_dict())
+    accelerator.save_state(tmp_path / "state")
+    x = torch.randn(16, 256, device="cuda")
+    with torch.no_grad():
+        before = model(x)
+    fresh_acc, fresh, _ = train("fp8", steps=0)
+    fresh_acc.load_state(tmp_path / "state")
+    with torch.no_grad():
+        after = fresh(x)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+@gpu_te
+def test_the_conformance_kit_passes_on_real_te(tmp_path):
+    from lowbit.testing import run_conformance
+
+    report = run_conformance("te", heavy_modules=("transformer_engine",), tmp_path=tmp_path)
+    assert report["converted"]
+
+
+def _launch(tmp_path: Path, *flags: str) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--num_processes", "2", *flags, str(WORKER), str(tmp_path)]
+    proc = run_launch(cmd, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@gpu_te
+@two_gpus
+def test_ddp_reduces_amax_across_ranks(tmp_path):
+    """Each rank sees different data; with the data-parallel group as TE's amax reduction group,
+    the FP8 scaling state is the same on both ranks after a step, and so are the weights."""
+    ranks = _launch(tmp_path, "--multi_gpu")
+    assert ranks[0]["strategy"] == "ddp" and ranks[0]["fp8_backend"] == "te"
+    assert ranks[0]["amax"] == ranks[1]["amax"] and ranks[0]["weights_sha"] == ranks[1]["weights_sha"]
+    assert ranks[0]["losses"][-1] < 0.7 * ranks[0]["losses"][0]
+
+
+@gpu_te
+@two_gpus
+def test_fsdp2_trains_with_te(tmp_path):
+    ranks = _launch(tmp_path, "--use_fsdp")
+    assert ranks[0]["strategy"] == "fsdp" and ranks[0]["fp8_backend"] == "te"
+    assert ranks[0]["weights_sha"] == ranks[1]["weights_sha"]
+    assert ranks[0]["losses"][-1] < 0.7 * ranks[0]["losses"][0]
+
+
+def test_gpu_worker_is_valid_python():
+    """The worker above only runs on GPUs; at least it must compile everywhere."""
+    subprocess.run([sys.executable, "-m", "py_compile", str(WORKER)], check=True)
