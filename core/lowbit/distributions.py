@@ -18,6 +18,7 @@ PLUGIN_ONLY_FP8_KEYS = {
     "enable_fsdp_float8_all_gather": ("ao",),
     "force_recompute_fp8_weight_in_bwd": ("ao",),
     "emulate": ("ao",),
+    "emulation": ("ao",),
     "optimizer_states": ("ao",),
     "keep_first_last_high_precision": ("ao", "te"),
     "scaling": ("te",),

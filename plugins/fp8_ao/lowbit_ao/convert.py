@@ -12,6 +12,7 @@ from torch import nn
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
 from lowbit.types import PrepareContext
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
+from lowbit_ao.fast_emulation import compute_dtype_for, use_fast_emulation
 from lowbit_ao.quiet_import import import_torchao
 
 # FP8 GEMMs need both dims of a weight to be multiples of 16.
@@ -64,21 +65,37 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
     hardware = context.hardware
     needs_emulation = not hardware.has_fp8_gemm
     if options.emulate is False and needs_emulation:
-        raise BackendUnavailableError(
-            f"emulate=False asks for real FP8 GEMMs, which need a CUDA GPU with compute capability >= 8.9; "
-            f"found {hardware.describe()}. There torchao's non-emulated path takes seconds per 512x512 matmul. "
-            "Leave emulate unset (lowbit emulates where needed) or set emulate=True."
-        )
+        _check_scaled_mm_can_run(context)
     emulate = needs_emulation if options.emulate is None else options.emulate
     if emulate and options.emulate is None and not config.emulate and context.rank == 0:  # said once, not per rank
-        warnings.warn(
-            f"lowbit-ao: {hardware.describe()} has no FP8 GEMMs, so torchao emulates them (emulate=True): "
-            "FP8 numerics, high-precision speed.",
-            FP8EmulationNotice,
-            stacklevel=2,
-        )
+        warnings.warn(f"lowbit-ao: {hardware.describe()} has no FP8 GEMMs, so they are emulated: "
+                      f"{emulation_summary(options, context)}.", FP8EmulationNotice, stacklevel=2)
     overrides["emulate"] = emulate
     return dataclasses.replace(config, **overrides)
+
+
+def emulation_summary(options: Any, context: PrepareContext) -> str:
+    """How the FP8 GEMMs are emulated, in words (for the notice and the docs' examples)."""
+    if options.emulation == "torchao":
+        return "torchao's emulation (emulation='torchao': operands dequantized to fp32, fp32 GEMMs)"
+    dtype = str(compute_dtype_for(context.device)).removeprefix("torch.")
+    return (f"the exact fp8 values multiplied in {dtype}, scales applied to the output (emulation='fast'; "
+            "emulation='torchao' for torchao's own)")
+
+
+def _check_scaled_mm_can_run(context: PrepareContext) -> None:
+    """emulate=False: real FP8 GEMMs through torch._scaled_mm. On a CPU that is torch's reference
+    kernel (measured on a 2-core x86 CPU: about as fast as torchao's emulation, 10-20% slower than
+    lowbit's fast emulation in fp32); a CUDA GPU below sm_89 has no kernel at all."""
+    if context.hardware.device_type != "cpu":
+        raise BackendUnavailableError(
+            f"emulate=False asks for real FP8 GEMMs, which need a CUDA GPU with compute capability >= 8.9; "
+            f"found {context.hardware.describe()}. Leave emulate unset (lowbit emulates where needed) or set emulate=True."
+        )
+    if context.rank == 0:
+        warnings.warn(f"lowbit-ao: emulate=False on {context.hardware.describe()}: torch._scaled_mm runs the FP8 GEMMs "
+                      "(torch's CPU reference kernel, the numerics lowbit's fast emulation is tested against; "
+                      "not faster than emulation, see plugins/fp8_ao/README.md).", FP8EmulationNotice, stacklevel=3)
 
 
 def linear_layers(model: nn.Module) -> dict[str, str]:
@@ -136,6 +153,8 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
     layer_types = linear_layers(model)
     model = convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
     model = convert_conv1d_layers(model, module_filter, config)
+    if config.emulate and options.emulation == "fast":
+        use_fast_emulation(model, compute_dtype_for(context.device))
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
     if not converted and context.rank == 0:  # said once, not per rank
         reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear or Conv1D"

@@ -8,6 +8,7 @@ from lowbit.recipes import RecipeKwargs, recipe_option
 
 RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 OPTIMIZER_STATES = ("default", "fp8", "8bit")
+EMULATIONS = ("fast", "torchao")
 
 
 @dataclass
@@ -29,4 +30,8 @@ class AORecipeKwargs(RecipeKwargs):
     force_recompute_fp8_weight_in_bwd: bool | None = recipe_option(False, type=bool, help="recompute the fp8 weight in backward")
     keep_first_last_high_precision: bool | None = recipe_option(True, type=bool, help="keep the first and last Linear in high precision")
     emulate: bool | None = recipe_option(None, type=bool, help="emulate FP8 GEMMs (default: only where hardware lacks them)")
+    emulation: str | None = recipe_option(
+        "fast", choices=EMULATIONS,
+        help="how FP8 GEMMs are emulated: fast (fp8 values multiplied in bf16/fp32, scales on the output) "
+             "or torchao (torchao's emulate=True: dequantized, fp32)")
     optimizer_states: str | None = recipe_option("default", choices=OPTIMIZER_STATES, help="default, fp8 (AdamWFp8) or 8bit (AdamW8bit)")

@@ -125,9 +125,26 @@ def test_emulation_is_automatic_on_cpu_and_said_once():
     assert len(notices) == 1 and "CPU has no FP8 GEMMs" in str(notices[0].message)
 
 
-def test_explicit_non_emulated_fp8_on_cpu_is_a_clear_error():
-    with pytest.raises(BackendUnavailableError, match=r"emulate=False.*compute capability >= 8.9; found CPU"):
-        ao_accelerator(emulate=False).prepare(mlp())
+def test_non_emulated_fp8_on_cpu_runs_torch_scaled_mm_with_a_note():
+    """emulate=False on a CPU is torch._scaled_mm, the reference kernel: allowed, and said."""
+    with pytest.warns(FP8EmulationNotice, match=r"emulate=False on CPU: torch._scaled_mm runs the FP8 GEMMs"):
+        acc = ao_accelerator(emulate=False)
+        model = acc.prepare(mlp())
+    layer = next(m for m in model.modules() if isinstance(m, Float8Linear))
+    assert layer.config.emulate is False
+    x, y = regression_data(32)
+    nn.functional.mse_loss(model(x), y).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_non_emulated_fp8_on_a_gpu_without_fp8_is_a_clear_error():
+    from lowbit.types import HardwareInfo, PrepareContext
+    from lowbit_ao.convert import build_float8_config
+
+    a100 = HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0))
+    context = PrepareContext(a100, "fp8", torch.device("cpu"), fp8_options=AORecipeKwargs(emulate=False, recipe="tensorwise"))
+    with pytest.raises(BackendUnavailableError, match=r"emulate=False.*compute capability >= 8.9; found NVIDIA A100"):
+        build_float8_config(context.fp8_options, context)
 
 
 def test_model_without_eligible_linears_warns_and_trains_in_high_precision():
@@ -182,7 +199,7 @@ def _lowbit_training(steps, x, y, **recipe):
 def test_parity_with_raw_torchao_is_bitwise():
     x, y = regression_data(64)
     raw = _raw_torchao_training(20, x, y)
-    _, ours, _, _ = _lowbit_training(20, x, y)
+    _, ours, _, _ = _lowbit_training(20, x, y, emulation="torchao")
     for (name, a), b in zip(raw.state_dict().items(), ours.state_dict().values()):
         assert torch.equal(a, b), f"{name} differs from raw torchao"
 
