@@ -8,8 +8,8 @@ This path follows the order an FP8 tensor core uses instead: multiply the fp8 va
 accumulate, then apply both scales once to the output. Every e4m3 and e5m2 value is exact in bf16
 and fp32, and the product of two is exact in fp32, so the GEMM runs in bf16 where bf16 GEMMs are
 fast (CUDA GPUs without FP8, CPUs with AVX512-BF16 or AMX) and in fp32 elsewhere; both accumulate
-in fp32. The fp8 values are widened with integer bit operations (a few vectorised passes, 3x
-faster than torch's fp8 conversion on CPU) rather than a dtype conversion.
+in fp32. The fp8 values are widened with integer bit operations (a few vectorised passes, about
+7x faster than torch's fp8 conversion on CPU) rather than a dtype conversion.
 
 Numerics against ``torch._scaled_mm`` (the reference): in fp32 the same products and one final
 rounding (measured: bf16 outputs bit for bit equal); in bf16 the GEMM rounds its output to bf16
@@ -30,30 +30,27 @@ from typing import Any
 import torch
 from torch import nn
 
-# fp8 bits -> (left shift that puts exponent and mantissa in the wide type's place, 2^(wide bias - fp8 bias))
-_WIDEN = {
-    torch.float8_e4m3fn: {torch.float32: (20, 2.0**120), torch.bfloat16: (4, 2.0**120)},
-    torch.float8_e5m2: {torch.float32: (21, 2.0**112), torch.bfloat16: (5, 2.0**112)},
-}
+# fp8 dtype -> (left shift that puts its exponent and mantissa in bf16's place, 2^(127 - its bias))
+_WIDEN = {torch.float8_e4m3fn: (4, 2.0**120), torch.float8_e5m2: (5, 2.0**112)}
 
 
 def exact_values(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The values of an fp8 tensor in ``dtype`` (float32 or bfloat16), exactly, by bit operations.
+    """The values of an fp8 tensor in ``dtype`` (bfloat16 or float32), exactly, by bit operations.
 
-    The sign goes to the wide sign bit, exponent and mantissa are shifted into the wide layout
-    (the wide exponent field then holds the fp8 one), and one multiplication by a power of two
-    moves the exponent bias. fp8 subnormals become wide subnormals before that multiplication and
-    come out exact, unless denormals are flushed (``torch.set_flush_denormal(True)``): then they
-    read as zero, as on hardware that flushes them.
+    The sign goes to bf16's sign bit and exponent and mantissa are shifted into bf16's layout (its
+    exponent field then holds the fp8 one); one multiplication by a power of two moves the
+    exponent bias, and fp32 is bf16 widened (measured on a 2-core x86 CPU, per million elements:
+    about 1 ms, against 7 ms for torch's fp8-to-fp32 conversion and 3.3 ms for the same bit
+    operations on 32-bit integers). fp8 subnormals become bf16 subnormals before the multiplication
+    and come out exact, unless denormals are flushed (``torch.set_flush_denormal(True)``): then
+    they read as zero, as on hardware that flushes them.
     """
-    shift, rebias = _WIDEN[data.dtype][dtype]
-    if dtype == torch.float32:
-        bits = data.view(torch.uint8).to(torch.int32)
-        wide = ((bits & 0x80) << 24) | ((bits & 0x7F) << shift)
-    else:
-        bits = data.view(torch.uint8).to(torch.int16)
-        wide = ((bits & 0x80) << 8) | ((bits & 0x7F) << shift)
-    return wide.view(dtype) * rebias
+    shift, rebias = _WIDEN[data.dtype]
+    bits = data.view(torch.uint8).to(torch.int16)
+    wide = (bits & 0x80) << 8
+    wide |= (bits & 0x7F) << shift
+    values = wide.view(torch.bfloat16).mul_(rebias)
+    return values if dtype == torch.bfloat16 else values.to(dtype)
 
 
 def _fast_compute_dtype(a: Any, b: Any) -> torch.dtype | None:
@@ -72,8 +69,12 @@ def scaled_mm(a: Any, b: Any, output_dtype: torch.dtype, compute_dtype: torch.dt
     if a_scale.dim() == 2 and a_scale.shape[1] != 1 or b_scale.dim() == 2 and b_scale.shape[0] != 1:
         raise ValueError(f"fast FP8 emulation needs per-tensor, per-row (a) or per-column (b) scales; "
                          f"got {tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
-    product = torch.mm(exact_values(a._data, compute_dtype), exact_values(b._data, compute_dtype))
-    return (product.float() * (a_scale.reciprocal() * b_scale.reciprocal())).to(output_dtype)
+    product = torch.mm(exact_values(a._data, compute_dtype), exact_values(b._data, compute_dtype)).float()
+    if a_scale.numel() == 1 and b_scale.numel() == 1:
+        product.mul_(a_scale.reciprocal() * b_scale.reciprocal())
+    else:
+        product.mul_(a_scale.reciprocal()).mul_(b_scale.reciprocal())
+    return product.to(output_dtype)
 
 
 def _gemm_dtype(marked: torch.dtype, output_dtype: torch.dtype) -> torch.dtype:
