@@ -9,6 +9,8 @@ fp32, scales applied to the output) and ``torchao`` (torchao's emulate=True: ope
 to fp32, fp32 GEMMs). The fp32 column shows where fp32 GEMMs bound the emulation; whether bf16 is
 faster depends on the CPU's bf16 GEMMs (AVX512-BF16 / AMX). Targets on CPU: eager fp8 / bf16
 <= 1.5, compiled <= 1.15. ``fast/torchao`` is the two emulations' step-time ratio, side by side.
+``--all-fp8`` converts the model's first and last Linear too (by default they stay in bf16,
+which on a CPU without native bf16 dominates the fp8 step).
 """
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ from lowbit.utils import AORecipeKwargs
 warnings.filterwarnings("ignore")
 
 
-def loop(precision: str, compiled: bool, device: str, emulation: str = "fast"):
-    handlers = [AORecipeKwargs(emulation=emulation)] if precision == "fp8" and device == "cpu" else []
+def loop(precision: str, compiled: bool, device: str, emulation: str = "fast", all_fp8: bool = False):
+    options = {"emulation": emulation} if device == "cpu" else {}
+    if all_fp8:
+        options["keep_first_last_high_precision"] = False
+    handlers = [AORecipeKwargs(**options)] if precision == "fp8" and options else []
     acc = Accelerator(mixed_precision=precision, cpu=device == "cpu", dynamo_backend="inductor" if compiled else None,
                       kwargs_handlers=handlers)
     model = make_model()
@@ -45,6 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--pairs", type=int, default=200)
+    parser.add_argument("--all-fp8", action="store_true",
+                        help="convert the first and last Linear too (by default they stay in bf16)")
     args = parser.parse_args()
     rows = []
     emulations = ("fast", "torchao") if args.device == "cpu" else ("fast",)
@@ -52,7 +59,7 @@ def main() -> None:
         mode = "compiled" if compiled else "eager"
         bf16, _ = loop("bf16", compiled, args.device)
         fp32, _ = loop("no", compiled, args.device)
-        fp8 = {emulation: loop("fp8", compiled, args.device, emulation) for emulation in emulations}
+        fp8 = {emulation: loop("fp8", compiled, args.device, emulation, args.all_fp8) for emulation in emulations}
         for emulation, (step, backend) in fp8.items():
             t8, t16, ratio = compare(step, bf16, pairs=args.pairs)
             _, t32, ratio32 = compare(step, fp32, pairs=args.pairs)

@@ -4,8 +4,9 @@
     python bench/peer.py
 
 bf16, and fp8 through each one's torchao path. On CPU Accelerate needs to be told to emulate
-(its default Float8LinearConfig would run torchao's non-emulated path, seconds per matmul), so
-its fp8 gets `Float8LinearConfig(emulate=True)`; lowbit picks emulation itself.
+(its default Float8LinearConfig runs torchao's non-emulated path), so its fp8 gets
+`Float8LinearConfig(emulate=True)`: torchao's emulation. lowbit's fp8 runs twice: with its
+default (the fast emulation) and with `emulation="torchao"`, the same settings as Accelerate's.
 Printed: lowbit step time / Accelerate step time.
 """
 from __future__ import annotations
@@ -48,15 +49,20 @@ def main() -> None:
         import accelerate
     except ImportError:
         raise SystemExit("This benchmark needs Hugging Face Accelerate: pip install accelerate") from None
+    from lowbit.utils import AORecipeKwargs
+
     rows = []
-    for precision in ("bf16", "fp8"):
+    setups = [("bf16", "bf16", None), ("fp8", "fp8 (lowbit default)", None)]
+    if not torch.cuda.is_available():
+        setups.append(("fp8", "fp8 (emulation='torchao')", [AORecipeKwargs(emulation="torchao")]))
+    for precision, label, handlers in setups:
         try:
             peer = accelerate_loop(precision)
         except Exception as exc:  # noqa: BLE001 - report what the peer does, do not crash the table
-            rows.append((precision, "-", "-", "-", f"Accelerate {accelerate.__version__} failed: {type(exc).__name__}: {exc}"[:120]))
+            rows.append((label, "-", "-", "-", f"Accelerate {accelerate.__version__} failed: {type(exc).__name__}: {exc}"[:120]))
             continue
-        ours, theirs, ratio = compare(lowbit_loop(precision), peer, pairs=args.pairs)
-        rows.append((precision, ours * 1e3, theirs * 1e3, ratio, ""))
+        ours, theirs, ratio = compare(lowbit_loop(precision, handlers=handlers), peer, pairs=args.pairs)
+        rows.append((label, ours * 1e3, theirs * 1e3, ratio, ""))
     print_table(f"lowbit / Accelerate {accelerate.__version__} step time (median of adjacent-pair ratios)",
                 ("precision", "lowbit ms", "Accelerate ms", "ratio", "note"), rows)
 
