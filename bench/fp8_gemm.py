@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import torch
 
+from lowbit.cpu_features import cpu_has_native_bf16
 from lowbit_ao.fast_emulation import scaled_mm
 
 torch.set_num_threads(1)
@@ -37,7 +38,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    native = any(getattr(torch.cpu, p, lambda: False)() for p in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    native = cpu_has_native_bf16(when_unknown=False)
     print(f"CPU bf16 GEMMs: {'native (AVX512-BF16 or AMX)' if native else 'no native bf16 (slow path)'}; torch {torch.__version__}")
     print(f"{'n':>6} {'way':<34} {'ms':>9} {'/ fp32 mm':>10}")
     for n in args.sizes:

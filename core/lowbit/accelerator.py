@@ -17,6 +17,7 @@ import torch
 
 from lowbit import checkpoint
 from lowbit.config import LowbitConfig, read_config_layer, resolve_config
+from lowbit.cpu_features import cpu_has_native_bf16
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError, did_you_mean
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
 from lowbit import operations
@@ -707,9 +708,8 @@ def slow_precision_reason(mixed_precision: str, device: torch.device) -> str | N
     if mixed_precision == "fp16":
         return ("fp16 on a CPU usually runs much slower than fp32 (torch's CPU autocast has no fast fp16 matmuls on "
                 "most CPUs); bf16 is the low-precision choice on CPUs that have native bf16.")
-    # torch's own CPU feature probes (private; a torch without them is taken to have native bf16).
-    native_bf16 = any(getattr(torch.cpu, probe, lambda: True)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    if mixed_precision in ("bf16", "fp8") and not native_bf16:
+    # a torch without the feature probes is taken to have native bf16 (no warning)
+    if mixed_precision in ("bf16", "fp8") and not cpu_has_native_bf16(when_unknown=True):
         inside = " (fp8 runs inside bf16 autocast)" if mixed_precision == "fp8" else ""
         return (f"This CPU has no native bf16 (no AVX512-BF16 or AMX; torch reports {torch.backends.cpu.get_cpu_capability()}), "
                 f"so {mixed_precision}{inside} runs much slower than fp32 here; numerics are unaffected.")

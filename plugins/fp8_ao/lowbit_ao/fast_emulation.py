@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from lowbit.cpu_features import cpu_has_native_bf16
+
 # fp8 dtype -> (left shift that puts its exponent and mantissa in bf16's place, 2^(127 - its bias))
 _WIDEN = {torch.float8_e4m3fn: (4, 2.0**120), torch.float8_e5m2: (5, 2.0**112)}
 
@@ -122,8 +124,8 @@ def compute_dtype_for(device: torch.device) -> torch.dtype:
     fp32, measured), while fp32 is exact for fp8 products too."""
     if device.type == "cuda":
         return torch.bfloat16
-    native = any(getattr(torch.cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return torch.bfloat16 if native else torch.float32
+    # unknown CPU features: fp32, exact too, and never the slow bf16 path
+    return torch.bfloat16 if cpu_has_native_bf16(when_unknown=False) else torch.float32
 
 
 _MARKERS: dict[torch.dtype, type] = {}
