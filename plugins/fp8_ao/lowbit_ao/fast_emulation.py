@@ -55,11 +55,10 @@ def exact_values(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return values if dtype == torch.bfloat16 else values.to(dtype)
 
 
-def _fast_compute_dtype(a: Any, b: Any) -> torch.dtype | None:
-    """The compute dtype lowbit marked this GEMM's layer with, or None (torchao's own path)."""
-    from torchao.float8.float8_ops import choose_scaled_mm_config
-
-    config = choose_scaled_mm_config(a._gemm_input_role, a._linear_mm_config, b._gemm_input_role, b._linear_mm_config)
+def _fast_compute_dtype(choose_config, a: Any, b: Any) -> torch.dtype | None:
+    """The compute dtype lowbit marked this GEMM's layer with, or None (torchao's own path).
+    ``choose_config`` is torchao's ``choose_scaled_mm_config``."""
+    config = choose_config(a._gemm_input_role, a._linear_mm_config, b._gemm_input_role, b._linear_mm_config)
     return getattr(type(config), "lowbit_compute_dtype", None)
 
 
@@ -85,17 +84,17 @@ def _gemm_dtype(marked: torch.dtype, output_dtype: torch.dtype) -> torch.dtype:
     return marked if output_dtype == torch.bfloat16 else torch.float32
 
 
-def _mm(original, aten_op, args, kwargs=None):
+def _mm(original, choose_config, aten_op, args, kwargs=None):
     a, b = args[0], args[1]
-    marked = _fast_compute_dtype(a, b)
+    marked = _fast_compute_dtype(choose_config, a, b)
     if marked is None:
         return original(aten_op, args, kwargs)
     return scaled_mm(a, b, a._orig_dtype, _gemm_dtype(marked, a._orig_dtype))
 
 
-def _addmm(original, aten_op, args, kwargs=None):
+def _addmm(original, choose_config, aten_op, args, kwargs=None):
     bias, a, b = args[0], args[1], args[2]
-    marked = _fast_compute_dtype(a, b)
+    marked = _fast_compute_dtype(choose_config, a, b)
     if marked is None:
         return original(aten_op, args, kwargs)
     return scaled_mm(a, b, a._orig_dtype, _gemm_dtype(marked, a._orig_dtype)) + bias
@@ -111,7 +110,7 @@ def _install_op_wrappers() -> None:
         current = table[op]
         if getattr(current, "_lowbit_fast_emulation", False):
             continue
-        wrapped = functools.partial(wrapper, current)
+        wrapped = functools.partial(wrapper, current, float8_ops.choose_scaled_mm_config)
         wrapped._lowbit_fast_emulation = True  # type: ignore[attr-defined]
         wrapped.__name__ = f"lowbit_fast_{op.__name__}"  # type: ignore[attr-defined]
         table[op] = wrapped

@@ -5,6 +5,8 @@ available (``emulation="torchao"``, bit for bit torchao: ``test_ao.py::test_pari
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -88,17 +90,10 @@ def _layer_pair(recipe):
     """The same Linear converted twice by torchao (emulate=True); the second marked for the fast path."""
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 48))
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    config = Float8LinearConfig(**{**config.__dict__, "emulate": True})
-    ours, theirs = (convert_to_float8_training(_copy(base), config=config) for _ in range(2))
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    ours, theirs = (convert_to_float8_training(copy.deepcopy(base), config=config) for _ in range(2))
     assert use_fast_emulation(ours, torch.float32) == 2
     return ours, theirs
-
-
-def _copy(module):
-    import copy
-
-    return copy.deepcopy(module)
 
 
 @pytest.mark.parametrize("recipe", ("tensorwise", "rowwise"))

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -53,8 +54,6 @@ def read_revision(repo: Path, revision: str) -> dict:
                     imports.update(a.name for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
                     imports.add(node.module)
-        import tomllib
-
         dependencies = tomllib.loads((Path(tmp) / "pyproject.toml").read_text())["project"]["dependencies"]
         version = next(line.split("=")[1].strip().strip("'\"") for line in (root / "__init__.py").read_text().splitlines()
                        if line.startswith("__version__"))

@@ -233,6 +233,8 @@ def test_export_dequantizes_scaling_tensors():
 def test_gpu_real_msamp_trains_close_to_bf16(level):
     import msamp
 
+    from lowbit.selftest import train_steps
+
     losses = {}
     for precision in ("bf16", "fp8"):
         torch.manual_seed(0)
@@ -246,14 +248,7 @@ def test_gpu_real_msamp_trains_close_to_bf16(level):
             assert any(type(m).__module__.startswith("msamp") for m in model.modules())
             assert type(opt.optimizer).__module__.startswith("msamp"), type(opt.optimizer)
         x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 256, device="cuda")
-        run = []
-        for _ in range(20):
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            acc.backward(loss)
-            opt.step()
-            run.append(loss.item())
-        losses[precision] = run
+        losses[precision] = train_steps(acc, model, opt, x, y, 20)
     assert losses["fp8"][-1] < 0.7 * losses["fp8"][0]
     assert abs(losses["fp8"][-1] - losses["bf16"][-1]) / losses["bf16"][-1] < 0.05
     assert msamp.__version__

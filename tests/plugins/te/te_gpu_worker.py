@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from lowbit import Accelerator
+from lowbit.selftest import train_steps
 from lowbit.utils import TERecipeKwargs
 
 
@@ -25,13 +26,7 @@ def main(out: Path) -> None:
     generator = torch.Generator(device="cuda").manual_seed(100 + accelerator.process_index)  # different per rank
     x = torch.randn(64, 256, device=accelerator.device, generator=generator) * (1 + accelerator.process_index)
     y = torch.randn(64, 256, device=accelerator.device, generator=generator)
-    losses = []
-    for _ in range(20):
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    losses = train_steps(accelerator, model, optimizer, x, y, 20)  # the loss averaged over ranks
     first_te = next(m for m in accelerator.unwrap_model(model).modules() if hasattr(m, "fp8_meta"))
     amax = first_te.fp8_meta["scaling_fwd"].amax_history.float().cpu().tolist() if "scaling_fwd" in first_te.fp8_meta else None
     state = accelerator.get_state_dict(model)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import inspect
 import sys
 from pathlib import Path
 

@@ -19,6 +19,7 @@ from torch import nn
 from helpers import needs_fp8_gpu_with, run_launch
 
 from lowbit import Accelerator
+from lowbit.selftest import train_steps
 from lowbit.utils import TERecipeKwargs
 
 gpu_te = needs_fp8_gpu_with("transformer_engine.pytorch", "Transformer Engine")
@@ -53,14 +54,7 @@ def train(precision: str, steps: int = 20, **recipe):
     generator = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(128, 256, device="cuda", generator=generator)
     y = torch.randn(128, 256, device="cuda", generator=generator)
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        losses.append(loss.item())
-    return accelerator, model, losses
+    return accelerator, model, train_steps(accelerator, model, optimizer, x, y, steps)
 
 
 def te_verdict(name: str) -> tuple[bool, str]:
