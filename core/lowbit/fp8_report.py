@@ -23,6 +23,8 @@ def conversion_report(model: Any, backend: str) -> str | None:
         kept = [f"{name or '<model>'} ({why})" for name, why in list(skipped.items())[:SHOWN_SKIPPED]]
         more = len(skipped) - SHOWN_SKIPPED
         line += "; kept high precision: " + ", ".join(kept) + (f", and {more} more" if more > 0 else "")
+    if record.get("padding"):
+        line += "; " + record["padding"]
     if not converted:
         line += (". Nothing trains in FP8: FP8 GEMMs need both dims divisible by 16, and the first and last Linear "
                  "are kept in high precision by default (keep_first_last_high_precision=False converts them too)")

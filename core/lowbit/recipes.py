@@ -70,9 +70,18 @@ class RecipeKwargs:
                 setattr(self, key, specs[key].parse(value, where=where))
 
     def fill_defaults(self) -> None:
+        defaulted = set()
         for name, spec in self.option_specs().items():
             if getattr(self, name) is None:
                 setattr(self, name, spec.default)
+                defaulted.add(name)
+        # Which options took their default: a backend may treat a default differently from the
+        # same value given by the user (e.g. not override a library object the user built).
+        object.__setattr__(self, "_lowbit_defaulted", frozenset(defaulted))
+
+    def is_default(self, name: str) -> bool:
+        """True when ``name`` was not given (argument, env, config file) and took its default."""
+        return name in getattr(self, "_lowbit_defaulted", frozenset())
 
     def explicit_options(self) -> dict[str, Any]:
         """The options that were set (by argument or env), leaving the unset ones out."""

@@ -12,11 +12,14 @@ from torch import nn
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
 from lowbit.types import PrepareContext
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
-from lowbit_ao.fast_emulation import compute_dtype_for, use_fast_emulation
+from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
 from lowbit_ao.quiet_import import import_torchao
 
 # FP8 GEMMs need both dims of a weight to be multiples of 16.
 FP8_DIM_MULTIPLE = 16
+# What pad_inner_dim does, for the FP8 report.
+PADDING_NOTE = ("GEMM inner dims (incl. the token count in weight-gradient GEMMs) padded to multiples of 16 "
+                "where needed (pad_inner_dim)")
 
 
 class FP8EmulationNotice(UserWarning):
@@ -60,7 +63,8 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
     overrides = {
         name: True
         for name in ("pad_inner_dim", "enable_fsdp_float8_all_gather", "force_recompute_fp8_weight_in_bwd")
-        if getattr(options, name)
+        # a Float8LinearConfig the user built keeps its own values, unless the option was given too
+        if getattr(options, name) and (options.config is None or not options.is_default(name))
     }
     hardware = context.hardware
     needs_emulation = not hardware.has_fp8_gemm
@@ -153,8 +157,10 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
     layer_types = linear_layers(model)
     model = convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
     model = convert_conv1d_layers(model, module_filter, config)
-    if config.emulate and options.emulation == "fast":
-        use_fast_emulation(model, compute_dtype_for(context.device))
+    if config.emulate or context.device.type != "cuda":
+        # Off a real FP8 GPU, hold every GEMM to CUDA's shape rule, and emulate the fast way.
+        fast = config.emulate and options.emulation == "fast"
+        mark_converted_layers(model, compute_dtype_for(context.device) if fast else None)
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
     if not converted and context.rank == 0:  # said once, not per rank
         reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear or Conv1D"
@@ -163,7 +169,8 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
             stacklevel=2,
         )
     # Which layers are FP8, why the others are not, and each one's type (for the report's wording).
-    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types}
+    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types,
+                                "padding": PADDING_NOTE if converted and config.pad_inner_dim else ""}
     return model
 
 

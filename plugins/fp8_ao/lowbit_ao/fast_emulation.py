@@ -18,9 +18,10 @@ elements). bf16 GEMMs are used for bf16 outputs only; wider outputs get fp32 GEM
 ``tests/plugins/ao/test_fast_emulation.py`` measures both.
 
 torchao has no hook for a GEMM implementation, so lowbit wraps the three entries of its float8
-op table that run GEMMs (``mm``, ``matmul``, ``addmm``). The wrapper takes this path only for
-tensors whose layer lowbit marked (their ``ScaledMMConfig`` is one of ``marker_class``'s);
-every other Float8 tensor goes to torchao's own function, unchanged.
+op table that run GEMMs (``mm``, ``matmul``, ``addmm``). The wrapper acts only on tensors whose
+layer lowbit marked (their ``ScaledMMConfig`` is one of ``marker_class``'s): it holds them to
+CUDA's shape rule (``gemm_rules``), then takes this path or torchao's own function as the mark
+says. Every other Float8 tensor goes to torchao's own function, unchanged.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from lowbit.cpu_features import cpu_has_native_bf16
+from lowbit_ao.gemm_rules import check_scaled_mm_shapes
 
 # fp8 dtype -> (left shift that puts its exponent and mantissa in bf16's place, 2^(127 - its bias))
 _WIDEN = {torch.float8_e4m3fn: (4, 2.0**120), torch.float8_e5m2: (5, 2.0**112)}
@@ -55,13 +57,6 @@ def exact_values(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return values if dtype == torch.bfloat16 else values.to(dtype)
 
 
-def _fast_compute_dtype(choose_config, a: Any, b: Any) -> torch.dtype | None:
-    """The compute dtype lowbit marked this GEMM's layer with, or None (torchao's own path).
-    ``choose_config`` is torchao's ``choose_scaled_mm_config``."""
-    config = choose_config(a._gemm_input_role, a._linear_mm_config, b._gemm_input_role, b._linear_mm_config)
-    return getattr(type(config), "lowbit_compute_dtype", None)
-
-
 def scaled_mm(a: Any, b: Any, output_dtype: torch.dtype, compute_dtype: torch.dtype) -> torch.Tensor:
     """``a @ b`` for two torchao Float8 tensors: fp8 values multiplied in ``compute_dtype``, then
     both scales applied to the output in fp32. The scales are per tensor, or per row of ``a`` and
@@ -84,20 +79,27 @@ def _gemm_dtype(marked: torch.dtype, output_dtype: torch.dtype) -> torch.dtype:
     return marked if output_dtype == torch.bfloat16 else torch.float32
 
 
-def _mm(original, choose_config, aten_op, args, kwargs=None):
-    a, b = args[0], args[1]
-    marked = _fast_compute_dtype(choose_config, a, b)
-    if marked is None:
+def _checked_gemm(original, choose_config, aten_op, args, kwargs, a, b, bias=None):
+    """A marked layer's GEMM: held to CUDA's shape rule, then the fast emulation where the marker
+    names a compute dtype, else torchao's own function (its emulation, or torch._scaled_mm).
+    ``choose_config`` is torchao's ``choose_scaled_mm_config``."""
+    config = choose_config(a._gemm_input_role, a._linear_mm_config, b._gemm_input_role, b._linear_mm_config)
+    marker = type(config)
+    if not getattr(marker, "lowbit_marked", False):  # a layer lowbit did not convert: torchao's path, unchecked
         return original(aten_op, args, kwargs)
-    return scaled_mm(a, b, a._orig_dtype, _gemm_dtype(marked, a._orig_dtype))
+    check_scaled_mm_shapes(a, b, config.pad_inner_dim)
+    if marker.lowbit_compute_dtype is None:
+        return original(aten_op, args, kwargs)
+    out = scaled_mm(a, b, a._orig_dtype, _gemm_dtype(marker.lowbit_compute_dtype, a._orig_dtype))
+    return out if bias is None else out + bias
+
+
+def _mm(original, choose_config, aten_op, args, kwargs=None):
+    return _checked_gemm(original, choose_config, aten_op, args, kwargs, args[0], args[1])
 
 
 def _addmm(original, choose_config, aten_op, args, kwargs=None):
-    bias, a, b = args[0], args[1], args[2]
-    marked = _fast_compute_dtype(choose_config, a, b)
-    if marked is None:
-        return original(aten_op, args, kwargs)
-    return scaled_mm(a, b, a._orig_dtype, _gemm_dtype(marked, a._orig_dtype)) + bias
+    return _checked_gemm(original, choose_config, aten_op, args, kwargs, args[1], args[2], bias=args[0])
 
 
 def _install_op_wrappers() -> None:
@@ -127,27 +129,31 @@ def compute_dtype_for(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_native_bf16(when_unknown=False) else torch.float32
 
 
-_MARKERS: dict[torch.dtype, type] = {}
+_MARKERS: dict[Any, type] = {}
 
 
-def marker_class(compute_dtype: torch.dtype) -> type:
-    """A subclass of torchao's ScaledMMConfig naming lowbit's fast path and its compute dtype.
+def marker_class(compute_dtype: torch.dtype | None) -> type:
+    """A subclass of torchao's ScaledMMConfig that marks a layer lowbit converted off a real FP8 GPU:
+    its GEMMs are held to CUDA's shape rule (:mod:`lowbit_ao.gemm_rules`), and run lowbit's fast
+    emulation in ``compute_dtype`` (None: torchao's own function).
 
     As a tuple it equals torchao's config with the same fields (so torchao's consistency checks
-    between the two operands pass); its class tells the op wrappers to take the fast path."""
+    between the two operands pass); its class tells the op wrappers what to do."""
     if compute_dtype not in _MARKERS:
         from torchao.float8.float8_training_tensor import ScaledMMConfig
 
-        name = f"FastEmulatedMMConfig_{str(compute_dtype).removeprefix('torch.')}"
-        _MARKERS[compute_dtype] = type(name, (ScaledMMConfig,), {"__slots__": (), "lowbit_compute_dtype": compute_dtype})
+        label = str(compute_dtype).removeprefix("torch.") if compute_dtype is not None else "torchao"
+        _MARKERS[compute_dtype] = type(f"CheckedMMConfig_{label}", (ScaledMMConfig,),
+                                       {"__slots__": (), "lowbit_marked": True, "lowbit_compute_dtype": compute_dtype})
     return _MARKERS[compute_dtype]
 
 
-def use_fast_emulation(model: nn.Module, compute_dtype: torch.dtype) -> int:
-    """Mark every torchao Float8Linear of ``model`` for the fast path; returns how many.
+def mark_converted_layers(model: nn.Module, compute_dtype: torch.dtype | None) -> int:
+    """Mark every torchao Float8Linear of ``model`` (see :func:`marker_class`); returns how many.
 
-    Their GEMM configs must already say ``emulate=True`` (torchao's fallback path, used if the
-    mark is ever lost); the weight wrapper of FSDP float8 all-gather carries the config too."""
+    For the fast path their GEMM configs must already say ``emulate=True`` (torchao's fallback
+    path, used if the mark is ever lost); the weight wrapper of FSDP float8 all-gather carries
+    the config too."""
     from torchao.float8.float8_linear import Float8Linear
     from torchao.float8.float8_training_tensor import LinearMMConfig
 

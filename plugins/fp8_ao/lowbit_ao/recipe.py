@@ -25,7 +25,9 @@ class AORecipeKwargs(RecipeKwargs):
     config: Any = recipe_option(None, code_only=True, help="a torchao Float8LinearConfig")
     module_filter_func: Callable[..., bool] | None = recipe_option(None, code_only=True, help="(module, fqn) -> bool")
     recipe: str | None = recipe_option("tensorwise", choices=RECIPE_NAMES, help="torchao recipe name")
-    pad_inner_dim: bool | None = recipe_option(False, type=bool, help="pad GEMM inner dims to multiples of 16")
+    # On by default, as in Accelerate: CUDA's FP8 GEMM refuses an inner dim (the token count, in the
+    # weight-gradient GEMM) that is not a multiple of 16.
+    pad_inner_dim: bool | None = recipe_option(True, type=bool, help="pad GEMM inner dims (tokens too) to multiples of 16")
     enable_fsdp_float8_all_gather: bool | None = recipe_option(False, type=bool, help="FSDP2 all-gathers weights in float8")
     force_recompute_fp8_weight_in_bwd: bool | None = recipe_option(False, type=bool, help="recompute the fp8 weight in backward")
     keep_first_last_high_precision: bool | None = recipe_option(True, type=bool, help="keep the first and last Linear in high precision")
