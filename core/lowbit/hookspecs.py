@@ -175,6 +175,47 @@ def export_state_dict(model: torch.nn.Module, state_dict: dict[str, Any], contex
     """
 
 
+@hookspec(firstresult=True)
+def encode_checkpoint_state(kind: str, owner: Any, state: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
+    """Make a state dict that ``save_state`` writes readable with ``torch.load(weights_only=True)``.
+
+    Called by: ``Accelerator.save_state``, on the chosen FP8 backend, for each prepared model
+    (``kind="model"``, ``owner`` the unwrapped model) and optimizer (``kind="optimizer"``) whose
+    state lowbit writes itself (not when a strategy saves its own, as DeepSpeed does). Turn
+    objects that are not tensors or plain data (MS-AMP's ScalingTensor) into tensors and plain
+    data. Return the new dict; None leaves it unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def decode_checkpoint_state(kind: str, owner: Any, state: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
+    """Undo :func:`encode_checkpoint_state` before the state is loaded.
+
+    Called by: ``Accelerator.load_state``, on the chosen FP8 backend, with what was read back,
+    before ``owner.load_state_dict``. Return the dict to load; None loads it unchanged.
+    """
+
+
+@hookspec(firstresult=True)
+def backend_checkpoint_state(model: torch.nn.Module, context: PrepareContext) -> dict[str, Any] | None:
+    """The backend's own state for a prepared model that is not in its state dict.
+
+    Called by: ``Accelerator.save_state``, on the chosen FP8 backend, on the main process, for
+    each prepared model (unwrapped), whatever the strategy. Return tensors and plain data (they
+    are read back with ``torch.load(weights_only=True)``), e.g. Transformer Engine's amax
+    histories; None when there is nothing to save.
+    """
+
+
+@hookspec(firstresult=True)
+def load_backend_checkpoint_state(model: torch.nn.Module, state: dict[str, Any], context: PrepareContext) -> bool | None:
+    """Restore what :func:`backend_checkpoint_state` returned.
+
+    Called by: ``Accelerator.load_state``, on the chosen FP8 backend, on every process, after the
+    model's state dict was loaded. Return True when restored.
+    """
+
+
 # --------------------------------------------------------------------------- routed: distributed strategy
 
 

@@ -80,8 +80,13 @@ class RecipeKwargs:
         object.__setattr__(self, "_lowbit_defaulted", frozenset(defaulted))
 
     def is_default(self, name: str) -> bool:
-        """True when ``name`` was not given (argument, env, config file) and took its default."""
-        return name in getattr(self, "_lowbit_defaulted", frozenset())
+        """True when ``name`` was not given (argument, env, config file) and took its default.
+        Before :meth:`fill_defaults` has run: whether it holds its default value."""
+        defaulted = getattr(self, "_lowbit_defaulted", None)
+        if defaulted is None:
+            value = getattr(self, name)
+            return value is None or value == self.option_specs()[name].default
+        return name in defaulted
 
     def explicit_options(self) -> dict[str, Any]:
         """The options that were set (by argument or env), leaving the unset ones out."""

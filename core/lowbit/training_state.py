@@ -51,9 +51,14 @@ class TrainingStateCheckpointer:
             if acc.is_main_process:
                 if not handled:
                     for i, model in enumerate(acc._models):
-                        checkpoint.write_file_atomically(acc.unwrap_model(model).state_dict(), tmp / f"model_{i}.pt")
+                        unwrapped = acc.unwrap_model(model)
+                        checkpoint.write_file_atomically(self._encoded("model", unwrapped), tmp / f"model_{i}.pt")
                     for i, opt in enumerate(acc._optimizers):
-                        checkpoint.write_file_atomically(opt.state_dict(), tmp / f"optimizer_{i}.pt")
+                        checkpoint.write_file_atomically(self._encoded("optimizer", opt.optimizer), tmp / f"optimizer_{i}.pt")
+                for i, model in enumerate(acc._models):
+                    backend_state = acc._call(acc._fp8, "backend_checkpoint_state", model=acc.unwrap_model(model))
+                    if backend_state is not None:
+                        checkpoint.write_file_atomically(backend_state, tmp / f"fp8_state_{i}.pt")
                 for i, sched in enumerate(acc._schedulers):
                     checkpoint.write_file_atomically(sched.state_dict(), tmp / f"scheduler_{i}.pt")
                 if acc.scaler is not None:
@@ -93,13 +98,23 @@ class TrainingStateCheckpointer:
             acc._call(acc._strategy, "load_checkpoint", directory=str(directory), model=acc._models[0], optimizer=optimizer)
         else:
             for i, model in enumerate(acc._models):
-                state = checkpoint.read_tensor_file(directory / f"model_{i}.pt")
+                unwrapped = acc.unwrap_model(model)
+                state = self._decoded("model", unwrapped, checkpoint.read_tensor_file(directory / f"model_{i}.pt"))
                 try:
-                    acc.unwrap_model(model).load_state_dict(state)
+                    unwrapped.load_state_dict(state)
                 except RuntimeError as exc:
                     raise CheckpointError(f"{directory / f'model_{i}.pt'} does not fit this model: {exc}") from None
             for i, opt in enumerate(acc._optimizers):
-                opt.load_state_dict(checkpoint.read_tensor_file(directory / f"optimizer_{i}.pt"))
+                state = checkpoint.read_tensor_file(directory / f"optimizer_{i}.pt")
+                opt.load_state_dict(self._decoded("optimizer", opt.optimizer, state))
+        for i, model in enumerate(acc._models):
+            if f"fp8_state_{i}.pt" in meta["files"]:
+                path = directory / f"fp8_state_{i}.pt"
+                try:
+                    acc._call(acc._fp8, "load_backend_checkpoint_state", model=acc.unwrap_model(model),
+                              state=checkpoint.read_tensor_file(path))
+                except (ValueError, RuntimeError) as exc:
+                    raise CheckpointError(f"{path} does not fit this model: {exc}") from None
         for i, sched in enumerate(acc._schedulers):
             sched.load_state_dict(checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt"))
         if acc.scaler is not None:
@@ -112,6 +127,15 @@ class TrainingStateCheckpointer:
         set_rng_state(checkpoint.read_tensor_file(directory / f"rng_state_{acc.process_index}.pt"),
                       [d.generator for d in acc._dataloaders])
         acc.wait_for_everyone()
+
+
+    def _encoded(self, kind: str, owner: Any) -> dict[str, Any]:
+        """``owner.state_dict()``, made weights_only-readable by the FP8 backend where it must be."""
+        state = owner.state_dict()
+        return self._acc._call(self._acc._fp8, "encode_checkpoint_state", kind=kind, owner=owner, state=state) or state
+
+    def _decoded(self, kind: str, owner: Any, state: dict[str, Any]) -> dict[str, Any]:
+        return self._acc._call(self._acc._fp8, "decode_checkpoint_state", kind=kind, owner=owner, state=state) or state
 
 
 def _lowbit_version() -> str:

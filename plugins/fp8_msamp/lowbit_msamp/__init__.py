@@ -96,12 +96,33 @@ def prepare_model_and_optimizer(model, optimizer, context: PrepareContext):
             f"{type(optimizer).__module__}.{type(optimizer).__qualname__}. Use torch.optim.AdamW, or opt_level O1 "
             "with another backend."
         )
+    keep_tied_linears_high_precision(model)
     if context.strategy == "deepspeed":
         return model, optimizer  # msamp.deepspeed.initialize converts both (strategy_integration)
     return initialize(_import_msamp(), model, optimizer, level)
 
 
-def initialize(msamp, model, optimizer, level: str):
+def keep_tied_linears_high_precision(model) -> list[str]:
+    """Mark Linear layers whose weight another module shares (a head tied to the embedding) for
+    MS-AMP to leave alone: its replacer builds a new FP8Linear with a new fp16 ScalingParameter
+    (``msamp/nn/linear.py`` ``LinearReplacer._build_fp8linear``), which would untie them and
+    leave the embedding untrained. MS-AMP skips a Linear with ``use_fp32_linear`` set
+    (``LinearReplacer._replace``, 0.4.0 and main)."""
+    from torch import nn
+
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(name)
+    tied = []
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and len(set(owners.get(id(module.weight), []))) > 1:
+            module.use_fp32_linear = True
+            tied.append(name)
+    return tied
+
+
+def initialize(msamp, model, optimizer, level: str, use_te: bool = False):
     """``msamp.initialize``, made right for PyTorch releases newer than MS-AMP 0.4.
 
     MS-AMP passes every default of the optimizer to its LBAdam/LBAdamW, which do not take
@@ -109,7 +130,9 @@ def initialize(msamp, model, optimizer, level: str):
     tests ``isinstance(optimizer, Adam)`` first, which a current AdamW also is, so an AdamW would
     silently become LBAdam (L2 weight decay instead of decoupled). lowbit removes the key before
     the call and, for a decoupled optimizer given LBAdam, builds MS-AMP's LBAdamW on the same
-    converted parameter groups.
+    converted parameter groups, with the state dtypes and bias correction MS-AMP gave LBAdam:
+    those live in attributes, not in ``defaults`` (``msamp/optim/adamw_base.py``), so rebuilding
+    from ``defaults`` alone would give O1 the O2 states (uint8 and fp16 moments).
     """
     import inspect
 
@@ -117,20 +140,47 @@ def initialize(msamp, model, optimizer, level: str):
 
     decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(optimizer.defaults.get("decoupled_weight_decay"))
     optimizer.defaults.pop("decoupled_weight_decay", None)
-    model, cast = msamp.initialize(model, optimizer, opt_level=level)
+    model, cast = msamp.initialize(model, optimizer, opt_level=level, use_te=use_te)
     if decoupled and getattr(cast, "use_adam", False):
         accepted = inspect.signature(msamp.optim.LBAdamW).parameters
-        cast = msamp.optim.LBAdamW(cast.param_groups, **{k: v for k, v in cast.defaults.items() if k in accepted})
+        kwargs = {k: v for k, v in cast.defaults.items() if k in accepted}
+        kwargs.update(exp_avg_dtype=cast.exp_avg_dtype, exp_avg_sq_dtype=cast.exp_avg_sq_dtype,
+                      bias_correction=cast.bias_correction)
+        cast = msamp.optim.LBAdamW(cast.param_groups, **kwargs)
     return model, cast
+
+
+def deepspeed_initialize(msamp):
+    """``msamp.deepspeed.initialize`` with lowbit's :func:`initialize` in place of MS-AMP's: its
+    engine casts the raw client optimizer (``MSAMPDeepSpeedEngine._configure_optimizer`` calls
+    ``msamp_initialize``, msamp/deepspeed/runtime/engine.py), so a current AdamW would raise
+    TypeError there, or become LBAdam."""
+    import importlib
+
+    engine = importlib.import_module("msamp.deepspeed.runtime.engine")
+
+    def corrected(model, optimizer=None, opt_level="O1", use_te=False):
+        return initialize(msamp, model, optimizer, opt_level, use_te)
+
+    def run(*args, **kwargs):
+        original = engine.msamp_initialize
+        engine.msamp_initialize = corrected
+        try:
+            return msamp.deepspeed.initialize(*args, **kwargs)
+        finally:
+            engine.msamp_initialize = original
+
+    return run
 
 
 @hookimpl
 def strategy_integration(strategy: str, context: PrepareContext):
     if strategy != "deepspeed":
         return None
-    import msamp.deepspeed
+    msamp = _import_msamp()
+    import msamp.deepspeed  # noqa: F401 - its DeepSpeed integration is a subpackage
 
-    return {"initialize": msamp.deepspeed.initialize,
+    return {"initialize": deepspeed_initialize(msamp),
             "config": {"msamp": {"enabled": True, "opt_level": context.fp8_options.opt_level}}}
 
 
@@ -143,6 +193,20 @@ def clip_grad_norm(parameters, max_norm, norm_type, context: PrepareContext):
 def _plain(value):
     # MS-AMP keeps FP8 weights as ScalingTensor (it has .meta); .float() dequantizes it.
     return value.float() if hasattr(value, "meta") else value
+
+
+@hookimpl
+def encode_checkpoint_state(kind, owner, state, context: PrepareContext):
+    from lowbit_msamp.state import encode
+
+    return encode(state)
+
+
+@hookimpl
+def decode_checkpoint_state(kind, owner, state, context: PrepareContext):
+    from lowbit_msamp.state import decode
+
+    return decode(state, _import_msamp())
 
 
 @hookimpl

@@ -39,14 +39,25 @@ def _advice(requirement: Requirement, wanted: str) -> str:
     return f"`pip install \"{requirement.name}{wanted}\"`"
 
 
+def msamp_distribution() -> importlib.metadata.Distribution | None:
+    """The distribution that installed the ``msamp`` package. MS-AMP's pyproject names it
+    "MS-AMP" (0.4.0 and main), not "msamp", so it is found by the package it provides."""
+    names = importlib.metadata.packages_distributions().get("msamp", []) + ["MS-AMP"]
+    for name in names:
+        try:
+            return importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def unmet_requirements() -> list[str]:
     """One sentence per requirement of the installed msamp distribution that is not met here.
 
     Empty when msamp has no distribution metadata (a source tree on the path): then only the
     import checks of ``unavailable_reason`` apply."""
-    try:
-        dist = importlib.metadata.distribution("msamp")
-    except importlib.metadata.PackageNotFoundError:
+    dist = msamp_distribution()
+    if dist is None:
         return []
     problems = []
     for text in dist.requires or []:

@@ -21,17 +21,40 @@ MIN_TE = (2, 9)
 INSTALL = "`pip install lowbit-te[te]` (transformer-engine[pytorch], needs CUDA)"
 
 
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _incomplete_install(version: str) -> str:
+    """What keeps ``import transformer_engine.pytorch`` from working, read from metadata alone.
+
+    PyPI's ``transformer-engine`` is a small pure-Python wheel; the PyTorch extension
+    (``transformer_engine_torch``) and the CUDA core (``transformer_engine_cu12``/``_cu13``) are
+    separate distributions pinned to the same version (its Requires-Dist, 2.9.0 and 2.20.2), and
+    ``transformer_engine.pytorch`` imports the extension at import time. A source build ships all
+    three in one distribution; then only the extension module is looked for."""
+    fix = f"`pip install \"transformer-engine[pytorch]=={version}\"`" if version else INSTALL
+    if importlib.util.find_spec("transformer_engine_torch") is None:
+        return (f"transformer_engine {version} is installed without its PyTorch extension (transformer_engine_torch), "
+                f"so it cannot be imported: {fix}")
+    for extension in ("transformer_engine_torch", "transformer_engine_cu12", "transformer_engine_cu13"):
+        other = _version(extension)
+        if version and other and other != version:
+            return f"transformer_engine {version} and {extension} {other} differ (they load only as one version): {fix}"
+    return ""
+
+
 def unavailable_reason(hardware: HardwareInfo) -> str:
     """Why TE cannot run here, or ''. Checks metadata and hardware; imports nothing."""
     if importlib.util.find_spec("transformer_engine") is None:
         return f"transformer_engine not importable: not installed; {INSTALL}"
-    try:
-        version = importlib.metadata.version("transformer_engine")
-    except importlib.metadata.PackageNotFoundError:
-        version = ""
+    version = _version("transformer_engine")
     if version and tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < MIN_TE:
         return f"transformer_engine {version} is older than the supported {MIN_TE[0]}.{MIN_TE[1]}: `pip install -U transformer-engine[pytorch]`"
-    return hardware.fp8_gemm_problem()
+    return _incomplete_install(version) or hardware.fp8_gemm_problem()
 
 
 @hookimpl
@@ -62,6 +85,29 @@ def autocast_context(model, context: PrepareContext):
     from lowbit_te.runtime import fp8_autocast
 
     return fp8_autocast(model, context)
+
+
+@hookimpl
+def backend_checkpoint_state(model, context: PrepareContext):
+    from lowbit_te.fp8_state import scaling_state
+
+    return scaling_state(model) or None
+
+
+@hookimpl
+def load_backend_checkpoint_state(model, state, context: PrepareContext):
+    from lowbit_te.fp8_state import load_scaling_state
+    from lowbit_te.runtime import run_recipe
+
+    load_scaling_state(model, state, run_recipe(context))
+    return True
+
+
+@hookimpl
+def decode_checkpoint_state(kind, owner, state, context: PrepareContext):
+    from lowbit_te.fp8_state import without_pickled_extra_state
+
+    return without_pickled_extra_state(state) if kind == "model" else None
 
 
 @hookimpl

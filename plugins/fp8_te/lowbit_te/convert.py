@@ -9,19 +9,15 @@ import torch
 from torch import nn
 
 from lowbit.types import PrepareContext
+from lowbit_te.fp8_state import keep_pickles_out_of_state_dicts
+from lowbit_te.gemm_rules import pad_tokens_for_fp8, token_multiple, weight_problem
 from lowbit_te.runtime import import_te
-
-# TE's FP8 GEMM takes the weight as (out_features, in_features) and needs the leading dim to be a
-# multiple of 8 and the last a multiple of 16 (transformer_engine/pytorch/utils.py,
-# assert_dim_for_fp8_exec, called from module/linear.py): out_features % 8, in_features % 16.
-OUT_MULTIPLE, IN_MULTIPLE = 8, 16
-
 
 def has_te_modules(model: nn.Module) -> bool:
     return any(type(m).__module__.startswith("transformer_engine") for m in model.modules())
 
 
-def _gathered(*params: torch.Tensor):
+def _gathered(*params: torch.Tensor | None):
     """Under DeepSpeed ZeRO-3 a parameter built under ``zero.Init`` holds only a shard."""
     partitioned = [p for p in params if p is not None and hasattr(p, "ds_id")]
     if not partitioned:
@@ -39,32 +35,59 @@ def _copy(dst: torch.Tensor, src: torch.Tensor | None) -> None:
             dst.copy_(src)
 
 
+def _adopt(new: nn.Module, old: nn.Module, names: tuple[str, ...]) -> None:
+    """Give the TE module the original layer's Parameters, the same objects: a weight tied to an
+    embedding (Llama's ``tie_word_embeddings``, GPT-2's head) stays tied, and the optimizer keeps
+    its parameters. TE's constructor made Parameters of its own (module/linear.py); attributes it
+    set on them (tensor-parallel markers) move to the adopted ones. Under ZeRO-3 a partitioned
+    parameter is copied instead: DeepSpeed owns those objects."""
+    for name in names:
+        mine, theirs = getattr(old, name, None), getattr(new, name, None)
+        if not isinstance(mine, nn.Parameter) or not isinstance(theirs, nn.Parameter):
+            continue  # no bias: TE keeps an empty plain tensor
+        if hasattr(mine, "ds_id"):
+            with _gathered(mine):
+                _copy(theirs, mine)
+            continue
+        for key, value in vars(theirs).items():
+            if not hasattr(mine, key):
+                setattr(mine, key, value)
+        setattr(new, name, mine)
+
+
 def _te_linear(te: Any, layer: nn.Linear) -> nn.Module:
-    weight, bias = layer.weight, layer.bias
-    with _gathered(weight, bias):
-        new = te.Linear(layer.in_features, layer.out_features, bias=bias is not None, params_dtype=weight.dtype, device=weight.device)
-        _copy(new.weight, weight)
-        if bias is not None:
-            _copy(new.bias, bias)
+    weight = layer.weight
+    with _gathered(weight):  # the shape and dtype of a ZeRO-3 shard are those of the full weight once gathered
+        new = te.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, params_dtype=weight.dtype,
+                        device=weight.device)
+    _adopt(new, layer, ("weight", "bias"))
     return new
 
 
-def _te_norm(te: Any, norm: nn.Module) -> nn.Module | None:
+def rms_norm_eps(norm: nn.Module) -> float:
+    """nn.RMSNorm's eps=None means the epsilon of the op-math type (fp32 for bf16 and fp16 inputs:
+    aten's rms_norm uses ``numeric_limits<opmath_type>::epsilon``); TE needs a number."""
+    if norm.eps is not None:
+        return norm.eps
+    dtype = norm.weight.dtype if norm.weight is not None else torch.get_default_dtype()
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def _te_norm(te: Any, norm: nn.Module) -> nn.Module:
     weight = norm.weight
-    with _gathered(weight, getattr(norm, "bias", None)):
+    with _gathered(weight):
         if isinstance(norm, nn.LayerNorm):
             new = te.LayerNorm(norm.normalized_shape, eps=norm.eps, params_dtype=weight.dtype, device=weight.device)
-            _copy(new.bias, norm.bias)
         else:
-            eps = norm.eps if norm.eps is not None else torch.finfo(weight.dtype).eps
-            new = te.RMSNorm(norm.normalized_shape, eps=eps, params_dtype=weight.dtype, device=weight.device)
-        _copy(new.weight, weight)
+            new = te.RMSNorm(norm.normalized_shape, eps=rms_norm_eps(norm), params_dtype=weight.dtype, device=weight.device)
+    _adopt(new, norm, ("weight", "bias") if isinstance(norm, nn.LayerNorm) else ("weight",))
     return new
 
 
 def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
     te, _ = import_te()
     if has_te_modules(model):
+        keep_pickles_out_of_state_dicts(model)
         return model  # the user built it with TE already: leave it as it is
     options = context.fp8_options
     linears = [name for name, m in model.named_modules() if type(m) is nn.Linear]
@@ -79,11 +102,14 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
             if type(child) is nn.Linear:
                 if fqn in skipped:
                     continue
-                if child.in_features % IN_MULTIPLE or child.out_features % OUT_MULTIPLE:
-                    skipped[fqn] = (f"dims {child.in_features}x{child.out_features}: TE's FP8 GEMMs need in_features % 16 "
-                                    "and out_features % 8")
+                problem = weight_problem(child.in_features, child.out_features, options)
+                if problem:
+                    skipped[fqn] = problem
                     continue
-                setattr(module, child_name, _te_linear(te, child))
+                new = _te_linear(te, child)
+                if options.pad_tokens:
+                    pad_tokens_for_fp8(new, token_multiple(options))
+                setattr(module, child_name, new)
                 converted.append(fqn)
             elif type(child) is nn.LayerNorm and child.elementwise_affine:
                 if child.bias is None:
@@ -98,8 +124,12 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
     if shape_skips:
         warnings.warn(
             f"lowbit-te: {len(shape_skips)} Linear layer(s) kept in high precision because FP8 GEMMs cannot take "
-            f"their shapes (in % 8, out % 16): {', '.join(shape_skips)}. All other layers were converted.",
+            f"their shapes: {', '.join(f'{n} ({skipped[n]})' for n in shape_skips)}. "
+            "All other layers were converted.",
             stacklevel=2,
         )
-    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped}
+    keep_pickles_out_of_state_dicts(model)
+    padding = (f"token count padded to a multiple of {token_multiple(options)} where needed (pad_tokens)"
+               if options.pad_tokens and any(n for n in converted if isinstance(model.get_submodule(n), te.Linear)) else "")
+    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "padding": padding}
     return model

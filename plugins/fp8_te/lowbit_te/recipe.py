@@ -36,3 +36,5 @@ class TERecipeKwargs(RecipeKwargs):
     scaling: str | None = recipe_option("delayed", choices=SCALINGS, help="scaling recipe: delayed, current, mxfp8 or block")
     keep_first_last_high_precision: bool | None = recipe_option(False, type=bool, help="keep the first and last Linear in high precision")
     te_recipe: Any = recipe_option(None, code_only=True, help="a transformer_engine.common.recipe object, used as is")
+    # TE's FP8 GEMMs refuse token counts that are not multiples of 8 (32 for MXFP8): pad them.
+    pad_tokens: bool | None = recipe_option(True, type=bool, help="pad odd token counts to what TE's FP8 GEMMs need")

@@ -65,7 +65,13 @@ def build_recipe(context: PrepareContext) -> Any:
         raise ConfigError("fp8_format='E5M2' (pure E5M2 training) is not supported by Transformer Engine; use HYBRID or E4M3.")
     cls = getattr(recipe_module, RECIPE_CLASSES[options.scaling])
     accepted = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(inspect.signature(cls).parameters)
-    wanted = {"fp8_format": recipe_module.Format[options.fp8_format]}
+    _refuse_options_the_recipe_ignores(options, cls)
+    wanted = {}
+    # HYBRID is Accelerate's default for delayed scaling; the block recipes default to E4M3 in TE
+    # (common/recipe/__init__.py, MXFP8BlockScaling and Float8BlockScaling, 2.20.2): they get
+    # HYBRID only when the user asks for it.
+    if options.scaling in ("delayed", "current") or not options.is_default("fp8_format"):
+        wanted["fp8_format"] = recipe_module.Format[options.fp8_format]
     if options.scaling == "delayed":
         wanted.update(margin=options.margin, amax_history_len=options.amax_history_len, amax_compute_algo=options.amax_compute_algo)
     elif options.scaling == "mxfp8":
@@ -82,6 +88,22 @@ def build_recipe(context: PrepareContext) -> Any:
     if options.scaling == "delayed" and "override_linear_precision" in wanted:
         wanted["override_linear_precision"] = tuple(wanted["override_linear_precision"])
     return cls(**wanted)
+
+
+# Options of delayed scaling that the other recipes have no field for (common/recipe/__init__.py,
+# 2.20.2: Float8CurrentScaling and Float8BlockScaling take neither; MXFP8BlockScaling takes margin).
+_DELAYED_ONLY = ("margin", "amax_history_len", "amax_compute_algo")
+
+
+def _refuse_options_the_recipe_ignores(options: Any, cls: type) -> None:
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    ignored = [name for name in _DELAYED_ONLY if not options.is_default(name) and name not in fields]
+    if ignored and options.scaling != "delayed":
+        raise ConfigError(
+            f"{', '.join(f'{n}={getattr(options, n)!r}' for n in ignored)} cannot reach Transformer Engine with "
+            f"scaling={options.scaling!r}: its {cls.__name__} has no such option (they belong to delayed scaling). "
+            "Remove them, or use scaling='delayed'."
+        )
 
 
 def _check_block_scaling(te: Any, context: PrepareContext) -> None:
@@ -109,11 +131,17 @@ def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:
     enabled = model is None or model.training or options.use_autocast_during_eval
     if not enabled:
         return nullcontext()
-    if "te_recipe" not in context.backend_state:  # built once: autocast is entered every forward
-        context.backend_state["te_recipe"] = build_recipe(context)
-    recipe = context.backend_state["te_recipe"]
+    recipe = run_recipe(context)
     group = _data_parallel_group(context)
     return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
+
+
+def run_recipe(context: PrepareContext) -> Any:
+    """The one recipe object of this run: built once (autocast is entered every forward), and the
+    same object restored FP8 state is bound to, so TE sees no recipe change at the next forward."""
+    if "te_recipe" not in context.backend_state:
+        context.backend_state["te_recipe"] = build_recipe(context)
+    return context.backend_state["te_recipe"]
 
 
 def _data_parallel_group(context: PrepareContext) -> Any:

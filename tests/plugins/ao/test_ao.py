@@ -86,7 +86,7 @@ def test_recipe_names_reach_torchao(recipe):
     acc = ao_accelerator(recipe=recipe)
     model = acc.prepare(mlp())
     layer = next(m for m in model.modules() if isinstance(m, Float8Linear))
-    expected = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    expected = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True, pad_inner_dim=True)
     assert layer.config == expected
     model(torch.randn(4, 32)).sum().backward()
 

@@ -24,7 +24,8 @@ from source_signatures import as_text, callable_args, find_definition, parameter
 MANIFEST = Path(__file__).with_name("msamp_signatures.json")
 # what lowbit-msamp and its stand-in use, as module and exported name
 NAMES = [("msamp", "initialize"), ("msamp", "clip_grad_norm_"), ("msamp.optim", "LBAdamW"),
-         ("msamp.optim", "LBAdam"), ("msamp.deepspeed", "initialize")]
+         ("msamp.optim", "LBAdam"), ("msamp.deepspeed", "initialize"),
+         ("msamp.common.tensor", "ScalingTensor"), ("msamp.common.tensor", "ScalingMeta")]
 # `import msamp` runs these top-level imports of other distributions (msamp/__init__ and msamp/te)
 IMPORT_FILES = ("msamp/__init__.py", "msamp/te/extension.py")
 

@@ -1,17 +1,23 @@
 """A CPU stand-in for ``msamp`` (MS-AMP 0.4.0), for tests only: MS-AMP needs CUDA and is not on PyPI.
 
-Only the signatures are MS-AMP's: ``msamp.initialize``, ``msamp.deepspeed.initialize``,
-``msamp.optim.LBAdamW``/``LBAdam`` and ``msamp.clip_grad_norm_`` match ``msamp_signatures.json``,
+The signatures are MS-AMP's: ``msamp.initialize``, ``msamp.deepspeed.initialize``,
+``msamp.optim.LBAdamW``/``LBAdam``, ``msamp.clip_grad_norm_``, ``ScalingTensor`` and ``ScalingMeta``
+match ``msamp_signatures.json``,
 the manifest read from MS-AMP's source at the commits it names
 (``test_msamp.py::test_standin_signatures_match_the_msamp_manifest``). The bodies are this
 project's: ``initialize`` refuses what MS-AMP refuses (a non-module, an unknown level, a
 non-Adam optimizer) and builds the optimizer the way MS-AMP 0.4 does (the behaviour lowbit must
-work around); the DeepSpeed one records the config and hands the rest to the real
-``deepspeed.initialize``. Calls are recorded.
+work around); the DeepSpeed one casts the raw optimizer through the engine module's
+``msamp_initialize`` as MS-AMP's engine does, then hands the rest to the real
+``deepspeed.initialize``. What lowbit depends on behaves as MS-AMP's does, each rule naming its
+file: state dicts hold ``ScalingTensor`` objects (not tensors), LBAdamW keeps its state dtypes
+outside ``defaults``, a Linear with ``use_fp32_linear`` is not replaced. Calls are recorded.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
+import sys
 import types
 
 import torch
@@ -21,11 +27,81 @@ CALLS: list[tuple[str, dict]] = []
 opt_levels = ["O1", "O2"]
 
 
+@dataclasses.dataclass
+class QType:
+    """msamp/common/dtype/dtypes.py: a name and a number."""
+
+    name: str
+    value: int
+
+
+class Dtypes:
+    """The qtypes of msamp/common/dtype/dtypes.py (0.4.0), by the names MS-AMP gives them."""
+
+    kbyte = QType(name="kByte", value=0)
+    kint32 = QType(name="kInt32", value=1)
+    kfloat32 = QType(name="kFloat32", value=2)
+    kfloat16 = QType(name="kFloat16", value=3)
+    kbfloat16 = QType(name="kBFloat16", value=4)
+    kfloat8_e4m3 = QType(name="kFloat8E4M3", value=5)
+    kfloat8_e5m2 = QType(name="kFloat8E5M2", value=6)
+
+
+_STORAGE = {"kFloat16": torch.float16, "kFloat8E4M3": torch.uint8, "kFloat8E5M2": torch.uint8, "kFloat32": torch.float32}
+
+
+class ScalingMeta:
+    """msamp/common/tensor/meta.py: the qtype and the scaling tensors of a ScalingTensor."""
+
+    def __init__(self, qtype, scale=None, scale_inv=None, amax=None, window_size=1, group=None):
+        self.qtype, self.window_size, self.group = qtype, window_size, group
+        self.scale = scale if scale is not None else torch.ones(())
+        self.scale_inv = scale_inv if scale_inv is not None else torch.ones(())
+        self.amax = amax if amax is not None else torch.zeros((window_size,))
+
+
+class ScalingTensor:
+    """msamp/common/tensor/tensor.py: NOT a torch.Tensor (a Python object holding ``value`` and
+    ``meta``), so torch.load(weights_only=True) refuses it; it checks value against the qtype."""
+
+    def __init__(self, value, meta):
+        if _STORAGE[meta.qtype.name] != value.dtype:
+            raise TypeError(f"stand-in ScalingTensor: {value.dtype} does not store {meta.qtype.name}")
+        self.value, self.meta = value, meta
+
+    def float(self) -> torch.Tensor:
+        return self.value.float() * self.meta.scale_inv
+
+
+def _wrapped(tensor: torch.Tensor) -> ScalingTensor:
+    """A ScalingTensor around ``tensor``, losslessly: the stand-in trains in fp32, so its weights and
+    moments are kFloat32 (MS-AMP's are fp16 weights and, at O2, fp8/fp16 moments). What lowbit meets
+    is the same: an object that is not a tensor, with a qtype and scaling tensors."""
+    return ScalingTensor(tensor.detach().clone(), ScalingMeta(Dtypes.kfloat32, amax=tensor.detach().abs().max().reshape(1)))
+
+
 class FP8Linear(nn.Linear):
-    """Marks a converted layer; MS-AMP's real one holds ScalingTensor weights."""
+    """MS-AMP's FP8Linear keeps its weight as a ScalingParameter (msamp/nn/linear.py, fp16 by
+    default): the state dict holds a ScalingTensor under "weight"."""
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = _wrapped(self.weight)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        weight = state_dict.get(prefix + "weight")
+        if isinstance(weight, ScalingTensor):
+            state_dict[prefix + "weight"] = weight.float()
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class LBAdamW(torch.optim.AdamW):
+    """msamp/optim/adamw.py and adamw_base.py (0.4.0): the state dtypes and bias correction are
+    attributes, not ``defaults`` (MS-AMP's holds lr, betas, eps, weight_decay, amsgrad and maximize;
+    the stand-in's also torch's switches, which its step reads), and the keyword-only signature
+    refuses anything else (``decoupled_weight_decay`` included). At O2
+    the moments are ScalingTensors (uint8 fp8 and fp16)."""
+
     def __init__(
         self,
         params,
@@ -42,7 +118,20 @@ class LBAdamW(torch.optim.AdamW):
         tensor_scale=True,
     ):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
-        self.exp_avg_dtype, self.exp_avg_sq_dtype = exp_avg_dtype, exp_avg_sq_dtype
+        self.bias_correction, self.exp_avg_dtype, self.exp_avg_sq_dtype = bias_correction, exp_avg_dtype, exp_avg_sq_dtype
+        self.use_adam = False
+
+    def state_dict(self):
+        state = super().state_dict()
+        low = {"exp_avg": self.exp_avg_dtype != torch.float32, "exp_avg_sq": self.exp_avg_sq_dtype != torch.float32}
+        state["state"] = {index: {k: _wrapped(v) if low.get(k) else v for k, v in entry.items()}
+                          for index, entry in state["state"].items()}
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = {**state_dict, "state": {index: {k: v.float() if isinstance(v, ScalingTensor) else v for k, v in entry.items()}
+                                              for index, entry in state_dict["state"].items()}}
+        super().load_state_dict(state_dict)
 
 
 class LBAdam(LBAdamW):
@@ -63,9 +152,13 @@ def initialize(model, optimizer=None, opt_level="O1", use_te=False):
     order = [index_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            # msamp/nn/linear.py LinearReplacer._replace: a Linear with use_fp32_linear stays.
+            if type(child) is nn.Linear and not getattr(child, "use_fp32_linear", False):
                 new = FP8Linear(child.in_features, child.out_features, bias=child.bias is not None)
-                new.load_state_dict(child.state_dict())  # new parameter objects, as MS-AMP's replacer makes
+                with torch.no_grad():  # new parameter objects, as MS-AMP's replacer makes
+                    new.weight.copy_(child.weight)
+                    if child.bias is not None:
+                        new.bias.copy_(child.bias)
                 setattr(module, name, new)
     parameters = list(model.parameters())
     position = 0
@@ -98,6 +191,13 @@ def deepspeed_initialize(
 
     CALLS.append(("deepspeed.initialize", {"msamp": dict(config.get("msamp", {})), "zero": config["zero_optimization"]["stage"]}))
     plain = {k: v for k, v in config.items() if k != "msamp"}  # the section MSAMPDeepSpeedEngine reads
+    section = config.get("msamp", {})
+    if section.get("enabled"):
+        # MSAMPDeepSpeedEngine._configure_optimizer (msamp/deepspeed/runtime/engine.py) casts the
+        # raw client optimizer with the module-level name it imported: `msamp_initialize`.
+        engine = sys.modules["msamp.deepspeed.runtime.engine"]
+        level = "O2" if section.get("opt_level") == "O3" else section.get("opt_level", "O1")
+        model, optimizer = engine.msamp_initialize(model, optimizer, level, section.get("use_te", False))
     return deepspeed.initialize(model=model, optimizer=optimizer, config=plain, dist_init_required=dist_init_required)
 
 
@@ -113,7 +213,18 @@ def install() -> dict[str, types.ModuleType]:
     ds.initialize = deepspeed_initialize
     ds.initialize.__name__ = "initialize"
     msamp.optim, msamp.deepspeed = optim, ds
+    engine = types.ModuleType("msamp.deepspeed.runtime.engine")
+    engine.msamp_initialize = initialize  # `from msamp import initialize as msamp_initialize`
+    common = types.ModuleType("msamp.common")
+    common.__path__ = []
+    tensor = types.ModuleType("msamp.common.tensor")
+    tensor.ScalingTensor, tensor.ScalingMeta = ScalingTensor, ScalingMeta
+    dtype = types.ModuleType("msamp.common.dtype")
+    dtype.Dtypes = Dtypes
+    msamp.common, common.tensor, common.dtype = common, tensor, dtype
     # msamp imports Transformer Engine's pre-2.0 extension module at import time.
     tex = types.ModuleType("transformer_engine_extensions")
     tex.__spec__ = importlib.machinery.ModuleSpec("transformer_engine_extensions", None)
-    return {"msamp": msamp, "msamp.optim": optim, "msamp.deepspeed": ds, "transformer_engine_extensions": tex}
+    return {"msamp": msamp, "msamp.optim": optim, "msamp.deepspeed": ds, "msamp.deepspeed.runtime.engine": engine,
+            "msamp.common": common, "msamp.common.tensor": tensor, "msamp.common.dtype": dtype,
+            "transformer_engine_extensions": tex}

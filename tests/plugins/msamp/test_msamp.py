@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -179,7 +180,13 @@ def test_deepspeed_path_uses_msamp_deepspeed_and_its_config_section(msamp, monke
     model, opt = acc.prepare(*model_and_adamw())
     ds_calls = [c[1] for c in standin_msamp.CALLS if c[0] == "deepspeed.initialize"]
     assert ds_calls == [{"msamp": {"enabled": True, "opt_level": level}, "zero": 2}]
-    assert initialize_levels() == []  # MS-AMP's DeepSpeed engine converts; msamp.initialize is not called too
+    # MS-AMP's DeepSpeed engine casts the raw AdamW once, through lowbit's corrected initialize:
+    # on today's torch MS-AMP's own would raise TypeError (decoupled_weight_decay) or give LBAdam.
+    assert initialize_levels() == [level]
+    cast = model.optimizer if hasattr(model, "optimizer") else opt.optimizer
+    cast = getattr(cast, "optimizer", cast)
+    assert isinstance(cast, standin_msamp.LBAdamW) and cast.use_adam is False
+    assert cast.exp_avg_dtype == {"O1": torch.float32, "O2": torch.uint8}[level]
     x, y = regression_data(16)
     acc.backward(nn.functional.mse_loss(model(x), y))
 
@@ -198,6 +205,59 @@ def test_current_pytorch_adam_and_adamw_reach_the_right_msamp_optimizer(msamp, m
     cast = prepared_opt.optimizer
     assert isinstance(cast, standin_msamp.LBAdamW) and getattr(cast, "use_adam", False) is (not adam_w)
     assert cast.defaults["weight_decay"] == 0.1 and cast.exp_avg_dtype == torch.uint8
+
+
+def test_o1_with_adamw_keeps_o1s_fp32_optimizer_states(msamp):
+    """MS-AMP keeps the state dtypes in LBAdamW attributes, not in defaults: rebuilt from defaults
+    alone, an O1 AdamW got O2's uint8/fp16 moments."""
+    model = mlp()
+    _, opt = accelerator(MSAMPRecipeKwargs(opt_level="O1")).prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    cast = opt.optimizer
+    assert isinstance(cast, standin_msamp.LBAdamW) and not cast.use_adam
+    assert (cast.exp_avg_dtype, cast.exp_avg_sq_dtype) == (torch.float32, torch.float32)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_save_state_and_load_state_with_scaling_tensors(msamp, tmp_path, level):
+    """MS-AMP's weights and O2 moments are ScalingTensor objects, which torch.load(weights_only=True) refuses."""
+    acc = accelerator(MSAMPRecipeKwargs(opt_level=level))
+    model, opt = acc.prepare(*model_and_adamw())
+    x, y = regression_data(16)
+    acc.backward(nn.functional.mse_loss(model(x), y))
+    opt.step()
+    raw = model.state_dict()
+    assert any(isinstance(v, standin_msamp.ScalingTensor) for v in raw.values())
+    with pytest.raises(Exception):  # what lowbit had written before: refused on load
+        buffer = io.BytesIO()
+        torch.save(raw, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    acc.save_state(tmp_path / "ckpt")
+    fresh_acc = accelerator(MSAMPRecipeKwargs(opt_level=level))
+    fresh, fresh_opt = fresh_acc.prepare(*model_and_adamw())
+    fresh_acc.load_state(tmp_path / "ckpt")
+    for key, value in model.state_dict().items():
+        mine = fresh.state_dict()[key]
+        assert torch.equal(getattr(mine, "value", mine), getattr(value, "value", value)), key
+    saved_moments = opt.optimizer.state_dict()["state"][0]["exp_avg"]
+    loaded_moments = fresh_opt.optimizer.state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(getattr(saved_moments, "value", saved_moments), getattr(loaded_moments, "value", loaded_moments))
+
+
+def test_a_linear_tied_to_an_embedding_stays_tied_and_high_precision(msamp):
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.mid, self.head = nn.Embedding(32, 16), nn.Linear(16, 16), nn.Linear(16, 32, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.head(self.mid(self.embed(ids)))
+
+    model = Tied()
+    prepared, _ = accelerator().prepare(model, torch.optim.AdamW(model.parameters()))
+    assert type(prepared.head) is nn.Linear and prepared.head.weight is prepared.embed.weight
+    assert isinstance(prepared.mid, standin_msamp.FP8Linear)
 
 
 def test_msamp_without_its_te_extension_is_unavailable_and_loses_the_ranking(msamp, monkeypatch):
@@ -274,7 +334,9 @@ def test_the_conformance_kit_passes_on_the_msamp_stand_in(msamp, tmp_path):
 
 STANDIN_OBJECTS = {"msamp.initialize": standin_msamp.initialize, "msamp.clip_grad_norm_": standin_msamp.clip_grad_norm_,
                    "msamp.optim.LBAdamW": standin_msamp.LBAdamW, "msamp.optim.LBAdam": standin_msamp.LBAdam,
-                   "msamp.deepspeed.initialize": standin_msamp.deepspeed_initialize}
+                   "msamp.deepspeed.initialize": standin_msamp.deepspeed_initialize,
+                   "msamp.common.tensor.ScalingTensor": standin_msamp.ScalingTensor,
+                   "msamp.common.tensor.ScalingMeta": standin_msamp.ScalingMeta}
 
 
 @pytest.mark.parametrize("name", sorted(MANIFEST["signatures"]))
@@ -333,10 +395,18 @@ def test_a_call_msamp_would_refuse_does_not_bind():
 # ------------------------------------------------------------------ its pins, from metadata
 
 
+def install_msamp_distribution(site, requires):
+    """MS-AMP's metadata as its pip install leaves it: the distribution is named "MS-AMP"
+    (its pyproject.toml, 0.4.0 and main) and provides the package ``msamp`` (top_level.txt)."""
+    info = install_entry_points(site, "MS-AMP", "0.4.0", {}, requires=requires)
+    (info / "top_level.txt").write_text("msamp\n")
+    return info
+
+
 def test_msamp_whose_pins_are_not_met_is_unavailable_says_what_to_change_and_loses_the_ranking(msamp, tmp_path, monkeypatch):
     """MS-AMP 0.4.0's own requirements (from the manifest) against what is installed here:
     deepspeed 0.19 against its ==0.13.1 pin, and no Transformer Engine at all."""
-    install_entry_points(tmp_path, "msamp", "0.4.0", {}, requires=tuple(MANIFEST["dependencies"]))
+    install_msamp_distribution(tmp_path, requires=tuple(MANIFEST["dependencies"]))
     monkeypatch.syspath_prepend(str(tmp_path))
     reason = lowbit_msamp.unavailable_reason(H100)
     assert reason.startswith("MS-AMP cannot run with what is installed here: ")
@@ -352,7 +422,7 @@ def test_msamp_whose_pins_are_not_met_is_unavailable_says_what_to_change_and_los
 
 
 def test_msamp_whose_requirements_are_met_stays_first(msamp, tmp_path, monkeypatch):
-    install_entry_points(tmp_path, "msamp", "0.4.0", {}, requires=("torch>=2", "packaging", 'pytest-cov; extra == "test"'))
+    install_msamp_distribution(tmp_path, requires=("torch>=2", "packaging", 'pytest-cov; extra == "test"'))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert lowbit_msamp.unavailable_reason(H100) == ""
     assert Accelerator(mixed_precision="fp8", plugin_manager=manager()).fp8_backend == "msamp"
@@ -361,7 +431,7 @@ def test_msamp_whose_requirements_are_met_stays_first(msamp, tmp_path, monkeypat
 def test_a_transformer_engine_of_another_major_than_the_git_tag_is_named(monkeypatch, tmp_path):
     from lowbit_msamp import compat
 
-    install_entry_points(tmp_path, "msamp", "0.4.0", {}, requires=(MANIFEST["dependencies"][1],))
+    install_msamp_distribution(tmp_path, requires=(MANIFEST["dependencies"][1],))
     install_entry_points(tmp_path, "transformer-engine", "2.20.2", {})
     monkeypatch.syspath_prepend(str(tmp_path))
     assert compat.unmet_requirements() == [

@@ -3,11 +3,17 @@
 Every constructor and function lowbit-te calls has the exact signature of TE 2.20
 (``test_te.py::test_standin_signatures_match_the_real_te`` checks them against the wheel's
 source). ``transformer_engine.common.recipe`` is the REAL module, loaded from the wheel.
-Calls are recorded so tests can see what reached TE.
+Calls are recorded so tests can see what reached TE. Behaviour lowbit depends on is TE's, read
+from the wheels (each rule names its file and release): FP8 metadata created at the first
+forward under autocast, ``_extra_state`` pickling with the recipe (refused on load by 2.20,
+unpickled by 2.9), the GEMM dimension rule, and new Parameters made by every constructor.
 """
 from __future__ import annotations
 
 import importlib.machinery
+import math
+import os
+import pickle
 import types
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
@@ -17,17 +23,106 @@ from torch.nn import functional as F
 
 AUTOCAST_CALLS: list[dict[str, Any]] = []
 CAPABILITY = {"fp8": (True, ""), "mxfp8": (False, "stand-in verdict: no MXFP8 GEMMs on this GPU"), "block": (True, "")}
+# The release whose behaviour the stand-in has where releases differ (set_extra_state); tests
+# switch it to "2.9.0", the oldest release lowbit-te accepts.
+RELEASE = {"version": "2.20.2"}
+# FP8GlobalStateManager's answer inside and outside te.autocast (pytorch/quantization.py).
+FP8_STATE: dict[str, Any] = {"enabled": False, "recipe": None}
+UNSAFE_PICKLE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+RECIPE_MODULE: dict[str, Any] = {}  # the real transformer_engine.common.recipe, set by install()
 
 
-class _TEModule(nn.Module):
+def _check_fp8_gemm_dims(inp: torch.Tensor, weight: torch.Tensor, recipe: Any) -> None:
+    """What TE checks before an FP8 GEMM. pytorch/utils.py ``assert_dim_for_fp8_exec`` (2.9.0 and
+    2.20.2; called from module/linear.py's forward when fp8 is on): for the input and the weight,
+    the product of the leading dims divisible by 8 and the last dim by 16 (2.20.2 raises
+    ValueError, 2.9.0 asserts). MXFP8 scales 32-element blocks along both axes
+    (constants.py ``MXFP8_BLOCK_SCALING_SIZE = 32``, tensor/mxfp8_tensor.py ``is_quantizable``)."""
+    multiples = (32, 32) if recipe is not None and recipe.mxfp8() else (8, 16)
+    for tensor in (inp, weight):
+        leading = math.prod(tensor.shape[:-1])
+        if leading % multiples[0] or tensor.shape[-1] % multiples[1]:
+            raise ValueError(f"stand-in TE: an FP8 GEMM operand of dims {list(tensor.shape)} has {leading} rows (needs a "
+                             f"multiple of {multiples[0]}) and {tensor.shape[-1]} columns (needs a multiple of {multiples[1]})")
+
+
+class _DelayedScalingState:
+    """TE's DelayedScalingRecipeState (pytorch/quantization.py, 2.20.2): a scale per quantized
+    tensor and an amax history of ``amax_history_len`` rows."""
+
+    def __init__(self, recipe: Any, num_quantizers: int) -> None:
+        self.scale = torch.ones(num_quantizers)
+        self.amax_history = torch.zeros(recipe.amax_history_len, num_quantizers)
+
+
+class _StatelessState:
+    """Current, block, MXFP8 and NVFP4 recipe states: nothing TE checkpoints."""
+
+
+class _TEBaseModule(nn.Module):
+    """TransformerEngineBaseModule (pytorch/module/base.py, 2.20.2): FP8 metadata set up at the
+    first forward under autocast, and ``_extra_state`` holding it, pickled with the recipe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fp8_meta: dict[str, Any] = {"fp8_checkpoint": False, "fp8_group": None, "recipe": None}
+        self.fp8 = self.fp8_calibration = self.fp8_initialized = self.fp8_meta_tensors_initialized = False
+
+    def init_fp8_meta_tensors(self, recipe: Any) -> None:
+        for key, per_gemm in (("scaling_fwd", 3), ("scaling_bwd", 2)):
+            current = self.fp8_meta.get(key)
+            if self.fp8_meta_tensors_initialized and recipe.delayed() and isinstance(current, _DelayedScalingState):
+                continue  # TE keeps the state (adjusting only the history length)
+            count = self.fp8_meta["num_gemms"] * per_gemm
+            self.fp8_meta[key] = _DelayedScalingState(recipe, count) if recipe.delayed() else _StatelessState()
+        self.fp8_meta_tensors_initialized = True
+
+    def init_fp8_metadata(self, num_gemms: int = 1) -> None:
+        self.fp8 = FP8_STATE["enabled"]
+        self.fp8_meta["fp8_checkpoint"] = self.fp8
+        if not self.fp8:
+            self.fp8_initialized = False
+            return
+        recipe = FP8_STATE["recipe"]
+        if self.fp8_initialized and recipe == self.fp8_meta["recipe"]:
+            return
+        self.fp8_meta.update(recipe=recipe, num_gemms=num_gemms, fp8_max_fwd=recipe.fp8_format.value.max_fwd,
+                             fp8_max_bwd=recipe.fp8_format.value.max_bwd)
+        self.init_fp8_meta_tensors(recipe)
+        self.fp8_initialized = True
+
     def get_extra_state(self) -> torch.Tensor:
-        return torch.zeros(4)  # TE keeps FP8 scaling metadata here
+        meta = self.fp8_meta
+        if not (meta["fp8_checkpoint"] or self.fp8 or self.fp8_calibration):
+            return torch.empty(0, dtype=torch.uint8)  # e.g. after a forward outside autocast (eval)
+        if not isinstance(meta.get("scaling_fwd"), _DelayedScalingState):
+            return torch.empty(0, dtype=torch.uint8)  # stateless recipe
+        state = {"recipe": meta["recipe"],
+                 "scale_fwd": meta["scaling_fwd"].scale.clone(), "amax_history_fwd": meta["scaling_fwd"].amax_history.clone(),
+                 "scale_bwd": meta["scaling_bwd"].scale.clone(), "amax_history_bwd": meta["scaling_bwd"].amax_history.clone(),
+                 "extra_fp8_variables": {k: v for k, v in meta.items() if k != "buffer_index_and_autocast_key"
+                                         and isinstance(v, (bool, int, float, str, tuple, list))}}
+        return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
 
     def set_extra_state(self, state: Any) -> None:
-        self.loaded_extra_state = state
+        if state is None or state.numel() == 0:
+            return
+        data = state.detach().cpu().numpy().tobytes()
+        # 2.20.2 (pytorch/_extra_state.py): a delayed-scaling pickle is refused unless the unsafe
+        # opt-in is set; 2.9.0 (module/base.py): unpickled, whatever it holds.
+        if RELEASE["version"] != "2.9.0" and os.environ.get(UNSAFE_PICKLE_ENV, "0") != "1":
+            raise RuntimeError(f"stand-in TE {RELEASE['version']}: refusing to unpickle the extra state of "
+                               f"{type(self).__name__} (set {UNSAFE_PICKLE_ENV}=1 to allow it)")
+        loaded = pickle.loads(data)
+        self.fp8_meta.update(loaded["extra_fp8_variables"])
+        self.fp8_meta["recipe"] = loaded["recipe"]
+        self.init_fp8_meta_tensors(loaded["recipe"])
+        for key, mode in (("fwd", "scaling_fwd"), ("bwd", "scaling_bwd")):
+            self.fp8_meta[mode].scale.copy_(loaded[f"scale_{key}"])
+            self.fp8_meta[mode].amax_history.copy_(loaded[f"amax_history_{key}"])
 
 
-class Linear(_TEModule):
+class Linear(_TEBaseModule):
     def __init__(
         self,
         in_features: int,
@@ -66,11 +161,20 @@ class Linear(_TEModule):
         nn.init.normal_(self.weight)
 
     def forward(self, x):
+        self.init_fp8_metadata(num_gemms=1)
+        if self.fp8:
+            _check_fp8_gemm_dims(x, self.weight, self.fp8_meta["recipe"])
+            state = self.fp8_meta["scaling_fwd"]
+            if isinstance(state, _DelayedScalingState):  # record amaxes, as TE's quantizers do
+                with torch.no_grad():
+                    state.amax_history[0, 0] = torch.maximum(state.amax_history[0, 0], x.detach().abs().max().float())
+                    state.amax_history[0, 1] = self.weight.detach().abs().max().float()
         return F.linear(x, self.weight, self.bias if self.use_bias else None)
 
 
-class _Norm(_TEModule):
-    """TE's LayerNorm and RMSNorm share this constructor signature."""
+class _Norm(nn.Module):
+    """TE's LayerNorm and RMSNorm share this constructor signature. In TE 2.x they are fusible
+    operations (pytorch/ops/op.py) with no quantizer of their own: their extra state is empty."""
 
     has_bias = True
 
@@ -91,6 +195,12 @@ class _Norm(_TEModule):
         self.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
         if self.has_bias:
             self.bias = nn.Parameter(torch.empty(shape, dtype=dtype, device=device))
+
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8)
+
+    def set_extra_state(self, state: Any) -> None:
+        self.loaded_extra_state = state
 
 
 class LayerNorm(_Norm):
@@ -118,9 +228,13 @@ class autocast:  # noqa: N801 - TE's name
 
     def __enter__(self):
         AUTOCAST_CALLS.append(self.record)
+        self._outer = dict(FP8_STATE)
+        # TE's default recipe when none is given is DelayedScaling() (quantization.py get_default_fp8_recipe)
+        FP8_STATE.update(enabled=self.record["enabled"], recipe=self.record["recipe"] or RECIPE_MODULE["module"].DelayedScaling())
         return self
 
     def __exit__(self, *exc):
+        FP8_STATE.update(self._outer)
         return False
 
 
@@ -150,6 +264,8 @@ def is_fp8_block_scaling_available(return_reason: bool = False) -> Union[bool, T
 
 def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     """Modules to put in ``sys.modules`` (the test uses monkeypatch.setitem on each)."""
+    RECIPE_MODULE["module"] = recipe_module
+    FP8_STATE.update(enabled=False, recipe=None)
     te = types.ModuleType("transformer_engine")
     te.__spec__ = importlib.machinery.ModuleSpec("transformer_engine", None, is_package=True)
     te.__path__ = []
@@ -162,7 +278,10 @@ def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
                 is_fp8_block_scaling_available):
         setattr(pytorch, obj.__name__, obj)
     te.common, te.pytorch = common, pytorch
-    return {"transformer_engine": te, "transformer_engine.common": common,
+    # The PyTorch extension, a distribution of its own (transformer_engine_torch); lowbit-te looks for it.
+    extension = types.ModuleType("transformer_engine_torch")
+    extension.__spec__ = importlib.machinery.ModuleSpec("transformer_engine_torch", None)
+    return {"transformer_engine": te, "transformer_engine_torch": extension, "transformer_engine.common": common,
             "transformer_engine.common.recipe": recipe_module, "transformer_engine.pytorch": pytorch}
 
 

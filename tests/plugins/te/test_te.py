@@ -153,6 +153,24 @@ def test_unavailable_on_cpu_and_without_te_with_precise_reasons(te, monkeypatch)
     assert lowbit_te.unavailable_reason(H100).startswith("transformer_engine not importable")
 
 
+def test_te_without_its_pytorch_extension_or_with_mixed_versions_is_unavailable(te, monkeypatch):
+    """PyPI's transformer-engine alone (1.2 MB) cannot import transformer_engine.pytorch: it ranks
+    below ao instead of winning and failing in prepare()."""
+    import lowbit_te
+
+    extension = sys.modules["transformer_engine_torch"]
+    monkeypatch.delitem(sys.modules, "transformer_engine_torch")
+    reason = lowbit_te.unavailable_reason(H100)
+    assert "without its PyTorch extension (transformer_engine_torch)" in reason
+    assert choose_backend(BackendRegistry(make_plugin_manager(), H100), "fp8").name != "te"
+    monkeypatch.setitem(sys.modules, "transformer_engine_torch", extension)
+    versions = {"transformer_engine": "2.20.2", "transformer_engine_torch": "2.19.0"}
+    monkeypatch.setattr(lowbit_te, "_version", lambda name: versions.get(name, ""))
+    assert "transformer_engine 2.20.2 and transformer_engine_torch 2.19.0 differ" in lowbit_te.unavailable_reason(H100)
+    versions["transformer_engine_torch"] = "2.20.2"
+    assert lowbit_te.unavailable_reason(H100) == ""
+
+
 def test_old_te_version_is_named(te, monkeypatch):
     import lowbit_te
 
@@ -219,7 +237,65 @@ def test_model_only_prepare_works(te):
     assert isinstance(te_accelerator().prepare(Net()).inp, standin_te.Linear)
 
 
+class Tied(nn.Module):
+    """A head tied to the embedding, as Llama's tie_word_embeddings and GPT-2's lm_head."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(64, 32)
+        self.mid = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 64, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.mid(self.embed(ids))))
+
+
+def test_tied_weights_stay_tied_and_train(te, tmp_path):
+    acc = te_accelerator()
+    model = Tied()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = acc.prepare(model, optimizer)
+    assert isinstance(model.head, standin_te.Linear) and model.head.weight is model.embed.weight
+    before = model.embed.weight.detach().clone()
+    ids = torch.randint(0, 64, (4, 8))
+    acc.backward(nn.functional.cross_entropy(model(ids).flatten(0, 1).float(), ids.flatten()))
+    optimizer.step()
+    assert model.head.weight is model.embed.weight and not torch.equal(model.embed.weight, before)
+    assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == sum(p.numel() for p in model.parameters())
+    state = load_file(acc.save_model(model, tmp_path))
+    assert "head.weight" not in state or "embed.weight" not in state  # one tensor for the tied pair
+
+
+def test_rmsnorm_without_eps_keeps_torchs_epsilon(te):
+    """nn.RMSNorm(eps=None) uses the op-math type's epsilon (fp32's for bf16); TE needs a number."""
+    norm = nn.RMSNorm(64, eps=None, dtype=torch.bfloat16)
+    model = te_accelerator().prepare(nn.Sequential(nn.Linear(64, 64, dtype=torch.bfloat16), norm))
+    assert model[1].eps == torch.finfo(torch.float32).eps
+    x = torch.randn(4, 64, dtype=torch.bfloat16) * 1e-2
+    assert torch.equal(model[1](x), norm(x))
+
+
 # ------------------------------------------------------------------ recipes
+
+
+@pytest.mark.parametrize("scaling", ["block", "mxfp8"])
+def test_block_recipes_keep_tes_e4m3_default_unless_a_format_is_given(te, real_recipe, monkeypatch, scaling):
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
+    from lowbit_te.runtime import build_recipe
+
+    assert build_recipe(te_accelerator(B200, scaling=scaling).context).fp8_format is real_recipe.Format.E4M3
+    assert build_recipe(te_accelerator(B200, scaling=scaling, fp8_format="HYBRID").context).fp8_format is real_recipe.Format.HYBRID
+
+
+@pytest.mark.parametrize("option", [{"margin": 1}, {"amax_history_len": 16}, {"amax_compute_algo": "max"}])
+def test_delayed_scaling_options_with_another_recipe_are_an_error(te, option):
+    from lowbit_te.runtime import build_recipe
+
+    with pytest.raises(ConfigError, match=f"{next(iter(option))}=.*scaling='current'.*Float8CurrentScaling has no such option"):
+        build_recipe(te_accelerator(scaling="current", **option).context)
 
 
 @pytest.mark.parametrize("explicit", [{}, {"amax_compute_algo": "most_recent", "margin": 0}])
@@ -368,13 +444,111 @@ def test_save_model_maps_back_to_plain_names_without_fp8_metadata(te, tmp_path):
     Net().load_state_dict(state)  # strict: every name matches the plain model
 
 
-def test_save_state_keeps_fp8_metadata(te, tmp_path):
+def _trained_te(acc, steps: int = 2):
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = acc.prepare(model, optimizer)
+    for _ in range(steps):
+        acc.backward(model(torch.randn(8, 32)).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
+
+
+def _amax_histories(model):
+    return {name: m.fp8_meta["scaling_fwd"].amax_history.clone() for name, m in model.named_modules()
+            if isinstance(m, standin_te.Linear) and "scaling_fwd" in m.fp8_meta}
+
+
+@pytest.mark.parametrize("release", ["2.20.2", "2.9.0"])
+def test_save_state_round_trips_fp8_state_without_pickle(te, tmp_path, monkeypatch, release):
+    """TE pickles its recipe into _extra_state: 2.20 refuses to load that, 2.9 runs the pickle.
+    lowbit keeps _extra_state empty and writes the scaling state as plain tensors."""
+    monkeypatch.setitem(standin_te.RELEASE, "version", release)
     acc = te_accelerator()
-    model = acc.prepare(Net())
+    model, _ = _trained_te(acc)
     acc.save_state(tmp_path / "ckpt")
-    assert any(k.endswith("_extra_state") for k in torch.load(tmp_path / "ckpt" / "model_0.pt", weights_only=True))
-    acc.load_state(tmp_path / "ckpt")
-    assert hasattr(model.inp, "loaded_extra_state")
+    saved = _amax_histories(model)
+    assert saved and all(h.abs().sum() > 0 for h in saved.values())
+    written = torch.load(tmp_path / "ckpt" / "model_0.pt", weights_only=True)
+    assert all(v.numel() == 0 for k, v in written.items() if k.endswith("_extra_state"))
+    assert set(torch.load(tmp_path / "ckpt" / "fp8_state_0.pt", weights_only=True)) == set(saved)
+
+    monkeypatch.setattr(standin_te.pickle, "loads", lambda data: pytest.fail("checkpoint data was unpickled"))
+    fresh_acc = te_accelerator()
+    fresh = fresh_acc.prepare(Net())  # never run a forward: TE has no FP8 state yet
+    fresh_acc.load_state(tmp_path / "ckpt")
+    restored = _amax_histories(fresh)
+    assert restored.keys() == saved.keys() and all(torch.equal(restored[k], saved[k]) for k in saved)
+    fresh(torch.randn(8, 32))  # the first forward keeps the restored state (same recipe object)
+    assert torch.equal(fresh.inp.fp8_meta["scaling_fwd"].amax_history[1:], saved["inp"][1:])
+
+
+def test_a_save_after_an_eval_pass_keeps_the_amax_history(te, tmp_path):
+    acc = te_accelerator()
+    model, _ = _trained_te(acc)
+    model.eval()
+    model(torch.randn(8, 32))  # outside FP8 autocast: TE's own extra state would now be empty
+    assert model.inp.get_extra_state().numel() == 0
+    acc.save_state(tmp_path / "ckpt")
+    state = torch.load(tmp_path / "ckpt" / "fp8_state_0.pt", weights_only=True)
+    assert torch.equal(state["inp"]["amax_history_fwd"], _amax_histories(model)["inp"])
+
+
+def test_a_checkpoint_with_pickled_te_state_loads_without_unpickling(te):
+    from lowbit_te.fp8_state import without_pickled_extra_state
+
+    state = {"inp.weight": torch.ones(2), "inp._extra_state": torch.frombuffer(bytearray(b"\x80\x04N."), dtype=torch.uint8)}
+    with pytest.warns(UserWarning, match="does not unpickle"):
+        cleaned = without_pickled_extra_state(state)
+    assert cleaned["inp._extra_state"].numel() == 0 and torch.equal(cleaned["inp.weight"], state["inp.weight"])
+    assert without_pickled_extra_state({"inp._extra_state": torch.empty(0, dtype=torch.uint8)}) is None
+
+
+# ------------------------------------------------------------------ what TE refuses on a GPU
+
+
+class TokenNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("scaling, hardware", [("delayed", H100), ("mxfp8", B200)])
+def test_odd_token_counts_are_padded_for_te(te, monkeypatch, scaling, hardware):
+    monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
+    acc = te_accelerator(hardware, scaling=scaling)
+    reference = TokenNet()
+    model = acc.prepare(TokenNet())
+    x = torch.randn(3, 11, 64)
+    out = model(x)  # 33 tokens: TE's FP8 GEMM takes multiples of 8 (MXFP8: 32)
+    assert out.shape == (3, 11, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(out, reference(x))
+    out.sum().backward()
+    assert model.a.weight.grad is not None
+    multiple = 32 if scaling == "mxfp8" else 8
+    assert f"padded to a multiple of {multiple}" in acc.fp8_report()
+
+
+def test_without_padding_te_refuses_odd_token_counts_as_on_a_gpu(te):
+    model = te_accelerator(pad_tokens=False).prepare(TokenNet())
+    with pytest.raises(ValueError, match="33 rows"):
+        model(torch.randn(3, 11, 64))
+    model(torch.randn(4, 8, 64))
+
+
+def test_mxfp8_keeps_layers_whose_dims_are_not_multiples_of_32(te, monkeypatch):
+    monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
+    with pytest.warns(UserWarning, match=r"block.2 \(dims 64x40: TE's FP8 GEMMs need in_features % 32 and out_features % 32\)"):
+        model = te_accelerator(B200, scaling="mxfp8").prepare(Net())
+    assert type(model.block[2]) is nn.Linear
+    model(torch.randn(32, 32))
 
 
 # ------------------------------------------------------------------ real GPU
