@@ -137,26 +137,50 @@ def clip_and_step(engine, max_norm: float, context: PrepareContext) -> torch.Ten
     which copied it at creation). The returned norm is the one DeepSpeed computed before
     clipping. Without ZeRO and in fp32 the gradients are plain ``.grad`` tensors, clipped here.
     """
-    engine._config.gradient_clipping = float(max_norm)
-    if hasattr(engine.optimizer, "clip_grad"):
-        engine.optimizer.clip_grad = float(max_norm)
     plain = not (engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled())
     norm = None
     if plain and PENDING_STEP in context.backend_state:
         norm = torch.nn.utils.clip_grad_norm_([p for p in engine.module.parameters() if p.grad is not None], max_norm)
-    if run_pending_step(context) and norm is None:
+    with _clipping_at(engine, float(max_norm)):  # this step only: later steps and checkpoints keep the config's value
+        stepped = run_pending_step(context)
+    if stepped and norm is None:
         norm = engine.get_global_grad_norm()
     if norm is None:  # not at an accumulation boundary: the norm of the last step taken
         norm = engine.get_global_grad_norm() or 0.0
     return norm.detach() if torch.is_tensor(norm) else torch.tensor(float(norm))
 
 
+@contextlib.contextmanager
+def _clipping_at(engine, max_norm: float) -> Iterator[None]:
+    """DeepSpeed's clipping value set to ``max_norm`` for one step, then put back."""
+    saved_config = engine._config.gradient_clipping
+    has_copy = hasattr(engine.optimizer, "clip_grad")
+    saved_copy = engine.optimizer.clip_grad if has_copy else None
+    engine._config.gradient_clipping = max_norm
+    if has_copy:
+        engine.optimizer.clip_grad = max_norm
+    try:
+        yield
+    finally:
+        engine._config.gradient_clipping = saved_config
+        if has_copy:
+            engine.optimizer.clip_grad = saved_copy
+
+
 def gathered_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The full state dict on every rank; under ZeRO-3 the partitioned parameters are gathered."""
+    """The full state dict on every rank. Under ZeRO-3 the partitioned parameters are gathered one
+    module at a time and copied to the CPU, so the peak is the largest layer, not the model:
+    gathering every parameter at once needs the whole model on each GPU (out of memory for a
+    model ZeRO-3 was chosen for)."""
     import deepspeed
 
     module = engine.module
-    if engine.zero_optimization_stage() == 3:
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            return {k: v.detach().clone() for k, v in module.state_dict().items()}
-    return module.state_dict()
+    if engine.zero_optimization_stage() != 3:
+        return module.state_dict()
+    full: dict[str, torch.Tensor] = {}
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        own: dict[str, Any] = {}
+        with deepspeed.zero.GatheredParameters(list(sub.parameters(recurse=False)), modifier_rank=None):
+            sub._save_to_state_dict(own, f"{prefix}." if prefix else "", keep_vars=False)
+            full.update({k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in own.items()})
+    return full
