@@ -1,19 +1,47 @@
 #!/usr/bin/env bash
-# One command for a GPU machine (CUDA, compute capability 8.9+ for FP8), from the repository root:
-#   bash bench/gpu_check.sh
-# Installs lowbit with its plugins and Transformer Engine into .venv-gpu, runs the GPU tests
-# (pytest -m gpu: real TE, real MS-AMP where installed), then prints the fp8-vs-bf16 table of
-# bench/gpu_llama.py (step time and peak memory on a ~1B-parameter Llama-shaped model).
-# TORCH_SPEC picks the torch build (default: the CUDA build pip chooses for this machine).
+# Verify a GPU machine (CUDA, compute capability 8.9+ for FP8), offline. From the repository root:
+#
+#   bash bench/gpu_check.sh wheels [DIR]   # where pip reaches PyPI: lowbit, its plugins and what a GPU
+#                                          # machine lacks (torchao, pluggy, pytest), as wheels in DIR
+#                                          # (default dist/gpu-wheels; about 5 MiB, printed)
+#   bash bench/gpu_check.sh run [DIR]      # on the GPU machine, no network: installs those wheels beside
+#                                          # the machine's own torch, transformers and accelerate, runs
+#                                          # every `gpu` test that can run and the benchmark, one table
+#   bash bench/gpu_check.sh                # both, on a GPU machine that has network
+#
+# The run step downloads and builds nothing: the wheels go into a folder on PYTHONPATH (no venv, no
+# build isolation, no editable install); GPU_PYTHON picks the interpreter with the CUDA torch
+# (default python3). Transformer Engine cannot be carried (its CUDA library alone is ~264 MiB): its
+# tests run where it is installed already and otherwise skip, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv-gpu
-PY=.venv-gpu/bin/python
-"$PY" -m pip install -q --upgrade pip
-"$PY" -m pip install -q "${TORCH_SPEC:-torch}"
-"$PY" -m pip install -q -e ".[test]" -e plugins/fp8_ao -e plugins/fp8_msamp -e plugins/dist_deepspeed -e "plugins/fp8_te[te]"
-"$PY" -m lowbit.cli.main env
-echo "== GPU tests"
-"$PY" -m pytest -m gpu -rs tests/plugins/te tests/plugins/msamp
-echo "== fp8 against bf16, ~1B-parameter Llama"
-"$PY" bench/gpu_llama.py
+STEP=${1:-all}
+DIR=${2:-dist/gpu-wheels}
+PLUGINS=(. plugins/fp8_ao plugins/fp8_te plugins/fp8_msamp plugins/dist_deepspeed)
+# torchao as tested here; pluggy (lowbit's plugin system) and pytest with what it imports may be
+# missing on a GPU image (exceptiongroup and tomli only for Python 3.10). Installed without deps.
+CARRIED=(torchao==0.18.0 "pluggy>=1.3" pytest iniconfig packaging pygments exceptiongroup tomli)
+
+make_wheels() {
+  rm -rf "$DIR" && mkdir -p "$DIR"
+  python3 -m pip wheel -q --no-deps -w "$DIR" "${PLUGINS[@]}"
+  python3 -m pip download -q --no-deps -d "$DIR" --only-binary=:all: "${CARRIED[@]}"
+  echo "wheels in $DIR: $(ls "$DIR" | wc -l) files, $(du -sh "$DIR" | cut -f1) in all"
+}
+
+run_checks() {
+  local py=${GPU_PYTHON:-python3} site=.gpu-site
+  ls "$DIR"/*.whl > /dev/null || { echo "no wheels in $DIR: run 'bash bench/gpu_check.sh wheels $DIR' where pip works" >&2; exit 2; }
+  "$py" -c "import torch" || { echo "$py has no torch: set GPU_PYTHON to the interpreter with the machine's CUDA torch" >&2; exit 2; }
+  rm -rf "$site"
+  "$py" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$DIR"/*.whl
+  PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}" "$py" -m lowbit.cli.main env
+  PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}" "$py" bench/gpu_check.py
+}
+
+case "$STEP" in
+  wheels) make_wheels ;;
+  run) run_checks ;;
+  all) make_wheels && run_checks ;;
+  *) echo "usage: bash bench/gpu_check.sh [wheels|run|all] [DIR]" >&2; exit 2 ;;
+esac

@@ -1,12 +1,20 @@
-"""FP8 against BF16 on a ~1B-parameter Llama-shaped model, one GPU: step time and peak memory.
+"""FP8 against BF16 on a ~1B-parameter Llama-shaped model, one GPU: what a user wants to know.
 
-    python bench/gpu_llama.py                 # every FP8 backend that can run here, and bf16
-    python bench/gpu_llama.py --steps 20 --seq 2048
+    python bench/gpu_llama.py                      # compiled; every FP8 backend and recipe that runs here
+    python bench/gpu_llama.py --steps 20 --seq 2048 --no-compile
+    python bench/gpu_llama.py --device cpu --tiny --steps 2 --no-compile   # a smoke run (CI): no figures
 
-Each configuration runs in its own process (clean memory peak), same seed, batch and AdamW; the
-table gives median step time and peak allocated memory, and both as ratios to bf16. Needs a CUDA
-GPU (FP8 backends: compute capability 8.9+) and ``transformers`` (the model is built from a
-config, random weights, nothing downloaded).
+Rows: bf16; lowbit with each available FP8 backend and recipe (torchao tensorwise and rowwise,
+Transformer Engine delayed and current scaling, MS-AMP O2); torchao applied by hand to the same
+model (``convert_to_float8_training`` on the same layers, bf16 autocast, the same AdamW), which
+measures lowbit's own overhead; and Hugging Face Accelerate's FP8 (torchao) where Accelerate is
+installed. Columns: median step time, tokens per second, peak allocated memory, each against
+bf16; the ratio to raw torchao; model FLOPs utilisation against the GPU's dense bf16 peak.
+
+Each row runs in its own process (clean memory peak), same seed, batch and AdamW, compiled with
+``torch.compile`` unless ``--no-compile`` (torchao's speed-up depends on it; Transformer Engine
+rows run eager: its DelayedScaling refuses compilation and its modules are fused already).
+Needs ``transformers`` (the model is built from a config, random weights, nothing downloaded).
 """
 from __future__ import annotations
 
@@ -17,74 +25,196 @@ import subprocess
 import sys
 import time
 
+# Dense bf16 tensor-core peak (TFLOP/s) by device-name fragment, from the vendors' data sheets.
+DENSE_BF16_TFLOPS = [("GB200", 2500), ("B200", 2250), ("H200", 989), ("H100 PCIe", 756), ("H100", 989), ("H800", 989),
+                     ("A100", 312), ("L40S", 362), ("L4", 121), ("RTX 4090", 165), ("RTX 6000 Ada", 364)]
+# (label, kind, fp8 backend, its recipe option) for the FP8 rows.
+FP8_ROWS = [("fp8 ao tensorwise", "lowbit", "ao", {"recipe": "tensorwise"}),
+            ("fp8 ao rowwise", "lowbit", "ao", {"recipe": "rowwise"}),
+            ("fp8 te delayed", "lowbit", "te", {"scaling": "delayed"}),
+            ("fp8 te current", "lowbit", "te", {"scaling": "current"}),
+            ("fp8 msamp O2", "lowbit", "msamp", {"opt_level": "O2"}),
+            ("raw torchao tensorwise", "raw_torchao", "ao", {"recipe": "tensorwise"}),
+            ("accelerate fp8 (ao)", "accelerate", "ao", {})]
 
-def run_one(precision: str, backend: str | None, steps: int, seq: int, batch: int) -> dict:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
+def model_config(seq: int, tiny: bool):
+    from transformers import LlamaConfig
+
+    if tiny:
+        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=4, vocab_size=256, max_position_embeddings=seq)
+    return LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+                       num_key_value_heads=16, vocab_size=32000, max_position_embeddings=seq)
+
+
+def _lowbit(model, optimizer, precision: str, backend: str | None, options: dict):
     from lowbit import Accelerator
     from lowbit.utils import FP8RecipeKwargs
 
-    config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                         num_key_value_heads=16, vocab_size=32000, max_position_embeddings=seq)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    handlers = [FP8RecipeKwargs(backend=backend)] if backend else []
+    handlers = [FP8RecipeKwargs(backend=backend, **options)] if precision == "fp8" else []
     accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
     model, optimizer = accelerator.prepare(model, optimizer)
-    tokens = torch.randint(0, config.vocab_size, (batch, seq), device=accelerator.device)
+    return model, optimizer, accelerator.backward, accelerator.device
+
+
+def _raw_torchao(model, optimizer, device, options: dict):
+    """torchao by hand: the layers lowbit's default converts (all Linears but the first and the last,
+    dims divisible by 16), padded inner dims, bf16 autocast."""
+    import dataclasses
+
+    import torch
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    model.to(device)
+    linears = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    keep = {linears[0], linears[-1]}
+
+    def eligible(module, fqn):
+        return fqn not in keep and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(options["recipe"]), pad_inner_dim=True,
+                                 emulate=device.type != "cuda")
+    convert_to_float8_training(model, module_filter_fn=eligible, config=config)
+
+    class Autocast(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                return self.inner(*args, **kwargs)
+
+    return Autocast(model), optimizer, lambda loss: loss.backward(), device
+
+
+def _accelerate(model, optimizer, device):
+    from accelerate import Accelerator
+    from accelerate.utils import AORecipeKwargs
+
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()], cpu=device.type == "cpu")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return model, optimizer, accelerator.backward, accelerator.device
+
+
+def run_one(row: dict, args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    device = torch.device(args.device)
+    config = model_config(args.seq, args.tiny)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    if device.type == "cuda":
+        model.cuda()
+    params = sum(p.numel() for p in model.parameters())
+    non_embedding = params - model.get_input_embeddings().weight.numel()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if row["kind"] == "raw_torchao":
+        model, optimizer, backward, device = _raw_torchao(model, optimizer, device, row["options"])
+    elif row["kind"] == "accelerate":
+        model, optimizer, backward, device = _accelerate(model, optimizer, device)
+    else:
+        model, optimizer, backward, device = _lowbit(model, optimizer, row["precision"], row["backend"], row["options"])
+    compiled = args.compile and row["backend"] != "te"
+    step_model = torch.compile(model) if compiled else model
+    tokens = torch.randint(0, config.vocab_size, (args.batch, args.seq), device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     times, losses = [], []
-    for step in range(steps + 3):
-        torch.cuda.synchronize()
+    for step in range(args.steps + args.warmup):
+        sync()
         start = time.perf_counter()
         optimizer.zero_grad()
-        loss = model(input_ids=tokens, labels=tokens).loss
-        accelerator.backward(loss)
+        loss = step_model(input_ids=tokens, labels=tokens).loss
+        backward(loss)
         optimizer.step()
-        torch.cuda.synchronize()
-        if step >= 3:  # warm-up: allocator, autotuning, FP8 scaling history
+        sync()
+        if step >= args.warmup:  # allocator, compilation, autotuning, FP8 scaling history
             times.append(time.perf_counter() - start)
         losses.append(loss.item())
-    return {"label": f"{precision}" + (f" ({accelerator.fp8_backend})" if precision == "fp8" else ""),
-            "params": params, "step_ms": 1000 * statistics.median(times),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "final_loss": losses[-1]}
+    step_s = statistics.median(times)
+    token_count = args.batch * args.seq
+    # 6 N T for the weights (forward and backward) plus the attention scores (12 L H S T).
+    flops = 6 * non_embedding * token_count + 12 * config.num_hidden_layers * config.hidden_size * args.seq * token_count
+    return {"label": row["label"], "params": params, "step_ms": 1000 * step_s, "tokens_per_s": token_count / step_s,
+            "tflops": flops / step_s / 1e12, "compiled": compiled, "final_loss": losses[-1],
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")}
+
+
+def dense_peak_tflops(device: str) -> float | None:
+    import torch
+
+    if device != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for fragment, peak in DENSE_BF16_TFLOPS if fragment in name), None)
+
+
+def rows_to_run(args: argparse.Namespace) -> list[dict]:
+    import importlib.util
+
+    from lowbit.cli.plugins_command import collect
+
+    available = {r["name"] for r in collect()["plugins"] if r["kind"] == "fp8" and r["status"] == "available"}
+    if args.device == "cpu":
+        available.add("ao")  # emulated: a smoke run of the script, not a figure
+    rows = [{"label": "bf16", "kind": "lowbit", "precision": "bf16", "backend": None, "options": {}}]
+    for label, kind, backend, options in FP8_ROWS:
+        if backend not in available or (kind == "accelerate" and importlib.util.find_spec("accelerate") is None):
+            continue
+        rows.append({"label": label, "kind": kind, "precision": "fp8", "backend": backend, "options": options})
+    return rows
+
+
+def print_table(results: list[dict], args: argparse.Namespace) -> None:
+    base = results[0]
+    raw = next((r for r in results if r["label"].startswith("raw torchao")), None)
+    peak = dense_peak_tflops(args.device)
+    print(f"Llama-shaped model, {base['params'] / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} tokens, AdamW, "
+          f"median of {args.steps} steps after {args.warmup}, {'compiled' if args.compile else 'eager'}"
+          + ("" if peak else "; MFU: dense peak of this device unknown"))
+    print(f"{'row':<24}{'step ms':>9}{'tok/s':>10}{'vs bf16':>9}{'peak GiB':>10}{'vs bf16':>9}{'vs raw ao':>11}{'MFU':>7}{'loss':>9}")
+    for r in results:
+        vs_raw = f"{r['step_ms'] / raw['step_ms']:>10.2f}x" if raw else f"{'-':>11}"
+        mfu = f"{100 * r['tflops'] / peak:>6.1f}%" if peak else f"{'-':>7}"
+        print(f"{r['label'] + ('' if r['compiled'] or not args.compile else ' (eager)'):<24}{r['step_ms']:>9.1f}"
+              f"{r['tokens_per_s']:>10.0f}{base['step_ms'] / r['step_ms']:>8.2f}x{r['peak_gib']:>10.2f}"
+              f"{r['peak_gib'] / base['peak_gib']:>8.2f}x{vs_raw}{mfu}{r['final_loss']:>9.4f}")
+    print("vs bf16: speed-up (bf16 step time / this one) and memory ratio; vs raw ao: step time / raw torchao's "
+          "(lowbit's overhead on the same conversion); MFU against the dense bf16 peak.")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--one", nargs=2, metavar=("PRECISION", "BACKEND"), help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer model: checks the script, measures nothing")
+    parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        precision, backend = args.one
-        print(json.dumps(run_one(precision, None if backend == "-" else backend, args.steps, args.seq, args.batch)))
+        print(json.dumps(run_one(json.loads(args.one), args)))
         return
-
-    from lowbit.cli.plugins_command import collect
-
-    fp8_backends = [r["name"] for r in collect()["plugins"] if r["kind"] == "fp8" and r["status"] == "available"]
-    rows = []
-    for precision, backend in [("bf16", "-"), *(("fp8", name) for name in fp8_backends)]:
-        cmd = [sys.executable, __file__, "--one", precision, backend, "--steps", str(args.steps),
-               "--seq", str(args.seq), "--batch", str(args.batch)]
+    results = []
+    for row in rows_to_run(args):
+        cmd = [sys.executable, __file__, "--one", json.dumps(row), "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device,
+               *(["--tiny"] if args.tiny else []), *([] if args.compile else ["--no-compile"])]
+        print(f"running {row['label']} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            print(f"{precision} {backend}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+            print(f"{row['label']}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
             continue
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    if not rows:
-        sys.exit("nothing ran")
-    base = rows[0]
-    print(f"Llama-shaped model, {base['params'] / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} tokens, "
-          f"AdamW, median of {args.steps} steps")
-    print(f"{'precision':<16}{'step ms':>10}{'vs bf16':>9}{'peak GiB':>10}{'vs bf16':>9}{'final loss':>12}")
-    for r in rows:
-        print(f"{r['label']:<16}{r['step_ms']:>10.1f}{r['step_ms'] / base['step_ms']:>8.2f}x"
-              f"{r['peak_gib']:>10.2f}{r['peak_gib'] / base['peak_gib']:>8.2f}x{r['final_loss']:>12.4f}")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    if not results or results[0]["label"] != "bf16":
+        sys.exit("bf16 did not run: nothing to compare with")
+    print_table(results, args)
 
 
 if __name__ == "__main__":

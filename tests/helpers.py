@@ -100,7 +100,14 @@ def needs_fp8_gpu_with(module: str, label: str):
 
     gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
     installed = importlib.util.find_spec(module.split(".")[0]) is not None
-    reason = f"needs a CUDA GPU with compute capability >= 8.9 and {label}"
+    missing = []
+    if not gpu:
+        found = (f"{torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))})"
+                 if torch.cuda.is_available() else "no CUDA GPU")
+        missing.append(f"a CUDA GPU with compute capability >= 8.9 (found: {found})")
+    if not installed:
+        missing.append(f"{label} (not installed)")
+    reason = "needs " + " and ".join(missing)
 
     def mark(test):
         @functools.wraps(test)

@@ -21,7 +21,8 @@ import pytest
 import torch
 from helpers import manager_with, mlp, regression_data
 
-from lowbit import Accelerator, checkpoint
+from lowbit import Accelerator, checkpoint, hookimpl
+from lowbit.types import BackendDescription
 from lowbit.checkpoint import METADATA_FILE, RETIRED_DIR, STAGING_DIR, CheckpointNote
 from lowbit.errors import CheckpointError, ConfigError
 from lowbit.selftest import train_steps
@@ -377,3 +378,59 @@ def test_torchs_writer_failure_is_recognised_as_a_full_disk():
     assert checkpoint.is_disk_full(OSError(28, "No space left on device"))
     assert not checkpoint.is_disk_full(RuntimeError("something else"))
     assert "disk is full" in checkpoint.disk_full_message(tempfile.gettempdir() and __import__("pathlib").Path(tempfile.gettempdir()) / "x")
+
+
+class StatefulBackend:
+    """An FP8 backend whose state dicts need encoding (a value torch.load(weights_only) refuses)
+    and which keeps state outside them: the four checkpoint hooks, routed to it alone."""
+
+    def __init__(self):
+        self.restored = None
+
+    @hookimpl
+    def describe_backend(self, hardware):
+        return BackendDescription("stateful", "fp8", 500, True)
+
+    @hookimpl
+    def convert_model(self, model, context):
+        model.scales = {"w": torch.tensor([2.0])}  # outside the state dict
+        return model
+
+    @hookimpl
+    def encode_checkpoint_state(self, kind, owner, state, context):
+        return {"encoded": {**state, "opaque": None}} if kind == "model" else None
+
+    @hookimpl
+    def decode_checkpoint_state(self, kind, owner, state, context):
+        if kind != "model":
+            return None
+        assert set(state) == {"encoded"}
+        return {k: v for k, v in state["encoded"].items() if k != "opaque"}
+
+    @hookimpl
+    def backend_checkpoint_state(self, model, context):
+        return {"scales": model.scales}
+
+    @hookimpl
+    def load_backend_checkpoint_state(self, model, state, context):
+        self.restored = state
+        return True
+
+
+def test_the_checkpoint_hooks_of_the_chosen_fp8_backend_run_and_their_files_load_safely(tmp_path):
+    backend = StatefulBackend()
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(backend))
+    model = mlp()
+    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters()))
+    acc.save_state(tmp_path / "ckpt")
+    written = torch.load(tmp_path / "ckpt" / "model_0.pt", weights_only=True)
+    assert set(written) == {"encoded"}
+    assert torch.equal(torch.load(tmp_path / "ckpt" / "fp8_state_0.pt", weights_only=True)["scales"]["w"], torch.tensor([2.0]))
+    fresh_backend = StatefulBackend()
+    fresh = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(fresh_backend))
+    fresh_model = mlp(seed=1)
+    fresh_model, _ = fresh.prepare(fresh_model, torch.optim.AdamW(fresh_model.parameters()))
+    fresh.load_state(tmp_path / "ckpt")
+    assert torch.equal(fresh_backend.restored["scales"]["w"], torch.tensor([2.0]))
+    for a, b in zip(model.parameters(), fresh_model.parameters()):
+        assert torch.equal(a, b)

@@ -22,6 +22,7 @@ PLUGIN_ONLY_FP8_KEYS = {
     "optimizer_states": ("ao",),
     "keep_first_last_high_precision": ("ao", "te"),
     "scaling": ("te",),
+    "pad_tokens": ("te",),
 }
 
 

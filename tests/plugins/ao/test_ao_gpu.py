@@ -1,0 +1,128 @@
+"""lowbit-ao on a real GPU: real FP8 GEMMs (torch._scaled_mm on CUDA), ``pytest -m gpu tests/plugins/ao``.
+
+Skipped without a CUDA sm_89+ GPU; these have not run in this repository's CI (it has no GPU).
+``bench/gpu_check.sh`` runs them on a GPU machine, offline.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import needs_fp8_gpu_with, run_launch
+
+from lowbit import Accelerator
+from lowbit.utils import AORecipeKwargs
+
+gpu_ao = needs_fp8_gpu_with("torchao.float8", "torchao")
+HIDDEN = 256
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.up, self.down, self.out = (nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, 4 * HIDDEN),
+                                                  nn.Linear(4 * HIDDEN, HIDDEN), nn.Linear(HIDDEN, HIDDEN))
+
+    def forward(self, x):
+        return self.out(self.down(nn.functional.gelu(self.up(self.inp(x)))))
+
+
+def train(precision: str, shape=(8, 64), steps: int = 20, **recipe):
+    torch.manual_seed(0)
+    model = Block().cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    handlers = [AORecipeKwargs(**recipe)] if precision == "fp8" else []
+    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(*shape, HIDDEN, device="cuda", generator=generator)
+    y = torch.randn(*shape, HIDDEN, device="cuda", generator=generator)
+    losses = []
+    for _ in range(steps):
+        loss = nn.functional.mse_loss(model(x).float(), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return accelerator, model, losses
+
+
+@gpu_ao
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_real_fp8_gemms_train_close_to_bf16(recipe):
+    from torchao.float8.float8_linear import Float8Linear
+
+    accelerator, model, fp8 = train("fp8", recipe=recipe)
+    layers = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    assert accelerator.fp8_backend == "ao" and len(layers) == 2 and not layers[0].config.emulate  # real FP8 GEMMs
+    _, _, bf16 = train("bf16")
+    assert fp8[-1] < fp8[0] and abs(fp8[-1] - bf16[-1]) / bf16[-1] < 0.05
+
+
+@gpu_ao
+@pytest.mark.parametrize("shape", [(3, 11), (1, 33), (5, 7)])
+def test_odd_token_counts_train_on_the_gpu(shape):
+    """torch._scaled_mm on CUDA refuses an inner dim (the token count, in the weight-gradient
+    GEMM) that is not a multiple of 16; lowbit pads by default."""
+    _, _, losses = train("fp8", shape=shape, steps=3)
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
+@gpu_ao
+def test_without_padding_the_gpu_refuses_what_the_cpu_check_refuses():
+    with pytest.raises(RuntimeError, match="divisible by 16"):
+        train("fp8", shape=(3, 11), steps=1, pad_inner_dim=False)
+
+
+@gpu_ao
+def test_save_state_load_state_and_save_model(tmp_path):
+    from safetensors.torch import load_file
+
+    accelerator, model, _ = train("fp8", steps=5)
+    accelerator.save_state(tmp_path / "state")
+    x = torch.randn(8, 64, HIDDEN, device="cuda")
+    with torch.no_grad():
+        before = model(x)
+    fresh_acc, fresh, _ = train("fp8", steps=0)
+    fresh_acc.load_state(tmp_path / "state")
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), before, rtol=0, atol=0)
+    plain = Block()
+    plain.load_state_dict(load_file(accelerator.save_model(model, tmp_path / "model")))
+
+
+DDP_SCRIPT = r'''
+import json, sys, torch
+from torch import nn
+from lowbit import Accelerator
+from lowbit.utils import AORecipeKwargs
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.Linear(256, 256))
+acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
+model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+x = torch.randn(3, 11, 256, device=acc.device)
+losses = []
+for _ in range(5):
+    loss = model(x).float().pow(2).mean()
+    acc.backward(loss); opt.step(); opt.zero_grad(); losses.append(loss.item())
+print(json.dumps({"strategy": acc.context.strategy, "losses": losses, "report": acc.fp8_report()}))
+'''
+
+
+@gpu_ao
+def test_ddp_on_one_gpu_under_lowbit_launch(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    proc = run_launch([sys.executable, "-m", "lowbit.cli.main", "launch", "--multi_gpu", "--num_processes", "1",
+                       "--mixed_precision", "fp8", str(script)], env=env, cwd=str(Path(__file__).parents[3]))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    import json
+
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["strategy"] == "ddp" and result["losses"][-1] < result["losses"][0], result
