@@ -19,6 +19,21 @@ def mlp(seed: int = 0, width: int = 64) -> nn.Module:
     )
 
 
+class TiedLM(nn.Module):
+    """A head tied to the embedding, as Llama's ``tie_word_embeddings`` and GPT-2's ``lm_head``."""
+
+    def __init__(self, vocab: int = 32, width: int = 16, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(vocab, width)
+        self.mid = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.mid(self.embed(ids))))
+
+
 def regression_data(n: int = 256, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 32, generator=g)
@@ -85,6 +100,22 @@ class HardwareDetector:
     @hookimpl(tryfirst=True)
     def detect_hardware(self, cpu):
         return self.hardware
+
+
+def train_on_gpu(model: nn.Module, precision: str, handlers: list, shape: tuple[int, ...], steps: int):
+    """Prepare ``model`` (moved to CUDA) with AdamW and train ``steps`` full-batch MSE steps on
+    fixed random data of ``shape`` (last dim: the model's width). Returns (accelerator, model, losses)."""
+    from lowbit import Accelerator
+    from lowbit.selftest import train_steps
+
+    model = model.cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers if precision == "fp8" else [])
+    model, optimizer = accelerator.prepare(model, optimizer)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(*shape, device="cuda", generator=generator)
+    y = torch.randn(*shape, device="cuda", generator=generator)
+    return accelerator, model, train_steps(accelerator, model, optimizer, x, y, steps)
 
 
 def needs_fp8_gpu_with(module: str, label: str):

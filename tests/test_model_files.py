@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import mlp
+from helpers import TiedLM, mlp
 from safetensors.torch import load_file
 from torch import nn
 
@@ -14,20 +14,6 @@ from lowbit import Accelerator
 from lowbit.errors import ConfigError
 from lowbit.model_files import parse_size
 
-
-class TiedLM(nn.Module):
-    """An embedding tied to the output layer, as in GPT-2."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(32, 16)
-        self.hidden = nn.Linear(16, 16)
-        self.head = nn.Linear(16, 32, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, ids):
-        return self.head(self.hidden(self.embed(ids)))
 
 
 def test_save_model_writes_the_files_accelerate_writes(tmp_path):

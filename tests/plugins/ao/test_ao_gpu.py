@@ -13,9 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import needs_fp8_gpu_with, run_launch
+from helpers import needs_fp8_gpu_with, run_launch, train_on_gpu
 
-from lowbit import Accelerator
 from lowbit.utils import AORecipeKwargs
 
 gpu_ao = needs_fp8_gpu_with("torchao.float8", "torchao")
@@ -34,22 +33,7 @@ class Block(nn.Module):
 
 def train(precision: str, shape=(8, 64), steps: int = 20, **recipe):
     torch.manual_seed(0)
-    model = Block().cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    handlers = [AORecipeKwargs(**recipe)] if precision == "fp8" else []
-    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(*shape, HIDDEN, device="cuda", generator=generator)
-    y = torch.randn(*shape, HIDDEN, device="cuda", generator=generator)
-    losses = []
-    for _ in range(steps):
-        loss = nn.functional.mse_loss(model(x).float(), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return accelerator, model, losses
+    return train_on_gpu(Block(), precision, [AORecipeKwargs(**recipe)], (*shape, HIDDEN), steps)
 
 
 @gpu_ao
@@ -99,7 +83,6 @@ def test_save_state_load_state_and_save_model(tmp_path):
 DDP_SCRIPT = r'''
 import json, sys, torch
 from torch import nn
-from lowbit import Accelerator
 from lowbit.utils import AORecipeKwargs
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.Linear(256, 256))

@@ -15,7 +15,7 @@ pytest.importorskip("lowbit_msamp")
 
 import torch  # noqa: E402
 import source_signatures  # noqa: E402
-from helpers import FakeBackend, HardwareDetector, install_entry_points, mlp, needs_fp8_gpu_with, regression_data  # noqa: E402
+from helpers import FakeBackend, HardwareDetector, TiedLM, install_entry_points, mlp, needs_fp8_gpu_with, regression_data  # noqa: E402
 from torch import nn  # noqa: E402
 
 import lowbit_msamp  # noqa: E402
@@ -245,16 +245,7 @@ def test_save_state_and_load_state_with_scaling_tensors(msamp, tmp_path, level):
 
 
 def test_a_linear_tied_to_an_embedding_stays_tied_and_high_precision(msamp):
-    class Tied(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed, self.mid, self.head = nn.Embedding(32, 16), nn.Linear(16, 16), nn.Linear(16, 32, bias=False)
-            self.head.weight = self.embed.weight
-
-        def forward(self, ids):
-            return self.head(self.mid(self.embed(ids)))
-
-    model = Tied()
+    model = TiedLM()
     prepared, _ = accelerator().prepare(model, torch.optim.AdamW(model.parameters()))
     assert type(prepared.head) is nn.Linear and prepared.head.weight is prepared.embed.weight
     assert isinstance(prepared.mid, standin_msamp.FP8Linear)

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file
 from torch import nn  # noqa: E402
 
-from helpers import HardwareDetector, needs_fp8_gpu_with  # noqa: E402
+from helpers import HardwareDetector, TiedLM, needs_fp8_gpu_with  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
@@ -237,24 +237,9 @@ def test_model_only_prepare_works(te):
     assert isinstance(te_accelerator().prepare(Net()).inp, standin_te.Linear)
 
 
-class Tied(nn.Module):
-    """A head tied to the embedding, as Llama's tie_word_embeddings and GPT-2's lm_head."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(64, 32)
-        self.mid = nn.Linear(32, 32)
-        self.head = nn.Linear(32, 64, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, ids):
-        return self.head(torch.relu(self.mid(self.embed(ids))))
-
-
 def test_tied_weights_stay_tied_and_train(te, tmp_path):
     acc = te_accelerator()
-    model = Tied()
+    model = TiedLM(vocab=64, width=32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = acc.prepare(model, optimizer)
     assert isinstance(model.head, standin_te.Linear) and model.head.weight is model.embed.weight

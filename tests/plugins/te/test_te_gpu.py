@@ -16,10 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import needs_fp8_gpu_with, run_launch
+from helpers import TiedLM, needs_fp8_gpu_with, run_launch, train_on_gpu
 
 from lowbit import Accelerator
-from lowbit.selftest import train_steps
 from lowbit.utils import TERecipeKwargs
 
 gpu_te = needs_fp8_gpu_with("transformer_engine.pytorch", "Transformer Engine")
@@ -46,15 +45,7 @@ class Block(nn.Module):
 
 def train(precision: str, steps: int = 20, **recipe):
     torch.manual_seed(0)
-    model = Block().cuda()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    handlers = [TERecipeKwargs(**recipe)] if precision == "fp8" else []
-    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(128, 256, device="cuda", generator=generator)
-    y = torch.randn(128, 256, device="cuda", generator=generator)
-    return accelerator, model, train_steps(accelerator, model, optimizer, x, y, steps)
+    return train_on_gpu(Block(), precision, [TERecipeKwargs(**recipe)], (128, 256), steps)
 
 
 def te_verdict(name: str) -> tuple[bool, str]:
@@ -161,20 +152,8 @@ def test_gpu_worker_is_valid_python():
 @gpu_te
 def test_odd_token_counts_and_a_tied_head_train_on_real_te():
     """33 tokens (TE's FP8 GEMM takes multiples of 8) are padded; a head tied to the embedding stays tied."""
-    class TiedLM(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(256, 256)
-            self.mid = nn.Linear(256, 256)
-            self.head = nn.Linear(256, 256, bias=False)
-            self.head.weight = self.embed.weight
-
-        def forward(self, ids):
-            return self.head(torch.relu(self.mid(self.embed(ids))))
-
-    torch.manual_seed(0)
     accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
-    model = TiedLM().cuda()
+    model = TiedLM(vocab=256, width=256).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     assert model.head.weight is model.embed.weight
