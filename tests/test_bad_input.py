@@ -106,8 +106,8 @@ def test_fp8_key_of_a_backend_that_is_not_installed_names_the_plugin():
 
 def test_plugin_only_keys_match_the_plugins_recipes():
     """The core's list of plugin-only fp8_config keys stays in step with the installed plugins."""
-    from lowbit.distributions import PLUGIN_ONLY_FP8_KEYS
-    from lowbit.recipes import DOCUMENTED_FP8_KEYS
+    from lowbit.accelerate_names import PLUGIN_ONLY_FP8_KEYS
+    from lowbit.accelerate_names import DOCUMENTED_FP8_KEYS
 
     for backend, module in (("ao", "lowbit_ao.recipe"), ("te", "lowbit_te.recipe")):
         recipe_module = pytest.importorskip(module)

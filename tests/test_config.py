@@ -104,7 +104,7 @@ def test_file_env_round_trip(tmp_path):
     original = LowbitConfig(
         mixed_precision="fp8", num_processes=2, use_cpu=True, gradient_accumulation_steps=2,
         fp8_config={"backend": "te", "amax_history_len": 16, "override_linear_precision": (True, False, False)},
-        deepspeed_config={"zero_stage": 2},
+        sections={"deepspeed_config": {"zero_stage": 2}},
     )
     path = write_config_file(original, tmp_path / "c.yaml")
     from_file = resolve_config(config_file=path, environ={})

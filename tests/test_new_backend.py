@@ -81,3 +81,49 @@ def test_the_stubs_are_valid_python_and_inactive(tmp_path, hook):
     exec(compile(module_text("okfp8"), "lowbit_okfp8", "exec"), namespace)  # noqa: S102 - our own template
     assert callable(namespace[hook])
     assert not hasattr(namespace["autocast_context"], "lowbit_impl")  # no @hookimpl: pluggy skips it
+
+
+def test_a_scaffolded_strategy_trains_as_generated_under_lowbit_launch(tmp_path, capsys):
+    """`--kind strategy`: installed through its entry point, its own test (the strategy kit: 2
+    processes under `lowbit launch --distributed_type NAME`, against one process) passes as written."""
+    assert main(["new-backend", "mystrat", "--kind", "strategy", "--dir", str(tmp_path)]) == 0
+    root = tmp_path / "lowbit-mystrat"
+    assert "trains as written" in capsys.readouterr().out
+    source = (root / "lowbit_mystrat" / "__init__.py").read_text()
+    for hook in ("save_checkpoint", "backward", "full_state_dict"):
+        assert f"def {hook}(" in source
+    install_in_place(root, tmp_path / "site")
+    result = run_its_test(root, tmp_path / "site")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "1 passed" in result.stdout
+
+
+def test_a_scaffolded_backend_with_its_own_precision_name_trains(tmp_path):
+    """`--precision fp4`: the backend declares "fp4", Accelerator(mixed_precision="fp4") reaches it,
+    and its conformance kit (which trains in the precision the backend declares) passes."""
+    assert main(["new-backend", "myfp4", "--precision", "fp4", "--dir", str(tmp_path)]) == 0
+    root = tmp_path / "lowbit-myfp4"
+    module = root / "lowbit_myfp4" / "__init__.py"
+    source = module.read_text()
+    assert "precisions=('fp4',)" in source
+    line = next(line for line in source.splitlines() if FILL_IN_MARKER in line)
+    module.write_text(source.replace(line, "    " + CONVERT))
+    install_in_place(root, tmp_path / "site")
+    result = run_its_test(root, tmp_path / "site")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    probe = ("from lowbit import Accelerator\nacc = Accelerator(mixed_precision='fp4')\n"
+             "print(acc.fp8_backend, acc.mixed_precision, acc.context.autocast_dtype)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(root)])
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=1500)
+    assert out.stdout.strip() == "myfp4 fp4 torch.bfloat16", out.stderr[-2000:]
+
+
+def test_a_precision_nobody_offers_is_an_error_with_the_nearest_name():
+    from lowbit import Accelerator
+    from lowbit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"mixed_precision 'fp9'.*Did you mean 'fp8'"):
+        Accelerator(mixed_precision="fp9")
+    with pytest.raises(ConfigError, match=r"fp32 is spelled 'no'"):
+        Accelerator(mixed_precision="fp32")

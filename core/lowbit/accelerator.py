@@ -24,9 +24,9 @@ from lowbit import operations
 from lowbit.data_loader import PreparedDataLoader, skip_first_batches
 from lowbit.handlers import (
     HANDLER_CLASSES,
+    settings_from_plugin_objects,
     DataLoaderConfiguration,
     DeepSpeedPlugin,
-    DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
@@ -37,16 +37,16 @@ from lowbit.handlers import (
 from lowbit.fp8_report import conversion_report
 from lowbit.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
 from lowbit.prepared import PreparedOptimizer, PreparedScheduler
-from lowbit.preparation import Preparation, context_or_null
+from lowbit.preparation import Preparation, context_or_null, unwrap
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
 from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState, RankFacts, init_process_group
 from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
 from lowbit.telemetry import FP8StatsTable, TelemetryRecorder
 from lowbit.tracking import GeneralTracker, build_trackers, start_trackers
 from lowbit.training_state import TrainingStateCheckpointer
-from lowbit.types import PrepareContext
-
-_STRATEGY_OF = {"NO": "ddp", "MULTI_CPU": "ddp", "MULTI_GPU": "ddp", "FSDP": "fsdp", "DEEPSPEED": "deepspeed"}
+from lowbit.accelerate_names import SINGLE_PROCESS_TYPES, reported_distributed_type
+from lowbit.config import check_plugin_names
+from lowbit.types import NATIVE_PRECISIONS, PrepareContext
 
 
 class Accelerator(RankFacts):
@@ -123,7 +123,10 @@ class Accelerator(RankFacts):
         for cand in self._registry.ranked("fp8"):
             if cand.description.options_class is not None:
                 fp8_specs.update(cand.description.options_class.option_specs())
-        self.config: LowbitConfig = resolve_config(explicit, fp8_specs=fp8_specs, file_layer=file_layer)
+        self.config: LowbitConfig = resolve_config(explicit, fp8_specs=fp8_specs, file_layer=file_layer,
+                                                   sections=tuple(self._registry.config_sections()))
+        check_plugin_names(self.config, self._registry.precision_names(), self._registry.distributed_type_names(),
+                           where="the settings (argument, env var or config file)")
         if self.config.gradient_accumulation_steps < 1:
             raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {self.config.gradient_accumulation_steps}.")
         _check_dynamo_backend(self.config.dynamo_backend)
@@ -189,7 +192,7 @@ class Accelerator(RankFacts):
             names = ", ".join(type(h).__name__ for h in recipe_handlers)
             raise ConfigError(f"Give one FP8 recipe handler, got {len(recipe_handlers)}: {names}.")
         handler = recipe_handlers[0] if recipe_handlers else None
-        if self.mixed_precision != "fp8":
+        if self.mixed_precision in NATIVE_PRECISIONS:
             if handler is not None:
                 warnings.warn(
                     f"{type(handler).__name__} is ignored: mixed_precision is {self.mixed_precision!r}, not 'fp8'.",
@@ -199,7 +202,7 @@ class Accelerator(RankFacts):
 
         requested, source = self._requested_fp8_backend(handler)
         try:
-            self._fp8 = choose_backend(self._registry, "fp8", requested, source)
+            self._fp8 = choose_backend(self._registry, "fp8", requested, source, precision=self.mixed_precision)
         except BackendUnavailableError as exc:
             fallback = self.config.fp8_fallback
             if not fallback:
@@ -246,19 +249,26 @@ class Accelerator(RankFacts):
         return options
 
     def _choose_strategy(self) -> Selection | None:
+        """The strategy that ``distributed_type`` names, by the strategies' own descriptions."""
         dtype = self.config.distributed_type
-        if self.num_processes == 1 and dtype in ("NO", "MULTI_CPU", "MULTI_GPU"):
+        if self.num_processes == 1 and dtype.upper() in SINGLE_PROCESS_TYPES:
             return None
-        return choose_backend(self._registry, "distributed", _STRATEGY_OF[dtype], f"distributed_type={dtype}")
+        found = self._registry.strategy_for(dtype)
+        return choose_backend(self._registry, "distributed", found.name if found else dtype, f"distributed_type={dtype}")
 
     def _strategy_options(self) -> dict[str, Any]:
+        """The chosen strategy's config section, plus the options of the kwargs handler it takes."""
         if self._strategy is None:
             return {}
-        ddp = self.handlers[DistributedDataParallelKwargs].ddp_kwargs() if DistributedDataParallelKwargs in self.handlers else {}
-        return {"fsdp": self.config.fsdp_config, "deepspeed": self.config.deepspeed_config, "ddp": ddp}.get(self._strategy.name, {})
+        traits = self._strategy.chosen.description.traits
+        options = dict(self.config.section(traits.config_section))
+        handler = next((h for h in self.handlers.values() if type(h).__name__ == traits.kwargs_handler), None)
+        if traits.kwargs_handler and handler is not None:
+            options.update(handler.to_strategy_options())
+        return options
 
     def _strategy_owns_precision(self) -> bool:
-        return self._strategy is not None and self._strategy.name == "deepspeed"
+        return self._strategy is not None and self._strategy.chosen.description.traits.owns_precision
 
     def _init_distributed(self) -> None:
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -308,15 +318,13 @@ class Accelerator(RankFacts):
             torch.distributed.barrier()
 
     @property
-    def distributed_type(self) -> DistributedType:
-        if self.num_processes == 1 and self._strategy is None:
-            return DistributedType.NO
-        strategy = self.context.strategy
-        if strategy == "fsdp":
-            return DistributedType.FSDP
-        if strategy == "deepspeed":
-            return DistributedType.DEEPSPEED
-        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+    def distributed_type(self) -> DistributedType | str:
+        """Accelerate's name for how work is spread: what the chosen strategy reports itself as
+        (an Accelerate ``DistributedType``, or the strategy's own name when it stands for none)."""
+        if self._strategy is None:
+            return DistributedType.NO if self.num_processes == 1 else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
+        reported = reported_distributed_type(self._strategy.chosen.description.traits.reports_as, self.device.type)
+        return DistributedType(reported) if reported in DistributedType.__members__ else reported
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -672,19 +680,6 @@ def detached_copy(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-    if not keep_fp32_wrapper and hasattr(model, "_lowbit_original_forward"):
-        model.forward = model._lowbit_original_forward
-        del model._lowbit_original_forward
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel) or type(model).__name__ == "DeepSpeedEngine":
-            model = model.module
-        else:
-            return model
-
-
 def _leaves(data: Any) -> Iterator[Any]:
     if isinstance(data, dict):
         for value in data.values():
@@ -714,27 +709,6 @@ def slow_precision_reason(mixed_precision: str, device: torch.device) -> str | N
         return (f"This CPU has no native bf16 (no AVX512-BF16 or AMX; torch reports {torch.backends.cpu.get_cpu_capability()}), "
                 f"so {mixed_precision}{inside} runs much slower than fp32 here; numerics are unaffected.")
     return None
-
-
-def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, dynamo: Any, explicit: dict[str, Any]) -> dict[str, Any]:
-    """Accelerate's plugin objects as lowbit settings (explicit arguments, so they win over files)."""
-    out: dict[str, Any] = {}
-    if accumulation is not None and accumulation.num_steps is not None:
-        if explicit.get("gradient_accumulation_steps") not in (None, accumulation.num_steps):
-            raise ConfigError("Give gradient_accumulation_steps or gradient_accumulation_plugin.num_steps, not both.")
-        out["gradient_accumulation_steps"] = accumulation.num_steps
-    if fsdp is not None and deepspeed is not None:
-        raise ConfigError("Give fsdp_plugin or deepspeed_plugin, not both: a model is sharded by one strategy.")
-    if fsdp is not None:
-        out.update(distributed_type="FSDP", fsdp_config=fsdp.to_fsdp_config())
-    if deepspeed is not None:
-        out.update(distributed_type="DEEPSPEED", deepspeed_config=deepspeed.to_deepspeed_config())
-        if deepspeed.gradient_accumulation_steps is not None:
-            out["gradient_accumulation_steps"] = deepspeed.gradient_accumulation_steps
-    if dynamo is not None and dynamo.backend is not None and not dynamo.disable:
-        out["dynamo_backend"] = str(getattr(dynamo.backend, "value", dynamo.backend)).lower()
-        out.update(dynamo_mode=dynamo.mode, dynamo_use_fullgraph=dynamo.fullgraph, dynamo_use_dynamic=dynamo.dynamic)
-    return out
 
 
 def _check_dynamo_backend(backend: str | None) -> None:

@@ -16,15 +16,17 @@ from typing import Any, Mapping
 import yaml
 
 from lowbit.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
-from lowbit.distributions import PLUGIN_ONLY_FP8_KEYS, install_command
+from lowbit.accelerate_names import DOCUMENTED_FP8_KEYS, FIRST_PARTY_SECTIONS, PLUGIN_ONLY_FP8_KEYS, SINGLE_PROCESS_TYPES, install_command
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.options import OptionSpec, to_text
-from lowbit.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
+from lowbit.recipes import OPTION_SYNONYMS, fp8_env_var
+from lowbit.types import NATIVE_PRECISIONS
 
 CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
-MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
-DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED")
-SECTIONS = ("fp8_config", "fsdp_config", "deepspeed_config")
+FP8_SECTION = "fp8_config"
+# Strategy sections (``fsdp_config``, ...) are named by the strategies themselves
+# (StrategyTraits.config_section); before the plugins are known, any ``*_config`` mapping passes.
+SECTION_SUFFIX = "_config"
 MAX_CONFIG_BYTES = 1 << 20
 # LOWBIT_* variables read outside this module (plugin manager, launcher).
 OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL"})
@@ -38,8 +40,8 @@ def _spec(name: str, kind: Any, default: Any = None, choices: tuple[str, ...] | 
 TOP_LEVEL: dict[str, OptionSpec] = {
     s.name: s
     for s in (
-        _spec("mixed_precision", str, "no", MIXED_PRECISIONS, "no, fp16, bf16 or fp8"),
-        _spec("distributed_type", str, "NO", DISTRIBUTED_TYPES, "NO, MULTI_CPU, MULTI_GPU, FSDP or DEEPSPEED"),
+        _spec("mixed_precision", str, "no", None, "no, fp16, bf16, or a low-precision backend's (fp8, ...)"),
+        _spec("distributed_type", str, "NO", None, "NO, MULTI_CPU, MULTI_GPU, or the name of a strategy (`lowbit plugins`)"),
         _spec("num_processes", int, 1, help="processes in all, across every machine (as in Accelerate)"),
         _spec("num_machines", int, 1, help="machines (nodes) in the job"),
         _spec("machine_rank", int, 0, help="rank of this machine, 0 for the main one"),
@@ -73,11 +75,21 @@ class LowbitConfig:
     fp8_fallback: str | None = None
     debug: bool = False
     fp8_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    fsdp_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    deepspeed_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The strategies' sections, by their YAML key ("fsdp_config": {...}); ``config.fsdp_config``
+    # reads one (empty when absent).
+    sections: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.endswith(SECTION_SUFFIX) and not name.startswith("_"):
+            return self.__dict__.get("sections", {}).get(name, {})
+        raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+
+    def section(self, name: str) -> dict[str, Any]:
+        return self.sections.get(name, {}) if name else {}
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data.update(data.pop("sections"))
         return {k: v for k, v in data.items() if v is not None and v != {}}
 
 
@@ -122,6 +134,24 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     return translate_config_file(data, where=f"Config file {str(path)!r}")
 
 
+def is_section(key: str, sections: tuple[str, ...] | None) -> bool:
+    """Whether ``key`` is a config section: fp8_config, or a strategy's (any ``*_config`` while the
+    installed strategies are not known yet)."""
+    if key == FP8_SECTION:
+        return True
+    return key in sections if sections is not None else key.endswith(SECTION_SUFFIX)
+
+
+def _unknown_key_error(key: str, where: str, sections: tuple[str, ...] | None, fp8_keys: Mapping[str, Any]) -> ConfigError:
+    owner = FIRST_PARTY_SECTIONS.get(key)
+    if owner and sections is not None:
+        return ConfigError(f"{key} in {where} is the section of the {owner!r} strategy, whose plugin is not installed here. "
+                           f"Install it: {install_command(owner)}.")
+    inside = " It belongs inside fp8_config." if key in fp8_keys else ""
+    known = list(TOP_LEVEL) + [FP8_SECTION] + list(sections or ())
+    return ConfigError(f"Unknown key {key!r} in {where}.{did_you_mean(key, known)}{inside}")
+
+
 def _section_error(section: str, key: str, valid: Mapping[str, Any]) -> ConfigError:
     owners = PLUGIN_ONLY_FP8_KEYS.get(key, ()) if section == "fp8_config" else ()
     if owners:
@@ -137,33 +167,52 @@ def _section_error(section: str, key: str, valid: Mapping[str, Any]) -> ConfigEr
 
 
 def validate_config(
-    raw: Mapping[str, Any], fp8_specs: Mapping[str, OptionSpec] | None = None, where: str = "config", *, check_fp8_keys: bool = True
+    raw: Mapping[str, Any], fp8_specs: Mapping[str, OptionSpec] | None = None, where: str = "config", *,
+    check_fp8_keys: bool = True, sections: tuple[str, ...] | None = None,
 ) -> LowbitConfig:
     """Check every key and type; unknown or misplaced keys get a 'did you mean' error.
 
     ``fp8_specs`` adds the installed plugins' fp8_config keys to the documented ones.
     ``check_fp8_keys=False`` skips fp8_config (used before the plugins are known).
+    ``sections``: the installed strategies' sections; None accepts any ``*_config`` mapping.
     """
     fp8_specs = dict(DOCUMENTED_FP8_KEYS, **(fp8_specs or {}))
     values: dict[str, Any] = {}
+    strategy_sections: dict[str, dict[str, Any]] = {}
     for key, value in raw.items():
-        if key in SECTIONS:
+        if is_section(key, sections):
             if value is None:
                 continue
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} in {where} must be a mapping (a YAML section), got {value!r}.")
-            if key == "fp8_config" and check_fp8_keys:
+            if key != FP8_SECTION:
+                strategy_sections[key] = dict(value)
+            elif check_fp8_keys:
                 values[key] = _validate_section(key, value, fp8_specs, where)
             else:
                 values[key] = dict(value)
             continue
         if key not in TOP_LEVEL:
-            inside = " It belongs inside fp8_config." if key in fp8_specs else ""
-            raise ConfigError(
-                f"Unknown key {key!r} in {where}.{did_you_mean(key, list(TOP_LEVEL) + list(SECTIONS))}{inside}"
-            )
+            raise _unknown_key_error(key, where, sections, fp8_specs)
         values[key] = TOP_LEVEL[key].parse(value, where=where)
-    return LowbitConfig(**values)
+    return LowbitConfig(**values, sections=strategy_sections)
+
+
+def check_plugin_names(config: LowbitConfig, precisions: list[str], distributed_types: list[str], where: str) -> None:
+    """``mixed_precision`` and ``distributed_type``, which plugins define, against the installed ones
+    (plus the names of Accelerate's that lowbit's first-party plugins serve, so that a missing one
+    gets its install command when it is chosen rather than 'unknown')."""
+    known_precisions = sorted(NATIVE_PRECISIONS) + [p for p in [*precisions, "fp8"] if p not in NATIVE_PRECISIONS]
+    if config.mixed_precision not in known_precisions:
+        hint = " fp32 is spelled 'no'." if config.mixed_precision.lower() in ("fp32", "float32", "32") else ""
+        raise ConfigError(f"mixed_precision {config.mixed_precision!r} (from {where}) is not a precision lowbit or an "
+                          f"installed backend offers.{did_you_mean(config.mixed_precision, known_precisions)}{hint} "
+                          f"Known here: {', '.join(dict.fromkeys(known_precisions))}.")
+    known_types = list(dict.fromkeys([*SINGLE_PROCESS_TYPES, *distributed_types, *FIRST_PARTY_SECTIONS.values()]))
+    if config.distributed_type.upper() not in {t.upper() for t in known_types}:
+        raise ConfigError(f"distributed_type {config.distributed_type!r} (from {where}) names no installed strategy."
+                          f"{did_you_mean(config.distributed_type, known_types)} Known here: {', '.join(known_types)} "
+                          "(`lowbit plugins` lists the strategies).")
 
 
 def _validate_section(section: str, data: Mapping[str, Any], specs: Mapping[str, OptionSpec], where: str) -> dict[str, Any]:
@@ -189,14 +238,19 @@ def config_from_env(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSp
             fp8[key] = environ[env]
     if fp8:
         raw["fp8_config"] = fp8
-    for section in ("fsdp_config", "deepspeed_config"):
-        env = "LOWBIT_" + section.upper()
-        if environ.get(env):
+    for env, value in environ.items():
+        if env.startswith("LOWBIT_") and env.endswith(SECTION_SUFFIX.upper()) and env != fp8_env_var("config") and value:
+            section = env[len("LOWBIT_"):].lower()
             try:
-                raw[section] = json.loads(environ[env])
+                raw[section] = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"Env var {env} must hold JSON: {exc}.") from None
     return raw
+
+
+def section_env_var(section: str) -> str:
+    """``fsdp_config`` -> ``LOWBIT_FSDP_CONFIG`` (its content as JSON)."""
+    return "LOWBIT_" + section.upper()
 
 
 def config_to_env(config: LowbitConfig) -> dict[str, str]:
@@ -209,9 +263,9 @@ def config_to_env(config: LowbitConfig) -> dict[str, str]:
     for key, value in config.fp8_config.items():
         if value is not None:
             env[fp8_env_var(key)] = to_text(value)
-    for section in ("fsdp_config", "deepspeed_config"):
-        if getattr(config, section):
-            env["LOWBIT_" + section.upper()] = json.dumps(getattr(config, section))
+    for section, content in config.sections.items():
+        if content:
+            env[section_env_var(section)] = json.dumps(content)
     return env
 
 
@@ -220,7 +274,7 @@ def merge_raw(*layers: Mapping[str, Any]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
-            if key in SECTIONS and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            if key.endswith(SECTION_SUFFIX) and isinstance(value, dict) and isinstance(merged.get(key), dict):
                 merged[key] = {**merged[key], **value}
             else:
                 merged[key] = value
@@ -235,12 +289,13 @@ def read_config_layer(config_file: str | os.PathLike | None) -> tuple[dict[str, 
     return (read_config_file(path) if path.exists() else {}), str(path)
 
 
-def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSpec] | None = None) -> None:
+def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSpec] | None = None,
+                          sections: tuple[str, ...] | None = None) -> None:
     """A LOWBIT_* variable lowbit does not read is most likely a typo: say so, once per name."""
     import warnings
 
     known = {spec.env for spec in TOP_LEVEL.values()} | set(OTHER_ENV_VARS)
-    known |= {"LOWBIT_" + section.upper() for section in SECTIONS if section != "fp8_config"}
+    known |= {section_env_var(section) for section in sections or ()}
     fp8_keys = set(DOCUMENTED_FP8_KEYS) | set(fp8_specs or {}) | set(PLUGIN_ONLY_FP8_KEYS)
     known |= {fp8_env_var(key) for key in fp8_keys}
     for name in sorted(environ):
@@ -258,17 +313,19 @@ def resolve_config(
     *,
     check_fp8_keys: bool = True,
     file_layer: tuple[dict[str, Any], str] | None = None,
+    sections: tuple[str, ...] | None = None,
 ) -> LowbitConfig:
     """Merge default < config file < ACCELERATE_* env vars < LOWBIT_* env vars < explicit arguments,
     then validate. (``accelerate launch`` exports its config file as ACCELERATE_* variables.)
 
-    ``file_layer`` is the config file already read by :func:`read_config_layer` (read it once)."""
+    ``file_layer`` is the config file already read by :func:`read_config_layer` (read it once).
+    ``sections``: the installed strategies' config sections (None: not known yet)."""
     environ = os.environ if environ is None else environ
     file_raw, where = file_layer if file_layer is not None else read_config_layer(config_file)
     if check_fp8_keys:
-        warn_unknown_env_vars(environ, fp8_specs)
+        warn_unknown_env_vars(environ, fp8_specs, sections)
     # Validate each layer on its own so that errors name their source.
-    check = dict(check_fp8_keys=check_fp8_keys)
+    check = dict(check_fp8_keys=check_fp8_keys, sections=sections)
     validate_config(file_raw, fp8_specs, where=where, **check)
     accelerate_raw = settings_from_accelerate_env(environ)
     validate_config(accelerate_raw, fp8_specs, where=ACCELERATE_ENV, **check)

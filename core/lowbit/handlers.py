@@ -151,7 +151,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
     comm_state_option: dict = dataclasses.field(default_factory=dict)
 
-    def ddp_kwargs(self) -> dict[str, Any]:
+    def to_strategy_options(self) -> dict[str, Any]:
         """DDP's constructor arguments, plus the comm hook settings (by value) for the DDP strategy."""
         kwargs = self.to_kwargs()
         for key in ("comm_hook", "comm_wrapper"):
@@ -202,3 +202,24 @@ class ProfileKwargs(KwargsHandler):
 
 
 HANDLER_CLASSES = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs, ProfileKwargs)
+
+
+def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, dynamo: Any, explicit: dict[str, Any]) -> dict[str, Any]:
+    """Accelerate's plugin objects as lowbit settings (explicit arguments, so they win over files)."""
+    out: dict[str, Any] = {}
+    if accumulation is not None and accumulation.num_steps is not None:
+        if explicit.get("gradient_accumulation_steps") not in (None, accumulation.num_steps):
+            raise ConfigError("Give gradient_accumulation_steps or gradient_accumulation_plugin.num_steps, not both.")
+        out["gradient_accumulation_steps"] = accumulation.num_steps
+    if fsdp is not None and deepspeed is not None:
+        raise ConfigError("Give fsdp_plugin or deepspeed_plugin, not both: a model is sharded by one strategy.")
+    if fsdp is not None:
+        out.update(distributed_type="FSDP", fsdp_config=fsdp.to_fsdp_config())
+    if deepspeed is not None:
+        out.update(distributed_type="DEEPSPEED", deepspeed_config=deepspeed.to_deepspeed_config())
+        if deepspeed.gradient_accumulation_steps is not None:
+            out["gradient_accumulation_steps"] = deepspeed.gradient_accumulation_steps
+    if dynamo is not None and dynamo.backend is not None and not dynamo.disable:
+        out["dynamo_backend"] = str(getattr(dynamo.backend, "value", dynamo.backend)).lower()
+        out.update(dynamo_mode=dynamo.mode, dynamo_use_fullgraph=dynamo.fullgraph, dynamo_use_dynamic=dynamo.dynamic)
+    return out

@@ -15,17 +15,11 @@ from typing import Any, Callable, Iterable
 
 import pluggy
 
-from lowbit import hookspecs
+from lowbit import builtin, hookspecs
 from lowbit.errors import ConfigError, PluginError
 
 ENTRY_POINT_GROUP = "lowbit"
-BUILTIN_PLUGINS = (
-    "lowbit.builtin.hardware",
-    "lowbit.builtin.native_amp",
-    "lowbit.builtin.ddp",
-    "lowbit.builtin.fsdp",
-    "lowbit.builtin.trackers",
-)
+BUILTIN_PLUGINS = builtin.MODULES
 # Comma-separated entry-point names to load; set but empty loads only the built-ins.
 PLUGINS_ENV = "LOWBIT_PLUGINS"
 # "1" turns a broken plugin into an error instead of a report line.

@@ -136,6 +136,8 @@ class Preparation:
         new_model, new_optimizer = wrapped if wrapped is not None else (model, optimizer)
         if new_optimizer is optimizer and optimizer is not None:
             _remap_optimizer_params(optimizer, names, new_model)  # FSDP2 swaps in DTensor parameters
+        if new_model is not model and new_model is not None:
+            mark_wrapper(new_model, model)
         return new_model, new_optimizer
 
     def autocast_callers(self) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
@@ -242,6 +244,32 @@ def _outputs_to_fp32(output: Any) -> Any:
     if isinstance(output, (list, tuple)) and not hasattr(output, "_fields"):
         return type(output)(_outputs_to_fp32(v) for v in output)
     return output
+
+
+WRAPPED_MODEL = "_lowbit_wrapped_model"
+
+
+def mark_wrapper(wrapper: torch.nn.Module, model: torch.nn.Module) -> None:
+    """Remember which model a strategy's wrapper holds (DDP, DeepSpeed's engine, a third party's),
+    so ``unwrap_model`` finds it without knowing the wrapper's class. Kept out of ``_modules``
+    (no second copy of the weights in the state dict)."""
+    wrapper.__dict__[WRAPPED_MODEL] = model
+
+
+def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+    """The model without distributed/compile wrappers (and without the autocast forward if asked)."""
+    if not keep_fp32_wrapper and hasattr(model, "_lowbit_original_forward"):
+        model.forward = model._lowbit_original_forward
+        del model._lowbit_original_forward
+    while True:
+        if hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        elif WRAPPED_MODEL in model.__dict__:
+            model = model.__dict__[WRAPPED_MODEL]
+        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):  # wrapped by the user, not by lowbit
+            model = model.module
+        else:
+            return model
 
 
 def _parameter_names(model: torch.nn.Module) -> dict[int, str]:

@@ -127,24 +127,6 @@ class FP8RecipeKwargs:
         return recipe_class(**self.options)
 
 
-# The fp8_config keys Accelerate documents, so that a config file written for any backend is
-# checked even when that backend's plugin is not installed here. Plugins add their own keys.
-DOCUMENTED_FP8_KEYS: dict[str, OptionSpec] = {
-    spec.name: spec
-    for spec in (
-        OptionSpec("backend", str, help="fp8 backend: msamp, te, ao, or a third-party name"),
-        OptionSpec("opt_level", str, help="MS-AMP optimization level, O1 or O2 (letter O)"),
-        OptionSpec("amax_history_len", int, help="TE: length of the amax history window"),
-        OptionSpec("amax_compute_algo", str, help="TE: max or most_recent"),
-        OptionSpec("fp8_format", str, help="TE: HYBRID, E4M3 or E5M2"),
-        OptionSpec("interval", int, help="TE: steps between scaling-factor updates"),
-        OptionSpec("margin", int, help="TE: margin for the scaling factor"),
-        OptionSpec("override_linear_precision", "bools3", help="TE: keep (fprop, dgrad, wgrad) in high precision"),
-        OptionSpec("use_autocast_during_eval", bool, help="TE: keep FP8 autocast on in eval mode"),
-    )
-}
-
-
 def recipe_flag(name: str) -> str:
     """``fp8_format`` -> ``--fp8_format``, ``recipe`` -> ``--fp8_recipe``."""
     return "--" + (name if name.startswith("fp8_") else f"fp8_{name}")

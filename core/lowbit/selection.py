@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lowbit.distributions import FIRST_PARTY, install_command
+from lowbit.accelerate_names import FIRST_PARTY, first_party, fp8_install_hint, install_command
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
 from lowbit.plugins import BrokenPlugin, LowbitPluginManager
-from lowbit.types import BackendDescription, HardwareInfo, normalize_name
+from lowbit.types import NATIVE_PRECISIONS, BackendDescription, HardwareInfo, StrategyTraits, normalize_name
 
 
 @dataclass
@@ -63,6 +63,19 @@ class BackendRegistry:
                     self.manager.record_broken(self.manager.get_name(cand.plugin) or cand.name, cand.description.distribution, message)
                     self.candidates.remove(cand)
 
+    @classmethod
+    def for_names(cls, manager: LowbitPluginManager | None = None) -> "BackendRegistry":
+        """The installed plugins' descriptions, for the names they answer to (precisions,
+        distributed types, sections, launch switches), without detecting hardware or importing
+        torch: availability in it means nothing."""
+        from lowbit.plugins import make_plugin_manager
+
+        return cls(manager or make_plugin_manager(), HardwareInfo("cpu", "CPU"))
+
+    def launch_switches(self) -> dict[str, str]:
+        """``lowbit launch --<flag>`` switches the strategies declare -> the strategy's name."""
+        return {c.description.traits.launch_flag: c.name for c in self.ranked("distributed") if c.description.traits.launch_flag}
+
     @property
     def broken(self) -> list[BrokenPlugin]:
         return self.manager.broken
@@ -73,6 +86,30 @@ class BackendRegistry:
 
     def find(self, kind: str, requested: str) -> Candidate | None:
         return next((c for c in self.ranked(kind) if c.matches(requested)), None)
+
+    def strategy_for(self, distributed_type: str) -> Candidate | None:
+        """The strategy a ``distributed_type`` value names: by name or alias, else by the types it
+        declares it stands for (``StrategyTraits.distributed_types``), highest priority first."""
+        wanted = normalize_name(distributed_type)
+        ranked = self.ranked("distributed")
+        return self.find("distributed", distributed_type) or next(
+            (c for c in ranked if wanted in {normalize_name(t) for t in c.description.traits.distributed_types}), None)
+
+    def distributed_type_names(self) -> list[str]:
+        """Every distributed_type value some installed strategy answers to."""
+        names: list[str] = []
+        for cand in self.ranked("distributed"):
+            names += [*cand.description.traits.distributed_types, cand.name]
+        return list(dict.fromkeys(names))
+
+    def precision_names(self) -> list[str]:
+        """The mixed_precision names the installed low-precision backends serve ("fp8", "fp4", ...)."""
+        return list(dict.fromkeys(p for c in self.ranked("fp8") for p in c.description.serves))
+
+    def config_sections(self) -> list[str]:
+        """The YAML sections the installed strategies read (``fsdp_config``, ...)."""
+        return list(dict.fromkeys(c.description.traits.config_section for c in self.ranked("distributed")
+                                  if c.description.traits.config_section))
 
 
 def _contract_problem(description: BackendDescription) -> str:
@@ -86,6 +123,12 @@ def _contract_problem(description: BackendDescription) -> str:
         return f"reason must be a string, got {type(description.reason).__name__}"
     if not description.available and not description.reason:
         return "an unavailable backend must say why (reason is empty)"
+    if description.strategy is not None and not isinstance(description.strategy, StrategyTraits):
+        return f"strategy must be a lowbit.types.StrategyTraits, got {type(description.strategy).__name__}"
+    if not isinstance(description.precisions, tuple) or not all(isinstance(p, str) and p for p in description.precisions):
+        return f"precisions must be a tuple of names, got {description.precisions!r}"
+    if set(description.precisions) & NATIVE_PRECISIONS:
+        return f"precisions may not claim the native ones ({', '.join(sorted(NATIVE_PRECISIONS))}), got {description.precisions!r}"
     return ""
 
 
@@ -139,30 +182,32 @@ def _installed_summary(ranked: list[Candidate]) -> str:
 
 
 def _install_hint(kind: str) -> str:
-    if kind != "fp8":
-        return ""
-    return (
-        f" Install one: {install_command('ao')} (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
-        f" {install_command('te')} (Transformer Engine; sm_89+ GPU) or {install_command('msamp')} (MS-AMP; sm_89+ GPU)."
-    )
+    return fp8_install_hint() if kind == "fp8" else ""
 
 
-def choose_backend(registry: BackendRegistry, kind: str, requested: str | None = None, source: str = "ranking") -> Selection:
-    """Pick the backend of ``kind``: the requested one, or the best available one.
+def choose_backend(registry: BackendRegistry, kind: str, requested: str | None = None, source: str = "ranking",
+                   precision: str | None = None) -> Selection:
+    """Pick the backend of ``kind``: the requested one, or the best available one; for a
+    low-precision ``precision`` ("fp8", "fp4", ...), among the backends that serve it.
 
     Raises BackendNotFoundError for a name nobody provides and BackendUnavailableError for a
     backend that cannot run here (or when nothing can), naming hardware and installed backends.
     """
-    ranked = registry.ranked(kind)
+    ranked = [c for c in registry.ranked(kind) if precision is None or precision in c.description.serves]
+    if precision is not None and requested and registry.find(kind, requested) not in (None, *ranked):
+        other = registry.find(kind, requested)
+        raise BackendUnavailableError(
+            f"{kind} backend {other.name!r} (from {source}) does not train in {precision!r}; it offers "
+            f"{', '.join(other.description.serves)}. Backends for {precision!r}: {_installed_summary(ranked)}.")
     hardware = registry.hardware
     if requested and normalize_name(requested) in registry.conflicts:
         raise BackendUnavailableError(f"{kind} backend {requested!r} (from {source}) cannot be used: "
                                       f"{registry.conflicts[normalize_name(requested)]}.")
     if requested:
-        cand = registry.find(kind, requested)
+        cand = next((c for c in ranked if c.matches(requested)), None)
         if cand is None:
             wanted = normalize_name(requested)
-            known = next((n for n in FIRST_PARTY if normalize_name(n) == wanted), None)
+            known = first_party(requested)
             if known and any(normalize_name(b.name) == wanted for b in registry.broken):
                 broken = next(b for b in registry.broken if normalize_name(b.name) == wanted)
                 raise BackendUnavailableError(f"{kind} backend {requested!r} is installed but broken: {broken.error}")
@@ -171,7 +216,7 @@ def choose_backend(registry: BackendRegistry, kind: str, requested: str | None =
                     f"{kind} backend {requested!r} (from {source}) is not installed: {install_command(known)}. "
                     f"Detected hardware: {hardware.describe()}. Installed {kind} backends: {_installed_summary(ranked)}."
                 )
-            names = [c.name for c in ranked] + [n for n in FIRST_PARTY if n != "deepspeed" or kind == "distributed"]
+            names = [c.name for c in ranked] + list(FIRST_PARTY)
             raise BackendNotFoundError(
                 f"Unknown {kind} backend {requested!r} (from {source}).{did_you_mean(requested, names)} "
                 f"Installed {kind} backends: {_installed_summary(ranked)}."

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
-import enum
 import functools
 import os
 import sys
@@ -18,30 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
+from lowbit.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
+
 if TYPE_CHECKING:
     from lowbit.accelerator import Accelerator
 
 # How long a rank that finished normally waits at exit for the others before leaving anyway.
 EXIT_BARRIER_TIMEOUT = datetime.timedelta(seconds=120)
-
-
-class DistributedType(str, enum.Enum):
-    """How the work is spread over processes; compares equal to its string value."""
-
-    NO = "NO"
-    MULTI_CPU = "MULTI_CPU"
-    MULTI_GPU = "MULTI_GPU"
-    MULTI_NPU = "MULTI_NPU"
-    MULTI_MLU = "MULTI_MLU"
-    MULTI_SDAA = "MULTI_SDAA"
-    MULTI_MUSA = "MULTI_MUSA"
-    MULTI_XPU = "MULTI_XPU"
-    MULTI_HPU = "MULTI_HPU"
-    MULTI_NEURON = "MULTI_NEURON"
-    DEEPSPEED = "DEEPSPEED"
-    FSDP = "FSDP"
-    XLA = "XLA"
-    MEGATRON_LM = "MEGATRON_LM"
 
 
 # ---------------------------------------------------------------------- the process group

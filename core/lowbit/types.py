@@ -8,6 +8,9 @@ if TYPE_CHECKING:
     import torch
 
 BackendKind = Literal["fp8", "precision", "distributed"]
+# mixed_precision values torch's autocast serves (the built-in precision plugin); every other
+# name ("fp8", "fp4", ...) is served by a low-precision backend that declares it.
+NATIVE_PRECISIONS = frozenset({"no", "fp16", "bf16"})
 
 # FP8 tensor-core GEMMs exist from Ada (sm_89) on; MXFP8 from Blackwell (sm_100) on.
 FP8_MIN_CAPABILITY = (8, 9)
@@ -48,6 +51,34 @@ class HardwareInfo:
         return "CPU" if self.device_type == "cpu" else self.device_name
 
 
+@dataclass(frozen=True)
+class StrategyTraits:
+    """What a distributed strategy says about itself, so the core never needs its name.
+
+    ``distributed_types``: the ``distributed_type`` values (config file, ``LOWBIT_DISTRIBUTED_TYPE``,
+    ``lowbit launch --distributed_type``) that choose it, besides its own name and aliases;
+    Accelerate's names where it stands for one of them ("FSDP", "DEEPSPEED", "MULTI_GPU").
+    ``reports_as``: the Accelerate ``DistributedType`` that ``accelerator.distributed_type``
+    answers with (a data-parallel strategy: "MULTI_GPU", read as "MULTI_CPU" on a CPU).
+    ``config_section``: its YAML section (and ``LOWBIT_<SECTION>`` JSON env var), e.g.
+    "fsdp_config"; its content reaches the strategy as ``context.strategy_options``.
+    ``kwargs_handler``: the class name of a ``kwargs_handlers`` object whose options it takes too
+    (its ``to_strategy_options()``), e.g. "DistributedDataParallelKwargs".
+    ``owns_precision``: it applies fp16/bf16 itself (DeepSpeed): lowbit adds no GradScaler.
+    ``launch_flag``: a ``lowbit launch --<flag>`` switch that chooses it, e.g. "use_fsdp".
+    ``checkpoint``: "lowbit" when ``save_state`` writes model and optimizer files itself, "own"
+    when the strategy's ``save_checkpoint`` hook writes them (shown by ``lowbit plugins``).
+    """
+
+    distributed_types: tuple[str, ...] = ()
+    reports_as: str = "MULTI_GPU"
+    config_section: str = ""
+    kwargs_handler: str = ""
+    owns_precision: bool = False
+    launch_flag: str = ""
+    checkpoint: str = "lowbit"
+
+
 @dataclass
 class BackendDescription:
     """What a plugin says about the backend it offers (the `describe_backend` hook).
@@ -59,6 +90,8 @@ class BackendDescription:
     `weight_storage` names the torch dtype the backend keeps weights in when it is lower than the
     model's own (MS-AMP: "float8_e4m3fn"); empty when weights keep their values, as they should.
     The conformance kit then allows that format's rounding instead of requiring bit equality.
+    `precisions` (kind "fp8"): the ``mixed_precision`` names it trains in, e.g. ("fp8",) or
+    ("fp4",); `strategy` (kind "distributed"): its :class:`StrategyTraits`.
     """
 
     name: str
@@ -69,9 +102,25 @@ class BackendDescription:
     options_class: type | None = None
     aliases: tuple[str, ...] = ()
     weight_storage: str = ""
+    # kind "fp8" (a low-precision training backend): the mixed_precision names it serves; empty means ("fp8",).
+    precisions: tuple[str, ...] = ()
+    # kind "distributed": what the strategy is, in place of its name (see StrategyTraits).
+    strategy: StrategyTraits | None = None
+    # The distributions of the library it drives ("torchao"), whose versions `lowbit env` prints.
+    libraries: tuple[str, ...] = ()
     # Filled in by the plugin manager, not by the plugin:
     distribution: str = ""
     version: str = ""
+
+    @property
+    def serves(self) -> tuple[str, ...]:
+        """The mixed_precision names a low-precision backend trains in."""
+        return self.precisions or (("fp8",) if self.kind == "fp8" else ())
+
+    @property
+    def traits(self) -> StrategyTraits:
+        """A strategy's traits (defaults when it declared none)."""
+        return self.strategy or StrategyTraits()
 
 
 @dataclass
@@ -82,7 +131,7 @@ class PrepareContext:
     """
 
     hardware: HardwareInfo
-    mixed_precision: str  # "no" | "fp16" | "bf16" | "fp8"
+    mixed_precision: str  # "no" | "fp16" | "bf16", or a low-precision backend's ("fp8", "fp4", ...)
     device: "torch.device"
     fp8_options: Any = None  # the chosen FP8 backend's resolved recipe kwargs
     strategy: str = "none"  # "none", "ddp", "fsdp", "deepspeed", ... (the distributed backend's name)
@@ -101,7 +150,10 @@ class PrepareContext:
         """The native autocast dtype this precision uses. FP8 runs inside bf16 autocast."""
         import torch
 
-        return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(self.mixed_precision)
+        if self.mixed_precision == "no":
+            return None
+        # fp16 autocasts to fp16; bf16 and every backend precision (fp8, fp4, ...) run inside bf16 autocast
+        return torch.float16 if self.mixed_precision == "fp16" else torch.bfloat16
 
 
 def normalize_name(name: str) -> str:

@@ -13,7 +13,7 @@ import os
 import random
 from typing import Any
 
-from lowbit.distributions import install_command
+from lowbit.accelerate_names import install_command
 from lowbit.handlers import (  # noqa: F401 - re-exported under Accelerate's names
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -126,7 +126,7 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
 
 def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, **_: Any) -> Any:
     """The model inside DDP / DeepSpeed / torch.compile wrappers."""
-    from lowbit.accelerator import unwrap
+    from lowbit.preparation import unwrap
 
     return unwrap(model, keep_fp32_wrapper)
 

@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 from lowbit.hookspecs import hookimpl
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit.types import BackendDescription, HardwareInfo, PrepareContext, StrategyTraits
 
 NAME = "ddp"
+# Accelerate's data-parallel names choose it; several processes with distributed_type NO too.
+TRAITS = StrategyTraits(distributed_types=("NO", "MULTI_CPU", "MULTI_GPU"), reports_as="MULTI_GPU",
+                        kwargs_handler="DistributedDataParallelKwargs", launch_flag="multi_gpu")
 
 
 @hookimpl
 def describe_backend(hardware: HardwareInfo) -> BackendDescription:
-    return BackendDescription(name=NAME, kind="distributed", priority=10, available=True, aliases=("multi_gpu", "multi_cpu"))
+    return BackendDescription(name=NAME, kind="distributed", priority=10, available=True, aliases=("multi_gpu", "multi_cpu"),
+                              strategy=TRAITS)
 
 
 @hookimpl

@@ -10,9 +10,11 @@ from typing import Any
 
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.hookspecs import hookimpl
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit.types import BackendDescription, HardwareInfo, PrepareContext, StrategyTraits
 
 NAME = "fsdp"
+TRAITS = StrategyTraits(distributed_types=("FSDP",), reports_as="FSDP", config_section="fsdp_config",
+                        launch_flag="use_fsdp", checkpoint="own")
 OPTIONS = {
     "transformer_layer_cls_to_wrap": "class names to shard as separate units (default: every item of every nn.ModuleList)",
     "reshard_after_forward": "free gathered parameters after forward (default true)",
@@ -21,7 +23,7 @@ OPTIONS = {
 
 @hookimpl
 def describe_backend(hardware: HardwareInfo) -> BackendDescription:
-    return BackendDescription(name=NAME, kind="distributed", priority=5, available=True, aliases=("fsdp2",))
+    return BackendDescription(name=NAME, kind="distributed", priority=5, available=True, aliases=("fsdp2",), strategy=TRAITS)
 
 
 def _check_options(options: dict[str, Any]) -> None:

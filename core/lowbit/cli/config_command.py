@@ -19,22 +19,37 @@ def _ask(question: str, default: str, choices: tuple[str, ...] | None = None) ->
     hint = f" [{'/'.join(choices)}]" if choices else ""
     while True:
         answer = input(f"{question}{hint} (default {default}): ").strip() or default
-        if not choices or answer in choices:
+        if not choices:
             return answer
+        match = next((c for c in choices if c.lower() == answer.lower()), None)  # "y", "multi_cpu": any case
+        if match is not None:
+            return match
         print(f"Please answer one of: {', '.join(choices)}.")
 
 
-def _interactive() -> dict[str, Any]:
-    from lowbit.config import DISTRIBUTED_TYPES, MIXED_PRECISIONS
+def _installed_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The precisions and distributed types the installed plugins offer (they name them, not the core)."""
+    from lowbit.accelerate_names import SINGLE_PROCESS_TYPES
+    from lowbit.plugins import make_plugin_manager
+    from lowbit.selection import BackendRegistry
+    from lowbit.types import NATIVE_PRECISIONS
 
+    manager = make_plugin_manager()
+    registry = BackendRegistry(manager, manager.detect_hardware(cpu=False))
+    precisions = (*sorted(NATIVE_PRECISIONS), *registry.precision_names())
+    return precisions, tuple(dict.fromkeys((*SINGLE_PROCESS_TYPES, *registry.distributed_type_names())))
+
+
+def _interactive() -> dict[str, Any]:
+    precisions, distributed_types = _installed_choices()
     raw: dict[str, Any] = {}
-    raw["distributed_type"] = _ask("Distributed type?", "NO", DISTRIBUTED_TYPES)
+    raw["distributed_type"] = _ask("Distributed type?", "NO", distributed_types)
     if raw["distributed_type"] != "NO":
-        raw["num_processes"] = int(_ask("Processes per machine?", "2"))
+        raw["num_processes"] = int(_ask("Processes in all, across every machine?", "2"))
     raw["use_cpu"] = _ask("Train on CPU only?", "no", ("yes", "no")) == "yes"
-    raw["mixed_precision"] = _ask("Mixed precision?", "no", MIXED_PRECISIONS)
-    if raw["mixed_precision"] == "fp8":
-        backend = _ask("FP8 backend (empty: best available)?", "auto")
+    raw["mixed_precision"] = _ask("Mixed precision?", "no", precisions)
+    if raw["mixed_precision"] not in ("no", "fp16", "bf16"):
+        backend = _ask(f"{raw['mixed_precision']} backend (empty: best available)?", "auto")
         if backend != "auto":
             raw["fp8_config"] = {"backend": backend}
     return raw

@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
         f"- Python: {sys.version.split()[0]} ({platform.platform()})",
         "- torch: " + _version("torch"),
         "- pluggy: " + _version("pluggy"),
-        *(f"- {dist}: {_version(dist)}" for dist in ("torchao", "transformer-engine", "msamp", "deepspeed")),
+        # the libraries the installed plugins drive, as each plugin names them
+        *(f"- {dist}: {_version(dist)}" for dist in dict.fromkeys(lib for r in report["plugins"] for lib in r.get("libraries", []))),
         f"- Hardware: {report['hardware']}",
         "- C++ compiler: " + (find_cxx_compiler() or "none found (torch.compile on CPU needs one; "
                               "training without dynamo_backend does not)"),

@@ -29,12 +29,23 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cpu", action="store_true", default=None, help="train on CPU (gloo between processes)")
     for flag, dtype in DISTRIBUTED_FLAGS.items():
         group.add_argument(f"--{flag}", action="store_true", default=None, help=f"distributed_type={dtype}")
+    switches = _strategy_switches()
+    for flag, name in switches.items():
+        group.add_argument(f"--{flag}", action="store_true", default=None, help=f"distributed_type={name} (a plugin's strategy)")
+    parser.set_defaults(lowbit_strategy_switches=switches)
     fsdp = parser.add_argument_group("FSDP, with --use_fsdp (Accelerate's flag names)")
     for flag in FSDP_FLAGS:
         fsdp.add_argument(f"--{flag}", default=None, metavar="VALUE", help=argparse.SUPPRESS if flag in FSDP_IGNORED else None)
     fp8 = parser.add_argument_group("fp8 (any backend)")
-    fp8.add_argument("--fp8_backend", default=None, help="fp8 backend: msamp, te, ao, or a third-party name")
+    fp8.add_argument("--fp8_backend", default=None, help="the low-precision backend to use (`lowbit plugins` lists them)")
     fp8.add_argument("--fp8_opt_level", default=None, help="MS-AMP optimization level: O1 or O2 (letter O)")
+
+
+def _strategy_switches() -> dict[str, str]:
+    """The launch switches installed strategies declare, beyond Accelerate's own."""
+    from lowbit.selection import BackendRegistry
+
+    return {flag: name for flag, name in BackendRegistry.for_names().launch_switches().items() if flag not in DISTRIBUTED_FLAGS}
 
 
 def raw_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -46,11 +57,12 @@ def raw_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
             raw[key] = value
     if getattr(args, "cpu", None):
         raw["use_cpu"] = True
-    chosen = [flag for flag in DISTRIBUTED_FLAGS if getattr(args, flag, None)]
+    switches = {**DISTRIBUTED_FLAGS, **getattr(args, "lowbit_strategy_switches", {})}
+    chosen = [flag for flag in switches if getattr(args, flag, None)]
     if len(chosen) > 1:
         raise ConfigError(f"Choose one of --{' / --'.join(chosen)}: they are different distributed strategies.")
     if chosen:
-        raw["distributed_type"] = DISTRIBUTED_FLAGS[chosen[0]]
+        raw["distributed_type"] = switches[chosen[0]]
     fsdp = {flag: getattr(args, flag) for flag in FSDP_FLAGS if getattr(args, flag, None) is not None}
     if fsdp:
         ignored: list[str] = []

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lowbit.accelerate_config import note_ignored
+from lowbit.accelerate_names import SINGLE_PROCESS_TYPES, first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
-from lowbit.distributions import install_command
 from lowbit.errors import ConfigError
 from lowbit.recipes import FP8_ENV_PREFIX
+from lowbit.types import NATIVE_PRECISIONS
 
 if TYPE_CHECKING:
     from lowbit.config import LowbitConfig
@@ -67,7 +68,9 @@ def _add_plugin_flags(parser: argparse.ArgumentParser) -> None:
         print(f"lowbit launch: warning: plugin {broken.describe()}", file=sys.stderr)
 
 
-SECTION_ENV_VARS = ("LOWBIT_DEEPSPEED_CONFIG", "LOWBIT_FSDP_CONFIG")
+def _is_section_env_var(key: str) -> bool:
+    """``LOWBIT_<SECTION>_CONFIG``: a strategy's section as JSON (plugins' launch flags fill them)."""
+    return key.startswith("LOWBIT_") and key.endswith("_CONFIG") and not key.startswith(FP8_ENV_PREFIX)
 
 
 def _merge_section(from_config: str | None, from_flags: str) -> str:
@@ -95,7 +98,9 @@ def _check_port_free(port: int) -> None:
 
 def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], "LowbitConfig"]:
     """The command to run and the env vars to add, from the config file and the flags."""
-    from lowbit.config import config_to_env, merge_raw, read_config_file, default_config_path, validate_config
+    from lowbit.config import (check_plugin_names, config_from_env, config_to_env, default_config_path, merge_raw,
+                               read_config_file, validate_config)
+    from lowbit.selection import BackendRegistry
 
     # `lowbit test` builds its command here too, without the launcher-only flags.
     module = getattr(args, "module", False)
@@ -109,7 +114,9 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     path = Path(args.config_file) if args.config_file else default_config_path()
     file_raw = read_config_file(path) if (args.config_file or path.exists()) else {}
     flags_raw = raw_config_from_args(args)
-    config = validate_config(merge_raw(file_raw, flags_raw), where=str(path), check_fp8_keys=False)
+    # LOWBIT_* variables set where lowbit launch runs count as in the script: over the file, under the flags
+    env_raw = config_from_env(os.environ)
+    config = validate_config(merge_raw(file_raw, env_raw, flags_raw), where=str(path), check_fp8_keys=False)
     if config.num_processes < 1 or config.num_machines < 1:
         raise ConfigError(f"--num_processes and --num_machines must be at least 1, got {config.num_processes} and {config.num_machines}.")
     if config.num_processes % config.num_machines:
@@ -125,21 +132,22 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     manager = _plugin_manager()
     for _plugin, extra in manager.call_each("launch_environment", args=args):
         for key, value in extra.items():
-            env[key] = _merge_section(env.get(key), str(value)) if key in SECTION_ENV_VARS else str(value)
+            env[key] = _merge_section(env.get(key), str(value)) if _is_section_env_var(key) else str(value)
+    registry = BackendRegistry.for_names(manager)
+    _check_strategy_installed(config, registry)
+    check_plugin_names(config, registry.precision_names(), registry.distributed_type_names(), where=str(path))
     fp8_settings = sorted(k for k in env if k.startswith(FP8_ENV_PREFIX))
-    if fp8_settings and config.mixed_precision != "fp8":
+    if fp8_settings and config.mixed_precision in NATIVE_PRECISIONS:
         raise ConfigError(
             f"FP8 options were given ({', '.join(fp8_settings)}, from the flags or the config's fp8_config) but "
             f"mixed_precision is {config.mixed_precision!r}, so they would do nothing. Add --mixed_precision fp8 "
             "(or mixed_precision: fp8 in the config), or drop the FP8 options."
         )
-    if config.distributed_type == "DEEPSPEED" and "deepspeed" not in {manager.get_name(p) for p in manager.get_plugins()}:
-        raise ConfigError(f"--use_deepspeed needs the DeepSpeed plugin, which is not installed: {install_command('deepspeed')}.")
 
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     target = ["-m", args.training_script] if module else [str(script)]
-    if config.num_processes == 1 and config.distributed_type in ("NO", "MULTI_CPU", "MULTI_GPU"):
+    if config.num_processes == 1 and config.distributed_type.upper() in SINGLE_PROCESS_TYPES:
         return [sys.executable, *target, *args.training_script_args], env, config
     if config.num_machines > 1:
         if not config.main_process_ip:
@@ -168,6 +176,17 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(per_machine), *torchrun_options,
                *rendezvous, args.training_script, *args.training_script_args]
     return command, env, config
+
+
+def _check_strategy_installed(config: "LowbitConfig", registry: Any) -> None:
+    """A distributed_type whose strategy is a first-party plugin that is absent: say what to install
+    before any process starts."""
+    if config.distributed_type.upper() in SINGLE_PROCESS_TYPES or registry.strategy_for(config.distributed_type):
+        return
+    plugin = first_party(config.distributed_type)
+    if plugin:
+        raise ConfigError(f"distributed_type {config.distributed_type} needs the {plugin!r} strategy plugin, which is not "
+                          f"installed: {install_command(plugin)}.")
 
 
 def threads_per_process(processes: int) -> int:

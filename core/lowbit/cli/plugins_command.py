@@ -34,7 +34,8 @@ def collect(cpu: bool = False) -> dict[str, Any]:
             rows.append(
                 dict(name=d.name, distribution=d.distribution, version=d.version, kind=d.kind, priority=d.priority,
                      status="available" if d.available else "unavailable", reason=d.reason,
-                     chosen=(d.name == chosen), hooks=implemented_hooks(manager, cand.plugin))
+                     chosen=(d.name == chosen), hooks=implemented_hooks(manager, cand.plugin),
+                     libraries=list(d.libraries), **_what_it_is(d))
             )
     for b in registry.broken:
         rows.append(dict(name=b.name, distribution=b.distribution, version="", kind="?", priority=None,
@@ -43,6 +44,34 @@ def collect(cpu: bool = False) -> dict[str, Any]:
     slow = {name: s for name, s in load_seconds.items() if s > SLOW_IMPORT_SECONDS}
     return {"hardware": hardware.describe(), "fp8_choice": chosen, "fp8_choice_reason": why, "plugins": rows,
             "load_seconds": load_seconds, "slow_imports": slow}
+
+
+def _what_it_is(description: Any) -> dict[str, Any]:
+    """What a plugin says it is: the precisions a low-precision backend serves; for a strategy,
+    the distributed types that choose it, its config section, whether it owns precision, how its
+    state is saved."""
+    if description.kind == "fp8":
+        return {"precisions": list(description.serves)}
+    if description.kind == "distributed":
+        t = description.traits
+        return {"distributed_types": list(t.distributed_types), "config_section": t.config_section,
+                "owns_precision": t.owns_precision, "launch_flag": t.launch_flag, "checkpoint": t.checkpoint}
+    return {}
+
+
+def _described(row: dict[str, Any]) -> str:
+    if "precisions" in row:
+        return "precisions: " + ", ".join(row["precisions"])
+    if "distributed_types" in row:
+        parts = ["distributed_type: " + " | ".join([*row["distributed_types"], row["name"]])]
+        if row["config_section"]:
+            parts.append(f"section {row['config_section']}")
+        if row["launch_flag"]:
+            parts.append(f"--{row['launch_flag']}")
+        parts.append("owns precision" if row["owns_precision"] else "")
+        parts.append(f"checkpoint: {row['checkpoint']}")
+        return "; ".join(p for p in parts if p)
+    return ""
 
 
 def implemented_hooks(manager: Any, plugin: object) -> list[str]:
@@ -64,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         priority = "" if row["priority"] is None else row["priority"]
         print(f"{row['name'] + mark:<10} {row['kind']:<11} {priority:>8}  {row['status']:<11} "
               f"{row['distribution'] or '-':<20} {row['version'] or '-':<8} {row['reason']}")
+    print("\nWhat each plugin is:")
+    for row in report["plugins"]:
+        if _described(row):
+            print(f"  {row['name']:<10} {_described(row)}")
     print("\nHooks each plugin implements (docs/writing-a-backend.md):")
     for row in report["plugins"]:
         if row.get("hooks") is not None:

@@ -12,6 +12,9 @@ also a function of its own (``check_*``), and each failure is a ``ConformanceFai
 must be available where the tests run; pass ``hardware=`` to test it on a stand-in, and
 ``plugin=`` only for a plugin object that is not installed (that skips the discovery check).
 What is checked, with which inputs and tolerances: docs/writing-a-backend.md, section 5.
+
+A distributed strategy runs ``run_strategy_conformance("mystrategy", tmp_path=tmp_path)``: it
+trains under ``lowbit launch`` in 2 processes and against one process (:mod:`lowbit.testing.strategy`).
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from lowbit.testing.discovery import BACKEND_LIBRARIES, check_description, check_discovery_is_cheap
+from lowbit.testing.discovery import backend_library_modules, check_description, check_discovery_is_cheap
 from lowbit.testing.setup import ConformanceFailure, default_model_factory
+from lowbit.testing.strategy import run_strategy_conformance
 from lowbit.testing.training import (
     check_autocast_nests_with_bf16,
     check_conversion_keeps_outputs_close,
@@ -34,7 +38,8 @@ from lowbit.testing.training import (
 from lowbit.types import HardwareInfo
 
 __all__ = [
-    "BACKEND_LIBRARIES", "ConformanceFailure", "default_model_factory", "run_conformance", "check_description",
+    "backend_library_modules", "ConformanceFailure", "default_model_factory", "run_conformance", "run_strategy_conformance",
+    "check_description",
     "check_discovery_is_cheap", "check_layers_converted", "check_conversion_keeps_weights",
     "check_conversion_keeps_outputs_close", "check_autocast_nests_with_bf16", "check_training", "check_odd_sizes",
     "check_resume", "check_save_model_is_portable",

@@ -9,8 +9,18 @@ from lowbit.selection import BackendRegistry
 from lowbit.testing.setup import fail, make_manager
 from lowbit.types import BackendDescription, HardwareInfo
 
-# Never imported while lowbit discovers plugins: discovery runs at every start, on every rank.
-BACKEND_LIBRARIES = ("torch", "transformer_engine", "msamp", "deepspeed", "torchao")
+
+
+def backend_library_modules() -> tuple[str, ...]:
+    """Never imported while lowbit discovers plugins (discovery runs at every start, on every rank):
+    torch, and the top-level modules of every library the installed plugins say they drive
+    (``BackendDescription.libraries``, distribution names)."""
+    import importlib.metadata
+
+    libraries = {lib.lower().replace("_", "-") for c in BackendRegistry.for_names().candidates for lib in c.description.libraries}
+    modules = [module for module, dists in importlib.metadata.packages_distributions().items()
+               if any(d.lower().replace("_", "-") in libraries for d in dists)]
+    return ("torch", *sorted(set(modules)))
 
 
 def check_description(backend: str, plugin: object | None = None, hardware: HardwareInfo | None = None) -> BackendDescription:
@@ -38,7 +48,7 @@ def check_description(backend: str, plugin: object | None = None, hardware: Hard
 def check_discovery_is_cheap(entry_point: str, heavy_modules: tuple[str, ...] = ()) -> None:
     """Loading the plugin and describing it imports none of ``heavy_modules``, torch, nor a known
     backend library (checked in a fresh interpreter)."""
-    heavy = tuple(heavy_modules) + BACKEND_LIBRARIES
+    heavy = tuple(heavy_modules) + backend_library_modules()
     code = textwrap.dedent(f"""
         import os, sys
         os.environ["LOWBIT_PLUGINS"] = {entry_point!r}

@@ -38,18 +38,27 @@ def default_model_factory():
     return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 64))
 
 
+def backend_precision(backend: str, manager: LowbitPluginManager) -> str:
+    """The precision a low-precision backend trains in (the first it declares: "fp8", "fp4", ...)."""
+    from lowbit.selection import BackendRegistry
+
+    found = BackendRegistry.for_names(manager).find("fp8", backend)
+    return found.description.serves[0] if found is not None else "fp8"
+
+
 def prepare(backend: str, plugin: object | None, hardware: HardwareInfo | None, model, lr: float = 1e-3):
-    """An fp8 Accelerator on ``backend``, the prepared model and its AdamW (always prepared
-    together: a backend such as MS-AMP converts both at once)."""
+    """An Accelerator on ``backend``, in the precision it declares, the prepared model and its
+    AdamW (always prepared together: a backend such as MS-AMP converts both at once)."""
     import torch
 
     from lowbit import Accelerator
     from lowbit.recipes import FP8RecipeKwargs
 
-    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend=backend)],
-                      plugin_manager=make_manager(plugin, hardware))
+    manager = make_manager(plugin, hardware)
+    precision = backend_precision(backend, manager)
+    acc = Accelerator(mixed_precision=precision, kwargs_handlers=[FP8RecipeKwargs(backend=backend)], plugin_manager=manager)
     if acc.fp8_backend is None:
-        fail(backend, "describe_backend", "the backend was not chosen for mixed_precision='fp8'")
+        fail(backend, "describe_backend", f"the backend was not chosen for mixed_precision={precision!r}")
     model, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=lr))
     return acc, model, optimizer
 

@@ -9,10 +9,13 @@ import json
 
 from lowbit import hookimpl
 from lowbit.errors import UnsupportedCombinationError
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit.types import BackendDescription, HardwareInfo, PrepareContext, StrategyTraits
 from lowbit_deepspeed.ds_config import SECTION_KEYS, check_section
 
 NAME = "deepspeed"
+# DeepSpeed applies fp16/bf16 itself (its config's sections) and writes its own checkpoints.
+TRAITS = StrategyTraits(distributed_types=("DEEPSPEED",), reports_as="DEEPSPEED", config_section="deepspeed_config",
+                        owns_precision=True, launch_flag="use_deepspeed", checkpoint="own")
 LAUNCH_FLAGS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_clipping", "deepspeed_config_file")
 
 
@@ -22,6 +25,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     return BackendDescription(
         name=NAME, kind="distributed", priority=20, available=found,
         reason="" if found else "deepspeed not installed: `pip install deepspeed`", aliases=("ds", "zero"),
+        strategy=TRAITS, libraries=("deepspeed",),
     )
 
 

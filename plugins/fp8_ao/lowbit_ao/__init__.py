@@ -45,7 +45,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     reason = unavailable_reason()
     return BackendDescription(
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
-        options_class=AORecipeKwargs, aliases=("torchao",),
+        options_class=AORecipeKwargs, libraries=("torchao",), aliases=("torchao",),
     )
 
 

@@ -42,7 +42,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     reason = unavailable_reason(hardware)
     return BackendDescription(
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
-        options_class=MSAMPRecipeKwargs, aliases=("ms-amp", "ms_amp"),
+        options_class=MSAMPRecipeKwargs, aliases=("ms-amp", "ms_amp"), libraries=("MS-AMP",),
         # msamp.initialize keeps the converted Linears' weights as fp16 ScalingTensors
         # (LinearReplacer.replace's weight_qtype default), so they round to fp16 at conversion.
         weight_storage="float16",

@@ -63,6 +63,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     return BackendDescription(
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
         options_class=TERecipeKwargs, aliases=("transformer_engine", "transformerengine", "transformersengine"),
+        libraries=("transformer-engine",),
     )
 
 

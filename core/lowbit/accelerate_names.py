@@ -1,0 +1,109 @@
+"""Accelerate's own names, mapped to what lowbit calls them: the one place of the core that names
+plugins (a test keeps every other core module from doing so).
+
+Accelerate names its FP8 backends (``fp8_backend: TE | MSAMP | AO``, ``TERecipeKwargs``, ...) and
+its distributed types (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``, ``DEEPSPEED``); a script or
+config file written for Accelerate uses those names, and lowbit must say which distribution to
+install when the plugin behind one is absent. Which plugin *is* chosen is never decided here:
+plugins describe themselves (``describe_backend``), and the core asks them.
+"""
+from __future__ import annotations
+
+import enum
+
+from lowbit.options import OptionSpec
+
+# The distributed types Accelerate runs on one process when there is only one.
+SINGLE_PROCESS_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
+# Accelerate's config sections whose strategy is a separately installed lowbit plugin -> that plugin.
+FIRST_PARTY_SECTIONS = {"deepspeed_config": "deepspeed"}
+
+# The backends behind Accelerate's names -> (distribution, folder in a lowbit checkout)
+FIRST_PARTY = {
+    "msamp": ("lowbit-msamp", "plugins/fp8_msamp"),
+    "te": ("lowbit-te", "plugins/fp8_te"),
+    "ao": ("lowbit-ao", "plugins/fp8_ao"),
+    "deepspeed": ("lowbit-deepspeed", "plugins/dist_deepspeed"),
+}
+
+# fp8_config keys that only a first-party backend's recipe defines (the keys Accelerate documents
+# are always accepted). tests/test_config.py keeps this in step with the plugins' recipe classes.
+PLUGIN_ONLY_FP8_KEYS = {
+    "recipe": ("ao",),
+    "pad_inner_dim": ("ao",),
+    "enable_fsdp_float8_all_gather": ("ao",),
+    "force_recompute_fp8_weight_in_bwd": ("ao",),
+    "emulate": ("ao",),
+    "emulation": ("ao",),
+    "optimizer_states": ("ao",),
+    "keep_first_last_high_precision": ("ao", "te"),
+    "scaling": ("te",),
+    "pad_tokens": ("te",),
+}
+
+
+def install_command(backend: str) -> str:
+    """How to install a first-party plugin, from PyPI and from a lowbit checkout."""
+    distribution, folder = FIRST_PARTY[backend]
+    return f"`pip install {distribution}` (from a lowbit checkout: `pip install -e {folder}`)"
+
+
+# Accelerate's distributed type for "data parallel on this device type".
+_DATA_PARALLEL_BY_DEVICE = {"cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
+
+
+def reported_distributed_type(reports_as: str, device_type: str) -> str:
+    """A strategy's ``reports_as`` as Accelerate reports it on this device: its MULTI_GPU is
+    MULTI_CPU on a CPU."""
+    if reports_as in ("MULTI_GPU", "MULTI_CPU"):
+        return _DATA_PARALLEL_BY_DEVICE.get(device_type, reports_as)
+    return reports_as
+
+
+def first_party(name: str) -> str | None:
+    """The first-party plugin an Accelerate name (any spelling: "TE", "DEEPSPEED") stands for."""
+    wanted = "".join(ch for ch in str(name).lower() if ch.isalnum())
+    return next((n for n in FIRST_PARTY if n == wanted), None)
+
+
+def fp8_install_hint() -> str:
+    """Where to get a low-precision backend when none is installed."""
+    return (f" Install one: {install_command('ao')} (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
+            f" {install_command('te')} (Transformer Engine; sm_89+ GPU) or {install_command('msamp')} (MS-AMP; sm_89+ GPU).")
+
+
+# The fp8_config keys Accelerate documents, so that a config file written for any backend is
+# checked even when that backend's plugin is not installed here. Plugins add their own keys.
+DOCUMENTED_FP8_KEYS: dict[str, OptionSpec] = {
+    spec.name: spec
+    for spec in (
+        OptionSpec("backend", str, help="fp8 backend: msamp, te, ao, or a third-party name"),
+        OptionSpec("opt_level", str, help="MS-AMP optimization level, O1 or O2 (letter O)"),
+        OptionSpec("amax_history_len", int, help="TE: length of the amax history window"),
+        OptionSpec("amax_compute_algo", str, help="TE: max or most_recent"),
+        OptionSpec("fp8_format", str, help="TE: HYBRID, E4M3 or E5M2"),
+        OptionSpec("interval", int, help="TE: steps between scaling-factor updates"),
+        OptionSpec("margin", int, help="TE: margin for the scaling factor"),
+        OptionSpec("override_linear_precision", "bools3", help="TE: keep (fprop, dgrad, wgrad) in high precision"),
+        OptionSpec("use_autocast_during_eval", bool, help="TE: keep FP8 autocast on in eval mode"),
+    )
+}
+
+
+class DistributedType(str, enum.Enum):
+    """How the work is spread over processes; compares equal to its string value."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"

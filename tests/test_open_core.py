@@ -1,0 +1,58 @@
+"""The open core: it names no plugin. What it needs to know about a backend or a strategy comes from
+the plugin's own description (BackendDescription, StrategyTraits), the built-in plugins included.
+
+Allowed to name plugins: the built-in plugins themselves (``lowbit/builtin/``), and the modules
+that map Accelerate's own names (its fp8_backend values, distributed types, config keys, launch
+flags, handler classes and utils), listed below with the reason.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[1] / "core" / "lowbit"
+# Module -> why it may name plugins: it maps Accelerate's names onto lowbit's.
+ACCELERATE_NAME_MODULES = {
+    "accelerate_names.py": "Accelerate's fp8_backend values, distributed types and documented fp8_config keys",
+    "accelerate_config.py": "Accelerate's config file keys (fsdp_*, deepspeed_*)",
+    "handlers.py": "Accelerate's handler and plugin classes (FullyShardedDataParallelPlugin, DeepSpeedPlugin)",
+    "utils.py": "Accelerate's lowbit.utils names (TERecipeKwargs, is_deepspeed_available, ...)",
+    "cli/flags.py": "Accelerate's launch flags (--use_fsdp, --use_deepspeed, --fsdp_*, --fp8_opt_level)",
+}
+PLUGIN_NAMES = ("te", "ao", "msamp", "ms-amp", "deepspeed", "fsdp", "fsdp2", "ddp", "torchao", "transformer_engine",
+                "transformer-engine", "lowbit-te", "lowbit-ao", "lowbit-msamp", "lowbit-deepspeed")
+WORD = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, PLUGIN_NAMES)) + r")(?![A-Za-z0-9])", re.IGNORECASE)
+
+
+def plugin_names_in_code(path: Path) -> list[str]:
+    """String literals of ``path`` (docstrings aside) that name a plugin, as 'line: text'."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{node.lineno}: {node.value[:80]!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and WORD.search(node.value)]
+
+
+def core_modules() -> list[Path]:
+    return [p for p in sorted(CORE.rglob("*.py"))
+            if "builtin" not in p.relative_to(CORE).parts and p.relative_to(CORE).as_posix() not in ACCELERATE_NAME_MODULES]
+
+
+def test_no_core_module_names_a_plugin():
+    offenders = {p.relative_to(CORE).as_posix(): found for p in core_modules() if (found := plugin_names_in_code(p))}
+    assert not offenders, ("these core modules name plugins; ask the plugin's description instead "
+                           f"(or, for Accelerate's own names, map them in accelerate_names.py): {offenders}")
+
+
+def test_the_check_sees_a_plugin_name(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text('"""The docstring may say deepspeed."""\nSTRATEGY = {"DEEPSPEED": "deepspeed"}\nNOTE = "non-zero, often"\n')
+    assert [line.split(":")[0] for line in plugin_names_in_code(planted)] == ["2", "2"]
+
+
+def test_the_allowed_modules_exist_and_say_why():
+    for module, why in ACCELERATE_NAME_MODULES.items():
+        assert (CORE / module).is_file() and why, module
