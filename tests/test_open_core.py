@@ -56,3 +56,60 @@ def test_the_check_sees_a_plugin_name(tmp_path):
 def test_the_allowed_modules_exist_and_say_why():
     for module, why in ACCELERATE_NAME_MODULES.items():
         assert (CORE / module).is_file() and why, module
+
+
+# ---------------------------------------------------------------------- the knot is untied
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(CORE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Core module -> the core modules it imports (at any depth of the file, TYPE_CHECKING included);
+    ``from lowbit import checkpoint`` counts as importing ``lowbit.checkpoint``, not the package."""
+    modules = {_module_name(p): p for p in CORE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "lowbit":
+                submodules = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
+                deps |= submodules or {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.split(".")[0] == "lowbit"}
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def test_no_core_module_imports_one_that_imports_it_back():
+    graph = import_graph()
+    pairs = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if a in graph[b]})
+    assert not pairs, f"import circles: {pairs}"
+
+
+# Private names of other libraries' objects that lowbit has to touch, each for a reason.
+FOREIGN_PRIVATE = {
+    "_dynamo": "torch._dynamo.list_backends",
+    "_orig_mod": "torch.compile's wrapper",
+    "_step_count": "torch LR schedulers (OneCycleLR's end)",
+    "_wrapped_by_lr_sched": "torch's LRScheduler step marker",
+    "_opt_called": "torch's LRScheduler step marker",
+    "_option_string_actions": "argparse: a flag already defined",
+    "_exit": "os._exit at a failed rank's exit",
+    "_shared": "PartialState's own class state",
+    "_reset_state": "PartialState's own class method",
+}
+
+
+def test_collaborators_read_no_private_member_of_another_object():
+    """``acc._models``, ``acc._call`` and the like: a collaborator gets what it needs instead."""
+    found = []
+    for path in CORE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith(("__", "_lowbit"))
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                    and node.attr not in FOREIGN_PRIVATE):
+                found.append(f"{path.relative_to(CORE)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found

@@ -63,7 +63,7 @@ class RecordingStrategy:
     @hookimpl
     def wrap_for_distribution(self, model, optimizer, context):
         self.calls.append("wrap_for_distribution")
-        self.saw_integration = context.backend_state.get("strategy_integration")
+        self.saw_integration = context.strategy_integration
         return model, optimizer
 
     @hookimpl

@@ -15,13 +15,13 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
-from lowbit import checkpoint
-from lowbit.config import LowbitConfig, read_config_layer, resolve_config
+from lowbit import checkpoint, operations
+from lowbit.accelerate_names import SINGLE_PROCESS_TYPES, reported_distributed_type
+from lowbit.config import LowbitConfig, check_plugin_names, read_config_layer, resolve_config
 from lowbit.cpu_features import cpu_has_native_bf16
-from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError, did_you_mean
-from lowbit.plugins import LowbitPluginManager, make_plugin_manager
-from lowbit import operations
 from lowbit.data_loader import PreparedDataLoader, skip_first_batches
+from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError, did_you_mean
+from lowbit.fp8_report import conversion_report
 from lowbit.handlers import (
     HANDLER_CLASSES,
     settings_from_plugin_objects,
@@ -34,18 +34,18 @@ from lowbit.handlers import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from lowbit.fp8_report import conversion_report
 from lowbit.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
-from lowbit.prepared import PreparedOptimizer, PreparedScheduler
-from lowbit.preparation import Preparation, context_or_null, unwrap
+from lowbit.plugins import LowbitPluginManager, make_plugin_manager
+from lowbit.preparation import Preparation, PreparationSettings, context_or_null, unwrap
+from lowbit.prepared import PreparedObjects, StepRules, TrainingCounters
 from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
-from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState, RankFacts, init_process_group
+from lowbit.routing import ChosenPlugins
 from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
+from lowbit.state import (AcceleratorState, DistributedType, GradientState, PartialState, ProcessFacts, RankFacts,
+                          process_facts, wait_for_everyone)
 from lowbit.telemetry import FP8StatsTable, TelemetryRecorder
 from lowbit.tracking import GeneralTracker, build_trackers, start_trackers
 from lowbit.training_state import TrainingStateCheckpointer
-from lowbit.accelerate_names import SINGLE_PROCESS_TYPES, reported_distributed_type
-from lowbit.config import check_plugin_names
 from lowbit.types import NATIVE_PRECISIONS, PrepareContext
 
 
@@ -131,7 +131,7 @@ class Accelerator(RankFacts):
             raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {self.config.gradient_accumulation_steps}.")
         _check_dynamo_backend(self.config.dynamo_backend)
 
-        self._init_distributed()
+        self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count)
         self.mixed_precision = self.config.mixed_precision
         self._precision = choose_backend(self._registry, "precision", "native", "built-in")
         self._fp8: Selection | None = None
@@ -162,19 +162,18 @@ class Accelerator(RankFacts):
         )
         self.state = AcceleratorState(self)
         self.gradient_state = GradientState(self)
-        self.step = 0  # micro-batches seen by accumulate()
+        self.counters = TrainingCounters()
         self.flag_tensor: torch.Tensor | None = None
         self._tracker_requests = build_trackers(log_with, self._registered_trackers()) if log_with is not None else []
         self.trackers: list[GeneralTracker] = []
-        self._unscaled: set[int] = set()
-        self._routed_callers: dict[tuple[int, str], Callable[..., Any]] = {}
-        self._preparation = Preparation(self)
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[PreparedOptimizer] = []
-        self._schedulers: list[PreparedScheduler] = []
-        self._dataloaders: list[PreparedDataLoader] = []
+        # The collaborators: each gets what it needs, never the Accelerator.
+        self.plugins = ChosenPlugins(self._plugins, self._precision, self._fp8, self._strategy, self.context)
+        self.prepared = PreparedObjects()
+        self.step_rules = StepRules(self.gradient_state, self.scaler, self.num_processes, self.split_batches,
+                                    self.step_scheduler_with_optimizer)
+        self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings(), self.print)
         self._telemetry: TelemetryRecorder | None = None
-        self._checkpointer = TrainingStateCheckpointer(self)
+        self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
 
     # ------------------------------------------------------------------ choosing
 
@@ -270,18 +269,42 @@ class Accelerator(RankFacts):
     def _strategy_owns_precision(self) -> bool:
         return self._strategy is not None and self._strategy.chosen.description.traits.owns_precision
 
-    def _init_distributed(self) -> None:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.num_processes = world
-        self.process_index = int(os.environ.get("RANK", "0"))
-        self.local_process_index = int(os.environ.get("LOCAL_RANK", "0"))
-        if self.hardware.device_type == "cuda":
-            self.device = torch.device("cuda", self.local_process_index % max(self.hardware.device_count, 1))
-            torch.cuda.set_device(self.device)
-        else:
-            self.device = torch.device(self.hardware.device_type)
-        if world > 1:
-            init_process_group(self.device.type)
+    def _preparation_settings(self) -> PreparationSettings:
+        config = self.config
+        given = {"mode": config.dynamo_mode, "fullgraph": config.dynamo_use_fullgraph, "dynamic": config.dynamo_use_dynamic,
+                 "options": self.dynamo_plugin.options if self.dynamo_plugin is not None else None}
+        return PreparationSettings(
+            device=self.device, num_processes=self.num_processes, process_index=self.process_index,
+            split_batches=self.split_batches, even_batches=self.dataloader_config.even_batches,
+            device_placement=self.device_placement, dynamo_backend=config.dynamo_backend,
+            compile_options={k: v for k, v in given.items() if v is not None})
+
+    # ------------------------------------------------------------------ process facts (one source: lowbit.state)
+
+    @property
+    def num_processes(self) -> int:
+        return self.facts.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.facts.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.facts.local_process_index
+
+    @property
+    def device(self) -> torch.device:
+        return self.facts.device
+
+    @property
+    def step(self) -> int:
+        """Micro-batches seen by ``accumulate()`` (saved and restored with the checkpoint)."""
+        return self.counters.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.counters.step = int(value)
 
     # ------------------------------------------------------------------ what was chosen
 
@@ -310,12 +333,12 @@ class Accelerator(RankFacts):
     # ------------------------------------------------------------------ processes
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        if self.is_main_process:
+        """``print`` once per machine (its local main process), as Accelerate's does."""
+        if self.is_local_main_process:
             print(*args, **kwargs)
 
     def wait_for_everyone(self) -> None:
-        if self.use_distributed:
-            torch.distributed.barrier()
+        wait_for_everyone()
 
     @property
     def distributed_type(self) -> DistributedType | str:
@@ -357,7 +380,7 @@ class Accelerator(RankFacts):
     @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped (fp16 inf/nan gradients)."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
+        return any(opt.step_was_skipped for opt in self.prepared.optimizers)
 
     def main_process_first(self) -> ContextManager[None]:
         return PartialState().main_process_first()
@@ -441,27 +464,6 @@ class Accelerator(RankFacts):
         self.trackers = []
         self.wait_for_everyone()
 
-    # ------------------------------------------------------------------ routing
-
-    def _routed(self, selection: Selection | None, hook_name: str) -> Callable[..., Any] | None:
-        """The hook caller for the chosen plugin alone (cached: forward calls it every step)."""
-        if selection is None or selection.chosen is None:
-            return None
-        plugin = selection.chosen.plugin
-        key = (id(plugin), hook_name)
-        if key not in self._routed_callers:
-            others = [p for p in self._plugins.get_plugins() if p is not plugin]
-            self._routed_callers[key] = self._plugins.subset_hook_caller(hook_name, remove_plugins=others)
-        return self._routed_callers[key]
-
-    def _call(self, selection: Selection | None, hook_name: str, **kwargs: Any) -> Any:
-        caller = self._routed(selection, hook_name)
-        return None if caller is None else caller(context=self.context, **kwargs)
-
-    def _implements(self, selection: Selection | None, hook_name: str) -> bool:
-        caller = self._routed(selection, hook_name)
-        return caller is not None and bool(caller.get_hookimpls())
-
     # ------------------------------------------------------------------ prepare
 
     def prepare(self, *objects: Any) -> Any:
@@ -478,13 +480,13 @@ class Accelerator(RankFacts):
 
         A strategy that owns backward (DeepSpeed's engine) gets the undivided loss: it divides
         by its own accumulation steps."""
-        model = self._models[0] if self._models else None
+        model = self.prepared.models[0] if self.prepared.models else None
         if model is None and self._fp8 is not None:
             raise ConfigError(
                 "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
                 "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
             )
-        if self._call(self._strategy, "backward", loss=loss, model=model):
+        if self.plugins.backward(loss, model):
             return
         if self.config.gradient_accumulation_steps > 1:
             loss = loss / self.config.gradient_accumulation_steps
@@ -501,45 +503,34 @@ class Accelerator(RankFacts):
         self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0 or self.gradient_state.end_of_dataloader
         with contextlib.ExitStack() as stack:
             # A strategy that owns backward (DeepSpeed) counts micro-batches itself.
-            if not self.sync_gradients and not self._implements(self._strategy, "backward"):
+            if not self.sync_gradients and not self.plugins.strategy_owns_backward:
                 for model in models:
-                    if hasattr(model, "no_sync"):
-                        stack.enter_context(model.no_sync())
-                    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-                        model.set_requires_gradient_sync(False)
-                        stack.callback(model.set_requires_gradient_sync, True)
+                    _skip_gradient_sync(model, stack)
             yield
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
         """The same contexts a prepared model's forward runs in, for code outside ``forward``."""
-        outer, inner = self._preparation.autocast_callers()
+        outer, inner = self.plugins.autocast_callers()
         with context_or_null(outer, None, self.context), context_or_null(inner, None, self.context):
             yield
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients by total norm, unscaling fp16 gradients first."""
         if self.scaler is not None:
-            for opt in self._optimizers:
-                if id(opt.optimizer) not in self._unscaled:
+            for opt in self.prepared.optimizers:
+                if id(opt.optimizer) not in self.step_rules.unscaled:
                     self.scaler.unscale_(opt.optimizer)
-                    self._unscaled.add(id(opt.optimizer))
+                    self.step_rules.unscaled.add(id(opt.optimizer))
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        for plugin in (self._strategy, self._fp8):  # a strategy that owns the step (DeepSpeed) first
-            norm = self._call(plugin, "clip_grad_norm", parameters=parameters, max_norm=max_norm, norm_type=norm_type)
-            if norm is not None:
-                return norm
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        norm = self.plugins.clip_grad_norm(parameters, max_norm, norm_type)
+        return norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Skip the gradient all-reduce inside this block (DDP and FSDP2; a no-op on one process)."""
         with contextlib.ExitStack() as stack:
-            if hasattr(model, "no_sync"):
-                stack.enter_context(model.no_sync())
-            elif hasattr(model, "set_requires_gradient_sync"):
-                model.set_requires_gradient_sync(False)
-                stack.callback(model.set_requires_gradient_sync, True)
+            _skip_gradient_sync(model, stack)
             yield
 
     def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
@@ -560,8 +551,7 @@ class Accelerator(RankFacts):
         """Forget every prepared object (and return Nones for ``objects``), then collect garbage."""
         from lowbit.memory import release_memory
 
-        for prepared in (self._models, self._optimizers, self._schedulers, self._dataloaders):
-            prepared.clear()
+        self.prepared.clear()
         self.step = 0
         return release_memory(*objects)
 
@@ -589,9 +579,9 @@ class Accelerator(RankFacts):
     def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
         """What FP8 took in a prepared model (the first one by default): how many Linear layers
         train in FP8 and why the others stay in high precision. None without FP8."""
-        if self._fp8 is None or not (model is not None or self._models):
+        if self._fp8 is None or not (model is not None or self.prepared.models):
             return None
-        return conversion_report(self.unwrap_model(model if model is not None else self._models[0]), self.fp8_backend)
+        return conversion_report(self.unwrap_model(model if model is not None else self.prepared.models[0]), self.fp8_backend)
 
     def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
                              saturation_warning: float = 0.001) -> None:
@@ -601,15 +591,15 @@ class Accelerator(RankFacts):
         if self._fp8 is None:
             raise ConfigError(f"FP8 telemetry needs mixed_precision='fp8'; this Accelerator uses {self.mixed_precision!r}.")
         if model is None:
-            if not self._models:
+            if not self.prepared.models:
                 raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")
-            model = self._models[0]
+            model = self.prepared.models[0]
         recorder = TelemetryRecorder(every_n_steps, saturation_warning)
-        if not self._call(self._fp8, "enable_fp8_telemetry", model=self.unwrap_model(model), recorder=recorder):
+        if not self.plugins.enable_fp8_telemetry(self.unwrap_model(model), recorder):
             raise UnsupportedCombinationError(f"FP8 telemetry is not supported by the {self.fp8_backend!r} backend.")
-        if self._telemetry is not None:
-            self._telemetry.remove()
+        self.disable_fp8_telemetry()
         self._telemetry = recorder
+        self.step_rules.step_observers.append(recorder.next_step)
 
     def fp8_stats(self) -> FP8StatsTable:
         """The latest sampled FP8 numerics, one row per layer and tensor (prints as a table)."""
@@ -620,6 +610,7 @@ class Accelerator(RankFacts):
     def disable_fp8_telemetry(self) -> None:
         if self._telemetry is not None:
             self._telemetry.remove()
+            self.step_rules.step_observers.remove(self._telemetry.next_step)
             self._telemetry = None
 
     # ------------------------------------------------------------------ checkpoints
@@ -642,10 +633,10 @@ class Accelerator(RankFacts):
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full, plain state dict an unconverted model loads, on every rank."""
-        state = self._call(self._strategy, "full_state_dict", model=model)
+        state = self.plugins.full_state_dict(model)
         if state is None:
             state = self.unwrap_model(model).state_dict()
-        exported = self._call(self._fp8, "export_state_dict", model=self.unwrap_model(model), state_dict=state)
+        exported = self.plugins.export_state_dict(self.unwrap_model(model), state)
         state = exported if exported is not None else state
         return detached_copy(state)
 
@@ -678,6 +669,16 @@ def detached_copy(state: dict[str, Any]) -> dict[str, torch.Tensor]:
                 copies[key] = tensor.detach().cpu().clone()
             out[name] = copies[key]
     return out
+
+
+def _skip_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) -> None:
+    """Turn off the gradient all-reduce of ``model`` until ``stack`` closes (DDP's ``no_sync``,
+    FSDP2's ``set_requires_gradient_sync``; nothing on one process)."""
+    if hasattr(model, "no_sync"):
+        stack.enter_context(model.no_sync())
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        stack.callback(model.set_requires_gradient_sync, True)
 
 
 def _leaves(data: Any) -> Iterator[Any]:

@@ -144,8 +144,8 @@ def strategy_integration(strategy: str, context: PrepareContext) -> dict[str, An
     """Let the FP8 backend take part in the distributed strategy's own setup.
 
     Called by: ``Accelerator.prepare``, on the chosen FP8 backend, before
-    ``wrap_for_distribution``; the result is stored in
-    ``context.backend_state["strategy_integration"]`` for the strategy to read. Keys the DeepSpeed
+    ``wrap_for_distribution``; the result is ``context.strategy_integration`` for the strategy
+    to read. Keys the DeepSpeed
     strategy reads: ``"initialize"`` (a drop-in for ``deepspeed.initialize``, e.g.
     ``msamp.deepspeed.initialize``) and ``"config"`` (a dict merged into the DeepSpeed config,
     e.g. ``{"msamp": {"enabled": True, "opt_level": "O2"}}``). Return None for "nothing to add".

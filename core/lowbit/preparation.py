@@ -1,55 +1,73 @@
 """What ``Accelerator.prepare`` does: each object through the chosen plugins, in order.
 
-A model goes through the FP8 backend (conversion, or model and optimizer together), then the
-distributed strategy, then gets its forward wrapped in the autocast contexts (and
-``torch.compile``); optimizers, schedulers and dataloaders get lowbit's wrappers. The
-Accelerator owns the state; this collaborator holds the steps.
+A model goes through the low-precision backend (conversion, or model and optimizer together),
+then the distributed strategy, then gets its forward wrapped in the autocast contexts (and
+``torch.compile``); optimizers, schedulers and dataloaders get lowbit's wrappers. It works with
+the chosen plugins, the prepared objects and the step rules it is given, not with the Accelerator.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager
 
 import torch
 
 from lowbit.data_loader import PreparedDataLoader
 from lowbit.errors import ConfigError, PluginError
-from lowbit.prepared import PreparedOptimizer, PreparedScheduler
+from lowbit.fp8_report import conversion_report
+from lowbit.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepRules
+from lowbit.routing import ChosenPlugins, plugin_label
 from lowbit.toolchain import check_compiler_for
 from lowbit.types import PrepareContext
 
-if TYPE_CHECKING:
-    from lowbit.accelerator import Accelerator
+
+@dataclass
+class PreparationSettings:
+    """What ``prepare`` needs to know of this process and of the user's settings."""
+
+    device: torch.device
+    num_processes: int
+    process_index: int
+    split_batches: bool = False
+    even_batches: bool = True
+    device_placement: bool = True
+    dynamo_backend: str | None = None
+    compile_options: dict[str, Any] = field(default_factory=dict)  # torch.compile's mode, fullgraph, ... as given
 
 
 class Preparation:
-    def __init__(self, accelerator: "Accelerator") -> None:
-        self.acc = accelerator
+    """Runs each prepared object through the chosen plugins; what it prepares goes into ``prepared``.
+    ``announce`` prints a line once per machine (the FP8 report)."""
+
+    def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, rules: StepRules,
+                 settings: PreparationSettings, announce: Callable[[str], None]) -> None:
+        self.plugins, self.prepared, self.rules, self.settings = plugins, prepared, rules, settings
+        self.context: PrepareContext = plugins.context
+        self.announce = announce
 
     def prepare(self, *objects: Any) -> Any:
         """Prepare models, optimizers, dataloaders and LR schedulers, in any order.
 
         Returns them in the order given (a single object is returned as itself).
         """
-        acc = self.acc
         kinds = [self._kind_of(index, obj) for index, obj in enumerate(objects)]
         result = list(objects)
-        acc._call(acc._fp8, "check_compatibility")
-        acc._call(acc._strategy, "check_compatibility")
+        self.plugins.check_compatibility()
 
         model_positions = [i for i, k in enumerate(kinds) if k == "model"]
         optimizer_positions = [i for i, k in enumerate(kinds) if k == "optimizer"]
         raw_optimizers = {i: objects[i] for i in optimizer_positions}
         # A model and the optimizers created for it travel together through the joint hooks.
         paired_optimizer = optimizer_positions[0] if len(model_positions) == 1 and optimizer_positions else None
-        if len(model_positions) == 1 and acc.context.batch_size is None:
-            acc.context.batch_size = next(
+        if len(model_positions) == 1 and self.context.batch_size is None:
+            self.context.batch_size = next(
                 (getattr(o, "batch_size", None) for o, k in zip(objects, kinds) if k == "dataloader"), None
             )
 
         for m_index in model_positions:
-            model = result[m_index].to(acc.device)
+            model = result[m_index].to(self.settings.device)
             optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
             model, optimizer = self._prepare_fp8(model, optimizer)
             if paired_optimizer is not None:
@@ -59,14 +77,14 @@ class Preparation:
                 raw_optimizers[paired_optimizer] = optimizer
             result[m_index] = self._wrap_forward(model)
             result[m_index]._lowbit_prepared = True
-            acc._models.append(result[m_index])
-            report = acc.fp8_report(result[m_index])
+            self.prepared.models.append(result[m_index])
+            report = conversion_report(unwrap(result[m_index]), self.plugins.backend_name) if self.plugins.backend else None
             if report:
-                acc.print(f"lowbit: {report}")
+                self.announce(f"lowbit: {report}")
 
-        if acc._fp8 is not None and paired_optimizer is None:
+        if self.plugins.backend is not None and paired_optimizer is None:
             for index in optimizer_positions:  # optimizers prepared without their model
-                raw_optimizers[index] = acc._call(acc._fp8, "wrap_optimizer", optimizer=raw_optimizers[index], model=None) or raw_optimizers[index]
+                raw_optimizers[index] = self.plugins.wrap_optimizer(raw_optimizers[index], None) or raw_optimizers[index]
         for index in optimizer_positions:
             result[index] = self._prepare_optimizer(raw_optimizers[index])
 
@@ -75,11 +93,12 @@ class Preparation:
             if kind == "scheduler":
                 result[index] = self._prepare_scheduler(objects[index], replaced)
             elif kind == "dataloader":
+                settings = self.settings
                 result[index] = PreparedDataLoader(
-                    objects[index], acc.device, acc.num_processes, acc.process_index, acc.gradient_state,
-                    split_batches=acc.split_batches, even_batches=acc.dataloader_config.even_batches,
-                    device_placement=acc.device_placement)
-                acc._dataloaders.append(result[index])
+                    objects[index], settings.device, settings.num_processes, settings.process_index, self.rules.gradient_state,
+                    split_batches=settings.split_batches, even_batches=settings.even_batches,
+                    device_placement=settings.device_placement)
+                self.prepared.dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
 
     @staticmethod
@@ -108,31 +127,25 @@ class Preparation:
         )
 
     def _prepare_fp8(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
-        acc = self.acc
-        if acc._fp8 is None:
+        plugins = self.plugins
+        if plugins.backend is None:
             return model, optimizer
         names = _parameter_names(model)
-        if acc._implements(acc._fp8, "prepare_model_and_optimizer"):
-            model, optimizer = acc._call(acc._fp8, "prepare_model_and_optimizer", model=model, optimizer=optimizer)
-            return model, optimizer
-        converted = acc._call(acc._fp8, "convert_model", model=model)
-        model = expect_result(acc._fp8, "convert_model", converted, torch.nn.Module, "a torch.nn.Module (or None)") or model
+        if plugins.converts_model_and_optimizer_together:
+            return plugins.prepare_model_and_optimizer(model, optimizer)
+        model = plugins.convert_model(model) or model
         if optimizer is not None:
             _remap_optimizer_params(optimizer, names, model)
-            wrapped = acc._call(acc._fp8, "wrap_optimizer", optimizer=optimizer, model=model)
-            optimizer = expect_result(acc._fp8, "wrap_optimizer", wrapped, torch.optim.Optimizer,
-                                      "a torch.optim.Optimizer (or None)") or optimizer
+            optimizer = plugins.wrap_optimizer(optimizer, model) or optimizer
         return model, optimizer
 
     def _distribute(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
-        acc = self.acc
-        if acc._strategy is None:
+        plugins = self.plugins
+        if plugins.strategy is None:
             return model, optimizer
-        integration = acc._call(acc._fp8, "strategy_integration", strategy=acc._strategy.name)
-        if integration:
-            acc.context.backend_state["strategy_integration"] = integration
+        self.context.strategy_integration = plugins.strategy_integration() or None
         names = _parameter_names(model)
-        wrapped = acc._call(acc._strategy, "wrap_for_distribution", model=model, optimizer=optimizer)
+        wrapped = plugins.wrap_for_distribution(model, optimizer)
         new_model, new_optimizer = wrapped if wrapped is not None else (model, optimizer)
         if new_optimizer is optimizer and optimizer is not None:
             _remap_optimizer_params(optimizer, names, new_model)  # FSDP2 swaps in DTensor parameters
@@ -140,38 +153,23 @@ class Preparation:
             mark_wrapper(new_model, model)
         return new_model, new_optimizer
 
-    def autocast_callers(self) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
-        """The precision plugin's context (outer, native autocast) and the FP8 backend's (inner)."""
-        acc = self.acc
-        outer = acc._routed(acc._precision, "autocast_context") if acc.context.autocast_dtype is not None else None
-        inner = acc._routed(acc._fp8, "autocast_context") if acc._implements(acc._fp8, "autocast_context") else None
-        return outer, inner
-
-    def _compile_options(self) -> dict[str, Any]:
-        """torch.compile's mode, fullgraph and dynamic from the settings (only those given)."""
-        acc = self.acc
-        given = {"mode": acc.config.dynamo_mode, "fullgraph": acc.config.dynamo_use_fullgraph,
-                 "dynamic": acc.config.dynamo_use_dynamic}
-        options = acc.dynamo_plugin.options if acc.dynamo_plugin is not None else None
-        return {k: v for k, v in {**given, "options": options}.items() if v is not None}
-
     def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
-        acc = self.acc
-        if acc.config.dynamo_backend not in ("no", "NO", None):
-            advice = check_compiler_for(acc.config.dynamo_backend, acc.context.device.type)
+        backend = self.settings.dynamo_backend
+        if backend not in ("no", "NO", None):
+            advice = check_compiler_for(backend, self.context.device.type)
             if advice is not None:
                 raise ConfigError(advice)
-            model = torch.compile(model, backend=acc.config.dynamo_backend.lower(), **self._compile_options())
-        outer, inner = self.autocast_callers()
+            model = torch.compile(model, backend=backend.lower(), **self.settings.compile_options)
+        outer, inner = self.plugins.autocast_callers()
         if inner is not None:  # a broken context would fail at the first forward, far from its cause
-            probe = inner(model=model, context=acc.context)
+            probe = inner(model=model, context=self.context)
             if probe is not None and not (hasattr(probe, "__enter__") and hasattr(probe, "__exit__")):
-                raise PluginError(f"{plugin_label(acc._fp8)}: autocast_context returned {type(probe).__name__} "
+                raise PluginError(f"{plugin_label(self.plugins.backend)}: autocast_context returned {type(probe).__name__} "
                                   f"{probe!r:.60}, expected a context manager (or None).")
         if outer is None and inner is None:
             return model
         original = model.forward
-        context = acc.context
+        context = self.context
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             with context_or_null(outer, model, context), context_or_null(inner, model, context):
@@ -184,48 +182,30 @@ class Preparation:
         return model
 
     def _prepare_optimizer(self, optimizer: Any) -> PreparedOptimizer:
-        acc = self.acc
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
-        model = acc._models[-1] if acc._models else None
-        backend_step = acc._routed(acc._fp8, "after_optimizer_step") if acc._implements(acc._fp8, "after_optimizer_step") else None
+        model = self.prepared.models[-1] if self.prepared.models else None
+        backend_step = self.plugins.after_optimizer_step_caller()
+        context = self.context
 
         def after_step() -> None:
-            if backend_step is not None:
-                backend_step(model=model, optimizer=optimizer, context=acc.context)
-            if acc._telemetry is not None:
-                acc._telemetry.next_step()
+            backend_step(model=model, optimizer=optimizer, context=context)
 
-        prepared = PreparedOptimizer(optimizer, acc, after_step)
-        acc._optimizers.append(prepared)
+        prepared = PreparedOptimizer(optimizer, self.rules, after_step if backend_step is not None else None)
+        self.prepared.optimizers.append(prepared)
         return prepared
 
     def _prepare_scheduler(self, scheduler: Any, replaced: dict[int, PreparedOptimizer]) -> PreparedScheduler:
-        acc = self.acc
         prepared_opt = replaced.get(id(scheduler.optimizer))
         if prepared_opt is not None and prepared_opt.optimizer is not scheduler.optimizer:
             # The backend swapped the optimizer (e.g. for one with FP8 states); keep the
             # schedule driving the one that actually steps.
             scheduler.optimizer = prepared_opt.optimizer
             _mark_step_tracked(prepared_opt.optimizer)
-        optimizers = [prepared_opt] if prepared_opt is not None else list(acc._optimizers)
-        prepared = PreparedScheduler(scheduler, optimizers, acc)
-        acc._schedulers.append(prepared)
+        optimizers = [prepared_opt] if prepared_opt is not None else list(self.prepared.optimizers)
+        prepared = PreparedScheduler(scheduler, optimizers, self.rules)
+        self.prepared.schedulers.append(prepared)
         return prepared
-
-
-def plugin_label(selection: Any) -> str:
-    """``backend 'fakefp8' (lowbit-fakefp8 0.1.0)``: who to blame in an error about a hook's result."""
-    description = selection.chosen.description
-    where = f" ({description.distribution} {description.version})".rstrip() if description.distribution else ""
-    return f"{description.kind} backend {description.name!r}{where}"
-
-
-def expect_result(selection: Any, hook: str, result: Any, expected: type, wording: str) -> Any:
-    """``result`` when it is None or an ``expected``; otherwise an error naming the plugin and the hook."""
-    if result is not None and not isinstance(result, expected):
-        raise PluginError(f"{plugin_label(selection)}: {hook} returned {type(result).__name__}, expected {wording}.")
-    return result
 
 
 def context_or_null(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:

@@ -6,12 +6,52 @@ rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.da
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
-if TYPE_CHECKING:
-    from lowbit.accelerator import Accelerator
+from lowbit.state import GradientState
+
+
+@dataclass
+class PreparedObjects:
+    """Everything ``prepare`` handed back, in order: what checkpoints save and loops step."""
+
+    models: list[torch.nn.Module] = field(default_factory=list)
+    optimizers: list["PreparedOptimizer"] = field(default_factory=list)
+    schedulers: list["PreparedScheduler"] = field(default_factory=list)
+    dataloaders: list[Any] = field(default_factory=list)
+
+    def clear(self) -> None:
+        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders):
+            objects.clear()
+
+
+@dataclass
+class TrainingCounters:
+    """Counters a checkpoint carries: micro-batches seen by ``accumulate()``."""
+
+    step: int = 0
+
+
+@dataclass
+class StepRules:
+    """What the prepared optimizers and schedulers need to know of the training loop: whether this
+    micro-batch syncs, the fp16 scaler, which optimizers ``clip_grad_norm_`` already unscaled,
+    how a schedule counts steps, and who observes each optimizer step (FP8 telemetry)."""
+
+    gradient_state: GradientState
+    scaler: Any = None
+    num_processes: int = 1
+    split_batches: bool = False
+    step_scheduler_with_optimizer: bool = True
+    unscaled: set[int] = field(default_factory=set)
+    step_observers: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -21,9 +61,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
     check ``isinstance(optimizer, Optimizer)``, accept it.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, accelerator: "Accelerator", after_step: Callable[[], None] | None = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, rules: StepRules, after_step: Callable[[], None] | None = None):
         self.optimizer = optimizer
-        self._accelerator = accelerator
+        self._rules = rules
         self._after_step = after_step
         self.step_was_skipped = False
 
@@ -66,13 +106,13 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.add_param_group(param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._accelerator.sync_gradients:
+        if self._rules.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
-        if not self._accelerator.sync_gradients:
+        if not self._rules.sync_gradients:
             return None
-        scaler = self._accelerator.scaler
+        scaler = self._rules.scaler
         if scaler is None:
             result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
             self.step_was_skipped = False
@@ -82,9 +122,12 @@ class PreparedOptimizer(torch.optim.Optimizer):
             scaler.update()
             # GradScaler lowers the scale exactly when it skipped the step for inf/nan grads.
             self.step_was_skipped = scaler.get_scale() < scale_before
-        self._accelerator._unscaled.discard(id(self.optimizer))
-        if not self.step_was_skipped and self._after_step is not None:
-            self._after_step()
+        self._rules.unscaled.discard(id(self.optimizer))
+        if not self.step_was_skipped:
+            if self._after_step is not None:
+                self._after_step()
+            for observe in self._rules.step_observers:
+                observe()
         return result
 
 
@@ -97,18 +140,18 @@ class PreparedScheduler:
     ``step_scheduler_with_optimizer=False`` every call steps once, as the user wrote it.
     """
 
-    def __init__(self, scheduler, optimizers: list[PreparedOptimizer], accelerator: "Accelerator"):
+    def __init__(self, scheduler, optimizers: list[PreparedOptimizer], rules: StepRules):
         self.scheduler = scheduler
         self.optimizers = optimizers
-        self._accelerator = accelerator
+        self._rules = rules
 
     def step(self, *args, **kwargs):
-        acc = self._accelerator
-        if not acc.step_scheduler_with_optimizer:
+        rules = self._rules
+        if not rules.step_scheduler_with_optimizer:
             return self.scheduler.step(*args, **kwargs)
-        if not acc.sync_gradients or any(opt.step_was_skipped for opt in self.optimizers):
+        if not rules.sync_gradients or any(opt.step_was_skipped for opt in self.optimizers):
             return None
-        repeats = 1 if acc.split_batches else acc.num_processes
+        repeats = 1 if rules.split_batches else rules.num_processes
         for _ in range(repeats):
             total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises past its end
             if total is None or self.scheduler._step_count <= total:

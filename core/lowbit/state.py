@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import datetime
 import functools
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from lowbit.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
 
-if TYPE_CHECKING:
-    from lowbit.accelerator import Accelerator
 
 # How long a rank that finished normally waits at exit for the others before leaving anyway.
 EXIT_BARRIER_TIMEOUT = datetime.timedelta(seconds=120)
@@ -178,6 +177,41 @@ class RankFacts:
         return self.process_index == self.num_processes - 1
 
 
+@dataclasses.dataclass(frozen=True)
+class ProcessFacts(RankFacts):
+    """Where this process stands: ranks from the launcher's environment, and its device. Made by
+    :func:`process_facts`, the one place both the Accelerator and PartialState get them from."""
+
+    num_processes: int
+    process_index: int
+    local_process_index: int
+    device: torch.device
+
+
+def process_facts(device_type: str, device_count: int) -> ProcessFacts:
+    """Read the ranks torchrun (or ``lowbit launch``) set; this process's device is the
+    ``local_rank``-th of ``device_count`` devices of ``device_type`` (CUDA devices are also made
+    current). Several processes join the job's process group."""
+    world = _env_int("WORLD_SIZE", 1)
+    local = _env_int("LOCAL_RANK", 0)
+    if device_type == "cuda":
+        device = torch.device("cuda", local % max(device_count, 1))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device(device_type)
+    if world > 1:
+        init_process_group(device.type)
+    return ProcessFacts(world, _env_int("RANK", 0), local, device)
+
+
+def wait_for_everyone() -> None:
+    """A barrier over the job's processes (nothing to wait for in one process)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 class PartialState(RankFacts):
     """Where this process stands in the job: ranks, device, process group.
 
@@ -191,13 +225,10 @@ class PartialState(RankFacts):
         self.__dict__ = PartialState._shared
         if self._shared:
             return
-        self.num_processes = _env_int("WORLD_SIZE", 1)
-        self.process_index = _env_int("RANK", 0)
-        self.local_process_index = _env_int("LOCAL_RANK", 0)
         use_cuda = torch.cuda.is_available() and not cpu and not _truthy(os.environ.get("ACCELERATE_USE_CPU"))
-        self.device = torch.device("cuda", self.local_process_index % max(torch.cuda.device_count(), 1)) if use_cuda else torch.device("cpu")
-        if self.num_processes > 1:
-            init_process_group(self.device.type)
+        facts = process_facts("cuda" if use_cuda else "cpu", torch.cuda.device_count() if use_cuda else 1)
+        self.num_processes, self.process_index = facts.num_processes, facts.process_index
+        self.local_process_index, self.device = facts.local_process_index, facts.device
         self.backend = ("nccl" if use_cuda else "gloo") if self.num_processes > 1 else None
         self.debug = _truthy(os.environ.get("ACCELERATE_DEBUG_MODE"))
 
@@ -227,8 +258,7 @@ class PartialState(RankFacts):
     # -------------------------------------------------------------- synchronising
 
     def wait_for_everyone(self) -> None:
-        if self.use_distributed:
-            torch.distributed.barrier()
+        wait_for_everyone()
 
     @contextlib.contextmanager
     def _first(self, goes_first: bool) -> Iterator[None]:
@@ -337,7 +367,7 @@ class AcceleratorState:
     global precision to reset, so it only forgets the process facts when asked to.
     """
 
-    def __init__(self, accelerator: "Accelerator | None" = None, cpu: bool = False, **kwargs: Any) -> None:
+    def __init__(self, accelerator: Any = None, cpu: bool = False, **kwargs: Any) -> None:
         self._accelerator = accelerator
         self._partial = PartialState(cpu=cpu)
 
@@ -393,7 +423,7 @@ class GradientState:
     """Accelerate's ``GradientState``, bound to one Accelerator: whether this micro-batch syncs
     gradients, and whether the prepared dataloader just yielded its last batch."""
 
-    def __init__(self, accelerator: "Accelerator | None" = None, gradient_accumulation_plugin: Any = None) -> None:
+    def __init__(self, accelerator: Any = None, gradient_accumulation_plugin: Any = None) -> None:
         self._accelerator = accelerator
         self.sync_gradients = True
         self.end_of_dataloader = False

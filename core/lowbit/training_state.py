@@ -1,28 +1,35 @@
 """``save_state`` / ``load_state``: the Accelerator's collaborator for resumable checkpoints.
 
-It saves what the Accelerator prepared (models, optimizers, schedulers, the fp16 scaler), the
-objects registered with ``register_for_checkpointing``, every RNG, and the counters, through
-the crash-safe file layer in :mod:`lowbit.checkpoint`. A distributed strategy that owns its
-checkpoint format (DeepSpeed) writes the model and optimizer itself.
+It saves what was prepared (models, optimizers, schedulers, the fp16 scaler), the objects
+registered with ``register_for_checkpointing``, every RNG, and the counters, through the
+crash-safe file layer in :mod:`lowbit.checkpoint`. A distributed strategy that owns its
+checkpoint format (DeepSpeed, FSDP2's DCP) writes the model and optimizer itself; the backend
+turns its state into plain tensors (``encode_checkpoint_state``) and saves what lives outside the
+state dict (``backend_checkpoint_state``).
 """
 from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from lowbit import checkpoint
 from lowbit.errors import CheckpointError, ConfigError
-
-if TYPE_CHECKING:
-    from lowbit.accelerator import Accelerator
+from lowbit.preparation import unwrap
+from lowbit.prepared import PreparedObjects, StepRules, TrainingCounters
+from lowbit.routing import ChosenPlugins
+from lowbit.state import ProcessFacts, wait_for_everyone
 
 
 class TrainingStateCheckpointer:
-    def __init__(self, accelerator: "Accelerator") -> None:
-        self._acc = accelerator
+    """Saves and restores a run. Given the chosen plugins (strategy- and backend-owned state), the
+    prepared objects, the step rules (the fp16 scaler), the process facts and the counters."""
+
+    def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, rules: StepRules, facts: ProcessFacts,
+                 counters: TrainingCounters) -> None:
+        self.plugins, self.prepared, self.rules, self.facts, self.counters = plugins, prepared, rules, facts, counters
         self.custom_objects: list[Any] = []
 
     def register(self, *objects: Any) -> None:
@@ -36,54 +43,62 @@ class TrainingStateCheckpointer:
         self.custom_objects.extend(objects)
 
     def fingerprint(self) -> dict[str, Any]:
-        acc = self._acc
-        return {"mixed_precision": acc.mixed_precision, "fp8_backend": acc.fp8_backend, "strategy": acc.context.strategy}
+        context = self.plugins.context
+        return {"mixed_precision": context.mixed_precision, "fp8_backend": self.plugins.backend_name,
+                "strategy": context.strategy}
+
+    def _strategy_objects(self) -> tuple[Any, Any]:
+        """The model and (inner) optimizer a strategy saves and loads itself."""
+        prepared = self.prepared
+        return prepared.models[0], (prepared.optimizers[0].optimizer if prepared.optimizers else None)
 
     def save(self, output_dir: str | Path) -> Path:
-        acc = self._acc
+        prepared, plugins, is_main = self.prepared, self.plugins, self.facts.is_main_process
         output_dir = Path(output_dir)
-        with checkpoint.staged_save(output_dir, acc.is_main_process, acc.wait_for_everyone) as staged:
+        with checkpoint.staged_save(output_dir, is_main, wait_for_everyone) as staged:
             tmp = staged.path
             handled = False
-            if acc._models and acc._strategy is not None:
-                optimizer = acc._optimizers[0].optimizer if acc._optimizers else None
-                handled = bool(acc._call(acc._strategy, "save_checkpoint", directory=str(tmp), model=acc._models[0], optimizer=optimizer))
-            if acc.is_main_process:
+            if prepared.models and plugins.strategy is not None:
+                handled = plugins.save_checkpoint(str(tmp), *self._strategy_objects())
+            if is_main:
                 if not handled:
-                    for i, model in enumerate(acc._models):
-                        unwrapped = acc.unwrap_model(model)
-                        checkpoint.write_file_atomically(self._encoded("model", unwrapped), tmp / f"model_{i}.pt")
-                    for i, opt in enumerate(acc._optimizers):
-                        checkpoint.write_file_atomically(self._encoded("optimizer", opt.optimizer), tmp / f"optimizer_{i}.pt")
-                for i, model in enumerate(acc._models):
-                    backend_state = acc._call(acc._fp8, "backend_checkpoint_state", model=acc.unwrap_model(model))
+                    for i, model in enumerate(prepared.models):
+                        plain = unwrap(model)
+                        checkpoint.write_file_atomically(plugins.encode_checkpoint_state("model", plain, plain.state_dict()),
+                                                         tmp / f"model_{i}.pt")
+                    for i, opt in enumerate(prepared.optimizers):
+                        inner = opt.optimizer
+                        checkpoint.write_file_atomically(plugins.encode_checkpoint_state("optimizer", inner, inner.state_dict()),
+                                                         tmp / f"optimizer_{i}.pt")
+                for i, model in enumerate(prepared.models):
+                    backend_state = plugins.backend_checkpoint_state(unwrap(model))
                     if backend_state is not None:
                         checkpoint.write_file_atomically(backend_state, tmp / f"fp8_state_{i}.pt")
-                for i, sched in enumerate(acc._schedulers):
+                for i, sched in enumerate(prepared.schedulers):
                     checkpoint.write_file_atomically(sched.state_dict(), tmp / f"scheduler_{i}.pt")
-                if acc.scaler is not None:
-                    checkpoint.write_file_atomically(acc.scaler.state_dict(), tmp / "scaler.pt")
+                if self.rules.scaler is not None:
+                    checkpoint.write_file_atomically(self.rules.scaler.state_dict(), tmp / "scaler.pt")
                 for i, obj in enumerate(self.custom_objects):
                     checkpoint.write_file_atomically(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
                 staged.metadata.update(
                     self.fingerprint(),
                     lowbit_version=_lowbit_version(),
-                    world_size=acc.num_processes,
-                    step=acc.step,
+                    world_size=self.facts.num_processes,
+                    step=self.counters.step,
                     strategy_checkpoint=handled,
-                    dataloader_epochs=[d.epoch for d in acc._dataloaders],
+                    dataloader_epochs=[d.epoch for d in prepared.dataloaders],
                     custom_objects=len(self.custom_objects),
                 )
-            checkpoint.write_file_atomically(rng_state([d.generator for d in acc._dataloaders]),
-                                             tmp / f"rng_state_{acc.process_index}.pt")
+            checkpoint.write_file_atomically(rng_state([d.generator for d in prepared.dataloaders]),
+                                             tmp / f"rng_state_{self.facts.process_index}.pt")
         return output_dir
 
     def load(self, input_dir: str | Path) -> None:
-        acc = self._acc
+        prepared, plugins = self.prepared, self.plugins
         directory = Path(input_dir)
-        if acc.is_main_process and directory.is_dir():
+        if self.facts.is_main_process and directory.is_dir():
             checkpoint.recover(directory)
-        acc.wait_for_everyone()
+        wait_for_everyone()
         meta = checkpoint.read_metadata(directory)
         checkpoint.check_same_setup(meta, self.fingerprint(), directory)
         if meta.get("custom_objects", 0) != len(self.custom_objects):
@@ -92,50 +107,39 @@ class TrainingStateCheckpointer:
                 f"checkpointing, but this run registered {len(self.custom_objects)}. Register the same objects, in the "
                 "same order, before load_state."
             )
-        checkpoint.verify_files(directory, meta, required=[f"rng_state_{acc.process_index}.pt"])
+        rng_file = f"rng_state_{self.facts.process_index}.pt"
+        checkpoint.verify_files(directory, meta, required=[rng_file])
         if meta.get("strategy_checkpoint"):
-            optimizer = acc._optimizers[0].optimizer if acc._optimizers else None
-            acc._call(acc._strategy, "load_checkpoint", directory=str(directory), model=acc._models[0], optimizer=optimizer)
+            plugins.load_checkpoint(str(directory), *self._strategy_objects())
         else:
-            for i, model in enumerate(acc._models):
-                unwrapped = acc.unwrap_model(model)
-                state = self._decoded("model", unwrapped, checkpoint.read_tensor_file(directory / f"model_{i}.pt"))
+            for i, model in enumerate(prepared.models):
+                plain = unwrap(model)
+                state = plugins.decode_checkpoint_state("model", plain, checkpoint.read_tensor_file(directory / f"model_{i}.pt"))
                 try:
-                    unwrapped.load_state_dict(state)
+                    plain.load_state_dict(state)
                 except RuntimeError as exc:
                     raise CheckpointError(f"{directory / f'model_{i}.pt'} does not fit this model: {exc}") from None
-            for i, opt in enumerate(acc._optimizers):
+            for i, opt in enumerate(prepared.optimizers):
                 state = checkpoint.read_tensor_file(directory / f"optimizer_{i}.pt")
-                opt.load_state_dict(self._decoded("optimizer", opt.optimizer, state))
-        for i, model in enumerate(acc._models):
+                opt.load_state_dict(plugins.decode_checkpoint_state("optimizer", opt.optimizer, state))
+        for i, model in enumerate(prepared.models):
             if f"fp8_state_{i}.pt" in meta["files"]:
                 path = directory / f"fp8_state_{i}.pt"
                 try:
-                    acc._call(acc._fp8, "load_backend_checkpoint_state", model=acc.unwrap_model(model),
-                              state=checkpoint.read_tensor_file(path))
+                    plugins.load_backend_checkpoint_state(unwrap(model), checkpoint.read_tensor_file(path))
                 except (ValueError, RuntimeError) as exc:
                     raise CheckpointError(f"{path} does not fit this model: {exc}") from None
-        for i, sched in enumerate(acc._schedulers):
+        for i, sched in enumerate(prepared.schedulers):
             sched.load_state_dict(checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt"))
-        if acc.scaler is not None:
-            acc.scaler.load_state_dict(checkpoint.read_tensor_file(directory / "scaler.pt"))
+        if self.rules.scaler is not None:
+            self.rules.scaler.load_state_dict(checkpoint.read_tensor_file(directory / "scaler.pt"))
         for i, obj in enumerate(self.custom_objects):
             obj.load_state_dict(checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt"))
-        for loader, epoch in zip(acc._dataloaders, meta.get("dataloader_epochs", [])):
+        for loader, epoch in zip(prepared.dataloaders, meta.get("dataloader_epochs", [])):
             loader.set_epoch(epoch)
-        acc.step = meta["step"]
-        set_rng_state(checkpoint.read_tensor_file(directory / f"rng_state_{acc.process_index}.pt"),
-                      [d.generator for d in acc._dataloaders])
-        acc.wait_for_everyone()
-
-
-    def _encoded(self, kind: str, owner: Any) -> dict[str, Any]:
-        """``owner.state_dict()``, made weights_only-readable by the FP8 backend where it must be."""
-        state = owner.state_dict()
-        return self._acc._call(self._acc._fp8, "encode_checkpoint_state", kind=kind, owner=owner, state=state) or state
-
-    def _decoded(self, kind: str, owner: Any, state: dict[str, Any]) -> dict[str, Any]:
-        return self._acc._call(self._acc._fp8, "decode_checkpoint_state", kind=kind, owner=owner, state=state) or state
+        self.counters.step = meta["step"]
+        set_rng_state(checkpoint.read_tensor_file(directory / rng_file), [d.generator for d in prepared.dataloaders])
+        wait_for_everyone()
 
 
 def _lowbit_version() -> str:

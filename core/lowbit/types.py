@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
     import torch
 
 BackendKind = Literal["fp8", "precision", "distributed"]
+T = TypeVar("T")
 # mixed_precision values torch's autocast serves (the built-in precision plugin); every other
 # name ("fp8", "fp4", ...) is served by a low-precision backend that declares it.
 NATIVE_PRECISIONS = frozenset({"no", "fp16", "bf16"})
@@ -142,8 +143,18 @@ class PrepareContext:
     gradient_accumulation_steps: int = 1
     batch_size: int | None = None  # per-process micro-batch size, when a dataloader told us
     compiled: bool = False  # the model's forward is run through torch.compile (dynamo_backend)
-    # Scratch space for the chosen backends, per Accelerator (e.g. a recipe object built once).
-    backend_state: dict[str, Any] = field(default_factory=dict)
+    # What the chosen backend's strategy_integration hook returned, for the strategy to use.
+    strategy_integration: dict[str, Any] | None = None
+    # Each plugin's own per-run state, by its type (see plugin_state); never shared between plugins.
+    _plugin_states: dict[type, Any] = field(default_factory=dict, repr=False)
+
+    def plugin_state(self, kind: "type[T]") -> "T":
+        """The chosen plugin's own state for this run: an instance of ``kind`` (a class the plugin
+        defines, e.g. a dataclass holding its recipe object), made with ``kind()`` on first use.
+        One per Accelerator, so two Accelerators in a process never share it."""
+        if kind not in self._plugin_states:
+            self._plugin_states[kind] = kind()
+        return self._plugin_states[kind]
 
     @property
     def autocast_dtype(self) -> "torch.dtype | None":

@@ -75,7 +75,7 @@ def check_conversion_keeps_weights(backend: str, plugin: object | None = None, h
     source = model_factory()
     original = {name: value.detach().clone() for name, value in source.state_dict().items()}
     acc, prepared, _ = prepare(backend, plugin, hardware, source)
-    storage = getattr(acc._fp8.chosen.description, "weight_storage", "") or ""
+    storage = getattr(acc.plugins.backend.chosen.description, "weight_storage", "") or ""
     state = acc.get_state_dict(prepared)
     largest = 0.0
     for name, want in original.items():

@@ -43,13 +43,13 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
 
 @hookimpl
 def backward(loss, model, context: PrepareContext):
-    from lowbit_deepspeed.engine import PENDING_STEP, run_pending_step
+    from lowbit_deepspeed.engine import run_pending_step, run_state
 
     run_pending_step(context)  # a boundary step the script never took (no optimizer.step()) comes first
     boundary = model.is_gradient_accumulation_boundary()
     model.backward(loss)
     if boundary:
-        context.backend_state[PENDING_STEP] = model  # taken by optimizer.step() or clip_grad_norm_
+        run_state(context).pending_step = model  # taken by optimizer.step() or clip_grad_norm_
     else:
         model.step()  # between boundaries DeepSpeed's step only counts the micro-step
     return True
@@ -57,11 +57,11 @@ def backward(loss, model, context: PrepareContext):
 
 @hookimpl
 def clip_grad_norm(parameters, max_norm, norm_type, context: PrepareContext):
-    from lowbit_deepspeed.engine import clip_and_step
+    from lowbit_deepspeed.engine import clip_and_step, run_state
 
     if float(norm_type) != 2.0:
         raise UnsupportedCombinationError(f"DeepSpeed clips gradients by their 2-norm only; got norm_type={norm_type}.")
-    return clip_and_step(context.backend_state["deepspeed_engine"], max_norm, context)
+    return clip_and_step(run_state(context).engine, max_norm, context)
 
 
 @hookimpl

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any, Iterator
 
 import torch
@@ -10,13 +11,24 @@ from lowbit.types import PrepareContext
 from lowbit_deepspeed.ds_config import build_config
 
 
-PENDING_STEP = "deepspeed_pending_step"
+@dataclasses.dataclass
+class DeepSpeedRunState:
+    """lowbit-deepspeed's state for one run (``context.plugin_state(DeepSpeedRunState)``): the
+    engine, and the boundary step the last backward left for ``optimizer.step()``."""
+
+    engine: Any = None
+    pending_step: Any = None
+
+
+def run_state(context: PrepareContext) -> DeepSpeedRunState:
+    return context.plugin_state(DeepSpeedRunState)
 
 
 def run_pending_step(context: PrepareContext) -> bool:
     """Take the engine step that the last backward left for the script's ``optimizer.step()``
     (or ``clip_grad_norm_``); True when there was one."""
-    engine = context.backend_state.pop(PENDING_STEP, None)
+    state = run_state(context)
+    engine, state.pending_step = state.pending_step, None
     if engine is None:
         return False
     engine.step()
@@ -118,14 +130,14 @@ def initialize(model, optimizer, context: PrepareContext):
     config = build_config(dict(context.strategy_options), context)
     # An FP8 backend with its own DeepSpeed integration (MS-AMP) supplies the initialize
     # function and its config section; see the strategy_integration hook.
-    integration = context.backend_state.get("strategy_integration", {})
+    integration = context.strategy_integration or {}
     config.update(integration.get("config", {}))
     initialize_fn = integration.get("initialize", deepspeed.initialize)
     with _without_shared_memory_kernels(context.device):
         engine, ds_optimizer, _, _ = initialize_fn(
             model=model, optimizer=optimizer, config=config, dist_init_required=False
         )
-    context.backend_state["deepspeed_engine"] = engine
+    run_state(context).engine = engine
     return engine, (EngineOwnedOptimizer(ds_optimizer, context) if ds_optimizer is not None else None)
 
 
@@ -139,7 +151,7 @@ def clip_and_step(engine, max_norm: float, context: PrepareContext) -> torch.Ten
     """
     plain = not (engine.zero_optimization() or engine.bfloat16_enabled() or engine.fp16_enabled())
     norm = None
-    if plain and PENDING_STEP in context.backend_state:
+    if plain and run_state(context).pending_step is not None:
         norm = torch.nn.utils.clip_grad_norm_([p for p in engine.module.parameters() if p.grad is not None], max_norm)
     with _clipping_at(engine, float(max_norm)):  # this step only: later steps and checkpoints keep the config's value
         stepped = run_pending_step(context)

@@ -136,12 +136,20 @@ def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:
     return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
 
 
+@dataclasses.dataclass
+class TERunState:
+    """lowbit-te's state for one run (``context.plugin_state(TERunState)``)."""
+
+    recipe: Any = None
+
+
 def run_recipe(context: PrepareContext) -> Any:
     """The one recipe object of this run: built once (autocast is entered every forward), and the
     same object restored FP8 state is bound to, so TE sees no recipe change at the next forward."""
-    if "te_recipe" not in context.backend_state:
-        context.backend_state["te_recipe"] = build_recipe(context)
-    return context.backend_state["te_recipe"]
+    state = context.plugin_state(TERunState)
+    if state.recipe is None:
+        state.recipe = build_recipe(context)
+    return state.recipe
 
 
 def _data_parallel_group(context: PrepareContext) -> Any:

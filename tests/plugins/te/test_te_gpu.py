@@ -20,6 +20,7 @@ from helpers import TiedLM, needs_fp8_gpu_with, run_launch, train_on_gpu
 
 from lowbit import Accelerator
 from lowbit.utils import TERecipeKwargs
+from lowbit_te.runtime import TERunState
 
 gpu_te = needs_fp8_gpu_with("transformer_engine.pytorch", "Transformer Engine")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
@@ -77,7 +78,7 @@ def test_every_recipe_this_gpu_supports_trains(scaling):
     if not ok:
         pytest.skip(f"Transformer Engine says {scaling} scaling cannot run on this GPU: {why}")
     accelerator, model, losses = train("fp8", scaling=scaling)
-    assert type(accelerator.context.backend_state["te_recipe"]).__name__ == {
+    assert type(accelerator.context.plugin_state(TERunState).recipe).__name__ == {
         "delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
         "block": "Float8BlockScaling"}[scaling]
     assert losses[-1] < 0.7 * losses[0], losses
