@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import torch
 
-from lowbit.cpu_features import cpu_has_native_bf16
+from lowbit.training.cpu_features import cpu_has_native_bf16
 from lowbit_ao.fast_emulation import scaled_mm
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ from torch import nn
 
 from lowbit import hookimpl
 from lowbit.plugins import make_plugin_manager
-from lowbit.recipes import RecipeKwargs, recipe_option
+from lowbit.config.recipes import RecipeKwargs, recipe_option
 from lowbit.types import BackendDescription
 
 
@@ -106,7 +106,7 @@ def train_on_gpu(model: nn.Module, precision: str, handlers: list, shape: tuple[
     """Prepare ``model`` (moved to CUDA) with AdamW and train ``steps`` full-batch MSE steps on
     fixed random data of ``shape`` (last dim: the model's width). Returns (accelerator, model, losses)."""
     from lowbit import Accelerator
-    from lowbit.selftest import train_steps
+    from lowbit.training.selftest import train_steps
 
     model = model.cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

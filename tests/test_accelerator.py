@@ -14,8 +14,8 @@ from torch import nn
 
 from lowbit import Accelerator
 from lowbit.errors import BackendUnavailableError, ConfigError
-from lowbit.prepared import PreparedOptimizer
-from lowbit.selftest import train_steps
+from lowbit.training.prepared import PreparedOptimizer
+from lowbit.training.selftest import train_steps
 from lowbit.utils import FP8RecipeKwargs
 
 

@@ -63,7 +63,7 @@ def test_config_file_over_the_size_limit_is_refused_before_parsing(tmp_path, mon
 def test_the_config_file_is_read_once_per_accelerator(tmp_path, monkeypatch):
     path = tmp_path / "c.yaml"
     path.write_text("mixed_precision: bf16\n")
-    import lowbit.config as config
+    import lowbit.config.settings as config
 
     reads = []
     real = config.read_config_file
@@ -106,8 +106,8 @@ def test_fp8_key_of_a_backend_that_is_not_installed_names_the_plugin():
 
 def test_plugin_only_keys_match_the_plugins_recipes():
     """The core's list of plugin-only fp8_config keys stays in step with the installed plugins."""
-    from lowbit.accelerate_names import PLUGIN_ONLY_FP8_KEYS
-    from lowbit.accelerate_names import DOCUMENTED_FP8_KEYS
+    from lowbit.compat.accelerate_names import PLUGIN_ONLY_FP8_KEYS
+    from lowbit.config.recipes import DOCUMENTED_FP8_KEYS
 
     for backend, module in (("ao", "lowbit_ao.recipe"), ("te", "lowbit_te.recipe")):
         recipe_module = pytest.importorskip(module)

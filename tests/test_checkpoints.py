@@ -21,11 +21,12 @@ import pytest
 import torch
 from helpers import manager_with, mlp, regression_data
 
-from lowbit import Accelerator, checkpoint, hookimpl
+from lowbit import Accelerator, hookimpl
+from lowbit.checkpoint import files as checkpoint
 from lowbit.types import BackendDescription
-from lowbit.checkpoint import METADATA_FILE, RETIRED_DIR, STAGING_DIR, CheckpointNote
+from lowbit.checkpoint.files import METADATA_FILE, RETIRED_DIR, STAGING_DIR, CheckpointNote
 from lowbit.errors import CheckpointError, ConfigError
-from lowbit.selftest import train_steps
+from lowbit.training.selftest import train_steps
 
 
 def _prepared(seed=0, mixed_precision="no"):

@@ -10,7 +10,7 @@ from lowbit.config import (
     LowbitConfig, config_from_env, config_to_env, read_config_file, resolve_config, validate_config, write_config_file,
 )
 from lowbit.errors import ConfigError
-from lowbit.recipes import FP8RecipeKwargs
+from lowbit.config.recipes import FP8RecipeKwargs
 
 ACCELERATE_DOCS_TE_YAML = """\
 mixed_precision: fp8

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from lowbit import Accelerator, hookimpl
 from lowbit.errors import PluginError
-from lowbit.recipes import FP8RecipeKwargs
+from lowbit.config.recipes import FP8RecipeKwargs
 from lowbit.testing import ConformanceFailure, check_discovery_is_cheap, run_conformance
 from lowbit.types import BackendDescription
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from lowbit import Accelerator
 from lowbit.errors import ConfigError
-from lowbit.telemetry import SaturationWarning, TelemetryRecorder, cast_stats
+from lowbit.observe.telemetry import SaturationWarning, TelemetryRecorder, cast_stats
 
 
 def lowbit_test(*flags, env=None):

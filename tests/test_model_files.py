@@ -12,7 +12,7 @@ from torch import nn
 
 from lowbit import Accelerator
 from lowbit.errors import ConfigError
-from lowbit.model_files import parse_size
+from lowbit.checkpoint.model_files import parse_size
 
 
 

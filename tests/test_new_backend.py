@@ -12,7 +12,7 @@ import pytest
 from helpers import install_entry_points
 
 from lowbit.cli.main import main
-from lowbit.scaffold import FILL_IN_MARKER
+from lowbit.plugins.scaffold import FILL_IN_MARKER
 
 CONVERT = '''import torch
     from torch import nn
@@ -75,7 +75,7 @@ def test_bad_names_and_existing_directories_are_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("hook", ["convert_model", "autocast_context"])
 def test_the_stubs_are_valid_python_and_inactive(tmp_path, hook):
-    from lowbit.scaffold import module_text
+    from lowbit.plugins.scaffold import module_text
 
     namespace: dict = {}
     exec(compile(module_text("okfp8"), "lowbit_okfp8", "exec"), namespace)  # noqa: S102 - our own template

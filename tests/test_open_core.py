@@ -14,9 +14,9 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[1] / "core" / "lowbit"
 # Module -> why it may name plugins: it maps Accelerate's names onto lowbit's.
 ACCELERATE_NAME_MODULES = {
-    "accelerate_names.py": "Accelerate's fp8_backend values, distributed types and documented fp8_config keys",
-    "accelerate_config.py": "Accelerate's config file keys (fsdp_*, deepspeed_*)",
-    "handlers.py": "Accelerate's handler and plugin classes (FullyShardedDataParallelPlugin, DeepSpeedPlugin)",
+    "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types",
+    "compat/accelerate_config.py": "Accelerate's config file keys (fsdp_*, deepspeed_*)",
+    "compat/handlers.py": "Accelerate's handler and plugin classes (FullyShardedDataParallelPlugin, DeepSpeedPlugin)",
     "utils.py": "Accelerate's lowbit.utils names (TERecipeKwargs, is_deepspeed_available, ...)",
     "cli/flags.py": "Accelerate's launch flags (--use_fsdp, --use_deepspeed, --fsdp_*, --fp8_opt_level)",
 }
@@ -68,7 +68,7 @@ def _module_name(path: Path) -> str:
 
 def import_graph() -> dict[str, set[str]]:
     """Core module -> the core modules it imports (at any depth of the file, TYPE_CHECKING included);
-    ``from lowbit import checkpoint`` counts as importing ``lowbit.checkpoint``, not the package."""
+    ``from lowbit import checkpoint`` counts as importing ``lowbit.checkpoint.files``, not the package."""
     modules = {_module_name(p): p for p in CORE.rglob("*.py")}
     graph = {}
     for name, path in modules.items():

@@ -11,7 +11,7 @@ from helpers import BrokenOnDescribe, FakeBackend, manager_with
 from lowbit import Accelerator, hookimpl
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, PluginError
 from lowbit.plugins import make_plugin_manager
-from lowbit.selection import BackendRegistry, choose_backend
+from lowbit.plugins.selection import BackendRegistry, choose_backend
 from lowbit.types import HardwareInfo
 
 CPU = HardwareInfo("cpu", "CPU")
@@ -243,7 +243,7 @@ def test_discovery_imports_no_backend_library():
         f"""
         import sys
         from lowbit.plugins import make_plugin_manager
-        from lowbit.selection import BackendRegistry, choose_backend
+        from lowbit.plugins.selection import BackendRegistry, choose_backend
         from lowbit.types import HardwareInfo
         registry = BackendRegistry(make_plugin_manager(), HardwareInfo("cpu", "CPU"))
         print([c.name for c in registry.ranked("fp8")])

@@ -20,10 +20,10 @@ _LAZY = {
     "AcceleratorState": "lowbit.state",
     "GradientState": "lowbit.state",
     "DistributedType": "lowbit.state",
-    "find_executable_batch_size": "lowbit.memory",
-    "skip_first_batches": "lowbit.data_loader",
+    "find_executable_batch_size": "lowbit.training.memory",
+    "skip_first_batches": "lowbit.training.data_loader",
     # The handler classes Accelerate also exports at its top level.
-    **{name: "lowbit.handlers" for name in (
+    **{name: "lowbit.compat.handlers" for name in (
         "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin",
         "DistributedDataParallelKwargs", "FullyShardedDataParallelPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
         "ProfileKwargs")},

@@ -15,14 +15,15 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
-from lowbit import checkpoint, operations
-from lowbit.accelerate_names import SINGLE_PROCESS_TYPES, reported_distributed_type
+from lowbit.checkpoint import files as checkpoint
+from lowbit.training import operations
+from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES, reported_distributed_type
 from lowbit.config import LowbitConfig, check_plugin_names, read_config_layer, resolve_config
-from lowbit.cpu_features import cpu_has_native_bf16
-from lowbit.data_loader import PreparedDataLoader, skip_first_batches
+from lowbit.training.cpu_features import cpu_has_native_bf16
+from lowbit.training.data_loader import PreparedDataLoader, skip_first_batches
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError, did_you_mean
-from lowbit.fp8_report import conversion_report
-from lowbit.handlers import (
+from lowbit.observe.fp8_report import conversion_report
+from lowbit.compat.handlers import (
     HANDLER_CLASSES,
     settings_from_plugin_objects,
     DataLoaderConfiguration,
@@ -34,18 +35,18 @@ from lowbit.handlers import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from lowbit.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
+from lowbit.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
-from lowbit.preparation import Preparation, PreparationSettings, context_or_null, unwrap
-from lowbit.prepared import PreparedObjects, StepRules, TrainingCounters
-from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
-from lowbit.routing import ChosenPlugins
-from lowbit.selection import BackendRegistry, Candidate, Selection, choose_backend
+from lowbit.training.preparation import Preparation, PreparationSettings, context_or_null, unwrap
+from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
+from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
+from lowbit.plugins.routing import ChosenPlugins
+from lowbit.plugins.selection import BackendRegistry, Candidate, Selection, choose_backend
 from lowbit.state import (AcceleratorState, DistributedType, GradientState, PartialState, ProcessFacts, RankFacts,
                           process_facts, wait_for_everyone)
-from lowbit.telemetry import FP8StatsTable, TelemetryRecorder
-from lowbit.tracking import GeneralTracker, build_trackers, start_trackers
-from lowbit.training_state import TrainingStateCheckpointer
+from lowbit.observe.telemetry import FP8StatsTable, TelemetryRecorder
+from lowbit.observe.tracking import GeneralTracker, build_trackers, start_trackers
+from lowbit.checkpoint.training_state import TrainingStateCheckpointer
 from lowbit.types import NATIVE_PRECISIONS, PrepareContext
 
 
@@ -549,7 +550,7 @@ class Accelerator(RankFacts):
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget every prepared object (and return Nones for ``objects``), then collect garbage."""
-        from lowbit.memory import release_memory
+        from lowbit.training.memory import release_memory
 
         self.prepared.clear()
         self.step = 0
@@ -569,7 +570,7 @@ class Accelerator(RankFacts):
         step); each rank writes ``trace_rank{N}.json``, the main process also ``summary.txt``.
         ``profile()`` or ``profile(ProfileKwargs(...))``: Accelerate's, the whole block profiled with
         the ProfileKwargs given here or in ``kwargs_handlers``."""
-        from lowbit import profiling
+        from lowbit.observe import profiling
 
         if output_dir is None and not options or isinstance(output_dir, ProfileKwargs):
             handler = output_dir or self.handlers.get(ProfileKwargs) or ProfileKwargs()
@@ -623,7 +624,7 @@ class Accelerator(RankFacts):
     def save_state(self, output_dir: str | os.PathLike) -> Path:
         """Save everything needed to resume: model, optimizer, scheduler, scaler, RNG, counters and
         registered objects. Files go beside any others in ``output_dir``; none of those is touched,
-        and a crash at any point leaves the previous checkpoint (see ``lowbit.checkpoint``)."""
+        and a crash at any point leaves the previous checkpoint (see ``lowbit.checkpoint.files``)."""
         return self._checkpointer.save(output_dir)
 
     def load_state(self, input_dir: str | os.PathLike) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from lowbit.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
+from lowbit.compat.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
 
 
 # How long a rank that finished normally waits at exit for the others before leaving anyway.

@@ -13,8 +13,8 @@ import os
 import random
 from typing import Any
 
-from lowbit.accelerate_names import install_command
-from lowbit.handlers import (  # noqa: F401 - re-exported under Accelerate's names
+from lowbit.compat.accelerate_names import install_command
+from lowbit.compat.handlers import (  # noqa: F401 - re-exported under Accelerate's names
     AutocastKwargs,
     DataLoaderConfiguration,
     DDPCommunicationHookType,
@@ -29,9 +29,9 @@ from lowbit.handlers import (  # noqa: F401 - re-exported under Accelerate's nam
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
-from lowbit.local_sgd import LocalSGD  # noqa: F401
-from lowbit.memory import find_executable_batch_size, release_memory  # noqa: F401
-from lowbit.operations import (  # noqa: F401
+from lowbit.training.local_sgd import LocalSGD  # noqa: F401
+from lowbit.training.memory import find_executable_batch_size, release_memory  # noqa: F401
+from lowbit.training.operations import (  # noqa: F401
     broadcast,
     broadcast_object_list,
     gather,
@@ -41,7 +41,7 @@ from lowbit.operations import (  # noqa: F401
     reduce,
     send_to_device,
 )
-from lowbit.recipes import FP8RecipeKwargs, RecipeKwargs
+from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs
 from lowbit.state import DistributedType  # noqa: F401
 
 # class name -> (module that defines it, backend whose plugin ships the module)
@@ -126,7 +126,7 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
 
 def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, **_: Any) -> Any:
     """The model inside DDP / DeepSpeed / torch.compile wrappers."""
-    from lowbit.preparation import unwrap
+    from lowbit.training.preparation import unwrap
 
     return unwrap(model, keep_fp32_wrapper)
 

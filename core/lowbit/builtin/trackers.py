@@ -6,6 +6,6 @@ from lowbit.hookspecs import hookimpl
 
 @hookimpl
 def register_trackers():
-    from lowbit.tracking import MLflowTracker, TensorBoardTracker, WandBTracker
+    from lowbit.observe.tracking import MLflowTracker, TensorBoardTracker, WandBTracker
 
     return {"tensorboard": TensorBoardTracker, "wandb": WandBTracker, "mlflow": MLflowTracker}

@@ -29,9 +29,9 @@ def _ask(question: str, default: str, choices: tuple[str, ...] | None = None) ->
 
 def _installed_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The precisions and distributed types the installed plugins offer (they name them, not the core)."""
-    from lowbit.accelerate_names import SINGLE_PROCESS_TYPES
+    from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
     from lowbit.plugins import make_plugin_manager
-    from lowbit.selection import BackendRegistry
+    from lowbit.plugins.selection import BackendRegistry
     from lowbit.types import NATIVE_PRECISIONS
 
     manager = make_plugin_manager()

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lowbit.cli.plugins_command import collect
     from lowbit.config import default_config_path, read_config_file
-    from lowbit.toolchain import find_cxx_compiler
+    from lowbit.training.toolchain import find_cxx_compiler
 
     report = collect()
     lines = [

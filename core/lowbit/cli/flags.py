@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowbit.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, note_ignored, translate_fsdp
+from lowbit.compat.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, note_ignored, translate_fsdp
 from lowbit.config import TOP_LEVEL
 from lowbit.errors import ConfigError
 
@@ -43,7 +43,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 def _strategy_switches() -> dict[str, str]:
     """The launch switches installed strategies declare, beyond Accelerate's own."""
-    from lowbit.selection import BackendRegistry
+    from lowbit.plugins.selection import BackendRegistry
 
     return {flag: name for flag, name in BackendRegistry.for_names().launch_switches().items() if flag not in DISTRIBUTED_FLAGS}
 

@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lowbit.accelerate_config import note_ignored
-from lowbit.accelerate_names import SINGLE_PROCESS_TYPES, first_party, install_command
+from lowbit.compat.accelerate_config import note_ignored
+from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES, first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.errors import ConfigError
-from lowbit.recipes import FP8_ENV_PREFIX
+from lowbit.config.recipes import FP8_ENV_PREFIX
 from lowbit.types import NATIVE_PRECISIONS
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     """The command to run and the env vars to add, from the config file and the flags."""
     from lowbit.config import (check_plugin_names, config_from_env, config_to_env, default_config_path, merge_raw,
                                read_config_file, validate_config)
-    from lowbit.selection import BackendRegistry
+    from lowbit.plugins.selection import BackendRegistry
 
     # `lowbit test` builds its command here too, without the launcher-only flags.
     module = getattr(args, "module", False)

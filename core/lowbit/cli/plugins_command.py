@@ -17,7 +17,7 @@ def collect(cpu: bool = False) -> dict[str, Any]:
     """Everything ``lowbit plugins`` reports, as plain data."""
     from lowbit.errors import LowbitError
     from lowbit.plugins import SLOW_IMPORT_SECONDS, make_plugin_manager
-    from lowbit.selection import BackendRegistry, choose_backend
+    from lowbit.plugins.selection import BackendRegistry, choose_backend
 
     manager = make_plugin_manager()
     hardware = manager.detect_hardware(cpu=cpu)

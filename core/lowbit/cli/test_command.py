@@ -24,7 +24,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit import selftest
+    from lowbit.training import selftest
 
     with tempfile.TemporaryDirectory(prefix="lowbit-test-") as work_dir:
         args.training_script = selftest.__file__

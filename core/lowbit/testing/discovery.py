@@ -5,7 +5,7 @@ import subprocess
 import sys
 import textwrap
 
-from lowbit.selection import BackendRegistry
+from lowbit.plugins.selection import BackendRegistry
 from lowbit.testing.setup import fail, make_manager
 from lowbit.types import BackendDescription, HardwareInfo
 
@@ -53,7 +53,7 @@ def check_discovery_is_cheap(entry_point: str, heavy_modules: tuple[str, ...] = 
         import os, sys
         os.environ["LOWBIT_PLUGINS"] = {entry_point!r}
         from lowbit.plugins import make_plugin_manager
-        from lowbit.selection import BackendRegistry
+        from lowbit.plugins.selection import BackendRegistry
         from lowbit.types import HardwareInfo
         manager = make_plugin_manager()
         BackendRegistry(manager, HardwareInfo("cpu", "CPU"))

@@ -40,7 +40,7 @@ def default_model_factory():
 
 def backend_precision(backend: str, manager: LowbitPluginManager) -> str:
     """The precision a low-precision backend trains in (the first it declares: "fp8", "fp4", ...)."""
-    from lowbit.selection import BackendRegistry
+    from lowbit.plugins.selection import BackendRegistry
 
     found = BackendRegistry.for_names(manager).find("fp8", backend)
     return found.description.serves[0] if found is not None else "fp8"
@@ -52,7 +52,7 @@ def prepare(backend: str, plugin: object | None, hardware: HardwareInfo | None, 
     import torch
 
     from lowbit import Accelerator
-    from lowbit.recipes import FP8RecipeKwargs
+    from lowbit.config.recipes import FP8RecipeKwargs
 
     manager = make_manager(plugin, hardware)
     precision = backend_precision(backend, manager)

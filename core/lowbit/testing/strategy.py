@@ -60,7 +60,7 @@ def run_strategy_conformance(strategy: str, tmp_path: str | os.PathLike, num_pro
     reference = json.loads((reference_out / "reference.json").read_text())
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_processes)]
 
-    from lowbit.selection import BackendRegistry
+    from lowbit.plugins.selection import BackendRegistry
 
     found = BackendRegistry.for_names().strategy_for(strategy)
     expected = found.name if found is not None else strategy

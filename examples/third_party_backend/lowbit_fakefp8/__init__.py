@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lowbit import hookimpl
-from lowbit.recipes import RecipeKwargs, recipe_option
+from lowbit.config.recipes import RecipeKwargs, recipe_option
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 
 

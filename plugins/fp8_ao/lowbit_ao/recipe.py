@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from lowbit.recipes import RecipeKwargs, recipe_option
+from lowbit.config.recipes import RecipeKwargs, recipe_option
 
 RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 OPTIMIZER_STATES = ("default", "fp8", "8bit")

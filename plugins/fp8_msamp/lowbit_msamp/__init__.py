@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lowbit import hookimpl
 from lowbit.errors import BackendUnavailableError, UnsupportedCombinationError
-from lowbit.recipes import recipe_launch_hooks
+from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit_msamp.compat import unmet_requirements
 from lowbit_msamp.recipe import MSAMPRecipeKwargs

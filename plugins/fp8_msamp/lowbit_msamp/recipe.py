@@ -5,7 +5,7 @@ from dataclasses import InitVar, dataclass
 from typing import ClassVar
 
 from lowbit.errors import ConfigError
-from lowbit.recipes import RecipeKwargs, recipe_option
+from lowbit.config.recipes import RecipeKwargs, recipe_option
 
 OPT_LEVELS = ("O1", "O2")
 

@@ -9,7 +9,7 @@ import importlib.metadata
 import importlib.util
 
 from lowbit import hookimpl
-from lowbit.recipes import recipe_launch_hooks
+from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit_te.recipe import TERecipeKwargs
 

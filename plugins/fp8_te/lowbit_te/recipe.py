@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lowbit.recipes import RecipeKwargs, recipe_option
+from lowbit.config.recipes import RecipeKwargs, recipe_option
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")

@@ -22,7 +22,7 @@ from helpers import HardwareDetector, TiedLM, needs_fp8_gpu_with  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
 from lowbit.plugins import make_plugin_manager  # noqa: E402
-from lowbit.selection import BackendRegistry, choose_backend  # noqa: E402
+from lowbit.plugins.selection import BackendRegistry, choose_backend  # noqa: E402
 from lowbit.types import HardwareInfo  # noqa: E402
 from lowbit.utils import TERecipeKwargs  # noqa: E402
 

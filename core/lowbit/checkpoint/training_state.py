@@ -2,7 +2,7 @@
 
 It saves what was prepared (models, optimizers, schedulers, the fp16 scaler), the objects
 registered with ``register_for_checkpointing``, every RNG, and the counters, through the
-crash-safe file layer in :mod:`lowbit.checkpoint`. A distributed strategy that owns its
+crash-safe file layer in :mod:`lowbit.checkpoint.files`. A distributed strategy that owns its
 checkpoint format (DeepSpeed, FSDP2's DCP) writes the model and optimizer itself; the backend
 turns its state into plain tensors (``encode_checkpoint_state``) and saves what lives outside the
 state dict (``backend_checkpoint_state``).
@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from lowbit import checkpoint
+from lowbit.checkpoint import files as checkpoint
 from lowbit.errors import CheckpointError, ConfigError
-from lowbit.preparation import unwrap
-from lowbit.prepared import PreparedObjects, StepRules, TrainingCounters
-from lowbit.routing import ChosenPlugins
+from lowbit.training.preparation import unwrap
+from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
+from lowbit.plugins.routing import ChosenPlugins
 from lowbit.state import ProcessFacts, wait_for_everyone
 
 

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from lowbit.operations import broadcast, send_to_device
+from lowbit.training.operations import broadcast, send_to_device
 
 
 class PreparedDataLoader:

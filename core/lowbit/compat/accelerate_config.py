@@ -13,7 +13,7 @@ import sys
 from typing import Any, Mapping
 
 from lowbit.errors import ConfigError
-from lowbit.options import parse_bool
+from lowbit.config.options import parse_bool
 from lowbit.types import normalize_name
 
 

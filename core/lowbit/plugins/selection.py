@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lowbit.accelerate_names import FIRST_PARTY, first_party, fp8_install_hint, install_command
+from lowbit.compat.accelerate_names import FIRST_PARTY, first_party, fp8_install_hint, install_command
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
 from lowbit.plugins import BrokenPlugin, LowbitPluginManager
 from lowbit.types import NATIVE_PRECISIONS, BackendDescription, HardwareInfo, StrategyTraits, normalize_name

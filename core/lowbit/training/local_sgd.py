@@ -1,10 +1,10 @@
-"""Local SGD (``lowbit.local_sgd.LocalSGD``, where Accelerate has it): ranks step on their own
+"""Local SGD (``lowbit.training.local_sgd.LocalSGD``, where Accelerate has it): ranks step on their own
 and average their parameters every few optimizer steps, instead of all-reducing every gradient."""
 from __future__ import annotations
 
 from typing import Any
 
-from lowbit.operations import reduce
+from lowbit.training.operations import reduce
 
 
 class LocalSGD:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from lowbit.plugins import LowbitPluginManager
-    from lowbit.selection import Selection
+    from lowbit.plugins.selection import Selection
 
 
 def plugin_label(selection: Any) -> str:

@@ -14,12 +14,12 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from lowbit.data_loader import PreparedDataLoader
+from lowbit.training.data_loader import PreparedDataLoader
 from lowbit.errors import ConfigError, PluginError
-from lowbit.fp8_report import conversion_report
-from lowbit.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepRules
-from lowbit.routing import ChosenPlugins, plugin_label
-from lowbit.toolchain import check_compiler_for
+from lowbit.observe.fp8_report import conversion_report
+from lowbit.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepRules
+from lowbit.plugins.routing import ChosenPlugins, plugin_label
+from lowbit.training.toolchain import check_compiler_for
 from lowbit.types import PrepareContext
 
 

@@ -2,7 +2,7 @@
 
 The wrappers add what a plain script must not have to write: fp16 loss scaling (with skipped
 steps on inf/nan), gradient accumulation (step only on sync micro-batches), and the learning
-rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.data_loader`.
+rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.training.data_loader`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Build the plugin manager: built-ins first, then entry points, each loaded in isolation.
+"""The plugin system. This module builds the plugin manager: built-ins first, then entry points,
+each loaded in isolation. Beside it: ``selection`` (ranking and choosing backends, with the
+reasons), ``routing`` (the chosen plugins, one typed method per routed hook) and ``scaffold``
+(``lowbit new-backend``). The contract itself is :mod:`lowbit.hookspecs`; the data hooks exchange,
+:mod:`lowbit.types`.
 
 Discovery is cheap by contract: loading an entry point imports only the plugin's small entry
 module, never torch's heavy backends (transformer_engine, msamp, deepspeed, torchao).
@@ -143,13 +147,13 @@ def _expects_none(result: Any) -> str:
 
 
 def _expects_tracker_classes(result: Any) -> str:
-    from lowbit.tracking import GeneralTracker
+    from lowbit.observe.tracking import GeneralTracker
 
     if result is None:
         return ""
     if not isinstance(result, dict) or not all(isinstance(k, str) and isinstance(v, type) and issubclass(v, GeneralTracker)
                                                for k, v in result.items()):
-        return "expected a dict of tracker names to lowbit.tracking.GeneralTracker subclasses, or None"
+        return "expected a dict of tracker names to lowbit.observe.tracking.GeneralTracker subclasses, or None"
     return ""
 
 

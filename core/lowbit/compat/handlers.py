@@ -10,7 +10,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from lowbit.accelerate_config import translate_fsdp
+from lowbit.compat.accelerate_config import translate_fsdp
 from lowbit.errors import ConfigError
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 
-from lowbit.options import OptionSpec
 
 # The distributed types Accelerate runs on one process when there is only one.
 SINGLE_PROCESS_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
@@ -70,24 +69,6 @@ def fp8_install_hint() -> str:
     """Where to get a low-precision backend when none is installed."""
     return (f" Install one: {install_command('ao')} (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
             f" {install_command('te')} (Transformer Engine; sm_89+ GPU) or {install_command('msamp')} (MS-AMP; sm_89+ GPU).")
-
-
-# The fp8_config keys Accelerate documents, so that a config file written for any backend is
-# checked even when that backend's plugin is not installed here. Plugins add their own keys.
-DOCUMENTED_FP8_KEYS: dict[str, OptionSpec] = {
-    spec.name: spec
-    for spec in (
-        OptionSpec("backend", str, help="fp8 backend: msamp, te, ao, or a third-party name"),
-        OptionSpec("opt_level", str, help="MS-AMP optimization level, O1 or O2 (letter O)"),
-        OptionSpec("amax_history_len", int, help="TE: length of the amax history window"),
-        OptionSpec("amax_compute_algo", str, help="TE: max or most_recent"),
-        OptionSpec("fp8_format", str, help="TE: HYBRID, E4M3 or E5M2"),
-        OptionSpec("interval", int, help="TE: steps between scaling-factor updates"),
-        OptionSpec("margin", int, help="TE: margin for the scaling factor"),
-        OptionSpec("override_linear_precision", "bools3", help="TE: keep (fprop, dgrad, wgrad) in high precision"),
-        OptionSpec("use_autocast_during_eval", bool, help="TE: keep FP8 autocast on in eval mode"),
-    )
-}
 
 
 class DistributedType(str, enum.Enum):

@@ -1,4 +1,4 @@
-"""The lowbit config: YAML file, env vars and explicit arguments merged into one validated object.
+"""The lowbit settings: YAML file, env vars and explicit arguments merged into one validated object.
 
 Precedence, highest first: explicit argument > CLI flag / env var > config file > default.
 ``lowbit launch`` turns CLI flags and the config file into env vars for the training processes,
@@ -15,11 +15,11 @@ from typing import Any, Mapping
 
 import yaml
 
-from lowbit.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
-from lowbit.accelerate_names import DOCUMENTED_FP8_KEYS, FIRST_PARTY_SECTIONS, PLUGIN_ONLY_FP8_KEYS, SINGLE_PROCESS_TYPES, install_command
+from lowbit.compat.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
+from lowbit.compat.accelerate_names import FIRST_PARTY_SECTIONS, PLUGIN_ONLY_FP8_KEYS, SINGLE_PROCESS_TYPES, install_command
 from lowbit.errors import ConfigError, did_you_mean
-from lowbit.options import OptionSpec, to_text
-from lowbit.recipes import OPTION_SYNONYMS, fp8_env_var
+from lowbit.config.options import OptionSpec, to_text
+from lowbit.config.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
 from lowbit.types import NATIVE_PRECISIONS
 
 CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"

@@ -12,7 +12,7 @@ import os
 from typing import Any, ClassVar, Mapping
 
 from lowbit.errors import ConfigError, did_you_mean
-from lowbit.options import OptionSpec, to_text
+from lowbit.config.options import OptionSpec, to_text
 
 FP8_ENV_PREFIX = "LOWBIT_FP8_"
 # Accelerate's docs spell this one two ways; both mean opt_level.
@@ -125,6 +125,24 @@ class FP8RecipeKwargs:
                 f"{did_you_mean(key, specs)} Its options: {', '.join(sorted(specs))}."
             )
         return recipe_class(**self.options)
+
+
+# The fp8_config keys Accelerate documents, so that a config file written for any backend is
+# checked even when that backend's plugin is not installed here. Plugins add their own keys.
+DOCUMENTED_FP8_KEYS: dict[str, OptionSpec] = {
+    spec.name: spec
+    for spec in (
+        OptionSpec("backend", str, help="the low-precision backend (`lowbit plugins` lists them)"),
+        OptionSpec("opt_level", str, help="optimization level, O1 or O2 (letter O)"),
+        OptionSpec("amax_history_len", int, help="length of the amax history window"),
+        OptionSpec("amax_compute_algo", str, help="max or most_recent"),
+        OptionSpec("fp8_format", str, help="HYBRID, E4M3 or E5M2"),
+        OptionSpec("interval", int, help="steps between scaling-factor updates"),
+        OptionSpec("margin", int, help="margin for the scaling factor"),
+        OptionSpec("override_linear_precision", "bools3", help="keep (fprop, dgrad, wgrad) in high precision"),
+        OptionSpec("use_autocast_during_eval", bool, help="keep FP8 autocast on in eval mode"),
+    )
+}
 
 
 def recipe_flag(name: str) -> str:

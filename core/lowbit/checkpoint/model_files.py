@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from lowbit.checkpoint import write_file_atomically, write_json_atomically
+from lowbit.checkpoint.files import write_file_atomically, write_json_atomically
 from lowbit.errors import ConfigError
 
 SAFE_WEIGHTS = "model.safetensors"

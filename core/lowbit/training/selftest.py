@@ -1,6 +1,6 @@
 """The tiny seeded training that ``lowbit test`` runs (under the launcher, like a user script).
 
-    python -m lowbit.selftest WORK_DIR
+    python -m lowbit.training.selftest WORK_DIR
 
 Prints one line per check and a one-line verdict; exits 1 when a check fails.
 """

@@ -1,0 +1,132 @@
+"""Choosing one run's plugins from its settings.
+
+The precision plugin always; the low-precision backend when ``mixed_precision`` names a precision
+a backend serves (the one asked for, else the best ranked), with its recipe options resolved
+(handler argument > env > config file > default), or the fallback the user allowed; and the
+distributed strategy that ``distributed_type`` names, by the strategies' own descriptions.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
+from lowbit.compat.handlers import HANDLER_CLASSES
+from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
+from lowbit.errors import BackendUnavailableError, ConfigError
+from lowbit.plugins.selection import BackendRegistry, Candidate, Selection, choose_backend
+from lowbit.types import NATIVE_PRECISIONS
+
+
+@dataclass
+class PluginChoice:
+    """What was chosen, and the settings that follow from it."""
+
+    precision: Selection
+    mixed_precision: str  # as asked, or the fp8_fallback taken
+    backend: Selection | None = None
+    backend_options: RecipeKwargs | None = None
+    strategy: Selection | None = None
+    handlers: dict[type, Any] = field(default_factory=dict)  # Accelerate's kwargs handlers, by class
+
+    def strategy_options(self, config: Any) -> dict[str, Any]:
+        """The chosen strategy's config section, plus the options of the kwargs handler it takes."""
+        if self.strategy is None:
+            return {}
+        traits = self.strategy.chosen.description.traits
+        options = dict(config.section(traits.config_section))
+        handler = next((h for h in self.handlers.values() if type(h).__name__ == traits.kwargs_handler), None)
+        if traits.kwargs_handler and handler is not None:
+            options.update(handler.to_strategy_options())
+        return options
+
+
+def choose_plugins(registry: BackendRegistry, config: Any, handlers: list[Any], num_processes: int) -> PluginChoice:
+    recipe_handler, by_class = _sort_handlers(handlers)
+    choice = PluginChoice(precision=choose_backend(registry, "precision", "native", "built-in"),
+                          mixed_precision=config.mixed_precision, handlers=by_class)
+    _choose_backend(choice, registry, config, recipe_handler)
+    choice.strategy = _choose_strategy(registry, config.distributed_type, num_processes)
+    return choice
+
+
+def _sort_handlers(handlers: list[Any]) -> tuple[Any, dict[type, Any]]:
+    """The one recipe handler (or None), and Accelerate's other kwargs handlers by class."""
+    recipe_handlers = [h for h in handlers if isinstance(h, (RecipeKwargs, FP8RecipeKwargs))]
+    unknown = [h for h in handlers if h not in recipe_handlers and not isinstance(h, HANDLER_CLASSES)]
+    if unknown:
+        raise ConfigError(
+            f"kwargs_handlers got {type(unknown[0]).__name__}, which lowbit does not use. It takes FP8RecipeKwargs, "
+            "a backend's recipe class (AORecipeKwargs, TERecipeKwargs, ...), and "
+            + ", ".join(c.__name__ for c in HANDLER_CLASSES) + "."
+        )
+    if len(recipe_handlers) > 1:
+        names = ", ".join(type(h).__name__ for h in recipe_handlers)
+        raise ConfigError(f"Give one FP8 recipe handler, got {len(recipe_handlers)}: {names}.")
+    return (recipe_handlers[0] if recipe_handlers else None), {type(h): h for h in handlers if isinstance(h, HANDLER_CLASSES)}
+
+
+def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any, handler: Any) -> None:
+    if choice.mixed_precision in NATIVE_PRECISIONS:
+        if handler is not None:
+            warnings.warn(f"{type(handler).__name__} is ignored: mixed_precision is {choice.mixed_precision!r}, not 'fp8'.",
+                          stacklevel=4)
+        return
+    requested, source = _requested_backend(handler, config)
+    try:
+        choice.backend = choose_backend(registry, "fp8", requested, source, precision=choice.mixed_precision)
+    except BackendUnavailableError as exc:
+        fallback = config.fp8_fallback
+        if not fallback:
+            raise BackendUnavailableError(f"{exc} Or set fp8_fallback='bf16' to train in bf16 instead.") from None
+        warnings.warn(f"FP8 cannot run here, so training falls back to {fallback} (fp8_fallback): {exc}", stacklevel=4)
+        choice.mixed_precision = fallback
+        return
+    choice.backend_options = _resolve_options(choice.backend.chosen, handler, config)
+
+
+def _requested_backend(handler: Any, config: Any) -> tuple[str | None, str]:
+    """The backend the user named, and where (for errors and ``explain_backend_choice``)."""
+    if isinstance(handler, RecipeKwargs) and handler.backend_name:
+        return handler.backend_name, type(handler).__name__
+    if isinstance(handler, FP8RecipeKwargs) and handler.backend:
+        return handler.backend, "FP8RecipeKwargs(backend=...)"
+    from_config = config.fp8_config.get("backend")
+    if from_config:
+        env = fp8_env_var("backend")
+        if os.environ.get(env):
+            return from_config, f"env {env} / lowbit launch --fp8_backend"
+        if os.environ.get("ACCELERATE_FP8_BACKEND"):
+            return from_config, "env ACCELERATE_FP8_BACKEND / accelerate launch --fp8_backend"
+        return from_config, "config file fp8_config.backend"
+    return None, "ranking"
+
+
+def _resolve_options(chosen: Candidate, handler: Any, config: Any) -> RecipeKwargs | None:
+    options_class = chosen.description.options_class
+    if options_class is None:
+        return None
+    if isinstance(handler, FP8RecipeKwargs):
+        options = handler.to_recipe(options_class)
+    elif isinstance(handler, options_class):
+        options = handler
+    else:
+        options = options_class()
+    file_values = {k: v for k, v in config.fp8_config.items() if k != "backend"}
+    ignored = sorted(set(file_values) - set(options_class.option_specs()))
+    if ignored:
+        warnings.warn(f"fp8_config keys {', '.join(ignored)} do not apply to the {chosen.name!r} backend and are ignored.",
+                      stacklevel=5)
+    options.fill_missing(file_values, where="fp8_config")
+    options.fill_defaults()
+    return options
+
+
+def _choose_strategy(registry: BackendRegistry, distributed_type: str, num_processes: int) -> Selection | None:
+    if num_processes == 1 and distributed_type.upper() in SINGLE_PROCESS_TYPES:
+        return None
+    found = registry.strategy_for(distributed_type)
+    return choose_backend(registry, "distributed", found.name if found else distributed_type,
+                          f"distributed_type={distributed_type}")
