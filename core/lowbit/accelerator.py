@@ -16,16 +16,10 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 
 from lowbit.checkpoint import files as checkpoint
-from lowbit.training import operations
-from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES, reported_distributed_type
-from lowbit.config import LowbitConfig, check_plugin_names, read_config_layer, resolve_config
-from lowbit.training.cpu_features import cpu_has_native_bf16
-from lowbit.training.data_loader import PreparedDataLoader, skip_first_batches
-from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError, did_you_mean
-from lowbit.observe.fp8_report import conversion_report
+from lowbit.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
+from lowbit.checkpoint.training_state import TrainingStateCheckpointer
+from lowbit.compat.accelerate_names import reported_distributed_type
 from lowbit.compat.handlers import (
-    HANDLER_CLASSES,
-    settings_from_plugin_objects,
     DataLoaderConfiguration,
     DeepSpeedPlugin,
     FullyShardedDataParallelPlugin,
@@ -34,20 +28,26 @@ from lowbit.compat.handlers import (
     ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
+    settings_from_plugin_objects,
 )
-from lowbit.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
+from lowbit.config import LowbitConfig, check_plugin_names, read_config_layer, resolve_config
+from lowbit.config.recipes import RecipeKwargs
+from lowbit.errors import ConfigError, UnsupportedCombinationError, did_you_mean
+from lowbit.observe.fp8_report import conversion_report
+from lowbit.observe.telemetry import FP8StatsTable, TelemetryRecorder
+from lowbit.observe.tracking import GeneralTracker, Trackers
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
-from lowbit.training.preparation import Preparation, PreparationSettings, context_or_null, unwrap
-from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
-from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
+from lowbit.plugins.choice import choose_plugins
 from lowbit.plugins.routing import ChosenPlugins
-from lowbit.plugins.selection import BackendRegistry, Candidate, Selection, choose_backend
+from lowbit.plugins.selection import BackendRegistry, choose_backend
 from lowbit.state import (AcceleratorState, DistributedType, GradientState, PartialState, ProcessFacts, RankFacts,
                           process_facts, wait_for_everyone)
-from lowbit.observe.telemetry import FP8StatsTable, TelemetryRecorder
-from lowbit.observe.tracking import GeneralTracker, build_trackers, start_trackers
-from lowbit.checkpoint.training_state import TrainingStateCheckpointer
-from lowbit.types import NATIVE_PRECISIONS, PrepareContext
+from lowbit.training import operations
+from lowbit.training.cpu_features import cpu_has_native_bf16
+from lowbit.training.data_loader import PreparedDataLoader, skip_first_batches
+from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
+from lowbit.training.preparation import Preparation, PreparationSettings, context_or_null, unwrap
+from lowbit.types import PrepareContext
 
 
 class Accelerator(RankFacts):
@@ -133,11 +133,9 @@ class Accelerator(RankFacts):
         _check_dynamo_backend(self.config.dynamo_backend)
 
         self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count)
-        self.mixed_precision = self.config.mixed_precision
-        self._precision = choose_backend(self._registry, "precision", "native", "built-in")
-        self._fp8: Selection | None = None
-        fp8_options = self._choose_fp8(handlers)
-        self._strategy = self._choose_strategy()
+        choice = choose_plugins(self._registry, self.config, handlers, self.num_processes)
+        self._precision, self._fp8, self._strategy = choice.precision, choice.backend, choice.strategy
+        self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers
         slow = slow_precision_reason(self.mixed_precision, self.device)
         if slow and self.is_main_process:
             warnings.warn(slow, SlowPrecisionNotice, stacklevel=2)
@@ -146,9 +144,9 @@ class Accelerator(RankFacts):
             hardware=self.hardware,
             mixed_precision=self.mixed_precision,
             device=self.device,
-            fp8_options=fp8_options,
+            fp8_options=choice.backend_options,
             strategy=self._strategy.name if self._strategy else "none",
-            strategy_options=self._strategy_options(),
+            strategy_options=choice.strategy_options(self.config),
             world_size=self.num_processes,
             rank=self.process_index,
             local_rank=self.local_process_index,
@@ -165,8 +163,7 @@ class Accelerator(RankFacts):
         self.gradient_state = GradientState(self)
         self.counters = TrainingCounters()
         self.flag_tensor: torch.Tensor | None = None
-        self._tracker_requests = build_trackers(log_with, self._registered_trackers()) if log_with is not None else []
-        self.trackers: list[GeneralTracker] = []
+        self._trackers = Trackers(log_with, self._registered_trackers() if log_with is not None else {})
         # The collaborators: each gets what it needs, never the Accelerator.
         self.plugins = ChosenPlugins(self._plugins, self._precision, self._fp8, self._strategy, self.context)
         self.prepared = PreparedObjects()
@@ -177,95 +174,6 @@ class Accelerator(RankFacts):
         self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
 
     # ------------------------------------------------------------------ choosing
-
-    def _choose_fp8(self, handlers: list[Any]) -> RecipeKwargs | None:
-        recipe_handlers = [h for h in handlers if isinstance(h, (RecipeKwargs, FP8RecipeKwargs))]
-        self.handlers = {type(h): h for h in handlers if isinstance(h, HANDLER_CLASSES)}
-        unknown = [h for h in handlers if h not in recipe_handlers and not isinstance(h, HANDLER_CLASSES)]
-        if unknown:
-            raise ConfigError(
-                f"kwargs_handlers got {type(unknown[0]).__name__}, which lowbit does not use. It takes FP8RecipeKwargs, "
-                "AORecipeKwargs, TERecipeKwargs, MSAMPRecipeKwargs or another backend's recipe class, and "
-                + ", ".join(c.__name__ for c in HANDLER_CLASSES) + "."
-            )
-        if len(recipe_handlers) > 1:
-            names = ", ".join(type(h).__name__ for h in recipe_handlers)
-            raise ConfigError(f"Give one FP8 recipe handler, got {len(recipe_handlers)}: {names}.")
-        handler = recipe_handlers[0] if recipe_handlers else None
-        if self.mixed_precision in NATIVE_PRECISIONS:
-            if handler is not None:
-                warnings.warn(
-                    f"{type(handler).__name__} is ignored: mixed_precision is {self.mixed_precision!r}, not 'fp8'.",
-                    stacklevel=3,
-                )
-            return None
-
-        requested, source = self._requested_fp8_backend(handler)
-        try:
-            self._fp8 = choose_backend(self._registry, "fp8", requested, source, precision=self.mixed_precision)
-        except BackendUnavailableError as exc:
-            fallback = self.config.fp8_fallback
-            if not fallback:
-                raise BackendUnavailableError(f"{exc} Or set fp8_fallback='bf16' to train in bf16 instead.") from None
-            warnings.warn(f"FP8 cannot run here, so training falls back to {fallback} (fp8_fallback): {exc}", stacklevel=3)
-            self.mixed_precision = fallback
-            return None
-        return self._resolve_fp8_options(self._fp8.chosen, handler)
-
-    def _requested_fp8_backend(self, handler: Any) -> tuple[str | None, str]:
-        if isinstance(handler, RecipeKwargs) and handler.backend_name:
-            return handler.backend_name, type(handler).__name__
-        if isinstance(handler, FP8RecipeKwargs) and handler.backend:
-            return handler.backend, "FP8RecipeKwargs(backend=...)"
-        from_config = self.config.fp8_config.get("backend")
-        if from_config:
-            env = fp8_env_var("backend")
-            if os.environ.get(env):
-                return from_config, f"env {env} / lowbit launch --fp8_backend"
-            if os.environ.get("ACCELERATE_FP8_BACKEND"):
-                return from_config, "env ACCELERATE_FP8_BACKEND / accelerate launch --fp8_backend"
-            return from_config, "config file fp8_config.backend"
-        return None, "ranking"
-
-    def _resolve_fp8_options(self, chosen: Candidate, handler: Any) -> RecipeKwargs | None:
-        options_class = chosen.description.options_class
-        if options_class is None:
-            return None
-        if isinstance(handler, FP8RecipeKwargs):
-            options = handler.to_recipe(options_class)
-        elif isinstance(handler, options_class):
-            options = handler
-        else:
-            options = options_class()
-        file_values = {k: v for k, v in self.config.fp8_config.items() if k != "backend"}
-        ignored = sorted(set(file_values) - set(options_class.option_specs()))
-        if ignored:
-            warnings.warn(
-                f"fp8_config keys {', '.join(ignored)} do not apply to the {chosen.name!r} backend and are ignored.",
-                stacklevel=4,
-            )
-        options.fill_missing(file_values, where="fp8_config")
-        options.fill_defaults()
-        return options
-
-    def _choose_strategy(self) -> Selection | None:
-        """The strategy that ``distributed_type`` names, by the strategies' own descriptions."""
-        dtype = self.config.distributed_type
-        if self.num_processes == 1 and dtype.upper() in SINGLE_PROCESS_TYPES:
-            return None
-        found = self._registry.strategy_for(dtype)
-        return choose_backend(self._registry, "distributed", found.name if found else dtype, f"distributed_type={dtype}")
-
-    def _strategy_options(self) -> dict[str, Any]:
-        """The chosen strategy's config section, plus the options of the kwargs handler it takes."""
-        if self._strategy is None:
-            return {}
-        traits = self._strategy.chosen.description.traits
-        options = dict(self.config.section(traits.config_section))
-        handler = next((h for h in self.handlers.values() if type(h).__name__ == traits.kwargs_handler), None)
-        if traits.kwargs_handler and handler is not None:
-            options.update(handler.to_strategy_options())
-        return options
 
     def _strategy_owns_precision(self) -> bool:
         return self._strategy is not None and self._strategy.chosen.description.traits.owns_precision
@@ -441,28 +349,26 @@ class Accelerator(RankFacts):
             registered.update(trackers)
         return registered
 
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The trackers started on this process (none but on the main one)."""
+        return self._trackers.started
+
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
         """Start the trackers named in ``log_with`` (on the main process), storing ``config``."""
         if self.is_main_process:
-            self.trackers = start_trackers(self._tracker_requests, self._registered_trackers(), project_name,
-                                           self.logging_dir, config, init_kwargs or {})
+            self._trackers.start(project_name, self.logging_dir, config, init_kwargs or {})
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        return GeneralTracker(name)  # a no-op on processes that run no tracker, as in Accelerate
+        return self._trackers.get(name, unwrap)
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+        self._trackers.log(values, step, log_kwargs or {})
 
     def end_training(self) -> None:
         """Close the trackers and wait for every process."""
-        for tracker in self.trackers:
-            tracker.finish()
-        self.trackers = []
+        self._trackers.finish()
         self.wait_for_everyone()
 
     # ------------------------------------------------------------------ prepare

@@ -189,3 +189,33 @@ def start_trackers(requested: list[Any], registered: dict[str, type[GeneralTrack
             tracker.store_init_configuration(config)
         trackers.append(tracker)
     return trackers
+
+
+class Trackers:
+    """The experiment trackers of one run: those named in ``log_with`` (checked at once), started
+    on the main process by ``start``, no-ops elsewhere. ``registered`` are the tracker classes the
+    plugins offer (the ``register_trackers`` hook)."""
+
+    def __init__(self, log_with: Any, registered: dict[str, type[GeneralTracker]]) -> None:
+        self.registered = registered
+        self.requests = build_trackers(log_with, registered) if log_with is not None else []
+        self.started: list[GeneralTracker] = []
+
+    def start(self, project_name: str, logging_dir: str | None, config: dict[str, Any] | None,
+              init_kwargs: dict[str, dict[str, Any]]) -> None:
+        self.started = start_trackers(self.requests, self.registered, project_name, logging_dir, config, init_kwargs)
+
+    def get(self, name: str, unwrap: bool = False) -> Any:
+        for tracker in self.started:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        return GeneralTracker(name)  # a no-op on processes that run no tracker, as in Accelerate
+
+    def log(self, values: dict[str, Any], step: int | None, log_kwargs: dict[str, dict[str, Any]]) -> None:
+        for tracker in self.started:
+            tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+
+    def finish(self) -> None:
+        for tracker in self.started:
+            tracker.finish()
+        self.started = []
