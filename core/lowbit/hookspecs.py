@@ -297,7 +297,7 @@ def register_trackers() -> dict[str, type] | None:
     """Offer experiment trackers for ``Accelerator(log_with=...)``.
 
     Called by: the Accelerator, on every plugin, each isolated, when ``log_with`` is given.
-    Return ``{"name": TrackerClass}`` where each class subclasses ``lowbit.observe.tracking.GeneralTracker``
+    Return ``{"name": TrackerClass}`` where each class subclasses ``lowbit.tracking.GeneralTracker``
     (``__init__(run_name, logging_dir, **init_kwargs)``, ``store_init_configuration``, ``log``,
     ``finish``); import the tracker's library inside the class, not at module level.
     """
