@@ -1,12 +1,15 @@
 """Train a small GPT-style character model in fp32, bf16 and fp8, and compare them.
 
-    python examples/char_gpt.py                          # CPU, ~2 minutes on 2 cores
+    python examples/char_gpt.py                          # CPU: sized to about 2 minutes on this machine
     python examples/char_gpt.py --device cuda --backend te --n_layer 12 --n_embd 768 --steps 2000
     lowbit launch --cpu --num_processes 2 examples/char_gpt.py --precisions fp8
 
 The text is generated here from a tiny grammar (no download). Each precision trains the same
 seeded model on the same batches. A table of final loss, step time and peak memory is printed
-and the loss curves are written to a PNG.
+and the loss curves are written to a PNG. Without ``--steps`` the run is sized to this machine:
+a few timed steps of each precision first, then as many steps (same for all) as fit
+``--time_budget`` seconds, said up front with the reason (a CPU without native bf16 runs bf16 on a
+slow path, many times fp32).
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from torch.nn import functional as F
 from lowbit import Accelerator
 from lowbit.utils import FP8RecipeKwargs
 
+# Bounds of the sized run: enough steps for the loss curves to mean something, no more than needed.
+MIN_STEPS, MAX_STEPS = 60, 300
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the robot", "a small bird", "the teacher", "our neighbour"]
 VERBS = ["sees", "likes", "follows", "paints", "finds", "helps", "watches", "carries"]
 OBJECTS = ["the red ball", "a green box", "the river", "an apple", "the moon", "a long letter", "the garden", "a tiny boat"]
@@ -78,7 +83,7 @@ class CharGPT(nn.Module):
 
 
 class Progress:
-    """A one-line progress bar on stderr (only on the main process)."""
+    """A one-line progress bar on stderr (only on the main process), with the time left."""
 
     def __init__(self, label: str, total: int, enabled: bool):
         self.label, self.total, self.enabled, self.start = label, total, enabled, time.perf_counter()
@@ -87,8 +92,10 @@ class Progress:
         if not self.enabled:
             return
         done = int(30 * step / self.total)
-        rate = step / max(time.perf_counter() - self.start, 1e-9)
-        sys.stderr.write(f"\r{self.label:>5} [{'#' * done}{'.' * (30 - done)}] {step}/{self.total} loss {loss:.3f} {rate:.1f} it/s")
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        left = elapsed / step * (self.total - step)
+        sys.stderr.write(f"\r{self.label} [{'#' * done}{'.' * (30 - done)}] {step}/{self.total} loss {loss:.3f} "
+                         f"{step / elapsed:.1f} it/s, {left:.0f} s left ")
         if step == self.total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -100,7 +107,8 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # peak RSS of this process
 
 
-def train(precision: str, args: argparse.Namespace) -> dict:
+def setup(precision: str, args: argparse.Namespace):
+    """The corpus, and an Accelerator with the prepared model and optimizer for ``precision``."""
     text = make_text(args.sentences)
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
@@ -112,20 +120,64 @@ def train(precision: str, args: argparse.Namespace) -> dict:
     model = CharGPT(len(chars), args.block_size, args.n_layer, args.n_embd, args.n_head)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     model, optimizer = accelerator.prepare(model, optimizer)
+    return data, chars, accelerator, model, optimizer
+
+
+def batch(data: torch.Tensor, args: argparse.Namespace, gen: torch.Generator, device: torch.device):
+    starts = torch.randint(len(data) - args.block_size - 1, (args.batch_size,), generator=gen)
+    x = torch.stack([data[s : s + args.block_size] for s in starts]).to(device)
+    y = torch.stack([data[s + 1 : s + args.block_size + 1] for s in starts]).to(device)
+    return x, y
+
+
+def probe_step_seconds(precision: str, args: argparse.Namespace, steps: int = 3) -> float:
+    """Median seconds of a training step in ``precision`` here, after one warm-up step."""
+    import warnings
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(open(os.devnull, "w")):
+        warnings.simplefilter("ignore")
+        data, chars, accelerator, model, optimizer = setup(precision, args)
+        gen = torch.Generator().manual_seed(args.seed)
+        times = []
+        for _ in range(steps + 1):
+            x, y = batch(data, args, gen, accelerator.device)
+            began = time.perf_counter()
+            loss = F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1))
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            times.append(time.perf_counter() - began)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def sized_steps(precisions: list[str], args: argparse.Namespace) -> int:
+    """As many steps as fit the time budget for every precision, said up front with the reason."""
+    seconds = {p: probe_step_seconds(p, args) for p in precisions}
+    per_step = sum(seconds.values())
+    steps = int(max(MIN_STEPS, min(MAX_STEPS, args.time_budget / per_step)) // 10 * 10)
+    measured = ", ".join(f"{p} {1000 * s:.0f} ms" for p, s in seconds.items())
+    why = ""
+    if "bf16" in seconds and "fp32" in seconds and seconds["bf16"] > 3 * seconds["fp32"]:
+        why = (f" bf16 takes {seconds['bf16'] / seconds['fp32']:.0f}x fp32 here: this CPU has no native bf16, so its "
+               "bf16 matmuls take a slow path (fp8 is emulated inside bf16 autocast).")
+    print(f"char_gpt: {steps} steps per precision, sized to about {args.time_budget:.0f} s of training on this machine "
+          f"(measured per step: {measured}; --steps N to choose).{why}", flush=True)
+    return steps
+
+def train(precision: str, args: argparse.Namespace) -> dict:
+    data, chars, accelerator, model, optimizer = setup(precision, args)
     if precision == "fp8":
         accelerator.print(accelerator.explain_backend_choice())
-
     if args.fp8_stats_every and precision == "fp8":
         accelerator.enable_fp8_telemetry(every_n_steps=args.fp8_stats_every)
     gen = torch.Generator().manual_seed(args.seed + accelerator.process_index)
-    progress = Progress(precision, args.steps, accelerator.is_main_process)
+    progress = Progress(f"{precision} ({args.run_label})" if args.run_label else precision, args.steps,
+                        accelerator.is_main_process)
     losses, step_times = [], []
     profiler = accelerator.profile(f"runs/profile_{precision}") if args.profile else contextlib.nullcontext()
     with profiler as prof:
         for step in range(1, args.steps + 1):
-            starts = torch.randint(len(data) - args.block_size - 1, (args.batch_size,), generator=gen)
-            x = torch.stack([data[s : s + args.block_size] for s in starts]).to(accelerator.device)
-            y = torch.stack([data[s + 1 : s + args.block_size + 1] for s in starts]).to(accelerator.device)
+            x, y = batch(data, args, gen, accelerator.device)
             began = time.perf_counter()
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1))
@@ -151,15 +203,18 @@ def train(precision: str, args: argparse.Namespace) -> dict:
         "peak_mb": peak_memory_mb(accelerator.device),
         "losses": losses,
         "is_main": accelerator.is_main_process,
+        "emulated": precision == "fp8" and not accelerator.hardware.has_fp8_gemm,
+        "hardware": accelerator.hardware.describe(),
     }
 
 
-def run_isolated(precision: str, argv: list[str]) -> dict:
+def run_isolated(precision: str, argv: list[str], steps: int, label: str) -> dict:
     """Run one precision in a fresh process, so its peak memory is its own (argparse keeps the
-    last --precisions, so the child's overrides the parent's)."""
+    last of a repeated flag, so the child's --precisions and --steps override the parent's)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        subprocess.run([sys.executable, __file__, *argv, "--precisions", precision, "--result_file", str(out)], check=True)
+        subprocess.run([sys.executable, __file__, *argv, "--precisions", precision, "--steps", str(steps),
+                        "--run_label", label, "--result_file", str(out)], check=True)
         return json.loads(out.read_text())
 
 
@@ -198,9 +253,12 @@ def report(results: list[dict], plot_path: str) -> None:
     curves.legend()
     diffs.axhline(0.0, color="grey", linewidth=0.8)
     diffs.set(xlabel="step", ylabel=f"minus {base['precision']}")
-    names = [r["precision"] for r in results]
-    bars.bar(names, [r["step_ms"] for r in results], color=[f"C{i}" for i in range(len(results))])
-    bars.set(ylabel="ms per step (median)", title="step time")
+    names = [r["precision"] + (" (emulated)" if r.get("emulated") else "") for r in results]
+    drawn = bars.bar(names, [r["step_ms"] for r in results], color=[f"C{i}" for i in range(len(results))])
+    bars.bar_label(drawn, labels=[f"{r['step_ms']:.0f} ms" for r in results])
+    bars.set(ylabel="ms per step (median)", title=f"step time on {results[0].get('hardware', '?')}")
+    if any(r.get("emulated") for r in results):
+        bars.text(0.5, -0.16, "FP8 GEMMs emulated: no FP8 hardware here", transform=bars.transAxes, ha="center", fontsize=8)
     fig.tight_layout()
     Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(plot_path, dpi=120)
@@ -212,7 +270,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precisions", default="fp32,bf16,fp8", help="comma-separated: fp32, bf16, fp16, fp8")
     p.add_argument("--backend", default=None, help="fp8 backend (default: the best available; ao on CPU)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=None, help="steps per precision (default: sized to --time_budget)")
+    p.add_argument("--time_budget", type=float, default=80.0, help="seconds of training, all precisions together")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--block_size", type=int, default=64)
     p.add_argument("--n_layer", type=int, default=2)
@@ -226,6 +285,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fp8_stats_every", type=int, default=0, help="print FP8 numerics telemetry every N steps (fp8 run)")
     p.add_argument("--plot", default="runs/char_gpt_loss.png")
     p.add_argument("--result_file", default=None, help=argparse.SUPPRESS)  # used by the isolated child runs
+    p.add_argument("--run_label", default="", help=argparse.SUPPRESS)  # "2 of 3", on the child's progress line
     return p.parse_args(argv)
 
 
@@ -237,8 +297,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.result_file:
         Path(args.result_file).write_text(json.dumps(train(precisions[0], args)))
         return
+    if args.steps is None:
+        args.steps = sized_steps(precisions, args) if not distributed else MAX_STEPS
     if len(precisions) > 1 and not distributed:
-        results = [run_isolated(p, argv) for p in precisions]
+        results = [run_isolated(p, argv, args.steps, f"{i} of {len(precisions)}") for i, p in enumerate(precisions, 1)]
     else:
         results = [train(p, args) for p in precisions]
     if results and results[0]["is_main"]:

@@ -45,3 +45,28 @@ def test_main_job_compares_three_precisions(tmp_path):
     for precision in ("fp32", "bf16", "fp8"):
         assert re.search(rf"^{precision}\s+\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+x\s+\d+", proc.stdout, re.M), proc.stdout
     assert f"loss curves written to {tmp_path / 'loss.png'}" in proc.stdout
+
+
+def _char_gpt():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("char_gpt", ROOT / "examples" / "char_gpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("seconds, steps, slow_bf16", [
+    ({"fp32": 0.052, "bf16": 1.077, "fp8": 0.238}, 60, True),   # measured on an AVX2-only EPYC (2026-11-22)
+    ({"fp32": 0.050, "bf16": 0.050, "fp8": 0.140}, 300, False),  # a CPU with native bf16
+])
+def test_the_main_job_sizes_itself_to_the_machine_and_says_why(monkeypatch, capsys, seconds, steps, slow_bf16):
+    char_gpt = _char_gpt()
+    monkeypatch.setattr(char_gpt, "probe_step_seconds", lambda precision, args: seconds[precision])
+    args = char_gpt.parse_args([])
+    assert char_gpt.sized_steps(["fp32", "bf16", "fp8"], args) == steps
+    said = capsys.readouterr().out
+    assert f"{steps} steps per precision, sized to about 80 s" in said
+    assert ("no native bf16" in said) is slow_bf16
+    # the three runs' training then takes about the budget (never less than MIN_STEPS allow)
+    assert steps * sum(seconds.values()) <= max(args.time_budget, char_gpt.MIN_STEPS * sum(seconds.values())) * 1.05

@@ -125,5 +125,6 @@ def test_a_precision_nobody_offers_is_an_error_with_the_nearest_name():
 
     with pytest.raises(ConfigError, match=r"mixed_precision 'fp9'.*Did you mean 'fp8'"):
         Accelerator(mixed_precision="fp9")
-    with pytest.raises(ConfigError, match=r"fp32 is spelled 'no'"):
-        Accelerator(mixed_precision="fp32")
+    assert Accelerator(mixed_precision="fp32").mixed_precision == "no"
+    assert Accelerator(mixed_precision="BFloat16").mixed_precision == "bf16"
+    assert Accelerator(mixed_precision="float8").mixed_precision == "fp8"

@@ -33,14 +33,27 @@ OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PL
 _warned_env_vars: set[str] = set()
 
 
-def _spec(name: str, kind: Any, default: Any = None, choices: tuple[str, ...] | None = None, help: str = "") -> OptionSpec:
-    return OptionSpec(name, kind, default, choices, help, env="LOWBIT_" + name.upper())
+def _spec(name: str, kind: Any, default: Any = None, choices: tuple[str, ...] | None = None, help: str = "",
+          normalize: Any = None) -> OptionSpec:
+    return OptionSpec(name, kind, default, choices, help, env="LOWBIT_" + name.upper(), normalize=normalize)
+
+
+# Other spellings of a precision people type (torch's dtype names, "fp32" for full precision).
+PRECISION_ALIASES = {"fp32": "no", "float32": "no", "float": "no", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+                     "float8": "fp8"}
+
+
+def normalize_precision(value: Any) -> Any:
+    """``mixed_precision`` in lower case, with its aliases (``fp32`` is ``no``, ``bfloat16`` is ``bf16``)."""
+    text = str(value).strip().lower()
+    return PRECISION_ALIASES.get(text, text)
 
 
 TOP_LEVEL: dict[str, OptionSpec] = {
     s.name: s
     for s in (
-        _spec("mixed_precision", str, "no", None, "no, fp16, bf16, or a low-precision backend's (fp8, ...)"),
+        _spec("mixed_precision", str, "no", None, "no (or fp32), fp16, bf16, or a low-precision backend's (fp8, ...)",
+              normalize=normalize_precision),
         _spec("distributed_type", str, "NO", None, "NO, MULTI_CPU, MULTI_GPU, or the name of a strategy (`lowbit plugins`)"),
         _spec("num_processes", int, 1, help="processes in all, across every machine (as in Accelerate)"),
         _spec("num_machines", int, 1, help="machines (nodes) in the job"),
@@ -204,9 +217,8 @@ def check_plugin_names(config: LowbitConfig, precisions: list[str], distributed_
     gets its install command when it is chosen rather than 'unknown')."""
     known_precisions = sorted(NATIVE_PRECISIONS) + [p for p in [*precisions, "fp8"] if p not in NATIVE_PRECISIONS]
     if config.mixed_precision not in known_precisions:
-        hint = " fp32 is spelled 'no'." if config.mixed_precision.lower() in ("fp32", "float32", "32") else ""
         raise ConfigError(f"mixed_precision {config.mixed_precision!r} (from {where}) is not a precision lowbit or an "
-                          f"installed backend offers.{did_you_mean(config.mixed_precision, known_precisions)}{hint} "
+                          f"installed backend offers.{did_you_mean(config.mixed_precision, known_precisions)} "
                           f"Known here: {', '.join(dict.fromkeys(known_precisions))}.")
     known_types = list(dict.fromkeys([*SINGLE_PROCESS_TYPES, *distributed_types, *FIRST_PARTY_SECTIONS.values()]))
     if config.distributed_type.upper() not in {t.upper() for t in known_types}:
