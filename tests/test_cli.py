@@ -39,6 +39,8 @@ def test_env_prints_a_bug_report(capsys):
     assert main(["env"]) == 0
     out = capsys.readouterr().out
     assert "- torch:" in out and "- Hardware:" in out and "- Config file:" in out and "- C++ compiler:" in out
+    assert "- numpy:" in out and "GiB" in out.split("- RAM:")[1].splitlines()[0]
+    assert "bf16" in out.split("- CPU:")[1].splitlines()[0]
 
 
 def test_config_from_flags_round_trips_through_launch(tmp_path, capsys):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import platform
 import sys
 from typing import Any
@@ -21,6 +22,30 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _memory() -> str:
+    """Total and available RAM, from the kernel (Linux) or the page counts."""
+    try:
+        fields = dict(line.split(":", 1) for line in open("/proc/meminfo", encoding="ascii"))
+        total, available = (int(fields[k].split()[0]) / 2**20 for k in ("MemTotal", "MemAvailable"))
+        return f"{total:.1f} GiB, {available:.1f} GiB available"
+    except (OSError, KeyError, ValueError):
+        try:
+            return f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.1f} GiB"
+        except (ValueError, OSError, AttributeError):
+            return "unknown"
+
+
+def _cpu() -> str:
+    """What decides CPU speed for low precision: the vector ISA torch uses and native bf16."""
+    import torch
+
+    from lowbit.training.cpu_features import cpu_has_native_bf16
+
+    bf16 = "native bf16 (AVX512-BF16 or AMX)" if cpu_has_native_bf16(when_unknown=False) else (
+        "no native bf16: bf16 matmuls take a slow path")
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.backends.cpu.get_cpu_capability()}, {bf16}"
+
+
 def run(args: argparse.Namespace) -> int:
     import yaml
 
@@ -34,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         f"- Python: {sys.version.split()[0]} ({platform.platform()})",
         "- torch: " + _version("torch"),
         "- pluggy: " + _version("pluggy"),
+        "- numpy: " + _version("numpy"),
+        "- RAM: " + _memory(),
+        "- CPU: " + _cpu(),
         # the libraries the installed plugins drive, as each plugin names them
         *(f"- {dist}: {_version(dist)}" for dist in dict.fromkeys(lib for r in report["plugins"] for lib in r.get("libraries", []))),
         f"- Hardware: {report['hardware']}",
