@@ -26,8 +26,22 @@ def run(library: str, out: Path, processes: int) -> list[dict]:
     else:  # Accelerate reads torchrun's variables as `accelerate launch` would set them
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *script]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+    results = [out / f"result_rank{r}.json" for r in range(processes)]
+    if library == "accelerate" and shutdown_abort_only(proc, results):
+        # The reference library hit the gloo exit abort after every rank wrote its results (README,
+        # "Known issues"): lowbit's exit path narrows that window, Accelerate's does not. The
+        # metrics are complete; they are what this test compares.
+        return [json.loads(path.read_text()) for path in results]
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(processes)]
+    return [json.loads(path.read_text()) for path in results]
+
+
+def shutdown_abort_only(proc: subprocess.CompletedProcess, results: list[Path]) -> bool:
+    """A run that finished its work and then aborted in interpreter shutdown (SIGABRT, "terminate
+    called without an active exception"), and nothing else went wrong."""
+    return (proc.returncode != 0 and "terminate called without an active exception" in proc.stderr
+            and "Traceback (most recent call last)" not in proc.stderr.split("terminate called")[0]
+            and all(path.exists() for path in results))
 
 
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
