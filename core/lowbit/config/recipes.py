@@ -88,10 +88,6 @@ class RecipeKwargs:
             return value is None or value == self.option_specs()[name].default
         return name in defaulted
 
-    def explicit_options(self) -> dict[str, Any]:
-        """The options that were set (by argument or env), leaving the unset ones out."""
-        return {k: getattr(self, k) for k in self.option_specs() if getattr(self, k) is not None}
-
 
 class FP8RecipeKwargs:
     """Accelerate's catch-all handler: ``FP8RecipeKwargs(backend="te", fp8_format="E4M3", ...)``.
