@@ -204,9 +204,9 @@ def encode_checkpoint_state(kind, owner, state, context: PrepareContext):
 
 @hookimpl
 def decode_checkpoint_state(kind, owner, state, context: PrepareContext):
-    from lowbit_msamp.state import decode
+    from lowbit_msamp.state import decode, device_of
 
-    return decode(state, _import_msamp())
+    return decode(state, _import_msamp(), device_of(owner))
 
 
 @hookimpl

@@ -32,8 +32,17 @@ def encode(value: Any) -> Any:
     return value
 
 
-def decode(value: Any, msamp: Any) -> Any:
-    """Undo :func:`encode` with ``msamp``'s own classes."""
+def device_of(owner: Any) -> Any:
+    """Where ``owner``'s (a model's or an optimizer's) parameters live: lowbit reads checkpoint files
+    onto the CPU, and MS-AMP's optimizer moves only plain tensors to their parameter's device
+    (``msamp/optim/optimizer.py`` ``load_state_dict``), so ScalingTensors are placed here."""
+    params = owner.parameters() if hasattr(owner, "parameters") else (
+        p for group in getattr(owner, "param_groups", []) for p in group["params"])
+    return next((p.device for p in params if hasattr(p, "device")), "cpu")
+
+
+def decode(value: Any, msamp: Any, device: Any = "cpu") -> Any:
+    """Undo :func:`encode` with ``msamp``'s own classes, the tensors on ``device``."""
     if isinstance(value, dict) and value.get(TAG) == 1:
         import msamp.common.dtype  # noqa: F401 - subpackages, loaded by `import msamp` too
         import msamp.common.tensor  # noqa: F401
@@ -41,11 +50,12 @@ def decode(value: Any, msamp: Any) -> Any:
         qtypes = {q.name: q for q in vars(msamp.common.dtype.Dtypes).values() if hasattr(q, "name") and hasattr(q, "value")}
         if value["qtype"] not in qtypes:
             raise ValueError(f"MS-AMP has no qtype {value['qtype']!r} (known: {', '.join(sorted(qtypes))})")
-        meta = msamp.common.tensor.ScalingMeta(qtypes[value["qtype"]], scale=value["scale"], scale_inv=value["scale_inv"],
-                                               amax=value["amax"], window_size=value["window_size"])
-        return msamp.common.tensor.ScalingTensor(value["value"], meta)
+        scale, scale_inv, amax = (value[k].to(device) for k in ("scale", "scale_inv", "amax"))
+        meta = msamp.common.tensor.ScalingMeta(qtypes[value["qtype"]], scale=scale, scale_inv=scale_inv, amax=amax,
+                                               window_size=value["window_size"])
+        return msamp.common.tensor.ScalingTensor(value["value"].to(device), meta)
     if isinstance(value, dict):
-        return type(value)((k, decode(v, msamp)) for k, v in value.items())
+        return type(value)((k, decode(v, msamp, device)) for k, v in value.items())
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(decode(v, msamp) for v in value)
+        return type(value)(decode(v, msamp, device) for v in value)
     return value
