@@ -145,6 +145,7 @@ class Accelerator(RankFacts):
             mixed_precision=self.mixed_precision,
             device=self.device,
             fp8_options=choice.backend_options,
+            recipe_runs=choice.recipe.status if choice.recipe else "native",
             strategy=self._strategy.name if self._strategy else "none",
             strategy_options=choice.strategy_options(self.config),
             world_size=self.num_processes,
@@ -488,7 +489,8 @@ class Accelerator(RankFacts):
         train in FP8 and why the others stay in high precision. None without FP8."""
         if self._fp8 is None or not (model is not None or self.prepared.models):
             return None
-        return conversion_report(self.unwrap_model(model if model is not None else self.prepared.models[0]), self.fp8_backend)
+        return conversion_report(self.unwrap_model(model if model is not None else self.prepared.models[0]), self.fp8_backend,
+                                 self.mixed_precision, self.context.recipe_runs)
 
     def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
                              saturation_warning: float = 0.001) -> None:
@@ -496,7 +498,8 @@ class Accelerator(RankFacts):
         ``every_n_steps`` optimizer steps; warn when a saturation fraction passes the threshold.
         Off by default: when off, nothing is observed and training speed is unchanged."""
         if self._fp8 is None:
-            raise ConfigError(f"FP8 telemetry needs mixed_precision='fp8'; this Accelerator uses {self.mixed_precision!r}.")
+            raise ConfigError(f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
+                              f"this Accelerator uses {self.mixed_precision!r}.")
         if model is None:
             if not self.prepared.models:
                 raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")

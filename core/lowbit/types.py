@@ -13,9 +13,11 @@ T = TypeVar("T")
 # name ("fp8", "fp4", ...) is served by a low-precision backend that declares it.
 NATIVE_PRECISIONS = frozenset({"no", "fp16", "bf16"})
 
-# FP8 tensor-core GEMMs exist from Ada (sm_89) on; MXFP8 from Blackwell (sm_100) on.
+# FP8 tensor-core GEMMs exist from Ada (sm_89) on; MXFP8 and NVFP4 from Blackwell (sm_100) on.
 FP8_MIN_CAPABILITY = (8, 9)
 MXFP8_MIN_CAPABILITY = (10, 0)
+# What each compute capability is called, for messages that say which GPU is needed.
+GPU_GENERATIONS = {(8, 9): "Ada, Hopper, Blackwell", (9, 0): "Hopper, Blackwell", (10, 0): "Blackwell"}
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class HardwareInfo:
     device_name: str
     device_count: int = 1
     compute_capability: tuple[int, int] | None = None
+    cuda_version: tuple[int, int] | None = None  # the CUDA torch was built with, on a CUDA device
 
     @property
     def has_fp8_gemm(self) -> bool:
@@ -50,6 +53,41 @@ class HardwareInfo:
             major, minor = self.compute_capability
             return f"{self.device_name} (sm_{major}{minor})"
         return "CPU" if self.device_type == "cpu" else self.device_name
+
+
+@dataclass(frozen=True)
+class RecipeInfo:
+    """One name of the recipe vocabulary: a number format and how it is scaled.
+
+    ``precision`` is the ``mixed_precision`` it trains in ("fp8", "fp4"); ``block`` the elements
+    that share one scale along a GEMM's inner dimension (32 for MXFP8, 16 for NVFP4; None for
+    per-tensor or per-row scales); ``min_capability`` / ``min_cuda`` what a GPU needs to run its
+    GEMMs natively. lowbit's own names live in :mod:`lowbit.config.recipe_names`; a plugin may
+    declare more in its :class:`BackendDescription`.
+    """
+
+    name: str
+    precision: str
+    summary: str
+    block: int | None = None
+    min_capability: tuple[int, int] = FP8_MIN_CAPABILITY
+    min_cuda: tuple[int, int] | None = None
+
+    def hardware_problem(self, hardware: "HardwareInfo") -> str:
+        """Why ``hardware`` cannot run this recipe's GEMMs natively, naming what it needs; '' when it can."""
+        major, minor = self.min_capability
+        need = f"a GPU with compute capability >= {major}.{minor}"
+        generations = GPU_GENERATIONS.get(self.min_capability)
+        need += f" ({generations})" if generations else ""
+        if self.min_cuda:
+            need += f" and CUDA >= {self.min_cuda[0]}.{self.min_cuda[1]}"
+        found = hardware.describe()
+        if hardware.compute_capability is None or hardware.compute_capability < self.min_capability:
+            return f"{self.name} needs {need}; found {found}"
+        if self.min_cuda and (hardware.cuda_version or (0, 0)) < self.min_cuda:
+            cuda = ".".join(map(str, hardware.cuda_version)) if hardware.cuda_version else "none"
+            return f"{self.name} needs {need}; found {found} with CUDA {cuda}"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +143,15 @@ class BackendDescription:
     weight_storage: str = ""
     # kind "fp8" (a low-precision training backend): the mixed_precision names it serves; empty means ("fp8",).
     precisions: tuple[str, ...] = ()
+    # kind "fp8": the recipes it offers, best first per precision: names of lowbit's vocabulary
+    # (lowbit.config.recipe_names) or RecipeInfo objects of its own. The first one of a precision
+    # is its default there. Empty: one fixed recipe, nothing for the user to choose.
+    recipes: tuple["str | RecipeInfo", ...] = ()
+    # kind "fp8": the recipes it runs emulated on hardware without their GEMMs (slowly, same numerics).
+    emulates: tuple[str, ...] = ()
+    # kind "fp8": the recipes it emulates everywhere, even on hardware that has their GEMMs (it
+    # binds no native kernel for them yet), so the ranking prefers a backend that runs them natively.
+    emulated_only: tuple[str, ...] = ()
     # kind "distributed": what the strategy is, in place of its name (see StrategyTraits).
     strategy: StrategyTraits | None = None
     # The distributions of the library it drives ("torchao"), whose versions `lowbit env` prints.
@@ -135,6 +182,8 @@ class PrepareContext:
     mixed_precision: str  # "no" | "fp16" | "bf16", or a low-precision backend's ("fp8", "fp4", ...)
     device: "torch.device"
     fp8_options: Any = None  # the chosen FP8 backend's resolved recipe kwargs
+    # How this hardware runs the chosen recipe: "native", or "emulated" (no GEMMs for it here).
+    recipe_runs: str = "native"
     strategy: str = "none"  # "none", "ddp", "fsdp", "deepspeed", ... (the distributed backend's name)
     strategy_options: dict[str, Any] = field(default_factory=dict)
     world_size: int = 1

@@ -19,5 +19,14 @@ def detect_hardware(cpu: bool) -> HardwareInfo:
             device_name=torch.cuda.get_device_name(index),
             device_count=torch.cuda.device_count(),
             compute_capability=tuple(torch.cuda.get_device_capability(index)),
+            cuda_version=_cuda_version(torch.version.cuda),
         )
     return HardwareInfo(device_type="cpu", device_name=platform.processor() or "CPU", device_count=os.cpu_count() or 1)
+
+
+def _cuda_version(text: str | None) -> tuple[int, int] | None:
+    """"12.9" -> (12, 9); None for a build without CUDA."""
+    if not text:
+        return None
+    major, _, minor = text.partition(".")
+    return int(major), int(minor.split(".")[0] or 0)

@@ -273,8 +273,8 @@ def _fp8_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _mxfp8_scaling(value: Any) -> dict[str, Any]:
-    """Accelerate's ``use_mxfp8_block_scaling`` flag is lowbit TE's ``scaling="mxfp8"``."""
-    return {"scaling": "mxfp8"} if _truthy(value) else {}
+    """Accelerate's ``use_mxfp8_block_scaling`` flag is the recipe vocabulary's ``recipe="mxfp8"``."""
+    return {"recipe": "mxfp8"} if _truthy(value) else {}
 
 
 def _env_flag(environ: Mapping[str, str], name: str) -> bool:

@@ -28,7 +28,7 @@ FIRST_PARTY = {
 # fp8_config keys that only a first-party backend's recipe defines (the keys Accelerate documents
 # are always accepted). tests/test_config.py keeps this in step with the plugins' recipe classes.
 PLUGIN_ONLY_FP8_KEYS = {
-    "recipe": ("ao",),
+    "recipe": ("ao", "te"),
     "pad_inner_dim": ("ao",),
     "enable_fsdp_float8_all_gather": ("ao",),
     "force_recompute_fp8_weight_in_bwd": ("ao",),
@@ -36,8 +36,20 @@ PLUGIN_ONLY_FP8_KEYS = {
     "emulation": ("ao",),
     "optimizer_states": ("ao",),
     "keep_first_last_high_precision": ("ao", "te"),
-    "scaling": ("te",),
     "pad_tokens": ("te",),
+    "mx_scale_rounding": ("ao",),
+    "fp4_last_layers_bf16": ("ao", "te"),
+    "nvfp4_random_hadamard": ("ao", "te"),
+    "nvfp4_stochastic_rounding": ("ao", "te"),
+    "nvfp4_2d_weight_scaling": ("ao", "te"),
+}
+
+# The recipes (lowbit.config.recipe_names) each first-party backend offers, so an error can name
+# the distribution to install for a recipe no installed backend has. tests/test_recipes.py keeps
+# this in step with the plugins' own declarations.
+FIRST_PARTY_RECIPES = {
+    "ao": ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "nvfp4"),
+    "te": ("delayed", "current", "block", "mxfp8", "nvfp4"),
 }
 
 
@@ -45,6 +57,11 @@ def install_command(backend: str) -> str:
     """How to install a first-party plugin, from PyPI and from a lowbit checkout."""
     distribution, folder = FIRST_PARTY[backend]
     return f"`pip install {distribution}` (from a lowbit checkout: `pip install -e {folder}`)"
+
+
+def first_party_recipe_offers(recipe: str) -> list[tuple[str, str]]:
+    """(backend, how to install it) for each first-party backend that offers ``recipe``."""
+    return [(backend, install_command(backend)) for backend, names in FIRST_PARTY_RECIPES.items() if recipe in names]
 
 
 # Accelerate's distributed type for "data parallel on this device type".

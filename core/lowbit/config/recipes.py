@@ -8,6 +8,7 @@ every field made by :func:`recipe_option`. Fields left as None are filled, in or
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, ClassVar, Mapping
 
@@ -15,8 +16,9 @@ from lowbit.errors import ConfigError, did_you_mean
 from lowbit.config.options import OptionSpec, to_text
 
 FP8_ENV_PREFIX = "LOWBIT_FP8_"
-# Accelerate's docs spell this one two ways; both mean opt_level.
-OPTION_SYNONYMS = {"optimization_level": "opt_level"}
+# Accelerate's docs spell opt_level two ways; lowbit-te called its recipe "scaling" before the
+# recipe vocabulary (lowbit.config.recipe_names) gave every backend the one name "recipe".
+OPTION_SYNONYMS = {"optimization_level": "opt_level", "scaling": "recipe"}
 
 
 def fp8_env_var(key: str) -> str:
@@ -36,6 +38,21 @@ def recipe_option(
         default=None,
         metadata={"lowbit": dict(type=type, default=default, choices=choices, help=help, code_only=code_only, normalize=normalize)},
     )
+
+
+def _recipe_name(value: Any) -> str:
+    from lowbit.config.recipe_names import canonical_recipe
+
+    return canonical_recipe(value)
+
+
+def recipe_name_option(default: str | None, help: str = "") -> Any:
+    """The ``recipe`` field every backend's kwargs class declares: a name of the recipe
+    vocabulary (``lowbit.config.recipe_names``), checked against it wherever it is given. Whether
+    *this* backend offers it is checked when the backend is chosen, so the error can name the
+    backends that do. ``default`` is the backend's fp8 default; fp4 takes its first fp4 recipe."""
+    return recipe_option(default, help=help or "recipe: format and scaling (`lowbit plugins` lists each backend's)",
+                         normalize=_recipe_name)
 
 
 @dataclasses.dataclass
@@ -188,3 +205,27 @@ def recipe_launch_hooks(recipe_class: type[RecipeKwargs], title: str) -> tuple[A
         return recipe_env_from_args(args, recipe_class)
 
     return add_launch_arguments, launch_environment
+
+
+@dataclasses.dataclass
+class FP4RecipeOptions:
+    """The options of 4-bit (NVFP4) training, with the same names and defaults on every backend
+    that offers it. The defaults are NVIDIA's NVFP4 pretraining recipe (TE 2.20.2
+    ``common/recipe/__init__.py``, ``NVFP4BlockScaling``; arXiv 2509.25149): 16x16 blocks for
+    weights, stochastic rounding of gradients, random Hadamard transforms before the
+    weight-gradient GEMM, and the last layers of the network kept in bf16."""
+
+    fp4_last_layers_bf16: float | None = recipe_option(
+        0.15, type=float, help="fraction of the Linear layers, counted from the model's end, kept in bf16 under fp4")
+    nvfp4_random_hadamard: bool | None = recipe_option(
+        True, type=bool, help="random Hadamard transform (16x16) of the weight-gradient GEMM's operands")
+    nvfp4_stochastic_rounding: bool | None = recipe_option(True, type=bool, help="round gradients stochastically to FP4")
+    nvfp4_2d_weight_scaling: bool | None = recipe_option(True, type=bool, help="one scale per 16x16 weight block (else 1x16)")
+
+
+def fp4_layers_kept_bf16(names: list[str], fraction: float) -> list[str]:
+    """The last ``fraction`` of ``names`` (module order), rounded up: the layers fp4 keeps in bf16."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"fp4_last_layers_bf16 must be between 0 and 1, got {fraction}.")
+    count = math.ceil(round(len(names) * fraction, 6))  # round: 20 * 0.15 is 3.0000000000000004
+    return names[len(names) - count:] if count else []

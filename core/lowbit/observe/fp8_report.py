@@ -9,16 +9,19 @@ from typing import Any
 SHOWN_SKIPPED = 4  # the report names this many kept layers, then counts the rest
 
 
-def conversion_report(model: Any, backend: str) -> str | None:
-    """``fp8 (ao): 4 of 6 Linear layers; kept high precision: 0 (first Linear ...), ...``, or None
-    when the backend recorded nothing (it converts the model its own way)."""
+def conversion_report(model: Any, backend: str, precision: str = "fp8", runs: str = "native") -> str | None:
+    """``fp8 (ao, tensorwise, emulated): 4 of 6 Linear layers; kept high precision: 0 (first
+    Linear ...), ...``, or None when the backend recorded nothing (it converts the model its own
+    way). The recipe is the one the backend recorded (``"recipe"``); ``runs`` is "emulated"
+    where the hardware has no GEMMs for it."""
     record = getattr(model, "_lowbit_fp8_report", None)
     if record is None:
         return None
     converted, skipped = record["converted"], record["skipped"]
     total = len(converted) + len(skipped)
     noun, per_type = layer_kinds(record)
-    line = f"fp8 ({backend}): {len(converted)} of {total} {noun} layers{per_type}"
+    label = ", ".join(part for part in (backend, record.get("recipe"), "emulated" if runs == "emulated" else "") if part)
+    line = f"{precision} ({label}): {len(converted)} of {total} {noun} layers{per_type}"
     if skipped:
         kept = [f"{name or '<model>'} ({why})" for name, why in list(skipped.items())[:SHOWN_SKIPPED]]
         more = len(skipped) - SHOWN_SKIPPED

@@ -16,6 +16,7 @@ from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
 from lowbit.compat.handlers import HANDLER_CLASSES
 from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
 from lowbit.errors import BackendUnavailableError, ConfigError
+from lowbit.plugins.recipe_choice import RecipeChoice, choose_with_recipe
 from lowbit.plugins.selection import BackendRegistry, Candidate, Selection, choose_backend
 from lowbit.types import NATIVE_PRECISIONS
 
@@ -28,6 +29,7 @@ class PluginChoice:
     mixed_precision: str  # as asked, or the fp8_fallback taken
     backend: Selection | None = None
     backend_options: RecipeKwargs | None = None
+    recipe: RecipeChoice | None = None  # the recipe the backend trains with, and how it runs here
     strategy: Selection | None = None
     handlers: dict[type, Any] = field(default_factory=dict)  # Accelerate's kwargs handlers, by class
 
@@ -75,8 +77,10 @@ def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any
                           stacklevel=4)
         return
     requested, source = _requested_backend(handler, config)
+    recipe, recipe_source = _requested_recipe(handler, config)
     try:
-        choice.backend = choose_backend(registry, "fp8", requested, source, precision=choice.mixed_precision)
+        choice.backend, choice.recipe = choose_with_recipe(registry, choice.mixed_precision, requested, source,
+                                                           recipe, recipe_source)
     except BackendUnavailableError as exc:
         fallback = config.fp8_fallback
         if not fallback:
@@ -85,6 +89,26 @@ def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any
         choice.mixed_precision = fallback
         return
     choice.backend_options = _resolve_options(choice.backend.chosen, handler, config)
+    if choice.recipe.name is not None and getattr(choice.backend_options, "recipe", choice.recipe.name) != choice.recipe.name:
+        # The option took the backend's fp8 default; this precision's default recipe is another.
+        choice.backend_options.recipe = choice.recipe.name
+
+
+def _requested_recipe(handler: Any, config: Any) -> tuple[str | None, str]:
+    """The recipe the user named (vocabulary name), and where: the handler (which has read its
+    env var), ``LOWBIT_FP8_RECIPE`` (``lowbit launch --fp8_recipe``), or the config file."""
+    from lowbit.config.recipe_names import canonical_recipe
+
+    if isinstance(handler, RecipeKwargs) and getattr(handler, "recipe", None) is not None:
+        return handler.recipe, type(handler).__name__
+    if isinstance(handler, FP8RecipeKwargs) and handler.options.get("recipe") is not None:
+        return canonical_recipe(handler.options["recipe"], "FP8RecipeKwargs(recipe=...)"), "FP8RecipeKwargs(recipe=...)"
+    env = fp8_env_var("recipe")
+    if os.environ.get(env):
+        return canonical_recipe(os.environ[env], f"env {env}"), f"env {env} / lowbit launch --fp8_recipe"
+    if config.fp8_config.get("recipe") is not None:
+        return canonical_recipe(config.fp8_config["recipe"], "fp8_config.recipe"), "config file fp8_config.recipe"
+    return None, "default"
 
 
 def _requested_backend(handler: Any, config: Any) -> tuple[str | None, str]:

@@ -78,7 +78,8 @@ class Preparation:
             result[m_index] = self._wrap_forward(model)
             result[m_index]._lowbit_prepared = True
             self.prepared.models.append(result[m_index])
-            report = conversion_report(unwrap(result[m_index]), self.plugins.backend_name) if self.plugins.backend else None
+            report = (conversion_report(unwrap(result[m_index]), self.plugins.backend_name, self.plugins.context.mixed_precision,
+                                        self.plugins.context.recipe_runs) if self.plugins.backend else None)
             if report:
                 self.announce(f"lowbit: {report}")
 

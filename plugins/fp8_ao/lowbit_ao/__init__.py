@@ -11,7 +11,7 @@ import importlib.util
 from lowbit import hookimpl
 from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
-from lowbit_ao.recipe import AORecipeKwargs
+from lowbit_ao.recipe import RECIPE_NAMES, AORecipeKwargs
 
 NAME = "ao"
 PRIORITY = 100
@@ -46,6 +46,11 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     return BackendDescription(
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
         options_class=AORecipeKwargs, libraries=("torchao",), aliases=("torchao",),
+        # Every recipe runs anywhere: FP8 GEMMs are emulated without sm_89, MXFP8 with torchao's
+        # emulated kernels and NVFP4 with lowbit-ao's own emulation without sm_100.
+        precisions=("fp8", "fp4"), recipes=RECIPE_NAMES, emulates=RECIPE_NAMES,
+        # torchao's NVFP4Linear (triton, bf16, dims % 128, no recipe options) is not bound yet.
+        emulated_only=("nvfp4",),
     )
 
 

@@ -14,6 +14,10 @@ from lowbit.types import PrepareContext
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
 from lowbit_ao.quiet_import import import_torchao
+from lowbit_ao.recipe import BLOCK_RECIPES
+
+# Options of torchao's float8 recipes that a block-scaled recipe has no use for.
+FLOAT8_ONLY_OPTIONS = ("enable_fsdp_float8_all_gather", "force_recompute_fp8_weight_in_bwd")
 
 # FP8 GEMMs need both dims of a weight to be multiples of 16.
 FP8_DIM_MULTIPLE = 16
@@ -59,7 +63,7 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
         validate_float8_config(options.config)
         config = options.config
     else:
-        config = Float8LinearConfig.from_recipe_name(options.recipe)
+        config = Float8LinearConfig.from_recipe_name(options.recipe)  # a float8 recipe: block ones never get here
     overrides = {
         name: True
         for name in ("pad_inner_dim", "enable_fsdp_float8_all_gather", "force_recompute_fp8_weight_in_bwd")
@@ -111,15 +115,23 @@ def linear_layers(model: nn.Module) -> dict[str, str]:
     }
 
 
-def default_module_filter(model: nn.Module, keep_first_last: bool) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
-    """All Linears (and Conv1Ds), but the model's first and last (by module order, at any depth) and
-    those whose dims FP8 GEMMs cannot take. Returns the filter and the reason for each layer it skips."""
+def default_skips(model: nn.Module, keep_first_last: bool) -> dict[str, str]:
+    """The model's first and last Linear (by module order, at any depth), with the reason."""
     layers = linear_layers(model)
     names = list(layers)
     skipped: dict[str, str] = {}
     if keep_first_last and names:
         skipped[names[0]] = f"first {layers[names[0]]} kept in high precision"
         skipped[names[-1]] = f"last {layers[names[-1]]} kept in high precision"
+    return skipped
+
+
+def default_module_filter(model: nn.Module, keep_first_last: bool) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
+    """All Linears (and Conv1Ds), but the model's first and last (by module order, at any depth) and
+    those whose dims FP8 GEMMs cannot take. Returns the filter and the reason for each layer it skips."""
+    layers = linear_layers(model)
+    names = list(layers)
+    skipped = default_skips(model, keep_first_last)
     modules = dict(model.named_modules())
     for name in names:
         if name not in skipped:
@@ -135,6 +147,13 @@ def default_module_filter(model: nn.Module, keep_first_last: bool) -> tuple[Call
 
 def check_compatibility(context: PrepareContext) -> None:
     options = context.fp8_options
+    if options.recipe in BLOCK_RECIPES:
+        given = [name for name in FLOAT8_ONLY_OPTIONS if not options.is_default(name) and getattr(options, name)]
+        if options.config is not None or given:
+            what = "config=Float8LinearConfig(...)" if options.config is not None else ", ".join(f"{n}=True" for n in given)
+            raise UnsupportedCombinationError(
+                f"{what} belongs to torchao's float8 recipes (tensorwise, rowwise); recipe={options.recipe!r} is a "
+                "block-scaled format that does not use it. Remove it, or choose a float8 recipe.")
     if options.config is None and options.recipe == "rowwise_with_gw_hp" and context.device.type != "cuda":
         raise UnsupportedCombinationError(
             "torchao's 'rowwise_with_gw_hp' recipe reads the autocast dtype only on CUDA, so its high-precision "
@@ -143,12 +162,47 @@ def check_compatibility(context: PrepareContext) -> None:
         )
 
 
+def convert_block_recipe(model: nn.Module, context: PrepareContext) -> nn.Module:
+    """mxfp8 / nvfp4: the block-scaled layers (``block_formats``), with the same default rules."""
+    from lowbit_ao.block_formats import convert_block_layers
+
+    options = context.fp8_options
+    layer_types = linear_layers(model)
+    if options.module_filter_func is not None:
+        modules = dict(model.named_modules())
+        skipped = {n: "module_filter_func said no" for n in layer_types if not options.module_filter_func(modules[n], n)}
+    else:
+        skipped = default_skips(model, options.keep_first_last_high_precision)
+    if context.recipe_runs == "emulated" and context.rank == 0:
+        how = ("torchao's emulated MX kernels (values and scales as on the GPU, GEMMs in fp32)" if options.recipe == "mxfp8"
+               else "lowbit-ao's NVFP4 emulation (values and scales as NVIDIA's format, GEMMs in fp32)")
+        warnings.warn(f"lowbit-ao: {context.hardware.describe()} has no {options.recipe} GEMMs, so they are emulated: {how}.",
+                      FP8EmulationNotice, stacklevel=3)
+    converted = convert_block_layers(model, list(layer_types), skipped, context)
+    _warn_if_nothing_converted(converted, skipped, context)
+    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types, "recipe": options.recipe,
+                                "padding": (f"token count padded to a multiple of the {options.recipe} block where needed"
+                                            if converted else "")}
+    return model
+
+
+def _warn_if_nothing_converted(converted: list[str], skipped: dict[str, str], context: PrepareContext) -> None:
+    if not converted and context.rank == 0:  # said once, not per rank
+        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear or Conv1D"
+        warnings.warn(
+            f"lowbit-ao: no Linear layer is eligible for {context.mixed_precision}, so this model trains in high precision ({reasons}).",
+            stacklevel=3,
+        )
+
+
 def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
+    options = context.fp8_options
+    if options.recipe in BLOCK_RECIPES and options.config is None:
+        return convert_block_recipe(model, context)
     import_torchao()
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
-    options = context.fp8_options
     config = build_float8_config(options, context)
     if options.module_filter_func is not None:
         module_filter, skipped = options.module_filter_func, {}
@@ -162,14 +216,10 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
         fast = config.emulate and options.emulation == "fast"
         mark_converted_layers(model, compute_dtype_for(context.device) if fast else None)
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
-    if not converted and context.rank == 0:  # said once, not per rank
-        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear or Conv1D"
-        warnings.warn(
-            f"lowbit-ao: no Linear layer is eligible for FP8, so this model trains in high precision ({reasons}).",
-            stacklevel=2,
-        )
+    _warn_if_nothing_converted(converted, skipped, context)
     # Which layers are FP8, why the others are not, and each one's type (for the report's wording).
     model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types,
+                                "recipe": options.recipe if options.config is None else "Float8LinearConfig",
                                 "padding": PADDING_NOTE if converted and config.pad_inner_dim else ""}
     return model
 

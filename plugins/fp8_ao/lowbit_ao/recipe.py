@@ -4,15 +4,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from lowbit.config.recipes import RecipeKwargs, recipe_option
+from lowbit.config.recipes import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
 
-RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+# The recipes lowbit-ao offers (lowbit.config.recipe_names), fp8 first: torchao.float8's three,
+# MXFP8 through torchao's prototype MXFP8Linear, NVFP4 through torchao's NVFP4Linear on a
+# Blackwell GPU with triton, and lowbit-ao's own emulation anywhere else.
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+BLOCK_RECIPES = ("mxfp8", "nvfp4")
+RECIPE_NAMES = FLOAT8_RECIPES + BLOCK_RECIPES
+# How an MXFP8 block's power-of-two scale is rounded: "floor" is the OCP MX v1.0 spec's
+# (2^(floor(log2 amax) - 8)); "rceil" rounds amax/448 up to a power of two (torchao's default,
+# ScaleCalculationMode.RCEIL, and what Blackwell's cast instructions do), so nothing saturates.
+MX_SCALE_ROUNDINGS = ("rceil", "floor")
 OPTIMIZER_STATES = ("default", "fp8", "8bit")
 EMULATIONS = ("fast", "torchao")
 
 
 @dataclass
-class AORecipeKwargs(RecipeKwargs):
+class AORecipeKwargs(FP4RecipeOptions, RecipeKwargs):
     """Options of torchao float8 training, as in Accelerate's ``AORecipeKwargs`` plus lowbit's.
 
     config: a full ``torchao.float8.Float8LinearConfig``; wins over ``recipe``.
@@ -24,7 +33,8 @@ class AORecipeKwargs(RecipeKwargs):
 
     config: Any = recipe_option(None, code_only=True, help="a torchao Float8LinearConfig")
     module_filter_func: Callable[..., bool] | None = recipe_option(None, code_only=True, help="(module, fqn) -> bool")
-    recipe: str | None = recipe_option("tensorwise", choices=RECIPE_NAMES, help="torchao recipe name")
+    recipe: str | None = recipe_name_option("tensorwise", help="tensorwise, rowwise, rowwise_with_gw_hp, mxfp8 (fp8); nvfp4 (fp4)")
+    mx_scale_rounding: str | None = recipe_option("rceil", choices=MX_SCALE_ROUNDINGS, help="mxfp8 block scales: rceil or floor (OCP spec)")
     # On by default, as in Accelerate: CUDA's FP8 GEMM refuses an inner dim (the token count, in the
     # weight-gradient GEMM) that is not a multiple of 16.
     pad_inner_dim: bool | None = recipe_option(True, type=bool, help="pad GEMM inner dims (tokens too) to multiples of 16")

@@ -11,7 +11,7 @@ import importlib.util
 from lowbit import hookimpl
 from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
-from lowbit_te.recipe import TERecipeKwargs
+from lowbit_te.recipe import RECIPE_NAMES, TERecipeKwargs
 
 NAME = "te"
 PRIORITY = 200
@@ -63,7 +63,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     return BackendDescription(
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
         options_class=TERecipeKwargs, aliases=("transformer_engine", "transformerengine", "transformersengine"),
-        libraries=("transformer-engine",),
+        libraries=("transformer-engine",), precisions=("fp8", "fp4"), recipes=RECIPE_NAMES,
     )
 
 

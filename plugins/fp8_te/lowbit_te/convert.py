@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lowbit.config.recipes import fp4_layers_kept_bf16
 from lowbit.types import PrepareContext
 from lowbit_te.fp8_state import keep_pickles_out_of_state_dicts
 from lowbit_te.gemm_rules import pad_tokens_for_fp8, token_multiple, weight_problem
@@ -95,6 +96,9 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
     if options.keep_first_last_high_precision and linears:
         skipped[linears[0]] = "first Linear kept in high precision"
         skipped[linears[-1]] = "last Linear kept in high precision"
+    if context.mixed_precision == "fp4":
+        for name in fp4_layers_kept_bf16(linears, options.fp4_last_layers_bf16):
+            skipped.setdefault(name, f"in the last {options.fp4_last_layers_bf16:.0%} of Linears, kept in bf16 (fp4_last_layers_bf16)")
     converted: list[str] = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
@@ -131,5 +135,6 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
     keep_pickles_out_of_state_dicts(model)
     padding = (f"token count padded to a multiple of {token_multiple(options)} where needed (pad_tokens)"
                if options.pad_tokens and any(n for n in converted if isinstance(model.get_submodule(n), te.Linear)) else "")
-    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "padding": padding}
+    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "padding": padding,
+                                "recipe": options.recipe if options.te_recipe is None else type(options.te_recipe).__name__}
     return model

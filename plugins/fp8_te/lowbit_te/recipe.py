@@ -4,21 +4,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lowbit.config.recipes import RecipeKwargs, recipe_option
+from lowbit.config.recipes import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
+from lowbit.errors import ConfigError
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
-# TE scaling recipes, by the short name lowbit accepts.
-SCALINGS = ("delayed", "current", "mxfp8", "block")
+# TE's recipes, by their names in lowbit's vocabulary (lowbit.config.recipe_names), fp8 first.
+RECIPE_NAMES = ("delayed", "current", "block", "mxfp8", "nvfp4")
 
 
 @dataclass
-class TERecipeKwargs(RecipeKwargs):
+class TERecipeKwargs(FP4RecipeOptions, RecipeKwargs):
     """Accelerate's ``TERecipeKwargs`` fields (same names and defaults), plus lowbit's.
 
-    scaling: which TE scaling recipe: delayed (``DelayedScaling``, Accelerate's), current
-        (``Float8CurrentScaling``), mxfp8 (``MXFP8BlockScaling``, sm_100+) or block
-        (``Float8BlockScaling``).
+    recipe: which TE recipe: delayed (``DelayedScaling``, Accelerate's), current
+        (``Float8CurrentScaling``), block (``Float8BlockScaling``, sm_90+ with CUDA 12.9+),
+        mxfp8 (``MXFP8BlockScaling``, sm_100+) or, under ``mixed_precision="fp4"``, nvfp4
+        (``NVFP4BlockScaling``, TE 2.8+, sm_100+). ``scaling`` is accepted as its older name.
+    use_mxfp8_block_scaling: Accelerate's switch for MXFP8; the same as ``recipe="mxfp8"``.
     te_recipe: a TE recipe object you built yourself; used as it is (code only).
     """
 
@@ -33,8 +36,17 @@ class TERecipeKwargs(RecipeKwargs):
     override_linear_precision: tuple[bool, bool, bool] | None = recipe_option(
         (False, False, False), type="bools3", help="(fprop, dgrad, wgrad) in high precision (TE 1.x only)"
     )
-    scaling: str | None = recipe_option("delayed", choices=SCALINGS, help="scaling recipe: delayed, current, mxfp8 or block")
+    recipe: str | None = recipe_name_option("delayed", help="delayed, current, block, mxfp8 (fp8); nvfp4 (fp4)")
+    use_mxfp8_block_scaling: bool | None = recipe_option(False, type=bool, code_only=True, help="Accelerate's name for recipe='mxfp8'")
     keep_first_last_high_precision: bool | None = recipe_option(False, type=bool, help="keep the first and last Linear in high precision")
     te_recipe: Any = recipe_option(None, code_only=True, help="a transformer_engine.common.recipe object, used as is")
     # TE's FP8 GEMMs refuse token counts that are not multiples of 8 (32 for MXFP8): pad them.
     pad_tokens: bool | None = recipe_option(True, type=bool, help="pad odd token counts to what TE's FP8 GEMMs need")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.use_mxfp8_block_scaling:
+            if self.recipe not in (None, "mxfp8"):
+                raise ConfigError(f"TERecipeKwargs got use_mxfp8_block_scaling=True and recipe={self.recipe!r}; "
+                                  "they contradict each other. Give recipe='mxfp8' alone.")
+            self.recipe = "mxfp8"

@@ -12,7 +12,14 @@ from lowbit.types import PrepareContext
 # Options Accelerate passes to DelayedScaling that TE 2.x removed, with the value that means
 # "TE 2.x's behaviour" (scaling factors update every step; no per-GEMM override).
 REMOVED_IN_TE2 = {"interval": 1, "override_linear_precision": (False, False, False)}
-RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling", "block": "Float8BlockScaling"}
+RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
+                  "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling"}
+# TE's own verdict for the recipes that need more than FP8 (pytorch/quantization.py, 2.20.2):
+# e.g. MXFP8 is refused on sm_120 though it is Blackwell.
+TE_SUPPORT_CHECKS = {"mxfp8": "is_mxfp8_available", "nvfp4": "is_nvfp4_available", "block": "is_fp8_block_scaling_available"}
+# lowbit's NVFP4 options -> NVFP4BlockScaling's fields, which say the opposite (disable_*).
+NVFP4_SWITCHES = {"nvfp4_random_hadamard": "disable_rht", "nvfp4_stochastic_rounding": "disable_stochastic_rounding",
+                  "nvfp4_2d_weight_scaling": "disable_2d_quantization"}
 
 
 def import_te() -> tuple[Any, Any]:
@@ -47,34 +54,35 @@ def build_recipe(context: PrepareContext) -> Any:
         if not isinstance(options.te_recipe, recipe_module.Recipe):
             raise ConfigError(f"TERecipeKwargs(te_recipe=...) expects a transformer_engine.common.recipe.Recipe, got {type(options.te_recipe).__name__}.")
         return options.te_recipe
-    if options.scaling == "mxfp8":
-        ok, why = _te_check(te, "is_mxfp8_available")
-        if not ok or not context.hardware.has_mxfp8_gemm:
-            raise BackendUnavailableError(
-                f"scaling='mxfp8' needs a Blackwell GPU (compute capability >= 10.0); found {context.hardware.describe()}"
-                f"{': ' + why if why else ''}. Use scaling='delayed' or 'current' on Ada/Hopper."
-            )
-    if options.scaling == "block":
-        _check_block_scaling(te, context)
-    if options.scaling == "delayed" and context.compiled:
+    _check_te_supports(te, options.recipe, context)
+    if options.recipe == "delayed" and context.compiled:
         raise UnsupportedCombinationError(
-            "Transformer Engine's DelayedScaling recipe (scaling='delayed', the default) raises under torch.compile. "
-            "Use scaling='current' with dynamo_backend, or train without dynamo_backend."
+            "Transformer Engine's DelayedScaling recipe (recipe='delayed', the default) raises under torch.compile. "
+            "Use recipe='current' with dynamo_backend, or train without dynamo_backend."
         )
     if options.fp8_format == "E5M2":
         raise ConfigError("fp8_format='E5M2' (pure E5M2 training) is not supported by Transformer Engine; use HYBRID or E4M3.")
-    cls = getattr(recipe_module, RECIPE_CLASSES[options.scaling])
+    cls = getattr(recipe_module, RECIPE_CLASSES[options.recipe], None)
+    if cls is None:
+        raise BackendUnavailableError(
+            f"recipe={options.recipe!r} needs Transformer Engine's {RECIPE_CLASSES[options.recipe]}, which this TE "
+            f"({_te_version()}) does not have (NVFP4BlockScaling: TE 2.8+). `pip install -U transformer-engine[pytorch]`.")
     accepted = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(inspect.signature(cls).parameters)
     _refuse_options_the_recipe_ignores(options, cls)
+    if options.recipe == "nvfp4":
+        if not options.is_default("fp8_format"):
+            raise ConfigError(f"fp8_format={options.fp8_format!r} cannot reach Transformer Engine with recipe='nvfp4': "
+                              "NVFP4BlockScaling's block scales are always E4M3. Remove the option.")
+        return cls(**{field: not getattr(options, option) for option, field in NVFP4_SWITCHES.items()})
     wanted = {}
     # HYBRID is Accelerate's default for delayed scaling; the block recipes default to E4M3 in TE
     # (common/recipe/__init__.py, MXFP8BlockScaling and Float8BlockScaling, 2.20.2): they get
     # HYBRID only when the user asks for it.
-    if options.scaling in ("delayed", "current") or not options.is_default("fp8_format"):
+    if options.recipe in ("delayed", "current") or not options.is_default("fp8_format"):
         wanted["fp8_format"] = recipe_module.Format[options.fp8_format]
-    if options.scaling == "delayed":
+    if options.recipe == "delayed":
         wanted.update(margin=options.margin, amax_history_len=options.amax_history_len, amax_compute_algo=options.amax_compute_algo)
-    elif options.scaling == "mxfp8":
+    elif options.recipe == "mxfp8":
         wanted["margin"] = options.margin
     for name, neutral in REMOVED_IN_TE2.items():
         value = getattr(options, name)
@@ -85,7 +93,7 @@ def build_recipe(context: PrepareContext) -> Any:
                 f"{name}={value!r} cannot reach this Transformer Engine: its {cls.__name__} has no {name!r} "
                 f"(removed in TE 2.x, which behaves as {name}={neutral!r}). Remove the option."
             )
-    if options.scaling == "delayed" and "override_linear_precision" in wanted:
+    if options.recipe == "delayed" and "override_linear_precision" in wanted:
         wanted["override_linear_precision"] = tuple(wanted["override_linear_precision"])
     return cls(**wanted)
 
@@ -98,29 +106,34 @@ _DELAYED_ONLY = ("margin", "amax_history_len", "amax_compute_algo")
 def _refuse_options_the_recipe_ignores(options: Any, cls: type) -> None:
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     ignored = [name for name in _DELAYED_ONLY if not options.is_default(name) and name not in fields]
-    if ignored and options.scaling != "delayed":
+    if ignored and options.recipe != "delayed":
         raise ConfigError(
             f"{', '.join(f'{n}={getattr(options, n)!r}' for n in ignored)} cannot reach Transformer Engine with "
-            f"scaling={options.scaling!r}: its {cls.__name__} has no such option (they belong to delayed scaling). "
-            "Remove them, or use scaling='delayed'."
+            f"recipe={options.recipe!r}: its {cls.__name__} has no such option (they belong to delayed scaling). "
+            "Remove them, or use recipe='delayed'."
         )
 
 
-def _check_block_scaling(te: Any, context: PrepareContext) -> None:
-    """TE checks this at the first forward; say it at prepare() instead."""
-    import torch
-
-    capability = context.hardware.compute_capability
-    cuda = torch.version.cuda
-    ok = capability is not None and capability >= (9, 0) and cuda is not None and float(cuda) >= 12.9
-    why = ""
-    if ok and hasattr(te, "is_fp8_block_scaling_available"):
-        ok, why = _te_check(te, "is_fp8_block_scaling_available")
+def _check_te_supports(te: Any, recipe: str, context: PrepareContext) -> None:
+    """TE's own verdict on this GPU for recipes beyond plain FP8 (TE checks at the first forward;
+    say it at prepare() instead). lowbit has already checked the compute capability it needs."""
+    check = TE_SUPPORT_CHECKS.get(recipe)
+    if check is None or not hasattr(te, check):
+        return
+    ok, why = _te_check(te, check)
     if not ok:
         raise BackendUnavailableError(
-            f"scaling='block' needs a GPU with compute capability >= 9.0 and CUDA >= 12.9; found "
-            f"{context.hardware.describe()}, CUDA {cuda or 'none'}{': ' + why if why else ''}. Use scaling='delayed' or 'current'."
-        )
+            f"Transformer Engine cannot run recipe={recipe!r} on {context.hardware.describe()}: {why} "
+            "Use recipe='delayed' or 'current' (FP8 on sm_89+).")
+
+
+def _te_version() -> str:
+    import importlib.metadata
+
+    try:
+        return "transformer-engine " + importlib.metadata.version("transformer-engine")
+    except importlib.metadata.PackageNotFoundError:
+        return "transformer-engine of unknown version"
 
 
 def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:

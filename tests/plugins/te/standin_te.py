@@ -22,7 +22,8 @@ from torch import nn
 from torch.nn import functional as F
 
 AUTOCAST_CALLS: list[dict[str, Any]] = []
-CAPABILITY = {"fp8": (True, ""), "mxfp8": (False, "stand-in verdict: no MXFP8 GEMMs on this GPU"), "block": (True, "")}
+CAPABILITY = {"fp8": (True, ""), "mxfp8": (False, "stand-in verdict: no MXFP8 GEMMs on this GPU"), "block": (True, ""),
+              "nvfp4": (False, "stand-in verdict: no NVFP4 GEMMs on this GPU")}
 # The release whose behaviour the stand-in has where releases differ (set_extra_state); tests
 # switch it to "2.9.0", the oldest release lowbit-te accepts.
 RELEASE = {"version": "2.20.2"}
@@ -37,8 +38,16 @@ def _check_fp8_gemm_dims(inp: torch.Tensor, weight: torch.Tensor, recipe: Any) -
     2.20.2; called from module/linear.py's forward when fp8 is on): for the input and the weight,
     the product of the leading dims divisible by 8 and the last dim by 16 (2.20.2 raises
     ValueError, 2.9.0 asserts). MXFP8 scales 32-element blocks along both axes
-    (constants.py ``MXFP8_BLOCK_SCALING_SIZE = 32``, tensor/mxfp8_tensor.py ``is_quantizable``)."""
-    multiples = (32, 32) if recipe is not None and recipe.mxfp8() else (8, 16)
+    (constants.py ``MXFP8_BLOCK_SCALING_SIZE = 32``, tensor/mxfp8_tensor.py ``is_quantizable``).
+    NVFP4 quantizes 16-element blocks and only tensors whose leading dims and last dim are
+    multiples of 16 (constants.py ``NVFP4_BLOCK_SCALING_SIZE = 16``, tensor/nvfp4_tensor.py
+    ``NVFP4Quantizer.is_quantizable``, 2.20.2; the CUDA kernel behind it is not in the wheel's
+    Python, so the stand-in refuses what ``is_quantizable`` rejects)."""
+    multiples = (8, 16)
+    if recipe is not None and recipe.mxfp8():
+        multiples = (32, 32)
+    elif recipe is not None and recipe.nvfp4():
+        multiples = (16, 16)
     for tensor in (inp, weight):
         leading = math.prod(tensor.shape[:-1])
         if leading % multiples[0] or tensor.shape[-1] % multiples[1]:
@@ -262,6 +271,10 @@ def is_fp8_block_scaling_available(return_reason: bool = False) -> Union[bool, T
     return CAPABILITY["block"] if return_reason else CAPABILITY["block"][0]
 
 
+def is_nvfp4_available(return_reason: bool = False) -> Union[bool, Tuple[bool, str]]:
+    return CAPABILITY["nvfp4"] if return_reason else CAPABILITY["nvfp4"][0]
+
+
 def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     """Modules to put in ``sys.modules`` (the test uses monkeypatch.setitem on each)."""
     RECIPE_MODULE["module"] = recipe_module
@@ -275,7 +288,7 @@ def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     common.recipe = recipe_module
     pytorch = types.ModuleType("transformer_engine.pytorch")
     for obj in (Linear, LayerNorm, RMSNorm, autocast, fp8_autocast, is_fp8_available, is_mxfp8_available,
-                is_fp8_block_scaling_available):
+                is_fp8_block_scaling_available, is_nvfp4_available):
         setattr(pytorch, obj.__name__, obj)
     te.common, te.pytorch = common, pytorch
     # The PyTorch extension, a distribution of its own (transformer_engine_torch); lowbit-te looks for it.

@@ -103,6 +103,7 @@ def _real_signature(path: Path, qualname: str) -> list[tuple[str, str | None]]:
     ("pytorch/quantization.py", "is_fp8_available", standin_te.is_fp8_available),
     ("pytorch/quantization.py", "is_mxfp8_available", standin_te.is_mxfp8_available),
     ("pytorch/quantization.py", "is_fp8_block_scaling_available", standin_te.is_fp8_block_scaling_available),
+    ("pytorch/quantization.py", "is_nvfp4_available", standin_te.is_nvfp4_available),
 ])
 def test_standin_signatures_match_the_real_te(te_source, path, qualname, standin):
     assert source_signatures.parameters_of(standin) == _real_signature(te_source / path, qualname)
