@@ -113,7 +113,7 @@ def test_te_options_from_the_launcher_and_lowbit_variables_win():
                "ACCELERATE_FP8_OVERRIDE_WGRAD": "True", "ACCELERATE_FP8_USE_MXFP8_BLOCK_SCALING": "true"}
     config = resolve_config(environ=environ, config_file=os.devnull, check_fp8_keys=False)
     assert config.mixed_precision == "fp16"
-    assert config.fp8_config == {"backend": "te", "override_linear_precision": ["false", "false", "True"], "scaling": "mxfp8"}
+    assert config.fp8_config == {"backend": "te", "override_linear_precision": ["false", "false", "True"], "recipe": "mxfp8"}
 
 
 def test_fsdp_and_deepspeed_from_the_launcher():

@@ -98,8 +98,8 @@ def test_backward_on_fp8_without_a_prepared_model_is_an_error():
 
 
 def test_fp8_key_of_a_backend_that_is_not_installed_names_the_plugin():
-    with pytest.raises(ConfigError, match=r"'recipe' is an option of the ao backend.*pip install lowbit-ao.*pip install -e plugins/fp8_ao"):
-        validate_config({"fp8_config": {"recipe": "rowwise"}}, fp8_specs={})
+    with pytest.raises(ConfigError, match=r"'pad_inner_dim' is an option of the ao backend.*pip install lowbit-ao.*pip install -e plugins/fp8_ao"):
+        validate_config({"fp8_config": {"pad_inner_dim": "true"}}, fp8_specs={})
     with pytest.raises(ConfigError, match=r"Unknown key 'recipee'"):
         validate_config({"fp8_config": {"recipee": "rowwise"}}, fp8_specs={})
 

@@ -89,6 +89,23 @@ def test_fp8_under_fsdp2_with_float8_all_gather(tmp_path):
     assert_loss_decreases(results[0]["losses"])
 
 
+@pytest.mark.parametrize("recipe, precision", [("mxfp8", "fp8"), ("nvfp4", "fp4")])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_block_formats_under_ddp_and_fsdp2(tmp_path, recipe, precision, strategy):
+    """MXFP8 (torchao, emulated kernels) and NVFP4 (lowbit-ao's emulation) train in 2 processes,
+    with the ranks ending on the same weights."""
+    pytest.importorskip("lowbit_ao")
+    flags = ["--use_fsdp"] if strategy == "fsdp" else []
+    scenario = f"block-{recipe}-{strategy}"
+    results = launch(tmp_path, scenario, *flags, "--mixed_precision", precision)
+    assert results[0]["strategy"] == strategy and results[0]["fp8_backend"] == "ao"
+    assert results[0]["fp8_report"].startswith(f"{precision} (ao, {recipe}, emulated): 2 of 4 Linear layers"), results[0]["fp8_report"]
+    states = [torch.load(tmp_path / scenario / f"state_rank{r}.pt", weights_only=True) for r in range(2)]
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), f"{key} differs between ranks"
+    assert_loss_decreases(results[0]["losses"])
+
+
 def test_two_process_checkpoint_resume_matches_uninterrupted_run(tmp_path):
     results = launch(tmp_path, "resume")
     assert all(r["resumed_equals_uninterrupted"] for r in results)

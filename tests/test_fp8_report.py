@@ -14,7 +14,7 @@ def test_prepare_prints_what_fp8_took(capsys):
     acc = Accelerator(mixed_precision="fp8")
     acc.prepare(model)
     line = capsys.readouterr().out
-    assert "lowbit: fp8 (ao): 1 of 4 Linear layers" in line
+    assert "lowbit: fp8 (ao, tensorwise, emulated): 1 of 4 Linear layers" in line
     assert "0 (first Linear kept in high precision)" in line and "5 (last Linear kept in high precision)" in line
     assert "4 (dims 64x40 not divisible by 16)" in line
     assert acc.fp8_report() in line
@@ -25,7 +25,7 @@ def test_a_model_fp8_cannot_take_gets_the_reason_and_the_way_out(capsys):
     with pytest.warns(UserWarning, match="no Linear layer is eligible"):
         acc.prepare(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)))
     report = acc.fp8_report()
-    assert report.startswith("fp8 (ao): 0 of 2 Linear layers") and "keep_first_last_high_precision=False" in report
+    assert report.startswith("fp8 (ao, tensorwise, emulated): 0 of 2 Linear layers") and "keep_first_last_high_precision=False" in report
 
 
 def test_no_report_without_fp8(capsys):

@@ -83,7 +83,7 @@ def test_trains_and_ranks_agree(runs, model, strategy, precision):
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_fp8_loss_tracks_bf16(runs, strategy):
     bf16, fp8 = runs("llama", strategy, "bf16")[0], runs("llama", strategy, "fp8")[0]
-    assert fp8["fp8_report"].startswith("fp8 (ao): 13 of 15 Linear layers"), fp8["fp8_report"]
+    assert fp8["fp8_report"].startswith("fp8 (ao, tensorwise, emulated): 13 of 15 Linear layers"), fp8["fp8_report"]
     gap = abs(fp8["losses"][-1] - bf16["losses"][-1]) / bf16["losses"][-1]
     assert gap <= FP8_LOSS_TOLERANCE, f"fp8 final loss {fp8['losses'][-1]:.4f} vs bf16 {bf16['losses'][-1]:.4f}"
 
@@ -114,7 +114,7 @@ def test_gpt2_trains_its_conv1d_layers_in_fp8(runs, strategy):
     from transformers import GPT2LMHeadModel
 
     result = runs("gpt2", strategy, "fp8")[0]
-    assert result["fp8_report"].startswith("fp8 (ao): 7 of 9 Conv1D/Linear layers (Conv1D 7 of 8, Linear 0 of 1)")
+    assert result["fp8_report"].startswith("fp8 (ao, tensorwise, emulated): 7 of 9 Conv1D/Linear layers (Conv1D 7 of 8, Linear 0 of 1)")
     model_dir = Path(result["model_dir"])
     build_model("gpt2").config.save_pretrained(model_dir)
     reloaded = GPT2LMHeadModel.from_pretrained(model_dir)  # ties lm_head to wte again

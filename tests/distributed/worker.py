@@ -48,6 +48,10 @@ def build(scenario: str, shuffle: bool = False):
         from lowbit.utils import AORecipeKwargs
 
         handlers = [AORecipeKwargs(enable_fsdp_float8_all_gather=scenario == "fp8-fsdp")]
+    if scenario.startswith("block-"):  # block-mxfp8-ddp, block-nvfp4-fsdp: the precision comes from the flags
+        from lowbit.utils import AORecipeKwargs
+
+        handlers = [AORecipeKwargs(recipe="mxfp8")] if "mxfp8" in scenario else [AORecipeKwargs()]
     accelerator = Accelerator(kwargs_handlers=handlers)
     model = mlp(seed=0, width=64)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -121,6 +125,7 @@ def main() -> None:
         result = {
             "strategy": acc.distributed_strategy,
             "fp8_backend": acc.fp8_backend,
+            "fp8_report": acc.fp8_report(),
             "losses": losses,
             "param_bytes": local_bytes(acc.unwrap_model(model).parameters()),
             "optimizer_state_bytes": optimizer_state_bytes(opt),

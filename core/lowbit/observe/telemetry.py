@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +21,11 @@ class TensorStats:
     scale: float  # the per-tensor scale, or the smallest one for row-wise scaling
     saturated: float  # fraction of values with |x * scale| beyond the FP8 max
     flushed: float  # fraction of non-zero values that become zero in FP8
+    # Block-scaled formats (MXFP8, NVFP4): the fraction of blocks whose scale saturates (beyond the
+    # scale format's largest value: its values clip) or underflows (a non-zero block whose scale is
+    # below the smallest one: its values flush to zero). None for per-tensor and per-row scales.
+    blocks_saturated: float | None = None
+    blocks_underflow: float | None = None
 
 
 @dataclass
@@ -53,6 +58,30 @@ def cast_stats(x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor
     return TensorStats(amax=x.abs().max().item(), scale=scale.float().min().item(), saturated=saturated, flushed=flushed)
 
 
+def block_cast_stats(x: "torch.Tensor", block: int, wanted_scale: "Callable[[torch.Tensor], torch.Tensor]",
+                     smallest: float, largest: float) -> TensorStats:
+    """What a block-scaled cast does to ``x`` (blocks of ``block`` along its last dim).
+
+    ``wanted_scale`` maps each block's amax to the scale the format would store for it, before
+    it is clamped to the scale format's range [``smallest``, ``largest``]. A block beyond it
+    saturates (its values clip), a non-zero block below it underflows (its values flush)."""
+    x = x.detach().float().reshape(-1, x.shape[-1])
+    blocks = x.reshape(x.shape[0], -1, block)
+    block_amax = blocks.abs().amax(dim=-1)
+    wanted = wanted_scale(block_amax)
+    saturated_blocks = wanted > largest
+    underflow_blocks = (block_amax > 0) & (wanted < smallest)
+    count = max(block_amax.numel(), 1)
+    nonzero = (blocks != 0).float()
+    return TensorStats(
+        amax=x.abs().max().item(), scale=wanted[block_amax > 0].min().item() if (block_amax > 0).any() else 0.0,
+        saturated=(saturated_blocks.float().sum() * block).item() / max(x.numel(), 1),
+        flushed=(nonzero * underflow_blocks.unsqueeze(-1)).sum().item() / max(x.numel(), 1),
+        blocks_saturated=saturated_blocks.float().sum().item() / count,
+        blocks_underflow=underflow_blocks.float().sum().item() / count,
+    )
+
+
 class TelemetryRecorder:
     """Handed to the backend's ``enable_fp8_telemetry`` hook; the backend calls ``record``."""
 
@@ -71,16 +100,20 @@ class TelemetryRecorder:
         return self.step % self.every_n_steps == 0
 
     def record(self, layer: str, role: str, x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor") -> None:
+        if self.active:
+            self.record_stats(layer, role, cast_stats(x, fp8_dtype, scale))
+
+    def record_stats(self, layer: str, role: str, stats: TensorStats) -> None:
+        """Keep ``stats`` (from ``cast_stats`` or ``block_cast_stats``) for this step, and warn."""
         if not self.active:
             return
-        stats = cast_stats(x, fp8_dtype, scale)
         entry = self.layers.setdefault(layer, LayerStats(layer, self.step))
         if entry.step != self.step:
             entry.step, entry.tensors = self.step, {}
         entry.tensors[role] = stats
         if stats.saturated > self.saturation_warning:
             warnings.warn(
-                f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the FP8 range at step {self.step} "
+                f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the format's range at step {self.step} "
                 f"(threshold {self.saturation_warning:.2%}). See docs/troubleshooting.md, 'loss diverges under fp8'.",
                 SaturationWarning,
                 stacklevel=2,
@@ -99,9 +132,14 @@ class FP8StatsTable(list):
     """``accelerator.fp8_stats()``: a list of LayerStats that prints as a table."""
 
     def __str__(self) -> str:
+        blocks = any(s.blocks_saturated is not None for layer in self for s in layer.tensors.values())
         header = f"{'layer':<24} {'tensor':<12} {'step':>5} {'amax':>10} {'scale':>10} {'saturated':>10} {'flushed':>10}"
+        header += f" {'blk sat':>8} {'blk under':>9}" if blocks else ""
         lines = [header, "-" * len(header)]
         for layer in self:
             for role, s in layer.tensors.items():
-                lines.append(f"{layer.layer:<24} {role:<12} {layer.step:>5} {s.amax:>10.4g} {s.scale:>10.4g} {s.saturated:>10.2%} {s.flushed:>10.2%}")
+                line = f"{layer.layer:<24} {role:<12} {layer.step:>5} {s.amax:>10.4g} {s.scale:>10.4g} {s.saturated:>10.2%} {s.flushed:>10.2%}"
+                if s.blocks_saturated is not None:
+                    line += f" {s.blocks_saturated:>8.2%} {s.blocks_underflow:>9.2%}"
+                lines.append(line)
         return "\n".join(lines)

@@ -88,7 +88,7 @@ def after_optimizer_step(model, optimizer, context: PrepareContext) -> None:
 def enable_fp8_telemetry(model, recorder, context: PrepareContext):
     from lowbit_ao.telemetry import enable
 
-    return enable(model, recorder)
+    return enable(model, recorder, context.fp8_options)
 
 
 @hookimpl

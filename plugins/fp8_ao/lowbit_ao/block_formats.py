@@ -23,7 +23,7 @@ from lowbit.config.recipes import fp4_layers_kept_bf16
 from lowbit.training.token_padding import pad_tokens
 from lowbit.types import PrepareContext
 from lowbit_ao.conv1d import conv1d_class, linear_dims
-from lowbit_ao.nvfp4 import BLOCK as NVFP4_BLOCK, BlockCounts, NVFP4Settings, nvfp4_linear, random_signs, hadamard_16
+from lowbit_ao.nvfp4 import BLOCK as NVFP4_BLOCK, NVFP4Settings, hadamard_16, nvfp4_linear, random_signs
 
 MXFP8_BLOCK = 32
 BLOCK_SIZES = {"mxfp8": MXFP8_BLOCK, "nvfp4": NVFP4_BLOCK}
@@ -73,13 +73,13 @@ def _mxfp8_gemm(options: Any, emulated: bool):
     return gemm
 
 
-def _nvfp4_gemm(options: Any, layer_index: int, counts: BlockCounts):
+def _nvfp4_gemm(options: Any, layer_index: int):
     settings = NVFP4Settings(weight_2d=options.nvfp4_2d_weight_scaling, stochastic_rounding=options.nvfp4_stochastic_rounding,
                              random_hadamard=options.nvfp4_random_hadamard)
     transform = hadamard_16(random_signs(layer_index))
 
     def gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return nvfp4_linear(x, weight, settings, transform, counts)
+        return nvfp4_linear(x, weight, settings, transform)
 
     return gemm
 
@@ -115,9 +115,8 @@ def convert_block_layers(model: nn.Module, candidates: list[str], skipped: dict[
         module._lowbit_conv1d = conv1d is not None and isinstance(module, conv1d)
         module._lowbit_block_recipe = recipe
         module._lowbit_block_native = recipe == "mxfp8" and not emulated
-        module._lowbit_block_counts = BlockCounts()
         module._lowbit_block_gemm = (_mxfp8_gemm(options, emulated) if recipe == "mxfp8"
-                                     else _nvfp4_gemm(options, index, module._lowbit_block_counts))
+                                     else _nvfp4_gemm(options, index))
         pad_tokens(module, BLOCK_SIZES[recipe])
         converted.append(name)
     return converted

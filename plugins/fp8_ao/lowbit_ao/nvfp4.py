@@ -40,16 +40,6 @@ class NVFP4Settings:
     random_hadamard: bool = True
 
 
-@dataclass
-class BlockCounts:
-    """Blocks whose E4M3 scale saturated (beyond 448) or underflowed (a non-zero block whose scale
-    rounds to zero, so all its values flush), out of all blocks: for telemetry."""
-
-    blocks: int = 0
-    saturated: int = 0
-    underflow: int = 0
-
-
 def round_to_e2m1(x: torch.Tensor, stochastic: bool = False) -> torch.Tensor:
     """``x`` (already scaled into E2M1's range) rounded onto the E2M1 grid, saturating at +-6."""
     magnitude = x.abs().clamp(max=E2M1_MAX)
@@ -89,8 +79,7 @@ def _unblocks(blocks: torch.Tensor, shape: torch.Size, two_d: bool) -> torch.Ten
     return blocks.reshape(rows // BLOCK, cols // BLOCK, BLOCK, BLOCK).permute(0, 2, 1, 3).reshape(rows, cols)
 
 
-def quantize(x: torch.Tensor, two_d: bool = False, stochastic: bool = False,
-             counts: BlockCounts | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize(x: torch.Tensor, two_d: bool = False, stochastic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4-quantize a 2-D ``x`` along its last dim (or in 16x16 tiles): returns the E2M1 values
     (as floats on the grid), the E4M3 block scales and the fp32 global scale."""
     if x.dim() != 2 or x.shape[-1] % BLOCK or (two_d and x.shape[0] % BLOCK):
@@ -103,10 +92,6 @@ def quantize(x: torch.Tensor, two_d: bool = False, stochastic: bool = False,
     block_scale = wanted.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     decode = block_scale.float() / scale  # what one E2M1 unit is worth in the block
     values = round_to_e2m1(torch.where(decode > 0, blocks / decode, torch.zeros_like(blocks)), stochastic)
-    if counts is not None:
-        counts.blocks += block_amax.numel()
-        counts.saturated += int((wanted > E4M3_MAX).sum())
-        counts.underflow += int(((block_amax > 0) & (decode == 0)).sum())
     return _unblocks(values, x.shape, two_d), block_scale.squeeze(-1), scale
 
 
@@ -116,10 +101,9 @@ def dequantize(values: torch.Tensor, block_scale: torch.Tensor, scale: torch.Ten
     return _unblocks(_blocks(values, two_d) * decode, values.shape, two_d)
 
 
-def fake_quantize(x: torch.Tensor, two_d: bool = False, stochastic: bool = False,
-                  counts: BlockCounts | None = None) -> torch.Tensor:
+def fake_quantize(x: torch.Tensor, two_d: bool = False, stochastic: bool = False) -> torch.Tensor:
     """``x`` as NVFP4 represents it (quantized, then dequantized), in fp32."""
-    return dequantize(*quantize(x, two_d, stochastic, counts), two_d=two_d)
+    return dequantize(*quantize(x, two_d, stochastic), two_d=two_d)
 
 
 def hadamard_16(signs: torch.Tensor) -> torch.Tensor:
@@ -149,11 +133,11 @@ class NVFP4Linear(torch.autograd.Function):
     """``x @ weight.T`` with all three GEMMs on NVFP4 operands (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, weight, settings: NVFP4Settings, transform, counts):
+    def forward(ctx, x, weight, settings: NVFP4Settings, transform):
         x2 = x.reshape(-1, x.shape[-1]).float()
         w = weight.float()
-        weight_q = fake_quantize(w, two_d=settings.weight_2d, counts=counts)
-        out = fake_quantize(x2, counts=counts) @ weight_q.t()
+        weight_q = fake_quantize(w, two_d=settings.weight_2d)
+        out = fake_quantize(x2) @ weight_q.t()
         ctx.save_for_backward(x2, w, weight_q if settings.weight_2d else None)
         ctx.settings, ctx.transform, ctx.shape, ctx.dtypes = settings, transform, x.shape, (x.dtype, weight.dtype)
         return out.reshape(*x.shape[:-1], w.shape[0]).to(x.dtype)
@@ -174,9 +158,8 @@ class NVFP4Linear(torch.autograd.Function):
         x_t = fake_quantize(_along_tokens(x2, transform).contiguous())
         grad_w = g_t @ x_t.t()
         x_dtype, w_dtype = ctx.dtypes
-        return grad_x.reshape(ctx.shape).to(x_dtype), grad_w.to(w_dtype), None, None, None
+        return grad_x.reshape(ctx.shape).to(x_dtype), grad_w.to(w_dtype), None, None
 
 
-def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, settings: NVFP4Settings, transform: torch.Tensor | None,
-                 counts: BlockCounts | None = None) -> torch.Tensor:
-    return NVFP4Linear.apply(x, weight, settings, transform, counts)
+def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, settings: NVFP4Settings, transform: torch.Tensor | None) -> torch.Tensor:
+    return NVFP4Linear.apply(x, weight, settings, transform)

@@ -14,9 +14,6 @@ from lowbit.types import PrepareContext
 REMOVED_IN_TE2 = {"interval": 1, "override_linear_precision": (False, False, False)}
 RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
                   "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling"}
-# TE's own verdict for the recipes that need more than FP8 (pytorch/quantization.py, 2.20.2):
-# e.g. MXFP8 is refused on sm_120 though it is Blackwell.
-TE_SUPPORT_CHECKS = {"mxfp8": "is_mxfp8_available", "nvfp4": "is_nvfp4_available", "block": "is_fp8_block_scaling_available"}
 # lowbit's NVFP4 options -> NVFP4BlockScaling's fields, which say the opposite (disable_*).
 NVFP4_SWITCHES = {"nvfp4_random_hadamard": "disable_rht", "nvfp4_stochastic_rounding": "disable_stochastic_rounding",
                   "nvfp4_2d_weight_scaling": "disable_2d_quantization"}
@@ -117,10 +114,16 @@ def _refuse_options_the_recipe_ignores(options: Any, cls: type) -> None:
 def _check_te_supports(te: Any, recipe: str, context: PrepareContext) -> None:
     """TE's own verdict on this GPU for recipes beyond plain FP8 (TE checks at the first forward;
     say it at prepare() instead). lowbit has already checked the compute capability it needs."""
-    check = TE_SUPPORT_CHECKS.get(recipe)
-    if check is None or not hasattr(te, check):
+    # TE's own verdict for the recipes that need more than FP8 (pytorch/quantization.py, 2.20.2):
+    # e.g. MXFP8 is refused on sm_120 though it is Blackwell.
+    if recipe == "mxfp8":
+        ok, why = _te_check(te, "is_mxfp8_available")
+    elif recipe == "nvfp4":
+        ok, why = _te_check(te, "is_nvfp4_available")
+    elif recipe == "block":
+        ok, why = _te_check(te, "is_fp8_block_scaling_available")
+    else:
         return
-    ok, why = _te_check(te, check)
     if not ok:
         raise BackendUnavailableError(
             f"Transformer Engine cannot run recipe={recipe!r} on {context.hardware.describe()}: {why} "

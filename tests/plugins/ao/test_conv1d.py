@@ -56,7 +56,7 @@ def test_gpt2_trains_in_fp8_and_saves_as_plain_gpt2(tmp_path):
     assert len(converted) == 7  # 8 Conv1D; the first is kept in high precision
     assert "transformer.h.0.attn.c_attn" not in converted
     report = acc.fp8_report()
-    assert report.startswith("fp8 (ao): 7 of 9 Conv1D/Linear layers (Conv1D 7 of 8, Linear 0 of 1)"), report
+    assert report.startswith("fp8 (ao, tensorwise, emulated): 7 of 9 Conv1D/Linear layers (Conv1D 7 of 8, Linear 0 of 1)"), report
     # Same Parameter objects: the optimizer steps the weights the model uses.
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert all(id(dict(model.named_modules())[name].weight) in params and

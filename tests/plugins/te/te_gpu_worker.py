@@ -18,7 +18,7 @@ from lowbit.utils import TERecipeKwargs
 
 
 def main(out: Path) -> None:
-    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(scaling="delayed")])
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(recipe="delayed")])
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -33,8 +33,8 @@ import te_sources  # noqa: E402
 import source_signatures  # noqa: E402
 
 TE_VERSION = "2.20.2"
-H100 = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0))
-B200 = HardwareInfo("cpu", "stand-in NVIDIA B200 (tensors on CPU)", 1, (10, 0))
+H100 = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0), (12, 9))
+B200 = HardwareInfo("cpu", "stand-in NVIDIA B200 (tensors on CPU)", 1, (10, 0), (12, 9))
 A100 = HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0))
 
 
@@ -272,16 +272,16 @@ def test_block_recipes_keep_tes_e4m3_default_unless_a_format_is_given(te, real_r
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
     from lowbit_te.runtime import build_recipe
 
-    assert build_recipe(te_accelerator(B200, scaling=scaling).context).fp8_format is real_recipe.Format.E4M3
-    assert build_recipe(te_accelerator(B200, scaling=scaling, fp8_format="HYBRID").context).fp8_format is real_recipe.Format.HYBRID
+    assert build_recipe(te_accelerator(B200, recipe=scaling).context).fp8_format is real_recipe.Format.E4M3
+    assert build_recipe(te_accelerator(B200, recipe=scaling, fp8_format="HYBRID").context).fp8_format is real_recipe.Format.HYBRID
 
 
 @pytest.mark.parametrize("option", [{"margin": 1}, {"amax_history_len": 16}, {"amax_compute_algo": "max"}])
 def test_delayed_scaling_options_with_another_recipe_are_an_error(te, option):
     from lowbit_te.runtime import build_recipe
 
-    with pytest.raises(ConfigError, match=f"{next(iter(option))}=.*scaling='current'.*Float8CurrentScaling has no such option"):
-        build_recipe(te_accelerator(scaling="current", **option).context)
+    with pytest.raises(ConfigError, match=f"{next(iter(option))}=.*recipe='current'.*Float8CurrentScaling has no such option"):
+        build_recipe(te_accelerator(recipe="current", **option).context)
 
 
 @pytest.mark.parametrize("explicit", [{}, {"amax_compute_algo": "most_recent", "margin": 0}])
@@ -298,17 +298,20 @@ def test_every_delayed_scaling_field_reaches_te(te, real_recipe, explicit):
 @pytest.mark.parametrize("name, cls", [("current", "Float8CurrentScaling"), ("block", "Float8BlockScaling")])
 def test_current_recipes(te, real_recipe, name, cls, monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "12.9")  # block scaling needs CUDA >= 12.9 (this CPU build has none)
-    model = te_accelerator(scaling=name, fp8_format="E4M3").prepare(Net())
+    model = te_accelerator(recipe=name, fp8_format="E4M3").prepare(Net())
     model(torch.randn(2, 32))
     recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
     assert type(recipe) is getattr(real_recipe, cls) and recipe.fp8_format is real_recipe.Format.E4M3
 
 
 def test_mxfp8_needs_blackwell(te, real_recipe, monkeypatch):
-    with pytest.raises(BackendUnavailableError, match=r"mxfp8.*compute capability >= 10.0.*sm_90"):
-        te_accelerator(scaling="mxfp8").prepare(Net())
+    with pytest.raises(BackendUnavailableError, match=r"mxfp8 needs a GPU with compute capability >= 10.0 \(Blackwell\); "
+                                                      r"found stand-in NVIDIA H100.*sm_90.*backend 'te'"):
+        te_accelerator(recipe="mxfp8").prepare(Net())
+    with pytest.raises(BackendUnavailableError, match=r"Transformer Engine cannot run recipe='mxfp8'.*stand-in verdict"):
+        te_accelerator(B200, recipe="mxfp8").prepare(Net())  # TE's own verdict counts too (it refuses sm_120)
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
-    model = te_accelerator(B200, scaling="mxfp8", margin=2, fp8_format="E4M3").prepare(Net())
+    model = te_accelerator(B200, recipe="mxfp8", margin=2, fp8_format="E4M3").prepare(Net())
     model(torch.randn(2, 32))
     recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
     assert type(recipe) is real_recipe.MXFP8BlockScaling and recipe.margin == 2
@@ -316,15 +319,14 @@ def test_mxfp8_needs_blackwell(te, real_recipe, monkeypatch):
 
 def test_block_scaling_needs_hopper_and_cuda_12_9_at_prepare(te, real_recipe, monkeypatch):
     """TE itself finds this out at the first forward; lowbit says it at prepare()."""
-    ada = HardwareInfo("cpu", "stand-in NVIDIA L4 (tensors on CPU)", 1, (8, 9))
-    monkeypatch.setattr(torch.version, "cuda", "12.9")
-    with pytest.raises(BackendUnavailableError, match=r"scaling='block' needs .*>= 9.0 and CUDA >= 12.9.*sm_89"):
-        te_accelerator(ada, scaling="block").prepare(Net())
-    monkeypatch.setattr(torch.version, "cuda", "12.4")
-    with pytest.raises(BackendUnavailableError, match=r"CUDA 12.4"):
-        te_accelerator(scaling="block").prepare(Net())
-    monkeypatch.setattr(torch.version, "cuda", "12.9")
-    model = te_accelerator(scaling="block").prepare(Net())
+    ada = HardwareInfo("cpu", "stand-in NVIDIA L4 (tensors on CPU)", 1, (8, 9), (12, 9))
+    with pytest.raises(BackendUnavailableError, match=r"block needs a GPU with compute capability >= 9.0 \(Hopper, Blackwell\) "
+                                                      r"and CUDA >= 12.9; found .*sm_89"):
+        te_accelerator(ada, recipe="block").prepare(Net())
+    old_cuda = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0), (12, 4))
+    with pytest.raises(BackendUnavailableError, match=r"with CUDA 12.4"):
+        te_accelerator(old_cuda, recipe="block").prepare(Net())
+    model = te_accelerator(recipe="block").prepare(Net())
     model(torch.randn(2, 32))
     assert type(standin_te.AUTOCAST_CALLS[-1]["recipe"]) is real_recipe.Float8BlockScaling
 
@@ -332,9 +334,9 @@ def test_block_scaling_needs_hopper_and_cuda_12_9_at_prepare(te, real_recipe, mo
 def test_delayed_scaling_under_torch_compile_is_refused_at_prepare(te):
     manager = make_plugin_manager(extra_plugins=[HardwareDetector(H100)])
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()], dynamo_backend="eager", plugin_manager=manager)
-    with pytest.raises(UnsupportedCombinationError, match="DelayedScaling.*torch.compile.*scaling='current'"):
+    with pytest.raises(UnsupportedCombinationError, match="DelayedScaling.*torch.compile.*recipe='current'"):
         acc.prepare(Net())
-    current = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(scaling="current")], dynamo_backend="eager",
+    current = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(recipe="current")], dynamo_backend="eager",
                           plugin_manager=manager)
     current.prepare(Net())
 
@@ -505,10 +507,13 @@ class TokenNet(nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-@pytest.mark.parametrize("scaling, hardware", [("delayed", H100), ("mxfp8", B200)])
+@pytest.mark.parametrize("scaling, hardware", [("delayed", H100), ("mxfp8", B200), ("nvfp4", B200)])
 def test_odd_token_counts_are_padded_for_te(te, monkeypatch, scaling, hardware):
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
-    acc = te_accelerator(hardware, scaling=scaling)
+    monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
+    manager = make_plugin_manager(extra_plugins=[HardwareDetector(hardware)])
+    acc = Accelerator(mixed_precision="fp4" if scaling == "nvfp4" else "fp8", plugin_manager=manager,
+                      kwargs_handlers=[TERecipeKwargs(recipe=scaling, keep_first_last_high_precision=False, fp4_last_layers_bf16=0)])
     reference = TokenNet()
     model = acc.prepare(TokenNet())
     x = torch.randn(3, 11, 64)
@@ -518,7 +523,7 @@ def test_odd_token_counts_are_padded_for_te(te, monkeypatch, scaling, hardware):
         assert torch.equal(out, reference(x))
     out.sum().backward()
     assert model.a.weight.grad is not None
-    multiple = 32 if scaling == "mxfp8" else 8
+    multiple = {"mxfp8": 32, "nvfp4": 16}.get(scaling, 8)
     assert f"padded to a multiple of {multiple}" in acc.fp8_report()
 
 
@@ -532,7 +537,7 @@ def test_without_padding_te_refuses_odd_token_counts_as_on_a_gpu(te):
 def test_mxfp8_keeps_layers_whose_dims_are_not_multiples_of_32(te, monkeypatch):
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
     with pytest.warns(UserWarning, match=r"block.2 \(dims 64x40: TE's FP8 GEMMs need in_features % 32 and out_features % 32\)"):
-        model = te_accelerator(B200, scaling="mxfp8").prepare(Net())
+        model = te_accelerator(B200, recipe="mxfp8").prepare(Net())
     assert type(model.block[2]) is nn.Linear
     model(torch.randn(32, 32))
 
@@ -579,3 +584,55 @@ def test_the_conformance_kit_passes_on_the_te_stand_in(te, tmp_path):
 
     report = run_conformance("te", heavy_modules=("transformer_engine",), hardware=H100, tmp_path=tmp_path)
     assert report["converted"] and report["weight_change"] == 0.0
+
+
+# ------------------------------------------------------------------ NVFP4 (TE 2.8+)
+
+
+def fp4_accelerator(hardware=B200, **options):
+    manager = make_plugin_manager(extra_plugins=[HardwareDetector(hardware)])
+    return Accelerator(mixed_precision="fp4", kwargs_handlers=[TERecipeKwargs(**options)], plugin_manager=manager)
+
+
+def test_fp4_builds_tes_nvfp4_recipe_with_nvidias_defaults(te, real_recipe, monkeypatch):
+    monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
+    acc = fp4_accelerator()
+    assert acc.fp8_options.recipe == "nvfp4"  # fp4's default recipe on TE, not the fp8 default 'delayed'
+    model = acc.prepare(Net())
+    model(torch.randn(16, 32)).sum().backward()
+    recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
+    assert type(recipe) is real_recipe.NVFP4BlockScaling
+    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (False, False, False)
+    assert acc.fp8_report().startswith("fp4 (te, nvfp4): ")
+
+
+def test_nvfp4_options_reach_te_as_its_disable_switches(te, real_recipe, monkeypatch):
+    monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
+    from lowbit_te.runtime import build_recipe
+
+    recipe = build_recipe(fp4_accelerator(nvfp4_random_hadamard=False, nvfp4_stochastic_rounding=False,
+                                          nvfp4_2d_weight_scaling=False).context)
+    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (True, True, True)
+    with pytest.raises(ConfigError, match="fp8_format='HYBRID' cannot reach Transformer Engine with recipe='nvfp4'"):
+        build_recipe(fp4_accelerator(fp8_format="HYBRID").context)
+
+
+def test_fp4_keeps_the_last_linears_in_bf16(te, monkeypatch):
+    monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
+    acc = fp4_accelerator(fp4_last_layers_bf16=0.4)
+    model = acc.prepare(Net())
+    # Net's Linears: inp, block.0, block.2 (dims 64x40: not NVFP4's 16x16), block.3, out.
+    te_linears = [n for n, m in model.named_modules() if type(m).__name__ == "Linear" and type(m).__module__.startswith("transformer_engine")]
+    assert te_linears == ["inp", "block.0"]  # TE keeps the first and last by choice only
+    report = acc.fp8_report()
+    assert "block.3 (in the last 40% of Linears, kept in bf16 (fp4_last_layers_bf16))" in report
+
+
+def test_fp4_on_hopper_names_the_hardware_it_needs(te):
+    with pytest.raises(BackendUnavailableError, match=r"nvfp4 needs a GPU with compute capability >= 10.0 \(Blackwell\); found stand-in NVIDIA H100"):
+        fp4_accelerator(H100)
+
+
+def test_nvfp4_under_fp8_is_a_clear_error(te):
+    with pytest.raises(ConfigError, match=r"recipe 'nvfp4' \(from TERecipeKwargs\) trains in 'fp4'.*Set mixed_precision='fp4'"):
+        te_accelerator(B200, recipe="nvfp4")

@@ -77,7 +77,7 @@ def test_every_recipe_this_gpu_supports_trains(scaling):
     ok, why = te_verdict(RECIPE_CHECKS[scaling])
     if not ok:
         pytest.skip(f"Transformer Engine says {scaling} scaling cannot run on this GPU: {why}")
-    accelerator, model, losses = train("fp8", scaling=scaling)
+    accelerator, model, losses = train("fp8", recipe=scaling)
     assert type(accelerator.context.plugin_state(TERunState).recipe).__name__ == {
         "delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
         "block": "Float8BlockScaling"}[scaling]
