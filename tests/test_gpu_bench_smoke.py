@@ -22,3 +22,19 @@ def test_the_gpu_benchmark_runs_every_row_it_can_and_prints_its_table():
     for row in ("bf16", "fp8 ao tensorwise", "fp8 ao rowwise", "raw torchao tensorwise"):
         assert f"\n{row} " in table, table
     assert "failed" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_the_formats_benchmark_runs_every_format_and_prints_the_gap_to_bf16(tmp_path):
+    """``bench/formats.py`` (the README's formats table) at 3 steps: every format trains, the
+    table has a row per format with its gap to bf16, and the JSON and plot are written."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("lowbit_ao")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "formats.py"), "--steps", "3", "--hidden", "64",
+                           "--seq", "32", "--batch", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("  ")[0].strip(): line for line in proc.stdout.splitlines()[-6:]}
+    for label in ("fp8 tensorwise", "fp8 rowwise", "mxfp8", "nvfp4"):
+        assert label in rows and rows[label].rstrip().endswith("emulated"), proc.stdout[-2000:]
+        assert "+" in rows[label] or "-0." in rows[label]  # a signed gap to bf16
+    assert (tmp_path / "formats.json").exists()

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from lowbit.cli.plugins_command import collect
+    from lowbit.config.recipe_names import describe_recipes
     from lowbit.config import default_config_path, read_config_file
     from lowbit.training.toolchain import find_cxx_compiler
 
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         "- Plugins:",
         *(f"    {r['name']} ({r['distribution'] or '-'} {r['version']}) {r['kind']} priority={r['priority']} "
           f"{r['status']}{': ' + r['reason'] if r['reason'] else ''}" for r in report["plugins"]),
+        "- Recipes per low-precision backend, and how this machine runs each:",
+        *(f"    {r['name']}: {describe_recipes(r['recipes']) or 'one fixed recipe'}" for r in report["plugins"] if r.get("recipes") is not None),
     ]
     path = args.config_file or default_config_path()
     lines.append(f"- Config file: {path}")

@@ -35,7 +35,7 @@ def collect(cpu: bool = False) -> dict[str, Any]:
                 dict(name=d.name, distribution=d.distribution, version=d.version, kind=d.kind, priority=d.priority,
                      status="available" if d.available else "unavailable", reason=d.reason,
                      chosen=(d.name == chosen), hooks=implemented_hooks(manager, cand.plugin),
-                     libraries=list(d.libraries), **_what_it_is(d))
+                     libraries=list(d.libraries), **_what_it_is(d, hardware))
             )
     for b in registry.broken:
         rows.append(dict(name=b.name, distribution=b.distribution, version="", kind="?", priority=None,
@@ -46,12 +46,14 @@ def collect(cpu: bool = False) -> dict[str, Any]:
             "load_seconds": load_seconds, "slow_imports": slow}
 
 
-def _what_it_is(description: Any) -> dict[str, Any]:
-    """What a plugin says it is: the precisions a low-precision backend serves; for a strategy,
-    the distributed types that choose it, its config section, whether it owns precision, how its
-    state is saved."""
+def _what_it_is(description: Any, hardware: Any) -> dict[str, Any]:
+    """What a plugin says it is: the precisions and recipes a low-precision backend offers (and how
+    this machine runs each); for a strategy, the distributed types that choose it, its config
+    section, whether it owns precision, how its state is saved."""
     if description.kind == "fp8":
-        return {"precisions": list(description.serves)}
+        from lowbit.config.recipe_names import recipe_rows
+
+        return {"precisions": list(description.serves), "recipes": recipe_rows(description, hardware)}
     if description.kind == "distributed":
         t = description.traits
         return {"distributed_types": list(t.distributed_types), "config_section": t.config_section,
@@ -61,7 +63,11 @@ def _what_it_is(description: Any) -> dict[str, Any]:
 
 def _described(row: dict[str, Any]) -> str:
     if "precisions" in row:
-        return "precisions: " + ", ".join(row["precisions"])
+        from lowbit.config.recipe_names import describe_recipes
+
+        recipes = describe_recipes(row["recipes"]) if row["status"] == "available" else ""
+        return "precisions: " + ", ".join(row["precisions"]) + (f"; recipes here: {recipes}" if recipes else
+                                                                 f"; recipes: {', '.join(r['recipe'] for r in row['recipes'])}" if row["recipes"] else "; one fixed recipe")
     if "distributed_types" in row:
         parts = ["distributed_type: " + " | ".join([*row["distributed_types"], row["name"]])]
         if row["config_section"]:

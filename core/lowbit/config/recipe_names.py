@@ -109,3 +109,27 @@ def recipe_status(description: BackendDescription, name: str, hardware) -> str:
 def default_recipe(description: BackendDescription, precision: str) -> str | None:
     """The backend's first recipe for ``precision`` (its default there), or None."""
     return next((n for n, info in declared_recipes(description).items() if info.precision == precision), None)
+
+
+def short_status(description: BackendDescription, name: str, hardware) -> str:
+    """``recipe_status`` in a few words, for tables: "native", "emulated", "needs sm_100+"."""
+    status = recipe_status(description, name, hardware)
+    if status in ("native", "emulated"):
+        return status
+    info = declared_recipes(description)[name]
+    need = f"needs sm_{info.min_capability[0]}{info.min_capability[1]}+"
+    return need + (f" and CUDA {info.min_cuda[0]}.{info.min_cuda[1]}+" if info.min_cuda else "")
+
+
+def recipe_rows(description: BackendDescription, hardware) -> list[dict[str, str]]:
+    """A backend's recipes with their precision and how ``hardware`` runs each (``lowbit plugins``/``env``)."""
+    return [{"recipe": name, "precision": info.precision, "here": short_status(description, name, hardware)}
+            for name, info in declared_recipes(description).items()]
+
+
+def describe_recipes(rows: list[dict[str, str]]) -> str:
+    """``fp8: tensorwise (emulated), mxfp8 (needs sm_100+); fp4: nvfp4 (emulated)``."""
+    by_precision: dict[str, list[str]] = {}
+    for row in rows:
+        by_precision.setdefault(row["precision"], []).append(f"{row['recipe']} ({row['here']})")
+    return "; ".join(f"{precision}: {', '.join(names)}" for precision, names in by_precision.items())
