@@ -110,7 +110,8 @@ def train_on_gpu(model: nn.Module, precision: str, handlers: list, shape: tuple[
 
     model = model.cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers if precision == "fp8" else [])
+    low_precision = precision not in ("no", "bf16", "fp16")  # fp8, fp4: the recipe handlers apply
+    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers if low_precision else [])
     model, optimizer = accelerator.prepare(model, optimizer)
     generator = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(*shape, device="cuda", generator=generator)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lowbit import notices as _notices
 from lowbit.hookspecs import hookimpl
+
+_notices.install()  # lowbit's notices print as one line: "lowbit: note: ..." (still real warnings)
 
 __version__ = "0.1.0"
 # Public name -> module that defines it (Accelerate's top-level names included).

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -19,6 +18,7 @@ from lowbit.checkpoint import files as checkpoint
 from lowbit.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
 from lowbit.checkpoint.training_state import TrainingStateCheckpointer
 from lowbit.compat.accelerate_names import reported_distributed_type
+from lowbit.notices import LowbitNote, note
 from lowbit.compat.handlers import (
     DataLoaderConfiguration,
     DeepSpeedPlugin,
@@ -137,8 +137,8 @@ class Accelerator(RankFacts):
         self._precision, self._fp8, self._strategy = choice.precision, choice.backend, choice.strategy
         self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers
         slow = slow_precision_reason(self.mixed_precision, self.device)
-        if slow and self.is_main_process:
-            warnings.warn(slow, SlowPrecisionNotice, stacklevel=2)
+        if slow:
+            note(slow, SlowPrecisionNotice)
 
         self.context = PrepareContext(
             hardware=self.hardware,
@@ -170,7 +170,7 @@ class Accelerator(RankFacts):
         self.prepared = PreparedObjects()
         self.step_rules = StepRules(self.gradient_state, self.scaler, self.num_processes, self.split_batches,
                                     self.step_scheduler_with_optimizer)
-        self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings(), self.print)
+        self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings())
         self._telemetry: TelemetryRecorder | None = None
         self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
 
@@ -602,7 +602,7 @@ def _leaves(data: Any) -> Iterator[Any]:
         yield data
 
 
-class SlowPrecisionNotice(UserWarning):
+class SlowPrecisionNotice(LowbitNote):
     """The precision asked for is slow on this device (said once per Accelerator, on the main process)."""
 
 

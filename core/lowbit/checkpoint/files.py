@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from lowbit.notices import LowbitNote, note
 from lowbit.errors import CheckpointError
 
 METADATA_FILE = "lowbit_state.json"
@@ -43,7 +43,7 @@ _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _TORCH_WRITE_FAILURES = ("inline_container", "PytorchStreamWriter failed")
 
 
-class CheckpointNote(UserWarning):
+class CheckpointNote(LowbitNote):
     """lowbit cleaned up after an interrupted save (said once, on the main process)."""
 
 
@@ -174,7 +174,7 @@ def _listed_files(metadata_path: Path) -> list[str]:
 
 
 def _note(message: str) -> None:
-    warnings.warn(message, CheckpointNote, stacklevel=4)
+    note(message, CheckpointNote)
 
 
 @dataclass

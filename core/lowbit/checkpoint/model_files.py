@@ -8,12 +8,12 @@ atomically, so an interrupted save never leaves a half-written file under a fina
 from __future__ import annotations
 
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lowbit.notices import note
 from lowbit.checkpoint.files import write_file_atomically, write_json_atomically
 from lowbit.errors import ConfigError
 
@@ -48,10 +48,9 @@ def drop_shared_tensors(state: dict[str, Any]) -> dict[str, Any]:
         seen.setdefault(key, name)
         kept[name] = tensor.contiguous()
     if dropped:
-        warnings.warn(
-            "lowbit: save_model left out weights that share memory with another (tied weights; the model "
+        note(
+            "save_model left out weights that share memory with another (tied weights; the model "
             f"ties them again when it loads): {', '.join(dropped)}.",
-            stacklevel=3,
         )
     return kept
 

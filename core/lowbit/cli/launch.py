@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lowbit import notices
 from lowbit.compat.accelerate_config import note_ignored
 from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES, first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
@@ -129,6 +130,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
 
     env = config_to_env(config)
     env["LOWBIT_CONFIG_FILE"] = str(path) if file_raw else os.devnull
+    env.update(file_sources(file_raw, merge_raw(env_raw, flags_raw), path))
     manager = _plugin_manager()
     for _plugin, extra in manager.call_each("launch_environment", args=args):
         for key, value in extra.items():
@@ -175,6 +177,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
               "each (set OMP_NUM_THREADS or --num_cpu_threads_per_process to choose).", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(per_machine), *torchrun_options,
                *rendezvous, args.training_script, *args.training_script_args]
+    env.update(notices.said_env())  # the ranks do not repeat what the launcher said
     return command, env, config
 
 
@@ -187,6 +190,17 @@ def _check_strategy_installed(config: "LowbitConfig", registry: Any) -> None:
     if plugin:
         raise ConfigError(f"distributed_type {config.distributed_type} needs the {plugin!r} strategy plugin, which is not "
                           f"installed: {install_command(plugin)}.")
+
+
+def file_sources(file_raw: dict, overrides: dict, path: Path) -> dict[str, str]:
+    """Which exported fp8 settings came from the config file (not a flag or a variable), so that an
+    error in a rank names the file and key, not the variable the launcher passed it in."""
+    from lowbit.config.recipes import fp8_env_var
+    from lowbit.config.settings import SOURCES_ENV
+
+    from_file = {key for key in (file_raw.get("fp8_config") or {}) if key not in (overrides.get("fp8_config") or {})}
+    sources = {fp8_env_var(key): f"config file {path}, fp8_config.{key}" for key in sorted(from_file)}
+    return {SOURCES_ENV: json.dumps(sources)} if sources else {}
 
 
 def threads_per_process(processes: int) -> int:

@@ -37,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     saved, sys.argv = sys.argv, [sys.argv[0], *argv]
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
     finally:
         sys.argv = saved
+    if unknown:
+        return _unknown_flags(parser, args.command, unknown)
     if args.command is None:
         parser.print_help()
         return 0
@@ -48,6 +50,29 @@ def main(argv: list[str] | None = None) -> int:
     except LowbitError as exc:
         print(f"lowbit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _unknown_flags(parser: argparse.ArgumentParser, command: str | None, unknown: list[str]) -> int:
+    """A misspelt flag gets the nearest flag of its own subcommand and that subcommand's usage
+    (argparse would print the top-level usage and no suggestion)."""
+    from lowbit.errors import did_you_mean
+
+    sub = _subparser(parser, command)
+    known = [flag for action in (sub or parser)._actions for flag in action.option_strings]
+    flag = next((u for u in unknown if u.startswith("-")), unknown[0]).split("=")[0]
+    if sub is not None:
+        sub.print_usage(sys.stderr)
+    where = f"lowbit {command}" if command else "lowbit"
+    print(f"{where}: error: unrecognized argument {flag!r}.{did_you_mean(flag, known)}"
+          + (f" `lowbit {command} --help` lists them." if command else ""), file=sys.stderr)
+    return 2
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return None
 
 
 if __name__ == "__main__":

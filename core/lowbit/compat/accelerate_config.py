@@ -8,10 +8,9 @@ that asks for something lowbit cannot do is an error, never a silent downgrade.
 """
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any, Mapping
 
+from lowbit.notices import note
 from lowbit.errors import ConfigError
 from lowbit.config.options import parse_bool
 from lowbit.types import normalize_name
@@ -67,7 +66,6 @@ DEEPSPEED_IGNORED = {
     "deepspeed_moe_layer_cls_names": "mark MoE layers in the DeepSpeed JSON config",
 }
 
-_noted: set[str] = set()
 
 
 def translate_config_file(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -193,11 +191,8 @@ def _truthy(value: Any) -> bool:
 def note_ignored(where: str, ignored: list[str]) -> None:
     """Name the accepted settings that do nothing here: once per process, on the main rank only
     (every rank reads the same file)."""
-    message = f"{where}: settings with no effect in lowbit, ignored: {', '.join(ignored)}."
-    if not ignored or message in _noted or os.environ.get("RANK", "0") != "0":
-        return
-    _noted.add(message)
-    print(f"lowbit: note: {message}", file=sys.stderr, flush=True)
+    if ignored:
+        note(f"{where}: settings with no effect in lowbit, ignored: {', '.join(ignored)}.")
 
 
 # ------------------------------------------------------------------ accelerate launch variables

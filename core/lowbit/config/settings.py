@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import yaml
 
 from lowbit.compat.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
+from lowbit import notices
 from lowbit.compat.accelerate_names import FIRST_PARTY_SECTIONS, PLUGIN_ONLY_FP8_KEYS, SINGLE_PROCESS_TYPES, install_command
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.config.options import OptionSpec, to_text
@@ -29,7 +30,20 @@ FP8_SECTION = "fp8_config"
 SECTION_SUFFIX = "_config"
 MAX_CONFIG_BYTES = 1 << 20
 # LOWBIT_* variables read outside this module (plugin manager, launcher).
-OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL"})
+# Set by lowbit launch for its ranks: the settings that came from the config file -> where.
+SOURCES_ENV = "LOWBIT_SETTING_SOURCES"
+OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL", "LOWBIT_SAID_NOTES",
+                            SOURCES_ENV})
+
+
+def env_source(env_var: str, default: str) -> str:
+    """Where the value of ``env_var`` came from: the config file and key when lowbit launch
+    exported it from there (``LOWBIT_SETTING_SOURCES``), else ``default``."""
+    try:
+        sources = json.loads(os.environ.get(SOURCES_ENV) or "{}")
+    except json.JSONDecodeError:
+        return default
+    return sources.get(env_var, default) if isinstance(sources, dict) else default
 _warned_env_vars: set[str] = set()
 
 
@@ -304,8 +318,6 @@ def read_config_layer(config_file: str | os.PathLike | None) -> tuple[dict[str, 
 def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSpec] | None = None,
                           sections: tuple[str, ...] | None = None) -> None:
     """A LOWBIT_* variable lowbit does not read is most likely a typo: say so, once per name."""
-    import warnings
-
     known = {spec.env for spec in TOP_LEVEL.values()} | set(OTHER_ENV_VARS)
     known |= {section_env_var(section) for section in sections or ()}
     fp8_keys = set(DOCUMENTED_FP8_KEYS) | set(fp8_specs or {}) | set(PLUGIN_ONLY_FP8_KEYS)
@@ -313,8 +325,7 @@ def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, Op
     for name in sorted(environ):
         if name.startswith("LOWBIT_") and name not in known and name not in _warned_env_vars:
             _warned_env_vars.add(name)
-            warnings.warn(f"Environment variable {name} is not a lowbit setting and is ignored.{did_you_mean(name, known)}",
-                          stacklevel=4)
+            notices.warn(f"Environment variable {name} is not a lowbit setting and is ignored.{did_you_mean(name, known)}")
 
 
 def resolve_config(

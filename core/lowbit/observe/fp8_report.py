@@ -29,9 +29,16 @@ def conversion_report(model: Any, backend: str, precision: str = "fp8", runs: st
     if record.get("padding"):
         line += "; " + record["padding"]
     if not converted:
-        line += (". Nothing trains in FP8: FP8 GEMMs need both dims divisible by 16, and the first and last Linear "
-                 "are kept in high precision by default (keep_first_last_high_precision=False converts them too)")
+        line += (f". Nothing trains in {precision} (FP8 GEMMs need both dims divisible by 16, "
+                 "block formats by their block), and the first and last Linear are kept in high precision by default "
+                 "(keep_first_last_high_precision=False converts them too)")
     return line + "."
+
+
+def converted_nothing(model: Any) -> bool:
+    """The backend recorded its conversion and no layer was converted."""
+    record = getattr(model, "_lowbit_fp8_report", None)
+    return record is not None and not record["converted"]
 
 
 def layer_kinds(record: dict[str, Any]) -> tuple[str, str]:

@@ -7,9 +7,10 @@ Backends decide which tensors are cast and with which scale (their hook
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
+
+from lowbit.notices import LowbitWarning, warn
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +36,7 @@ class LayerStats:
     tensors: dict[str, TensorStats] = field(default_factory=dict)  # "input", "weight", "grad_output"
 
 
-class SaturationWarning(UserWarning):
+class SaturationWarning(LowbitWarning):
     """A tensor's FP8 saturation fraction passed the configured threshold."""
 
 
@@ -112,12 +113,9 @@ class TelemetryRecorder:
             entry.step, entry.tensors = self.step, {}
         entry.tensors[role] = stats
         if stats.saturated > self.saturation_warning:
-            warnings.warn(
-                f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the format's range at step {self.step} "
-                f"(threshold {self.saturation_warning:.2%}). See docs/troubleshooting.md, 'loss diverges under fp8'.",
-                SaturationWarning,
-                stacklevel=2,
-            )
+            warn(f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the format's range at step {self.step} "
+                 f"(threshold {self.saturation_warning:.2%}). See docs/troubleshooting.md, 'loss diverges under fp8'.",
+                 SaturationWarning)
 
     def next_step(self) -> None:
         self.step += 1

@@ -8,13 +8,14 @@ distributed strategy that ``distributed_type`` names, by the strategies' own des
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from lowbit import notices
 from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
 from lowbit.compat.handlers import HANDLER_CLASSES
 from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
+from lowbit.config.settings import env_source
 from lowbit.errors import BackendUnavailableError, ConfigError
 from lowbit.plugins.recipe_choice import RecipeChoice, choose_with_recipe
 from lowbit.plugins.selection import BackendRegistry, Candidate, Selection, choose_backend
@@ -72,9 +73,11 @@ def _sort_handlers(handlers: list[Any]) -> tuple[Any, dict[type, Any]]:
 
 def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any, handler: Any) -> None:
     if choice.mixed_precision in NATIVE_PRECISIONS:
-        if handler is not None:
-            warnings.warn(f"{type(handler).__name__} is ignored: mixed_precision is {choice.mixed_precision!r}, not 'fp8'.",
-                          stacklevel=4)
+        given = ([type(handler).__name__] if handler is not None else []) + _fp8_config_sources(config)
+        if given:  # the same error as `lowbit launch` gives, whichever way the options arrived
+            raise ConfigError(
+                f"FP8 options were given ({'; '.join(given)}) but mixed_precision is {choice.mixed_precision!r}, so they "
+                "would do nothing. Set mixed_precision='fp8' (or 'fp4'), or drop the FP8 options.")
         return
     requested, source = _requested_backend(handler, config)
     recipe, recipe_source = _requested_recipe(handler, config)
@@ -85,13 +88,22 @@ def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any
         fallback = config.fp8_fallback
         if not fallback:
             raise BackendUnavailableError(f"{exc} Or set fp8_fallback='bf16' to train in bf16 instead.") from None
-        warnings.warn(f"FP8 cannot run here, so training falls back to {fallback} (fp8_fallback): {exc}", stacklevel=4)
+        notices.warn(f"FP8 cannot run here, so training falls back to {fallback} (fp8_fallback): {exc}")
         choice.mixed_precision = fallback
         return
     choice.backend_options = _resolve_options(choice.backend.chosen, handler, config)
     if choice.recipe.name is not None and getattr(choice.backend_options, "recipe", choice.recipe.name) != choice.recipe.name:
         # The option took the backend's fp8 default; this precision's default recipe is another.
         choice.backend_options.recipe = choice.recipe.name
+
+
+def _fp8_config_sources(config: Any) -> list[str]:
+    """Each fp8_config setting, with where it came from (an env var, as lowbit launch passed it, or the file)."""
+    out = []
+    for key in config.fp8_config:
+        env = fp8_env_var(key)
+        out.append(env_source(env, f"env {env}") if os.environ.get(env) else f"config file fp8_config.{key}")
+    return out
 
 
 def _requested_recipe(handler: Any, config: Any) -> tuple[str | None, str]:
@@ -105,7 +117,8 @@ def _requested_recipe(handler: Any, config: Any) -> tuple[str | None, str]:
         return canonical_recipe(handler.options["recipe"], "FP8RecipeKwargs(recipe=...)"), "FP8RecipeKwargs(recipe=...)"
     env = fp8_env_var("recipe")
     if os.environ.get(env):
-        return canonical_recipe(os.environ[env], f"env {env}"), f"env {env} / lowbit launch --fp8_recipe"
+        where = env_source(env, f"env {env} / lowbit launch --fp8_recipe")
+        return canonical_recipe(os.environ[env], where), where
     if config.fp8_config.get("recipe") is not None:
         return canonical_recipe(config.fp8_config["recipe"], "fp8_config.recipe"), "config file fp8_config.recipe"
     return None, "default"
@@ -121,7 +134,7 @@ def _requested_backend(handler: Any, config: Any) -> tuple[str | None, str]:
     if from_config:
         env = fp8_env_var("backend")
         if os.environ.get(env):
-            return from_config, f"env {env} / lowbit launch --fp8_backend"
+            return from_config, env_source(env, f"env {env} / lowbit launch --fp8_backend")
         if os.environ.get("ACCELERATE_FP8_BACKEND"):
             return from_config, "env ACCELERATE_FP8_BACKEND / accelerate launch --fp8_backend"
         return from_config, "config file fp8_config.backend"
@@ -141,8 +154,7 @@ def _resolve_options(chosen: Candidate, handler: Any, config: Any) -> RecipeKwar
     file_values = {k: v for k, v in config.fp8_config.items() if k != "backend"}
     ignored = sorted(set(file_values) - set(options_class.option_specs()))
     if ignored:
-        warnings.warn(f"fp8_config keys {', '.join(ignored)} do not apply to the {chosen.name!r} backend and are ignored.",
-                      stacklevel=5)
+        notices.note(f"fp8_config keys {', '.join(ignored)} do not apply to the {chosen.name!r} backend and are ignored.")
     options.fill_missing(file_values, where="fp8_config")
     options.fill_defaults()
     return options

@@ -16,7 +16,8 @@ import torch
 
 from lowbit.training.data_loader import PreparedDataLoader
 from lowbit.errors import ConfigError, PluginError
-from lowbit.observe.fp8_report import conversion_report
+from lowbit import notices
+from lowbit.observe.fp8_report import conversion_report, converted_nothing
 from lowbit.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepRules
 from lowbit.plugins.routing import ChosenPlugins, plugin_label
 from lowbit.training.toolchain import check_compiler_for
@@ -39,13 +40,12 @@ class PreparationSettings:
 
 class Preparation:
     """Runs each prepared object through the chosen plugins; what it prepares goes into ``prepared``.
-    ``announce`` prints a line once per machine (the FP8 report)."""
+    The FP8 report of each model is said as a lowbit notice (once, on the main rank)."""
 
     def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, rules: StepRules,
-                 settings: PreparationSettings, announce: Callable[[str], None]) -> None:
+                 settings: PreparationSettings) -> None:
         self.plugins, self.prepared, self.rules, self.settings = plugins, prepared, rules, settings
         self.context: PrepareContext = plugins.context
-        self.announce = announce
 
     def prepare(self, *objects: Any) -> Any:
         """Prepare models, optimizers, dataloaders and LR schedulers, in any order.
@@ -80,8 +80,9 @@ class Preparation:
             self.prepared.models.append(result[m_index])
             report = (conversion_report(unwrap(result[m_index]), self.plugins.backend_name, self.plugins.context.mixed_precision,
                                         self.plugins.context.recipe_runs) if self.plugins.backend else None)
-            if report:
-                self.announce(f"lowbit: {report}")
+            if report:  # a model with no layer in low precision is worth a warning, not a note
+                say = notices.warn if converted_nothing(unwrap(result[m_index])) else notices.note
+                say(report)
 
         if self.plugins.backend is not None and paired_optimizer is None:
             for index in optimizer_positions:  # optimizers prepared without their model

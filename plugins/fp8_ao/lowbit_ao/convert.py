@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-import warnings
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
+from lowbit.notices import LowbitNote, note
 from lowbit.types import PrepareContext
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
@@ -26,7 +26,7 @@ PADDING_NOTE = ("GEMM inner dims (incl. the token count in weight-gradient GEMMs
                 "where needed (pad_inner_dim)")
 
 
-class FP8EmulationNotice(UserWarning):
+class FP8EmulationNotice(LowbitNote):
     """Raised once when FP8 GEMMs are emulated because the hardware lacks them."""
 
 
@@ -75,9 +75,9 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
     if options.emulate is False and needs_emulation:
         _check_scaled_mm_can_run(context)
     emulate = needs_emulation if options.emulate is None else options.emulate
-    if emulate and options.emulate is None and not config.emulate and context.rank == 0:  # said once, not per rank
-        warnings.warn(f"lowbit-ao: {hardware.describe()} has no FP8 GEMMs, so they are emulated: "
-                      f"{emulation_summary(options, context)}.", FP8EmulationNotice, stacklevel=2)
+    if emulate and options.emulate is None and not config.emulate:
+        note(f"{hardware.describe()} has no FP8 GEMMs, so lowbit-ao emulates them: "
+             f"{emulation_summary(options, context)}.", FP8EmulationNotice)
     overrides["emulate"] = emulate
     return dataclasses.replace(config, **overrides)
 
@@ -100,10 +100,9 @@ def _check_scaled_mm_can_run(context: PrepareContext) -> None:
             f"emulate=False asks for real FP8 GEMMs, which need a CUDA GPU with compute capability >= 8.9; "
             f"found {context.hardware.describe()}. Leave emulate unset (lowbit emulates where needed) or set emulate=True."
         )
-    if context.rank == 0:
-        warnings.warn(f"lowbit-ao: emulate=False on {context.hardware.describe()}: torch._scaled_mm runs the FP8 GEMMs "
-                      "(torch's CPU reference kernel, the numerics lowbit's fast emulation is tested against; "
-                      "not faster than emulation, see plugins/fp8_ao/README.md).", FP8EmulationNotice, stacklevel=3)
+    note(f"emulate=False on {context.hardware.describe()}: torch._scaled_mm runs lowbit-ao's FP8 GEMMs "
+         "(torch's CPU reference kernel, the numerics lowbit's fast emulation is tested against; "
+         "not faster than emulation, see plugins/fp8_ao/README.md).", FP8EmulationNotice)
 
 
 def linear_layers(model: nn.Module) -> dict[str, str]:
@@ -173,26 +172,16 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> nn.Module
         skipped = {n: "module_filter_func said no" for n in layer_types if not options.module_filter_func(modules[n], n)}
     else:
         skipped = default_skips(model, options.keep_first_last_high_precision)
-    if context.recipe_runs == "emulated" and context.rank == 0:
+    if context.recipe_runs == "emulated":
         how = ("torchao's emulated MX kernels (values and scales as on the GPU, GEMMs in fp32)" if options.recipe == "mxfp8"
                else "lowbit-ao's NVFP4 emulation (values and scales as NVIDIA's format, GEMMs in fp32)")
-        warnings.warn(f"lowbit-ao: {context.hardware.describe()} has no {options.recipe} GEMMs, so they are emulated: {how}.",
-                      FP8EmulationNotice, stacklevel=3)
+        native = "" if options.recipe == "mxfp8" else " (lowbit-ao binds no native NVFP4 kernel; lowbit-te does, on Blackwell)"
+        note(f"{options.recipe} runs emulated on {context.hardware.describe()}{native}: {how}.", FP8EmulationNotice)
     converted = convert_block_layers(model, list(layer_types), skipped, context)
-    _warn_if_nothing_converted(converted, skipped, context)
     model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types, "recipe": options.recipe,
                                 "padding": (f"token count padded to a multiple of the {options.recipe} block where needed"
                                             if converted else "")}
     return model
-
-
-def _warn_if_nothing_converted(converted: list[str], skipped: dict[str, str], context: PrepareContext) -> None:
-    if not converted and context.rank == 0:  # said once, not per rank
-        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items()) or "the model has no nn.Linear or Conv1D"
-        warnings.warn(
-            f"lowbit-ao: no Linear layer is eligible for {context.mixed_precision}, so this model trains in high precision ({reasons}).",
-            stacklevel=3,
-        )
 
 
 def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
@@ -216,7 +205,6 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
         fast = config.emulate and options.emulation == "fast"
         mark_converted_layers(model, compute_dtype_for(context.device) if fast else None)
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
-    _warn_if_nothing_converted(converted, skipped, context)
     # Which layers are FP8, why the others are not, and each one's type (for the report's wording).
     model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types,
                                 "recipe": options.recipe if options.config is None else "Float8LinearConfig",

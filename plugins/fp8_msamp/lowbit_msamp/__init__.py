@@ -22,6 +22,10 @@ ADAM_NAMES = ("Adam", "AdamW", "FusedAdam")
 
 
 def unavailable_reason(hardware: HardwareInfo) -> str:
+    problem = hardware.fp8_gemm_problem()
+    if problem:  # what this machine lacks comes first: installing MS-AMP would not help here
+        installed = importlib.util.find_spec("msamp") is not None
+        return f"MS-AMP {problem}" + ("" if installed else f" (and msamp is not installed: {INSTALL_HINT})")
     if importlib.util.find_spec("msamp") is None:
         return f"msamp not importable: not installed ({INSTALL_HINT})"
     unmet = unmet_requirements()
@@ -33,8 +37,7 @@ def unavailable_reason(hardware: HardwareInfo) -> str:
                 "Transformer Engine it pins (2023); Transformer Engine 2.x no longer has it")
     if importlib.util.find_spec("deepspeed") is None:
         return "msamp not importable here: it imports deepspeed (MS-AMP pins deepspeed==0.13.1)"
-    problem = hardware.fp8_gemm_problem()
-    return f"MS-AMP {problem}" if problem else ""
+    return ""
 
 
 @hookimpl

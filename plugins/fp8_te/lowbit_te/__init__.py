@@ -48,13 +48,18 @@ def _incomplete_install(version: str) -> str:
 
 
 def unavailable_reason(hardware: HardwareInfo) -> str:
-    """Why TE cannot run here, or ''. Checks metadata and hardware; imports nothing."""
+    """Why TE cannot run here, or ''. Checks hardware (first: installing TE would not help on a CPU)
+    and metadata; imports nothing."""
+    problem = hardware.fp8_gemm_problem()
+    if problem:
+        installed = importlib.util.find_spec("transformer_engine") is not None
+        return f"Transformer Engine {problem}" + ("" if installed else f" (and it is not installed: {INSTALL})")
     if importlib.util.find_spec("transformer_engine") is None:
         return f"transformer_engine not importable: not installed; {INSTALL}"
     version = _version("transformer_engine")
     if version and tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < MIN_TE:
         return f"transformer_engine {version} is older than the supported {MIN_TE[0]}.{MIN_TE[1]}: `pip install -U transformer-engine[pytorch]`"
-    return _incomplete_install(version) or hardware.fp8_gemm_problem()
+    return _incomplete_install(version)
 
 
 @hookimpl

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
 from lowbit.config.recipes import fp4_layers_kept_bf16
+from lowbit.notices import note
 from lowbit.types import PrepareContext
 from lowbit_te.fp8_state import keep_pickles_out_of_state_dicts
 from lowbit_te.gemm_rules import pad_tokens_for_fp8, token_multiple, weight_problem
@@ -126,12 +126,10 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
                 converted.append(fqn)
     shape_skips = [n for n, why in skipped.items() if why.startswith("dims")]
     if shape_skips:
-        warnings.warn(
+        note(
             f"lowbit-te: {len(shape_skips)} Linear layer(s) kept in high precision because FP8 GEMMs cannot take "
             f"their shapes: {', '.join(f'{n} ({skipped[n]})' for n in shape_skips)}. "
-            "All other layers were converted.",
-            stacklevel=2,
-        )
+            "All other layers were converted.")
     keep_pickles_out_of_state_dicts(model)
     padding = (f"token count padded to a multiple of {token_multiple(options)} where needed (pad_tokens)"
                if options.pad_tokens and any(n for n in converted if isinstance(model.get_submodule(n), te.Linear)) else "")

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import warnings
 
 import torch
 from torch import nn
+
+from lowbit.notices import note
 
 EXTRA_STATE = "_extra_state"
 # fp8_meta key -> the names TE's own extra state uses for its two tensors.
@@ -109,9 +110,8 @@ def without_pickled_extra_state(state: dict[str, Any]) -> dict[str, Any] | None:
                if k.endswith(EXTRA_STATE) and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.numel()]
     if not pickled:
         return None
-    warnings.warn(
+    note(
         f"lowbit-te: {len(pickled)} module(s) of this checkpoint hold Transformer Engine's pickled FP8 state "
         f"({pickled[0]}, ...); lowbit does not unpickle checkpoint data, so their amax histories start afresh "
-        "(they refill within amax_history_len steps). Checkpoints saved by this lowbit keep that state as plain tensors.",
-        stacklevel=2)
+        "(they refill within amax_history_len steps). Checkpoints saved by this lowbit keep that state as plain tensors.")
     return {k: (torch.empty(0, dtype=torch.uint8) if k in pickled else v) for k, v in state.items()}

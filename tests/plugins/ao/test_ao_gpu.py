@@ -109,3 +109,25 @@ def test_ddp_on_one_gpu_under_lowbit_launch(tmp_path):
 
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["strategy"] == "ddp" and result["losses"][-1] < result["losses"][0], result
+
+
+@gpu_ao
+def test_mxfp8_runs_torchaos_native_kernels_on_blackwell_and_trains():
+    """sm_100+: torchao's MXFP8 kernels (no emulation); elsewhere the recipe runs emulated."""
+    if torch.cuda.get_device_capability() < (10, 0):
+        pytest.skip("MXFP8 GEMMs need compute capability >= 10.0 (Blackwell)")
+    accelerator, model, losses = train("fp8", recipe="mxfp8")
+    assert accelerator.context.recipe_runs == "native"
+    assert accelerator.fp8_report().startswith("fp8 (ao, mxfp8): ")
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+@gpu_ao
+def test_block_formats_train_emulated_on_any_fp8_gpu():
+    """Below Blackwell, mxfp8 runs torchao's emulated kernels and nvfp4 lowbit-ao's emulation on
+    the GPU, with the same rules (dims and tokens in blocks) as everywhere."""
+    for precision, recipe in (("fp8", "mxfp8"), ("fp4", "nvfp4")):
+        accelerator, model, losses = train(precision, shape=(3, 11), recipe=recipe)  # 33 tokens: padded
+        assert accelerator.fp8_options.recipe == recipe
+        assert all(torch.isfinite(torch.tensor(loss)) for loss in losses)
+        assert losses[-1] < losses[0], (recipe, losses)

@@ -27,7 +27,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two C
 WORKER = Path(__file__).with_name("te_gpu_worker.py")
 # recipe -> TE's own check for it on this GPU
 RECIPE_CHECKS = {"delayed": "is_fp8_available", "current": "is_fp8_available", "mxfp8": "is_mxfp8_available",
-                 "block": "is_fp8_block_scaling_available"}
+                 "block": "is_fp8_block_scaling_available", "nvfp4": "is_nvfp4_available"}
 
 
 class Block(nn.Module):
@@ -77,10 +77,10 @@ def test_every_recipe_this_gpu_supports_trains(scaling):
     ok, why = te_verdict(RECIPE_CHECKS[scaling])
     if not ok:
         pytest.skip(f"Transformer Engine says {scaling} scaling cannot run on this GPU: {why}")
-    accelerator, model, losses = train("fp8", recipe=scaling)
+    accelerator, model, losses = train("fp4" if scaling == "nvfp4" else "fp8", recipe=scaling)
     assert type(accelerator.context.plugin_state(TERunState).recipe).__name__ == {
         "delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
-        "block": "Float8BlockScaling"}[scaling]
+        "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling"}[scaling]
     assert losses[-1] < 0.7 * losses[0], losses
 
 
