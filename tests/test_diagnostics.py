@@ -149,7 +149,7 @@ def test_ao_telemetry_reports_the_layers_casts_with_torchaos_scale():
 def test_saturation_warning_fires_past_the_threshold():
     recorder = TelemetryRecorder(saturation_warning=0.0001)
     x = torch.ones(100)
-    with pytest.warns(SaturationWarning, match=r"layer1's input exceeds the FP8 range"):
+    with pytest.warns(SaturationWarning, match=r"layer1's input exceeds the format's range"):
         recorder.record("layer1", "input", x, torch.float8_e4m3fn, torch.tensor(1000.0))
 
 

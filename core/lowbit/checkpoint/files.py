@@ -294,7 +294,8 @@ def read_metadata(directory: Path) -> dict[str, Any]:
             raise CheckpointError(f"Checkpoint directory {str(directory)!r} does not exist.")
         raise CheckpointError(
             f"{str(directory)!r} is not a lowbit checkpoint: {METADATA_FILE} is missing "
-            "(a save that never finished, or a directory written by another tool)."
+            "(a save that never finished, or a directory written by another tool; a directory written by "
+            "Accelerate's save_state is recognised by its model.safetensors / optimizer.bin / random_states_0.pkl)."
         )
     try:
         metadata = json.loads(path.read_text(encoding="utf-8"))

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from lowbit.checkpoint import files as checkpoint
+from lowbit.checkpoint.accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
 from lowbit.errors import CheckpointError, ConfigError
 from lowbit.training.preparation import unwrap
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
@@ -99,6 +100,10 @@ class TrainingStateCheckpointer:
         if self.facts.is_main_process and directory.is_dir():
             checkpoint.recover(directory)
         wait_for_everyone()
+        if not (directory / checkpoint.METADATA_FILE).exists() and is_accelerate_checkpoint(directory):
+            load_accelerate_checkpoint(self, directory, unwrap)  # a run moving over from Accelerate
+            wait_for_everyone()
+            return
         meta = checkpoint.read_metadata(directory)
         checkpoint.check_same_setup(meta, self.fingerprint(), directory)
         if meta.get("custom_objects", 0) != len(self.custom_objects):

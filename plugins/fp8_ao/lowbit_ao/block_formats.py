@@ -23,6 +23,7 @@ from lowbit.config.recipes import fp4_layers_kept_bf16
 from lowbit.training.token_padding import pad_tokens
 from lowbit.types import PrepareContext
 from lowbit_ao.conv1d import conv1d_class, linear_dims
+from lowbit_ao.quiet_import import import_torchao
 from lowbit_ao.nvfp4 import BLOCK as NVFP4_BLOCK, NVFP4Settings, hadamard_16, nvfp4_linear, random_signs
 
 MXFP8_BLOCK = 32
@@ -60,6 +61,7 @@ def _block_class(base: type) -> type:
 
 
 def _mxfp8_gemm(options: Any, emulated: bool):
+    import_torchao("torchao.prototype.moe_training.mxfp8_linear")
     from torchao.prototype.moe_training.mxfp8_linear import _to_mxfp8_then_scaled_mm
     from torchao.prototype.mx_formats.config import ScaleCalculationMode
     from torchao.quantization.quantize_.common.kernel_preference import KernelPreference

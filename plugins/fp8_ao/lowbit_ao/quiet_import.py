@@ -28,10 +28,13 @@ class _HarmlessStartupLines(logging.Filter):
         return ENUM_NOTICE not in message
 
 
-def import_torchao():
-    """``import torchao``, quietly the first time (see the module docstring)."""
-    if "torchao" in sys.modules:
-        return sys.modules["torchao"]
+def import_torchao(module: str = "torchao"):
+    """``import torchao`` (or one of its modules: the MX prototype registers more Enums), quietly
+    the first time (see the module docstring)."""
+    import importlib
+
+    if module in sys.modules:
+        return sys.modules[module]
     import torch
 
     quiet = _HarmlessStartupLines(gpu_present=torch.cuda.is_available())
@@ -39,8 +42,7 @@ def import_torchao():
     for logger in loggers:
         logger.addFilter(quiet)
     try:
-        import torchao
+        return importlib.import_module(module)
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)
-    return torchao

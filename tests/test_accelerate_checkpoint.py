@@ -1,0 +1,104 @@
+"""A run moving from Accelerate to lowbit mid-training: ``load_state`` on a directory written by
+Accelerate's own ``save_state`` (run for real, in its own process) restores weights, optimizer
+state, scheduler, registered objects, the step counter and the RNGs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from lowbit import Accelerator
+from lowbit.errors import CheckpointError
+
+ACCELERATE_RUN = textwrap.dedent('''
+    import sys, torch
+    from torch import nn
+    from accelerate import Accelerator
+
+    out, safe = sys.argv[1], sys.argv[2] == "safetensors"
+    class Counter:
+        def __init__(self): self.seen = 0
+        def state_dict(self): return {"seen": self.seen}
+        def load_state_dict(self, state): self.seen = state["seen"]
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 4))
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    accelerator = Accelerator(cpu=True)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    for x, y in loader:
+        accelerator.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step(); scheduler.step(); optimizer.zero_grad(); counter.seen += len(x)
+    accelerator.save_state(out + "/ckpt", safe_serialization=safe)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "seen": counter.seen, "step": accelerator.step, "next_random": torch.rand(3)}, out + "/reference.pt")
+''')
+
+
+class Counter:
+    def __init__(self):
+        self.seen = 0
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.seen = state["seen"]
+
+
+@pytest.mark.parametrize("weights", ["safetensors", "bin"])
+def test_load_state_resumes_a_checkpoint_written_by_accelerate(tmp_path, weights, recwarn):
+    pytest.importorskip("accelerate")
+    proc = subprocess.run([sys.executable, "-c", ACCELERATE_RUN, str(tmp_path), weights], capture_output=True, text=True,
+                          timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "ckpt" / ("model.safetensors" if weights == "safetensors" else "pytorch_model.bin")).exists()
+    reference = torch.load(tmp_path / "reference.pt", weights_only=True)
+
+    torch.manual_seed(123)  # a different start: everything must come from the checkpoint
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    accelerator = Accelerator(cpu=True)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    accelerator.load_state(tmp_path / "ckpt")
+
+    for key, value in reference["model"].items():
+        assert torch.equal(model.state_dict()[key], value), key
+    mine, theirs = optimizer.state_dict(), reference["optimizer"]
+    for index, state in theirs["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(mine["state"][index][name]), torch.as_tensor(value)), (index, name)
+    assert mine["param_groups"][0]["lr"] == theirs["param_groups"][0]["lr"]
+    assert scheduler.state_dict() == reference["scheduler"]
+    assert counter.seen == reference["seen"] == 32
+    assert torch.equal(torch.rand(3), reference["next_random"])  # the torch RNG continues where Accelerate's was
+    notes = [str(w.message) for w in recwarn]
+    assert any("skipped sampler.bin" in n for n in notes) or not (tmp_path / "ckpt" / "sampler.bin").exists(), notes
+
+
+def test_a_pickled_object_in_an_accelerate_checkpoint_is_refused_by_name(tmp_path):
+    """Accelerate's files are pickles; lowbit loads them without running code."""
+    (tmp_path / "optimizer.bin").write_bytes(b"")  # marks the directory as Accelerate's
+    torch.save({"0.weight": torch.zeros(4, 8), "0.bias": torch.zeros(4)}, tmp_path / "pytorch_model.bin")
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pickled code ran",))
+
+    torch.save({"state": {}, "param_groups": [Evil()]}, tmp_path / "optimizer.bin")
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(nn.Sequential(nn.Linear(8, 4)), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    with pytest.raises(CheckpointError, match=r"optimizer.bin \(optimizer state\) cannot be read safely"):
+        accelerator.load_state(tmp_path)
