@@ -19,3 +19,12 @@ def clean_lowbit_env(monkeypatch, tmp_path):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     yield
+
+
+@pytest.fixture(autouse=True)
+def _each_test_hears_lowbits_notices():
+    """lowbit says each notice once per process; every test is a fresh run as far as notices go."""
+    from lowbit import notices
+
+    notices.reset()
+    yield

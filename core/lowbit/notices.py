@@ -97,3 +97,8 @@ def install() -> None:
     if warnings.showwarning is not _showwarning:
         _original_showwarning = warnings.showwarning
         warnings.showwarning = _showwarning
+
+
+def reset() -> None:
+    """Forget which notices were said (a test suite, or a notebook that wants them again)."""
+    _said.clear()

@@ -154,6 +154,10 @@ class BackendDescription:
     emulated_only: tuple[str, ...] = ()
     # kind "distributed": what the strategy is, in place of its name (see StrategyTraits).
     strategy: StrategyTraits | None = None
+    # kind "fp8": its bytes per parameter where they differ from fp32 master weights, fp32 gradients
+    # and fp32 AdamW states ("weights", "gradients", "optimizer"), and "optimizer_low_bit" for
+    # low-bit optimizer states it offers; read by `lowbit estimate-memory`.
+    memory_per_parameter: dict[str, float] = field(default_factory=dict)
     # The distributions of the library it drives ("torchao"), whose versions `lowbit env` prints.
     libraries: tuple[str, ...] = ()
     # Filled in by the plugin manager, not by the plugin:

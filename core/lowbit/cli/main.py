@@ -12,6 +12,7 @@ SUBCOMMANDS = {
     "config": ("lowbit.cli.config_command", "write the YAML config (interactive, from flags, or --default)"),
     "launch": ("lowbit.cli.launch", "run a training script on one process or many (torchrun)"),
     "test": ("lowbit.cli.test_command", "check this setup end to end with a tiny training run"),
+    "estimate-memory": ("lowbit.cli.estimate_memory_command", "estimate per-process memory of training a model, per precision and strategy"),
     "new-backend": ("lowbit.cli.new_backend_command", "write a ready-to-install backend or strategy distribution to start from"),
 }
 

@@ -51,6 +51,9 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
         precisions=("fp8", "fp4"), recipes=RECIPE_NAMES, emulates=RECIPE_NAMES,
         # torchao's NVFP4Linear (triton, bf16, dims % 128, no recipe options) is not bound yet.
         emulated_only=("nvfp4",),
+        # fp32 master weights, gradients and AdamW states; AdamWFp8 / AdamW8bit keep 1 byte per
+        # state element plus a scale per 256-element block (bench/memory.py: 2.043 bytes per parameter).
+        memory_per_parameter={"optimizer_low_bit": 2.043},
     )
 
 

@@ -1,0 +1,222 @@
+"""``lowbit estimate-memory``: the memory one training process needs, per precision and strategy.
+
+The model is built on the meta device (no memory, no download): a transformers config (a
+``config.json`` or a directory holding one) or a ``module:factory`` that returns an
+``nn.Module``. What is counted, per process:
+
+- weights, gradients and optimizer states from the parameter count, at the bytes per parameter
+  of the precision (master weights stay fp32 in every precision lowbit trains; a low-precision
+  backend declares its own figures in ``BackendDescription.memory_per_parameter``), divided over
+  the ranks as the strategy shards them (DDP: nothing; FSDP2 and ZeRO-3: all three; ZeRO-2:
+  gradients and states; ZeRO-1: states), plus DDP's gradient buckets (a second copy of the
+  gradients), the unsharded parameters of the largest block while it computes (FSDP2, ZeRO-3)
+  and FSDP2's unsharded gradients waiting for their reduce-scatter (over gloo: all of them);
+- activations: the tensors autograd saves for backward, counted on a meta-device forward of one
+  micro-batch (``--batch_size`` x ``--seq_len``); under bf16 autocast (bf16, fp8, fp4) the
+  inputs saved by each Linear are half-width;
+- the peak: a step's forward ends with the weights, the states and every activation alive; its
+  backward trades activations for gradients; the optimizer step then holds the gradients and one
+  parameter-sized temporary (foreach AdamW). So peak = weights + states + max(activations,
+  gradients + temporary) (+ the strategy's buffers).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from lowbit.errors import ConfigError
+
+STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+# (weights, gradients, AdamW states) in bytes per parameter: fp32 master weights and fp32 states in every precision.
+NATIVE_BYTES = {"no": (4.0, 4.0, 8.0), "fp16": (4.0, 4.0, 8.0), "bf16": (4.0, 4.0, 8.0)}
+# (weights, gradients, states) sharded by the strategy: True where the strategy divides it by the ranks.
+SHARDED = {"ddp": (False, False, False), "fsdp": (True, True, True), "zero1": (False, False, True),
+           "zero2": (False, True, True), "zero3": (True, True, True)}
+MB = 2 ** 20
+
+
+@dataclass
+class Estimate:
+    """Bytes for one process, by part, for one precision (and backend) and strategy."""
+
+    label: str
+    strategy: str
+    ranks: int
+    parameters: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float  # the strategy's own: DDP's gradient buckets, FSDP2's unsharded block
+    step_temporary: float
+    per_parameter: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))
+
+    @property
+    def peak(self) -> float:
+        return self.weights + self.optimizer + self.buffers + max(self.activations, self.gradients + self.step_temporary)
+
+
+def load_model_on_meta(spec: str) -> nn.Module:
+    """A model from ``spec`` with its parameters on the meta device (nothing allocated)."""
+    path = Path(spec)
+    with torch.device("meta"):
+        if path.exists():
+            return _transformers_model(path)
+        if ":" in spec:
+            module_name, _, factory = spec.partition(":")
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError as exc:
+                raise ConfigError(f"estimate-memory: cannot import {module_name!r} (from {spec!r}): {exc}") from None
+            if not callable(getattr(module, factory, None)):
+                raise ConfigError(f"estimate-memory: {module_name!r} has no callable {factory!r}.")
+            model = getattr(module, factory)()
+            if not isinstance(model, nn.Module):
+                raise ConfigError(f"estimate-memory: {spec} returned a {type(model).__name__}, not an nn.Module.")
+            return model
+    raise ConfigError(f"estimate-memory: {spec!r} is neither a transformers config (a config.json or a directory "
+                      "holding one) nor a module:factory.")
+
+
+def _transformers_model(path: Path) -> nn.Module:
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("estimate-memory: a config.json model needs transformers: `pip install transformers`.") from None
+    config_file = path / "config.json" if path.is_dir() else path
+    try:
+        config = transformers.AutoConfig.for_model(**json.loads(config_file.read_text()))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"estimate-memory: {config_file} is not a transformers config: {exc}") from None
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM, transformers.AutoModel):
+        with contextlib.suppress(ValueError):
+            return auto.from_config(config)
+    raise ConfigError(f"estimate-memory: transformers has no model class for {config.model_type!r}.")
+
+
+def example_inputs(model: nn.Module, batch_size: int, seq_len: int) -> dict[str, torch.Tensor] | torch.Tensor:
+    """Token ids for a transformers model (labels too, so the loss is part of the graph), else a
+    float batch of the first Linear's width."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "vocab_size", None):
+        ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
+        return {"input_ids": ids, "labels": ids} if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None else {"input_ids": ids}
+    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
+    if first is None:
+        raise ConfigError("estimate-memory: give a model with an nn.Linear (its width sizes the example batch) or a transformers model.")
+    return torch.zeros(batch_size, first.in_features, device="meta")
+
+
+def saved_activation_bytes(model: nn.Module, inputs: Any, low_precision_linears: bool) -> float:
+    """Bytes autograd saves for backward in one forward (meta device: shapes only). Linear inputs
+    count at 2 bytes per element when ``low_precision_linears`` (bf16 autocast)."""
+    # storage -> (elements, element size): a tensor saved twice, or two views of one, count once
+    saved: dict[int, tuple[int, int]] = {}
+    linear_inputs: set[int] = set()
+
+    weights = {p.untyped_storage()._cdata for p in model.parameters()}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in weights:  # weights (and their transposed views) are counted as weights
+            saved[storage._cdata] = (storage.nbytes() // t.element_size(), t.element_size())
+        return t
+
+    def mark(module, args):
+        if args and torch.is_tensor(args[0]):
+            linear_inputs.add(args[0].untyped_storage()._cdata)
+
+    handles = [m.register_forward_pre_hook(mark) for m in model.modules() if isinstance(m, nn.Linear)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    del output
+    total = 0.0
+    for key, (numel, size) in saved.items():
+        total += numel * (2 if low_precision_linears and key in linear_inputs else size)
+    if low_precision_linears:  # autocast keeps a bf16 copy of each Linear weight for the step
+        total += 2 * sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return total
+
+
+def _largest_block_parameters(model: nn.Module) -> int:
+    """Parameters of the largest repeated block (FSDP2 shards each block; one is whole at a time)."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
+    if not lists:
+        return sum(p.numel() for p in model.parameters())
+    return max(sum(p.numel() for p in block.parameters()) for block in max(lists, key=len))
+
+
+def estimate(model: nn.Module, precision: str, strategy: str, ranks: int, activations_fp32: float,
+             activations_low: float, per_parameter: tuple[float, float, float], label: str) -> Estimate:
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"estimate-memory: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}.")
+    params = sum(p.numel() for p in model.parameters())
+    weight_b, grad_b, state_b = per_parameter
+    shard = SHARDED[strategy]
+    weights, gradients, optimizer = (params * b / (ranks if s and ranks > 1 else 1)
+                                     for b, s in zip((weight_b, grad_b, state_b), shard))
+    buffers = 0.0
+    if strategy == "ddp" and ranks > 1:
+        buffers = params * grad_b  # the gradient buckets all-reduce reads from
+    elif strategy == "fsdp" and ranks > 1:
+        # One block unsharded while it computes, and each block's unsharded gradients, which wait for
+        # their reduce-scatter until the backward ends over gloo (measured on CPU: tests/test_estimate_memory.py).
+        # Over NCCL FSDP2 frees them block by block, so there this is on the high side (not measured: no GPU).
+        buffers = _largest_block_parameters(model) * weight_b + params * grad_b
+    elif strategy == "zero3" and ranks > 1:
+        buffers = _largest_block_parameters(model) * weight_b  # one block gathered while it computes
+    activations = activations_fp32 if precision == "no" else activations_low
+    return Estimate(label, strategy, ranks, params, weights, gradients, optimizer, activations, buffers,
+                    step_temporary=params * weight_b / (ranks if shard[0] and ranks > 1 else 1), per_parameter=per_parameter)
+
+
+def precision_rows(backends: dict[str, dict[str, float]], precisions: list[str]) -> list[tuple[str, str, tuple[float, float, float]]]:
+    """(label, precision, bytes per parameter) for each precision asked; one row per backend for
+    fp8 (and fp4) from what each backend declares, plus its low-bit optimizer states when it has them."""
+    rows = []
+    for precision in precisions:
+        if precision in NATIVE_BYTES:
+            rows.append((precision if precision != "no" else "fp32", precision, NATIVE_BYTES[precision]))
+            continue
+        for name, memory in backends.items():
+            per = (memory.get("weights", 4.0), memory.get("gradients", 4.0), memory.get("optimizer", 8.0))
+            rows.append((f"{precision} ({name})", precision, per))
+            if "optimizer_low_bit" in memory:
+                rows.append((f"{precision} ({name}) + low-bit Adam states", precision, (per[0], per[1], memory["optimizer_low_bit"])))
+    return rows
+
+
+def table(estimates: list[Estimate]) -> str:
+    head = (f"{'precision':<34} {'strategy':<9} {'B/param w+g+o':>14} {'weights':>9} {'grads':>9} {'optim':>9} "
+            f"{'activ.':>9} {'buffers':>9} {'peak MB':>9}")
+    lines = [head, "-" * len(head)]
+    for e in estimates:
+        per = "+".join(f"{b:g}" for b in e.per_parameter)
+        lines.append(f"{e.label:<34} {e.strategy + (f'x{e.ranks}' if e.ranks > 1 else ''):<9} {per:>14} "
+                     f"{e.weights / MB:>9.1f} {e.gradients / MB:>9.1f} {e.optimizer / MB:>9.1f} {e.activations / MB:>9.1f} "
+                     f"{e.buffers / MB:>9.1f} {e.peak / MB:>9.1f}")
+    return "\n".join(lines)
+
+
+def estimate_all(spec: str, precisions: list[str], strategies: list[str], ranks: int, batch_size: int, seq_len: int,
+                 backends: dict[str, dict[str, float]], model_factory: Callable[[str], nn.Module] = load_model_on_meta) -> list[Estimate]:
+    model = model_factory(spec)
+    inputs = example_inputs(model, batch_size, seq_len)
+    fp32 = saved_activation_bytes(model, inputs, low_precision_linears=False)
+    low = saved_activation_bytes(model, inputs, low_precision_linears=True)
+    out = []
+    for label, precision, per in precision_rows(backends, precisions):
+        for strategy in strategies:
+            out.append(estimate(model, precision, strategy, ranks, fp32, low, per, label))
+    return out
