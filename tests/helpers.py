@@ -177,3 +177,10 @@ def install_entry_points(site, distribution: str, version: str, entry_points: di
         lines = "".join(f"{name} = {module}\n" for name, module in entry_points.items())
         (info / "entry_points.txt").write_text("[lowbit]\n" + lines)
     return info
+
+
+def said(recwarn) -> str:
+    """What lowbit printed as notices during a test, as it prints them ("lowbit: note: ...")."""
+    from lowbit.notices import format_notice
+
+    return "".join(format_notice(w.message, w.category) or "" for w in recwarn)

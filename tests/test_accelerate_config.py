@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from helpers import said
 from lowbit.config import read_config_file, resolve_config, validate_config
 from lowbit.errors import ConfigError
 
@@ -18,7 +19,7 @@ def config_from(tmp_path, text: str):
     return validate_config(read_config_file(path), where=str(path))
 
 
-def test_a_file_written_by_accelerate_config_loads(tmp_path, capsys):
+def test_a_file_written_by_accelerate_config_loads(tmp_path, recwarn):
     """Written by Accelerate's own config writer, with the keys `accelerate config` asks about."""
     config_args = pytest.importorskip("accelerate.commands.config.config_args")
     path = tmp_path / "default_config.yaml"
@@ -30,8 +31,8 @@ def test_a_file_written_by_accelerate_config_loads(tmp_path, capsys):
     config = validate_config(read_config_file(path))
     assert (config.mixed_precision, config.distributed_type, config.num_processes, config.num_machines) == ("bf16", "MULTI_CPU", 4, 2)
     assert (config.dynamo_backend, config.dynamo_mode, config.dynamo_use_fullgraph) == ("inductor", "max-autotune", True)
-    note = capsys.readouterr().err
-    assert "no effect in lowbit" in note and "compute_environment" in note and "rdzv_backend" in note
+    note = said(recwarn)
+    assert "lowbit: note: " in note and "no effect in lowbit" in note and "compute_environment" in note and "rdzv_backend" in note
 
 
 def test_unquoted_no_means_no(tmp_path):
@@ -44,7 +45,7 @@ def test_unquoted_no_means_no(tmp_path):
     assert (config.mixed_precision, config.distributed_type, config.dynamo_backend) == ("no", "NO", "no")
 
 
-def test_fsdp_section_with_accelerate_key_names(tmp_path, capsys):
+def test_fsdp_section_with_accelerate_key_names(tmp_path, recwarn):
     config = config_from(tmp_path, """
         distributed_type: FSDP
         fsdp_config:
@@ -55,7 +56,7 @@ def test_fsdp_section_with_accelerate_key_names(tmp_path, capsys):
           fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
     """)
     assert config.fsdp_config == {"reshard_after_forward": False, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer", "LlamaMLP"]}
-    assert "fsdp_use_orig_params" in capsys.readouterr().err
+    assert "fsdp_use_orig_params" in said(recwarn)
 
 
 @pytest.mark.parametrize("line, message", [
@@ -172,13 +173,13 @@ def build(tmp_path, monkeypatch, *flags):
     return build_command(args)
 
 
-def test_accelerate_launcher_flags(tmp_path, monkeypatch, capsys):
+def test_accelerate_launcher_flags(tmp_path, monkeypatch, recwarn):
     command, env, config = build(tmp_path, monkeypatch, "--multi_gpu", "--num_processes", "2", "--monitor_interval", "2",
                                  "--num_cpu_threads_per_process", "3", "--gpu_ids", "all", "--same_network", "-m")
     assert command[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
     assert "--monitor_interval=2.0" in command and "--module" in command and command[-1] == "pkg.train"
     assert env["OMP_NUM_THREADS"] == "3" and config.distributed_type == "MULTI_GPU"
-    assert "--gpu_ids" in capsys.readouterr().err
+    assert "--gpu_ids" in said(recwarn)
 
 
 def test_fsdp_and_dynamo_flags(tmp_path, monkeypatch):

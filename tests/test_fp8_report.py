@@ -6,15 +6,17 @@ from torch import nn
 
 pytest.importorskip("lowbit_ao")
 
+from helpers import said  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
+from lowbit.notices import LowbitWarning  # noqa: E402
 
 
-def test_prepare_prints_what_fp8_took(capsys):
+def test_prepare_prints_what_fp8_took(recwarn):
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 40), nn.Linear(40, 8))
     acc = Accelerator(mixed_precision="fp8")
     acc.prepare(model)
-    line = capsys.readouterr().out
-    assert "lowbit: fp8 (ao, tensorwise, emulated): 1 of 4 Linear layers" in line
+    line = said(recwarn)
+    assert "lowbit: note: fp8 (ao, tensorwise, emulated): 1 of 4 Linear layers" in line
     assert "0 (first Linear kept in high precision)" in line and "5 (last Linear kept in high precision)" in line
     assert "4 (dims 64x40 not divisible by 16)" in line
     assert acc.fp8_report() in line
@@ -22,7 +24,7 @@ def test_prepare_prints_what_fp8_took(capsys):
 
 def test_a_model_fp8_cannot_take_gets_the_reason_and_the_way_out(capsys):
     acc = Accelerator(mixed_precision="fp8")
-    with pytest.warns(UserWarning, match="no Linear layer is eligible"):
+    with pytest.warns(LowbitWarning, match=r"0 of 2 Linear layers.*Nothing trains in fp8"):
         acc.prepare(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)))
     report = acc.fp8_report()
     assert report.startswith("fp8 (ao, tensorwise, emulated): 0 of 2 Linear layers") and "keep_first_last_high_precision=False" in report

@@ -91,6 +91,9 @@ def test_no_core_module_imports_one_that_imports_it_back():
 
 # Private names of other libraries' objects that lowbit has to touch, each for a reason.
 FOREIGN_PRIVATE = {
+    "_cdata": "a torch storage's identity (meta tensors have no data pointer to compare)",
+    "_actions": "argparse: the flags a parser defines (did-you-mean for a misspelt one)",
+    "_SubParsersAction": "argparse: the subcommands of a parser",
     "_dynamo": "torch._dynamo.list_backends",
     "_orig_mod": "torch.compile's wrapper",
     "_step_count": "torch LR schedulers (OneCycleLR's end)",

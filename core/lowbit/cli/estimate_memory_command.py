@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lowbit.compat.accelerate_names import STRATEGY_MEMORY_NOTE
 from lowbit.observe.memory_estimate import STRATEGIES
 
 
@@ -12,7 +13,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
         "The model is built on the meta device: nothing is allocated or downloaded."))
     parser.add_argument("model", help="a transformers config (config.json or a directory holding one), or module:factory")
     parser.add_argument("--precisions", default="no,bf16,fp8", help="comma-separated: no, fp16, bf16, fp8, fp4 (default: no,bf16,fp8)")
-    parser.add_argument("--strategies", default="ddp,fsdp,zero1,zero2,zero3", help="comma-separated: " + ", ".join(STRATEGIES))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated: " + ", ".join(STRATEGIES))
     parser.add_argument("--num_processes", type=int, default=2, help="ranks the strategies shard over (default 2)")
     parser.add_argument("--batch_size", type=int, default=8, help="per-process micro-batch (default 8)")
     parser.add_argument("--seq_len", type=int, default=512, help="tokens per sample for a transformers model (default 512)")
@@ -41,7 +42,5 @@ def run(args: argparse.Namespace) -> int:
           f"{args.batch_size} x {args.seq_len}; AdamW; MB = 2^20 bytes")
     print(table(estimates))
     print("peak = weights + optimizer states + buffers + max(activations, gradients + one parameter-sized step temporary); "
-          "buffers: DDP's gradient buckets; FSDP2/ZeRO-3's one unsharded block, and FSDP2's unsharded gradients "
-          "waiting for their reduce-scatter (over gloo). Measured on CPU within 15% for DDP and FSDP2 "
-          "(tests/test_estimate_memory.py); ZeRO and the fp8 rows are not measured.")
+          + STRATEGY_MEMORY_NOTE)
     return 0

@@ -31,14 +31,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from lowbit.compat.accelerate_names import STRATEGY_MEMORY
 from lowbit.errors import ConfigError
 
-STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+STRATEGIES = tuple(STRATEGY_MEMORY)
 # (weights, gradients, AdamW states) in bytes per parameter: fp32 master weights and fp32 states in every precision.
 NATIVE_BYTES = {"no": (4.0, 4.0, 8.0), "fp16": (4.0, 4.0, 8.0), "bf16": (4.0, 4.0, 8.0)}
-# (weights, gradients, states) sharded by the strategy: True where the strategy divides it by the ranks.
-SHARDED = {"ddp": (False, False, False), "fsdp": (True, True, True), "zero1": (False, False, True),
-           "zero2": (False, True, True), "zero3": (True, True, True)}
 MB = 2 ** 20
 
 
@@ -163,19 +161,13 @@ def estimate(model: nn.Module, precision: str, strategy: str, ranks: int, activa
         raise ConfigError(f"estimate-memory: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}.")
     params = sum(p.numel() for p in model.parameters())
     weight_b, grad_b, state_b = per_parameter
-    shard = SHARDED[strategy]
+    shard, extra = STRATEGY_MEMORY[strategy]
     weights, gradients, optimizer = (params * b / (ranks if s and ranks > 1 else 1)
                                      for b, s in zip((weight_b, grad_b, state_b), shard))
-    buffers = 0.0
-    if strategy == "ddp" and ranks > 1:
-        buffers = params * grad_b  # the gradient buckets all-reduce reads from
-    elif strategy == "fsdp" and ranks > 1:
-        # One block unsharded while it computes, and each block's unsharded gradients, which wait for
-        # their reduce-scatter until the backward ends over gloo (measured on CPU: tests/test_estimate_memory.py).
-        # Over NCCL FSDP2 frees them block by block, so there this is on the high side (not measured: no GPU).
-        buffers = _largest_block_parameters(model) * weight_b + params * grad_b
-    elif strategy == "zero3" and ranks > 1:
-        buffers = _largest_block_parameters(model) * weight_b  # one block gathered while it computes
+    # Over NCCL FSDP2 frees unsharded gradients block by block, so its "gradients" buffer is on
+    # the high side there (measured over gloo only: no GPU here).
+    sizes = {"buckets": params * grad_b, "block": _largest_block_parameters(model) * weight_b, "gradients": params * grad_b}
+    buffers = sum(sizes[name] for name in extra) if ranks > 1 else 0.0
     activations = activations_fp32 if precision == "no" else activations_low
     return Estimate(label, strategy, ranks, params, weights, gradients, optimizer, activations, buffers,
                     step_temporary=params * weight_b / (ranks if shard[0] and ranks > 1 else 1), per_parameter=per_parameter)

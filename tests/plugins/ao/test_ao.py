@@ -127,7 +127,7 @@ def test_emulation_is_automatic_on_cpu_and_said_once():
 
 def test_non_emulated_fp8_on_cpu_runs_torch_scaled_mm_with_a_note():
     """emulate=False on a CPU is torch._scaled_mm, the reference kernel: allowed, and said."""
-    with pytest.warns(FP8EmulationNotice, match=r"emulate=False on CPU: torch._scaled_mm runs the FP8 GEMMs"):
+    with pytest.warns(FP8EmulationNotice, match=r"emulate=False on CPU: torch._scaled_mm runs lowbit-ao's FP8 GEMMs"):
         acc = ao_accelerator(emulate=False)
         model = acc.prepare(mlp())
     layer = next(m for m in model.modules() if isinstance(m, Float8Linear))
@@ -149,7 +149,7 @@ def test_non_emulated_fp8_on_a_gpu_without_fp8_is_a_clear_error():
 
 def test_model_without_eligible_linears_warns_and_trains_in_high_precision():
     model = nn.Sequential(nn.Linear(10, 30), nn.ReLU(), nn.Linear(30, 5))
-    with pytest.warns(UserWarning, match=r"no Linear layer is eligible.*first Linear kept"):
+    with pytest.warns(UserWarning, match=r"0 of 2 Linear layers; kept high precision: .*first Linear kept.*Nothing trains"):
         prepared = ao_accelerator().prepare(model)
     prepared(torch.randn(3, 10)).sum().backward()
 

@@ -258,7 +258,10 @@ def test_msamp_without_its_te_extension_is_unavailable_and_loses_the_ranking(msa
 
 
 def test_availability_reasons():
-    assert lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU")).startswith("msamp not importable")
+    """What the machine lacks comes first (installing MS-AMP would not help on a CPU), then the install."""
+    reason = lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU"))
+    assert reason.startswith("MS-AMP needs CUDA (a GPU with compute capability >= 8.9); found CPU (and msamp is not installed")
+    assert lowbit_msamp.unavailable_reason(HardwareInfo("cuda", "NVIDIA H100", 1, (9, 0))).startswith("msamp not importable")
 
 
 def test_availability_reasons_with_msamp(msamp):

@@ -147,11 +147,14 @@ def test_the_call_reader_sees_a_call_that_does_not_fit(tmp_path):
 def test_unavailable_on_cpu_and_without_te_with_precise_reasons(te, monkeypatch):
     import lowbit_te
 
-    assert lowbit_te.unavailable_reason(HardwareInfo("cpu", "CPU")) == "needs CUDA (a GPU with compute capability >= 8.9); found CPU"
+    cpu = "Transformer Engine needs CUDA (a GPU with compute capability >= 8.9); found CPU"
+    assert lowbit_te.unavailable_reason(HardwareInfo("cpu", "CPU")) == cpu
     assert "found NVIDIA A100 (sm_80)" in lowbit_te.unavailable_reason(A100)
     assert lowbit_te.unavailable_reason(H100) == ""
     monkeypatch.setattr(lowbit_te.importlib.util, "find_spec", lambda name: None)
     assert lowbit_te.unavailable_reason(H100).startswith("transformer_engine not importable")
+    # On a CPU the hardware comes first: installing TE would not help there.
+    assert lowbit_te.unavailable_reason(HardwareInfo("cpu", "CPU")) == cpu + " (and it is not installed: " + lowbit_te.INSTALL + ")"
 
 
 def test_te_without_its_pytorch_extension_or_with_mixed_versions_is_unavailable(te, monkeypatch):
