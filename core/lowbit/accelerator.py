@@ -8,6 +8,7 @@ FP8 conversion, then distribution, then the forward is wrapped in the autocast c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
@@ -132,7 +133,9 @@ class Accelerator(RankFacts):
             raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {self.config.gradient_accumulation_steps}.")
         _check_dynamo_backend(self.config.dynamo_backend)
 
-        self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count)
+        group = next((h for h in handlers if type(h).__name__ == "InitProcessGroupKwargs"), None)
+        self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count,
+                                                 dataclasses.asdict(group) if group is not None else None)
         choice = choose_plugins(self._registry, self.config, handlers, self.num_processes)
         self._precision, self._fp8, self._strategy = choice.precision, choice.backend, choice.strategy
         self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from lowbit.compat.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
+from lowbit.errors import ConfigError
 
 
 # How long a rank that finished normally waits at exit for the others before leaving anyway.
@@ -44,13 +45,18 @@ def _dying_of_an_exception() -> bool:
     return bool(_uncaught) or getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None
 
 
-def init_process_group(device_type: str) -> None:
-    """Join the job's process group (gloo on CPU, nccl on CUDA) and arrange a safe exit."""
+def init_process_group(device_type: str, options: dict | None = None) -> None:
+    """Join the job's process group (gloo on CPU, nccl on CUDA, unless ``options`` name a backend;
+    ``options``: InitProcessGroupKwargs' backend, init_method and timeout) and arrange a safe exit."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    if isinstance(options.get("timeout"), (int, float)):
+        options["timeout"] = datetime.timedelta(seconds=options["timeout"])
+    backend = options.pop("backend", None) or ("nccl" if device_type == "cuda" else "gloo")
+    dist.init_process_group(backend, **options)
     if not getattr(sys.excepthook, "_lowbit", False):
         sys.excepthook = _record_uncaught(sys.excepthook)
     atexit.register(leave_process_group)
@@ -149,7 +155,14 @@ def _exit_now(status: int) -> None:
 
 
 def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+    value = os.environ.get(name, default)
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"Environment variable {name}={value!r} must be a whole number (torchrun and lowbit launch set it).") from None
+    if number < 0:
+        raise ConfigError(f"Environment variable {name}={value!r} must not be negative.")
+    return number
 
 
 class RankFacts:
@@ -188,20 +201,24 @@ class ProcessFacts(RankFacts):
     device: torch.device
 
 
-def process_facts(device_type: str, device_count: int) -> ProcessFacts:
+def process_facts(device_type: str, device_count: int, group_options: dict | None = None) -> ProcessFacts:
     """Read the ranks torchrun (or ``lowbit launch``) set; this process's device is the
     ``local_rank``-th of ``device_count`` devices of ``device_type`` (CUDA devices are also made
     current). Several processes join the job's process group."""
     world = _env_int("WORLD_SIZE", 1)
     local = _env_int("LOCAL_RANK", 0)
+    rank = _env_int("RANK", 0)
+    if world < 1 or rank >= world:
+        raise ConfigError(f"RANK={rank} and WORLD_SIZE={world} do not fit together: a rank is 0 to WORLD_SIZE - 1 "
+                          "(started by hand? `lowbit launch` sets both).")
     if device_type == "cuda":
         device = torch.device("cuda", local % max(device_count, 1))
         torch.cuda.set_device(device)
     else:
         device = torch.device(device_type)
     if world > 1:
-        init_process_group(device.type)
-    return ProcessFacts(world, _env_int("RANK", 0), local, device)
+        init_process_group(device.type, group_options)
+    return ProcessFacts(world, rank, local, device)
 
 
 def wait_for_everyone() -> None:

@@ -54,7 +54,8 @@ class DataLoaderConfiguration:
 
     def __post_init__(self) -> None:
         refuse_unsupported(self, {
-            "dispatch_batches": "every process reads its own batches from its own dataloader.",
+            "dispatch_batches": "every process reads its own batches from its own dataloader; leave it unset (or False): "
+                                "prepare() shards the batches over the processes, as dispatch_batches=False does in Accelerate.",
             "use_stateful_dataloader": "resume with accelerator.skip_first_batches instead.",
         })
 

@@ -49,6 +49,9 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
         # msamp.initialize keeps the converted Linears' weights as fp16 ScalingTensors
         # (LinearReplacer.replace's weight_qtype default), so they round to fp16 at conversion.
         weight_storage="float16",
+        # The converted Linears' weights as fp16 ScalingTensors (above); the rest is counted as fp32
+        # by `lowbit estimate-memory` (O2's low-bit optimizer states are not modelled there).
+        memory_per_parameter={"weights": 2.0},
     )
 
 
