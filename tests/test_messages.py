@@ -6,10 +6,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-import torch
 
 from lowbit import Accelerator
 from lowbit.errors import ConfigError

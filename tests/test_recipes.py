@@ -146,3 +146,18 @@ def test_lowbit_plugins_lists_each_backends_recipes_and_how_they_run_here(capsys
     assert "fp4: nvfp4 (emulated)" in out
     assert main(["env"]) == 0
     assert "Recipes per low-precision backend" in capsys.readouterr().out
+
+
+def test_lowbit_launch_takes_the_recipe_flag_in_any_spelling():
+    pytest.importorskip("lowbit_ao")
+    from lowbit.cli.launch import build_command
+    from lowbit.cli.main import build_parser
+    import sys as _sys
+
+    saved, _sys.argv = _sys.argv, ["lowbit", "launch"]
+    try:
+        args = build_parser().parse_args(["launch", "--mixed_precision", "fp8", "--fp8_recipe", "MXFP8BlockScaling", __file__])
+    finally:
+        _sys.argv = saved
+    _, env, _ = build_command(args)
+    assert env["LOWBIT_FP8_RECIPE"] == "mxfp8"

@@ -322,7 +322,16 @@ def _metadata_problem(metadata: Any) -> str:
         check, expected = METADATA_SCHEMA[key]
         if not check(value):
             return f"{key!r} should be {expected}, found {value!r}"
+    outside = next((name for name in metadata["files"] if not _inside_checkpoint(name)), None)
+    if outside is not None:
+        return f"file name {outside!r} is not a plain path inside the checkpoint"
     return ""
+
+
+def _inside_checkpoint(name: str) -> bool:
+    """A relative POSIX path below the checkpoint directory: no '..', '.', empty part, root or backslash."""
+    parts = name.split("/")
+    return bool(name) and "\\" not in name and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
 def verify_files(directory: Path, metadata: dict[str, Any], required: list[str]) -> None:

@@ -113,6 +113,11 @@ class TrainingStateCheckpointer:
                 "same order, before load_state."
             )
         rng_file = f"rng_state_{self.facts.process_index}.pt"
+        if rng_file not in meta["files"] and meta["world_size"] != self.facts.num_processes:
+            raise CheckpointError(
+                f"Checkpoint {str(directory)!r} was saved by {meta['world_size']} process(es) and this run has "
+                f"{self.facts.num_processes}: rank {self.facts.process_index} has no RNG state in it. Resume with "
+                f"{meta['world_size']} processes (`lowbit launch --num_processes {meta['world_size']}`).")
         checkpoint.verify_files(directory, meta, required=[rng_file])
         if meta.get("strategy_checkpoint"):
             plugins.load_checkpoint(str(directory), *self._strategy_objects())

@@ -41,13 +41,27 @@ class OptionSpec:
                 f"Option {self.name!r}{at} expects {_type_name(self.type)}, got {value!r} ({type(value).__name__}). {exc}".rstrip()
             ) from None
         if self.normalize is not None:
-            parsed = self.normalize(parsed)
+            try:
+                parsed = self.normalize(parsed)
+            except ConfigError:
+                raise
+            except ValueError as exc:  # a range check: name the option and where it came from
+                raise ConfigError(f"Option {self.name!r}{at}: {exc}") from None
         if self.choices is not None:
             canonical = {c.lower(): c for c in self.choices}
             if str(parsed).lower() not in canonical:
                 raise ConfigError(unknown_choice(f"value for {self.name!r}{at}:", parsed, self.choices))
             parsed = canonical[str(parsed).lower()]
         return parsed
+
+
+def at_least(minimum: int) -> Callable[[Any], Any]:
+    """A ``normalize`` for a number option that must be ``minimum`` or more."""
+    def check(value: Any) -> Any:
+        if value is not None and value < minimum:
+            raise ValueError(f"must be at least {minimum}, got {value}.")
+        return value
+    return check
 
 
 def _type_name(kind: Any) -> str:

@@ -13,7 +13,7 @@ import os
 from typing import Any, ClassVar, Mapping
 
 from lowbit.errors import ConfigError, did_you_mean
-from lowbit.config.options import OptionSpec, to_text
+from lowbit.config.options import OptionSpec, at_least, to_text
 
 FP8_ENV_PREFIX = "LOWBIT_FP8_"
 # Accelerate's docs spell opt_level two ways; lowbit-te called its recipe "scaling" before the
@@ -147,11 +147,11 @@ DOCUMENTED_FP8_KEYS: dict[str, OptionSpec] = {
     for spec in (
         OptionSpec("backend", str, help="the low-precision backend (`lowbit plugins` lists them)"),
         OptionSpec("opt_level", str, help="optimization level, O1 or O2 (letter O)"),
-        OptionSpec("amax_history_len", int, help="length of the amax history window"),
+        OptionSpec("amax_history_len", int, help="length of the amax history window", normalize=at_least(1)),
         OptionSpec("amax_compute_algo", str, help="max or most_recent"),
         OptionSpec("fp8_format", str, help="HYBRID, E4M3 or E5M2"),
-        OptionSpec("interval", int, help="steps between scaling-factor updates"),
-        OptionSpec("margin", int, help="margin for the scaling factor"),
+        OptionSpec("interval", int, help="steps between scaling-factor updates", normalize=at_least(1)),
+        OptionSpec("margin", int, help="margin for the scaling factor", normalize=at_least(0)),
         OptionSpec("override_linear_precision", "bools3", help="keep (fprop, dgrad, wgrad) in high precision"),
         OptionSpec("use_autocast_during_eval", bool, help="keep FP8 autocast on in eval mode"),
     )
@@ -207,6 +207,12 @@ def recipe_launch_hooks(recipe_class: type[RecipeKwargs], title: str) -> tuple[A
     return add_launch_arguments, launch_environment
 
 
+def _fraction(value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be a fraction between 0 and 1, got {value}.")
+    return value
+
+
 @dataclasses.dataclass
 class FP4RecipeOptions:
     """The options of 4-bit (NVFP4) training, with the same names and defaults on every backend
@@ -216,7 +222,7 @@ class FP4RecipeOptions:
     weight-gradient GEMM, and the last layers of the network kept in bf16."""
 
     fp4_last_layers_bf16: float | None = recipe_option(
-        0.15, type=float, help="fraction of the Linear layers, counted from the model's end, kept in bf16 under fp4")
+        0.15, type=float, normalize=_fraction, help="fraction of the Linear layers, counted from the model's end, kept in bf16 under fp4")
     nvfp4_random_hadamard: bool | None = recipe_option(
         True, type=bool, help="random Hadamard transform (16x16) of the weight-gradient GEMM's operands")
     nvfp4_stochastic_rounding: bool | None = recipe_option(True, type=bool, help="round gradients stochastically to FP4")

@@ -127,6 +127,22 @@ def default_config_path() -> Path:
     return Path(base) / "lowbit" / "default_config.yaml"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (plain YAML keeps the last,
+    so one of the two settings would be dropped without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
+                    "keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     """Read a YAML config with ``yaml.safe_load``; errors name the file and the line."""
     path = Path(path)
@@ -148,7 +164,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
             "A config file is YAML text: save it as UTF-8."
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f", line {mark.line + 1}" if mark is not None else ""

@@ -108,7 +108,7 @@ class LowbitPluginManager(pluggy.PluginManager):
                 result = impl.function(*[kwargs[arg] for arg in impl.argnames])
             except ConfigError:
                 raise  # the user's input is wrong, not the plugin
-            except Exception as exc:  # noqa: BLE001 - isolation is the point
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - isolation is the point
                 detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                 self.record_broken(impl.plugin_name, origin.distribution, f"{hook_name} raised {detail}")
                 continue
@@ -208,8 +208,10 @@ def make_plugin_manager(
                 if manager.is_registered(plugin):
                     continue  # the same module named by two entry points
                 manager.register(plugin, name=ep.name)
-            except Exception as exc:  # noqa: BLE001 - one broken plugin breaks nothing else
-                manager.record_broken(ep.name, dist, exc)
+            except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken plugin breaks nothing else
+                # sys.exit() in a plugin's import would end the user's program; Ctrl-C still stops it.
+                manager.record_broken(ep.name, dist, exc if not isinstance(exc, SystemExit)
+                                      else f"called sys.exit({exc.code!r}) while being imported")
                 continue
             manager.origins[ep.name] = PluginOrigin(dist, version, time.perf_counter() - started)
     _check_pending_per_plugin(manager)

@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from lowbit.training.data_loader import PreparedDataLoader
-from lowbit.errors import ConfigError, PluginError
+from lowbit.errors import ConfigError, PluginError, UnsupportedCombinationError
 from lowbit import notices
 from lowbit.observe.fp8_report import conversion_report, converted_nothing
 from lowbit.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepRules
@@ -36,6 +36,23 @@ class PreparationSettings:
     device_placement: bool = True
     dynamo_backend: str | None = None
     compile_options: dict[str, Any] = field(default_factory=dict)  # torch.compile's mode, fullgraph, ... as given
+
+
+def _not_wrapped_already(model: Any) -> Any:
+    """A model the user wrapped in DDP themselves is unwrapped (lowbit wraps it, once, after the
+    low-precision conversion, which must see the plain layers); one already sharded by FSDP is refused."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        notices.note("prepare() got a model already wrapped in DistributedDataParallel; lowbit unwrapped it "
+                     "(it wraps the model itself, after the low-precision conversion): pass the plain model.")
+        return model.module
+    sharded = [cls.__name__ for cls in type(model).__mro__ if cls.__name__ in ("FSDPModule", "FullyShardedDataParallel")]
+    if sharded:
+        raise UnsupportedCombinationError(
+            f"prepare() got a model already sharded with FSDP ({sharded[0]}); lowbit shards it itself (distributed_type "
+            "FSDP / lowbit launch --use_fsdp), after the low-precision conversion. Pass the plain model.")
+    return model
 
 
 class Preparation:
@@ -67,7 +84,7 @@ class Preparation:
             )
 
         for m_index in model_positions:
-            model = result[m_index].to(self.settings.device)
+            model = _not_wrapped_already(result[m_index]).to(self.settings.device)
             optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
             model, optimizer = self._prepare_fp8(model, optimizer)
             if paired_optimizer is not None:

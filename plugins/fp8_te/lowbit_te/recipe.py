@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from lowbit.config.options import at_least
 from lowbit.config.recipes import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
 from lowbit.errors import ConfigError
 
@@ -28,10 +29,10 @@ class TERecipeKwargs(FP4RecipeOptions, RecipeKwargs):
     backend_name: ClassVar[str] = "te"
 
     use_autocast_during_eval: bool | None = recipe_option(False, type=bool, help="keep FP8 autocast on in eval mode")
-    margin: int | None = recipe_option(0, type=int, help="margin for the scaling factor")
-    interval: int | None = recipe_option(1, type=int, help="steps between scaling-factor updates (TE 1.x only)")
+    margin: int | None = recipe_option(0, type=int, normalize=at_least(0), help="margin for the scaling factor")
+    interval: int | None = recipe_option(1, type=int, normalize=at_least(1), help="steps between scaling-factor updates (TE 1.x only)")
     fp8_format: str | None = recipe_option("HYBRID", choices=FP8_FORMATS, help="HYBRID, E4M3 or E5M2")
-    amax_history_len: int | None = recipe_option(1024, type=int, help="length of the amax history window")
+    amax_history_len: int | None = recipe_option(1024, type=int, normalize=at_least(1), help="length of the amax history window")
     amax_compute_algo: str | None = recipe_option("most_recent", choices=AMAX_COMPUTE_ALGOS, help="max or most_recent")
     override_linear_precision: tuple[bool, bool, bool] | None = recipe_option(
         (False, False, False), type="bools3", help="(fprop, dgrad, wgrad) in high precision (TE 1.x only)"

@@ -1,0 +1,107 @@
+"""Inputs that real scripts and clusters produce, each with the clear error (or the safe handling) it deserves."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from torch import nn
+
+from helpers import FakeBackend
+from lowbit import Accelerator
+from lowbit.config import read_config_file
+from lowbit.errors import CheckpointError, ConfigError, UnsupportedCombinationError
+from lowbit.plugins import make_plugin_manager
+
+
+def test_a_key_given_twice_in_a_config_file_is_an_error_naming_both_lines(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("mixed_precision: fp8\nnum_processes: 2\nmixed_precision: bf16\n")
+    with pytest.raises(ConfigError, match=r"line 3: key 'mixed_precision' is given twice \(lines 1 and 3\)"):
+        read_config_file(path)
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"amax_history_len": -5}, "'amax_history_len' .*must be at least 1, got -5"),
+    ({"amax_history_len": 0}, "'amax_history_len' .*must be at least 1, got 0"),
+    ({"interval": 0}, "'interval' .*must be at least 1, got 0"),
+    ({"margin": -3}, "'margin' .*must be at least 0, got -3"),
+])
+def test_out_of_range_fp8_options_are_refused_in_code_and_in_files(tmp_path, option, message):
+    te_recipe = pytest.importorskip("lowbit_te.recipe")
+    with pytest.raises(ConfigError, match=message):
+        te_recipe.TERecipeKwargs(**option)
+    from lowbit.config import validate_config
+
+    with pytest.raises(ConfigError, match=message):
+        validate_config({"mixed_precision": "fp8", "fp8_config": option})
+
+
+def test_checkpoint_metadata_naming_a_path_outside_the_checkpoint_is_refused(tmp_path):
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(nn.Linear(4, 4))
+    acc.save_state(tmp_path / "ckpt")
+    meta_path = tmp_path / "ckpt" / "lowbit_state.json"
+    meta = json.loads(meta_path.read_text())
+    meta["files"]["../x"] = meta["files"].pop(next(iter(meta["files"])))
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"file name '../x' is not a plain path inside the checkpoint"):
+        acc.load_state(tmp_path / "ckpt")
+    assert model is not None
+
+
+def test_a_checkpoint_from_another_number_of_processes_names_both(tmp_path, monkeypatch):
+    acc = Accelerator(cpu=True)
+    acc.prepare(nn.Linear(4, 4))
+    acc.save_state(tmp_path / "ckpt")
+    meta_path = tmp_path / "ckpt" / "lowbit_state.json"
+    meta = json.loads(meta_path.read_text())
+    meta["world_size"] = 2
+    meta["files"].pop("rng_state_0.pt")  # as if saved by ranks 1 and 2 of another run
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"saved by 2 process\(es\) and this run has 1.*--num_processes 2"):
+        acc.load_state(tmp_path / "ckpt")
+
+
+def test_a_model_the_user_wrapped_in_ddp_is_unwrapped_not_wrapped_twice(monkeypatch, recwarn):
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = nn.Linear(4, 4)
+    wrapped = DistributedDataParallel.__new__(DistributedDataParallel)  # the wrapper object, without a process group
+    nn.Module.__init__(wrapped)
+    wrapped.module = model
+    prepared = Accelerator(cpu=True).prepare(wrapped)
+    assert prepared is model or getattr(prepared, "module", None) is model
+    assert any("already wrapped in DistributedDataParallel" in str(w.message) for w in recwarn)
+
+
+def test_a_model_already_sharded_with_fsdp_is_refused():
+    class FSDPModule(nn.Module):  # the class fully_shard mixes into a module
+        pass
+
+    class Sharded(FSDPModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(4, 4)
+
+    with pytest.raises(UnsupportedCombinationError, match="already sharded with FSDP.*Pass the plain model"):
+        Accelerator(cpu=True).prepare(Sharded())
+
+
+def test_a_plugin_that_calls_sys_exit_at_import_is_marked_broken():
+    class EntryPoint:
+        name, dist = "exits", None
+
+    def loader(ep):
+        sys.exit(3)
+
+    import lowbit.plugins as plugins
+
+    original = plugins._selected_entry_points
+    plugins._selected_entry_points = lambda: [EntryPoint()]
+    try:
+        manager = make_plugin_manager(entry_point_loader=loader, extra_plugins=[FakeBackend("good", 100)])
+    finally:
+        plugins._selected_entry_points = original
+    assert any(b.name == "exits" and "called sys.exit(3) while being imported" in b.error for b in manager.broken)
+    assert Accelerator(mixed_precision="fp8", plugin_manager=manager).fp8_backend == "good"
