@@ -105,3 +105,31 @@ def test_a_plugin_that_calls_sys_exit_at_import_is_marked_broken():
         plugins._selected_entry_points = original
     assert any(b.name == "exits" and "called sys.exit(3) while being imported" in b.error for b in manager.broken)
     assert Accelerator(mixed_precision="fp8", plugin_manager=manager).fp8_backend == "good"
+
+
+@pytest.mark.parametrize("mode", ["skip", "continue", "raise"])
+def test_a_nan_loss_is_reported_on_its_step_and_handled_as_asked(mode, recwarn):
+    import torch
+
+    torch.manual_seed(0)
+    acc = Accelerator(cpu=True, on_nonfinite_loss=mode)
+    model, opt = acc.prepare(nn.Linear(4, 1), torch.optim.SGD(nn.Linear(4, 1).parameters(), lr=0.1))
+    opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(8, 4)
+    acc.backward(model(x).pow(2).mean())
+    opt.step()
+    opt.zero_grad()
+    x[0, 0] = float("nan")
+    acc.backward(model(x).pow(2).mean())
+    if mode == "raise":
+        with pytest.raises(FloatingPointError, match="the loss of optimizer step 2 is NaN or inf"):
+            opt.step()
+        return
+    before = model.weight.detach().clone()
+    opt.step()
+    messages = [str(w.message) for w in recwarn]
+    assert any("the loss of optimizer step 2 is NaN or inf" in m for m in messages), messages
+    if mode == "skip":
+        assert acc.optimizer_step_was_skipped and torch.equal(model.weight, before)
+    else:
+        assert not acc.optimizer_step_was_skipped and not torch.isfinite(model.weight).all()

@@ -57,7 +57,9 @@ class Accelerator(RankFacts):
     Args mirror Hugging Face Accelerate: ``mixed_precision`` ("no", "fp16", "bf16", "fp8"),
     ``gradient_accumulation_steps``, ``cpu``, ``kwargs_handlers`` (also ``kwarg_handlers``),
     ``dynamo_backend``. lowbit adds ``fp8_fallback`` (precision to use, with a warning, when FP8
-    cannot run here), ``config_file`` and ``plugin_manager`` (tests, embedding).
+    cannot run here), ``on_nonfinite_loss`` (a NaN/inf loss: "skip" that optimizer step with a
+    warning naming it, the default; "raise"; or "continue"), ``config_file`` and
+    ``plugin_manager`` (tests, embedding).
     Arguments left as None come from env vars, then the config file, then defaults.
     """
 
@@ -70,6 +72,7 @@ class Accelerator(RankFacts):
         kwarg_handlers: list[Any] | None = None,
         dynamo_backend: str | None = None,
         fp8_fallback: str | None = None,
+        on_nonfinite_loss: str | None = None,
         config_file: str | os.PathLike | None = None,
         plugin_manager: LowbitPluginManager | None = None,
         *,
@@ -102,6 +105,7 @@ class Accelerator(RankFacts):
             use_cpu=cpu,
             dynamo_backend=dynamo_backend,
             fp8_fallback=fp8_fallback,
+            on_nonfinite_loss=on_nonfinite_loss,
         )
         explicit.update(settings_from_plugin_objects(gradient_accumulation_plugin, fsdp_plugin, deepspeed_plugin, dynamo_plugin, explicit))
         self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin = fsdp_plugin, deepspeed_plugin, dynamo_plugin
@@ -172,7 +176,7 @@ class Accelerator(RankFacts):
         self.plugins = ChosenPlugins(self._plugins, self._precision, self._fp8, self._strategy, self.context)
         self.prepared = PreparedObjects()
         self.step_rules = StepRules(self.gradient_state, self.scaler, self.num_processes, self.split_batches,
-                                    self.step_scheduler_with_optimizer)
+                                    self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss)
         self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings())
         self._telemetry: TelemetryRecorder | None = None
         self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
@@ -399,6 +403,8 @@ class Accelerator(RankFacts):
             )
         if self.plugins.backward(loss, model):
             return
+        # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
+        self.step_rules.loss_finite.append(torch.isfinite(loss.detach()).all())
         if self.config.gradient_accumulation_steps > 1:
             loss = loss / self.config.gradient_accumulation_steps
         if self.scaler is not None:

@@ -82,6 +82,8 @@ TOP_LEVEL: dict[str, OptionSpec] = {
         _spec("dynamo_use_dynamic", bool, None, help="torch.compile dynamic shapes"),
         _spec("fp8_fallback", str, None, ("no", "fp16", "bf16"), help="precision to fall back to when FP8 cannot run"),
         _spec("debug", bool, False, help="print the launcher's underlying command"),
+        _spec("on_nonfinite_loss", str, "skip", ("skip", "raise", "continue"),
+              help="a NaN/inf loss: skip that optimizer step (with a warning naming it), raise, or continue"),
     )
 }
 @dataclasses.dataclass
@@ -101,6 +103,7 @@ class LowbitConfig:
     dynamo_use_dynamic: bool | None = None
     fp8_fallback: str | None = None
     debug: bool = False
+    on_nonfinite_loss: str = "skip"
     fp8_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The strategies' sections, by their YAML key ("fsdp_config": {...}); ``config.fsdp_config``
     # reads one (empty when absent).

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from lowbit import notices
+
 from lowbit.state import GradientState
 
 
@@ -48,6 +50,24 @@ class StepRules:
     step_scheduler_with_optimizer: bool = True
     unscaled: set[int] = field(default_factory=set)
     step_observers: list[Callable[[], None]] = field(default_factory=list)
+    # What a NaN/inf loss does to the optimizer step it feeds: "skip", "raise" or "continue".
+    on_nonfinite_loss: str = "skip"
+    # One flag per backward since the last optimizer step (tensors: read once, at the step).
+    loss_finite: list[Any] = field(default_factory=list)
+    optimizer_steps: int = 0
+
+    def nonfinite_loss_before_step(self) -> bool:
+        """Whether a loss since the last step was NaN/inf (one host sync per step, none per micro-batch)."""
+        if not self.loss_finite:
+            return False
+        finite = torch.stack(self.loss_finite).all().to(torch.int32)
+        self.loss_finite.clear()
+        if self.num_processes > 1:  # every rank skips or steps together (their gradients are averaged)
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return not bool(finite)
 
     @property
     def sync_gradients(self) -> bool:
@@ -112,7 +132,12 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if not self._rules.sync_gradients:
             return None
-        scaler = self._rules.scaler
+        rules = self._rules
+        rules.optimizer_steps += 1
+        if rules.nonfinite_loss_before_step() and not self._nonfinite_continues(rules):
+            self.step_was_skipped = True
+            return None
+        scaler = rules.scaler
         if scaler is None:
             result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
             self.step_was_skipped = False
@@ -129,6 +154,20 @@ class PreparedOptimizer(torch.optim.Optimizer):
             for observe in self._rules.step_observers:
                 observe()
         return result
+
+
+    @staticmethod
+    def _nonfinite_continues(rules: StepRules) -> bool:
+        """Say so, then raise, skip (False) or continue (True), as ``on_nonfinite_loss`` asks."""
+        what = f"the loss of optimizer step {rules.optimizer_steps} is NaN or inf"
+        if rules.on_nonfinite_loss == "raise":
+            raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
+        if rules.on_nonfinite_loss == "continue":
+            notices.warn(f"{what}; the step runs anyway (on_nonfinite_loss='continue'): the weights may turn NaN.")
+            return True
+        notices.warn(f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
+                     "accelerator.optimizer_step_was_skipped is True).")
+        return False
 
 
 class PreparedScheduler:
