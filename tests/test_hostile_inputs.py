@@ -133,3 +133,34 @@ def test_a_nan_loss_is_reported_on_its_step_and_handled_as_asked(mode, recwarn):
         assert acc.optimizer_step_was_skipped and torch.equal(model.weight, before)
     else:
         assert not acc.optimizer_step_was_skipped and not torch.isfinite(model.weight).all()
+
+
+def test_a_checkpoint_on_read_only_storage_loads_beside_a_leftover_temp_directory(tmp_path, monkeypatch, recwarn):
+    import shutil
+
+    from lowbit.checkpoint import files
+
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(nn.Linear(4, 4))
+    acc.save_state(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / files.STAGING_DIR).mkdir()  # what a killed save leaves
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(30, "Read-only file system", str(path))
+
+    monkeypatch.setattr(shutil, "rmtree", read_only)
+    acc.load_state(tmp_path / "ckpt")
+    assert any("could not remove" in str(w.message) and "Read-only file system" in str(w.message) for w in recwarn)
+    assert model is not None
+
+
+def test_two_plugins_claiming_the_only_backend_name_the_clash_not_an_install():
+    from helpers import manager_with
+
+    first, second = FakeBackend("ao", 100), FakeBackend("ao", 100)
+    manager = manager_with(first, second)
+    from lowbit.errors import BackendUnavailableError
+
+    with pytest.raises(BackendUnavailableError, match=r"No usable fp8 backend: backend name 'ao' is claimed by both") as info:
+        Accelerator(mixed_precision="fp8", plugin_manager=manager)
+    assert "pip install" not in str(info.value)

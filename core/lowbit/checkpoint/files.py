@@ -139,14 +139,31 @@ def recover(directory: Path) -> None:
     retired, staging = directory / RETIRED_DIR, directory / STAGING_DIR
     if retired.is_dir():
         if (directory / METADATA_FILE).exists():
-            shutil.rmtree(retired)  # the commit finished; only the cleanup was left
+            _remove_leftover(retired, directory)  # the commit finished; only the cleanup was left
         else:
-            _roll_back(directory, retired, staging)
+            try:
+                _roll_back(directory, retired, staging)
+            except OSError as exc:
+                raise CheckpointError(
+                    f"{str(directory)!r} holds a save that was interrupted while it replaced the previous checkpoint, "
+                    f"and it cannot be rolled back here ({exc.strerror or exc}: read-only storage?). Copy the directory "
+                    "to writable storage and load it from there: lowbit restores the previous checkpoint then.") from None
             _note(f"{str(directory)!r}: a save was interrupted while it replaced the previous checkpoint; "
                   "the previous checkpoint was restored.")
-    if staging.is_dir():
-        shutil.rmtree(staging)
+    if staging.is_dir() and _remove_leftover(staging, directory):
         _note(f"{str(directory)!r}: removed the partial files of an interrupted save ({STAGING_DIR}/).")
+
+
+def _remove_leftover(path: Path, directory: Path) -> bool:
+    """Remove what an interrupted save left; on storage lowbit cannot write (a read-only mount)
+    leave it, say so, and go on: the committed checkpoint beside it loads all the same."""
+    try:
+        shutil.rmtree(path)
+        return True
+    except OSError as exc:
+        _note(f"{str(directory)!r}: could not remove {path.name}/ left by an interrupted save ({exc.strerror or exc}); "
+              "the committed checkpoint is read without it.")
+        return False
 
 
 def _roll_back(directory: Path, retired: Path, staging: Path) -> None:

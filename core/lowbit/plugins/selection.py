@@ -231,6 +231,10 @@ def choose_backend(registry: BackendRegistry, kind: str, requested: str | None =
         return Selection(kind, cand, requested, source, ranked, hardware, list(registry.broken))
     available = [c for c in ranked if c.description.available]
     if not available:
+        if registry.conflicts:  # installed twice over: installing more would not help
+            raise BackendUnavailableError(
+                f"No usable {kind} backend: " + "; ".join(registry.conflicts.values()) + f". Detected hardware: "
+                f"{hardware.describe()}. Other installed {kind} backends: {_installed_summary(ranked)}.")
         raise BackendUnavailableError(
             f"No usable {kind} backend. Detected hardware: {hardware.describe()}. "
             f"Installed {kind} backends: {_installed_summary(ranked)}.{_install_hint(kind)}"
