@@ -164,3 +164,21 @@ def test_two_plugins_claiming_the_only_backend_name_the_clash_not_an_install():
     with pytest.raises(BackendUnavailableError, match=r"No usable fp8 backend: backend name 'ao' is claimed by both") as info:
         Accelerator(mixed_precision="fp8", plugin_manager=manager)
     assert "pip install" not in str(info.value)
+
+
+def test_two_writers_into_one_checkpoint_directory_get_a_clear_error(tmp_path):
+    import fcntl
+    import os
+
+    acc = Accelerator(cpu=True)
+    acc.prepare(nn.Linear(4, 4))
+    acc.save_state(tmp_path / "ckpt")
+    fd = os.open(tmp_path / "ckpt", os.O_RDONLY)  # another writer, mid-save
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(CheckpointError, match="Another save_state is writing into .* right now"):
+            acc.save_state(tmp_path / "ckpt")
+    finally:
+        os.close(fd)
+    acc.save_state(tmp_path / "ckpt")  # once it is done, saving works again
+    acc.load_state(tmp_path / "ckpt")

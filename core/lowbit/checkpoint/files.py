@@ -210,22 +210,47 @@ def staged_save(directory: Path, is_main: bool, barrier: Callable[[], None]) -> 
     """
     directory = check_target(directory)
     staging = directory / STAGING_DIR
+    lock = None
     if is_main:
         directory.mkdir(parents=True, exist_ok=True)
-        recover(directory)
-        staging.mkdir()
-    barrier()
-    staged = StagedCheckpoint(staging)
+        lock = _lock_for_saving(directory)
     try:
-        yield staged
+        if is_main:
+            recover(directory)
+            staging.mkdir()
         barrier()
-        if is_main:
-            _commit(directory, staged)
-    except BaseException:
-        if is_main:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
-    barrier()
+        staged = StagedCheckpoint(staging)
+        try:
+            yield staged
+            barrier()
+            if is_main:
+                _commit(directory, staged)
+        except BaseException:
+            if is_main:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        barrier()
+    finally:
+        if lock is not None:
+            os.close(lock)  # the lock goes with the descriptor (and with the process, if it dies)
+
+
+def _lock_for_saving(directory: Path) -> int:
+    """One writer at a time per checkpoint directory: an exclusive ``flock`` on the directory
+    itself (no lock file is left behind), held for the whole save. Two writers would otherwise mix
+    their files (or trip over each other's staging area); a writer that dies releases the lock
+    with its process."""
+    import fcntl
+
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise CheckpointError(
+            f"Another save_state is writing into {str(directory)!r} right now (it holds the directory's lock); two "
+            "writers would mix their files. Let it finish, or save into another directory.") from None
+    return fd
 
 
 def _commit(directory: Path, staged: StagedCheckpoint) -> None:
