@@ -153,6 +153,14 @@ def test_saturation_warning_fires_past_the_threshold():
         recorder.record("layer1", "input", x, torch.float8_e4m3fn, torch.tensor(1000.0))
 
 
+def test_telemetry_flags_a_non_finite_amax():
+    recorder = TelemetryRecorder()
+    x = torch.ones(100)
+    x[3] = float("nan")
+    with pytest.warns(SaturationWarning, match=r"layer1's grad_output holds NaN or inf at step 0"):
+        recorder.record("layer1", "grad_output", x, torch.float8_e5m2, torch.tensor(1.0))
+
+
 def test_telemetry_off_by_default_and_unsupported_backends_say_so():
     from helpers import FakeBackend, manager_with
 

@@ -112,7 +112,11 @@ class TelemetryRecorder:
         if entry.step != self.step:
             entry.step, entry.tensors = self.step, {}
         entry.tensors[role] = stats
-        if stats.saturated > self.saturation_warning:
+        if not math.isfinite(stats.amax):
+            warn(f"FP8 telemetry: {layer}'s {role} holds NaN or inf at step {self.step} (amax {stats.amax}); "
+                 "the casts of this tensor are meaningless. See docs/troubleshooting.md, 'loss diverges under fp8'.",
+                 SaturationWarning)
+        elif stats.saturated > self.saturation_warning:
             warn(f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the format's range at step {self.step} "
                  f"(threshold {self.saturation_warning:.2%}). See docs/troubleshooting.md, 'loss diverges under fp8'.",
                  SaturationWarning)
