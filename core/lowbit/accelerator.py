@@ -20,6 +20,7 @@ from lowbit.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_mod
 from lowbit.checkpoint.training_state import TrainingStateCheckpointer
 from lowbit.compat.accelerate_names import reported_distributed_type
 from lowbit.notices import LowbitNote, note
+from lowbit.training.preemption import PreemptionWatch
 from lowbit.compat.handlers import (
     DataLoaderConfiguration,
     DeepSpeedPlugin,
@@ -179,6 +180,8 @@ class Accelerator(RankFacts):
                                     self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss)
         self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings())
         self._telemetry: TelemetryRecorder | None = None
+        self._preemption = PreemptionWatch(self.num_processes)
+        self.step_rules.step_observers.append(self._preemption.after_step)
         self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
 
     # ------------------------------------------------------------------ choosing
@@ -296,8 +299,20 @@ class Accelerator(RankFacts):
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
-        """Whether the last optimizer step was skipped (fp16 inf/nan gradients)."""
+        """Whether the last optimizer step was skipped (fp16 inf/nan gradients, a NaN/inf loss)."""
         return any(opt.step_was_skipped for opt in self.prepared.optimizers)
+
+    @property
+    def preemption_requested(self) -> bool:
+        """True once the job got SIGTERM (a scheduler taking the machine), on every rank alike:
+        save and stop. The first read makes lowbit take over SIGTERM (see training/preemption.py)."""
+        return self._preemption.requested()
+
+    def on_preemption(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` (e.g. ``lambda: accelerator.save_state("ckpt")``) on every rank at the
+        first optimizer step after SIGTERM, then exit with code 143."""
+        self._preemption.listen()
+        self._preemption.callbacks.append(callback)
 
     def main_process_first(self) -> ContextManager[None]:
         return PartialState().main_process_first()

@@ -7,6 +7,7 @@ launch; ``--debug`` prints the exact command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -214,5 +215,51 @@ def run(args: argparse.Namespace) -> int:
     if config.debug:
         shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(extra_env.items()))
         print(f"lowbit launch: running: {shown} {shlex.join(command)}", file=sys.stderr, flush=True)
-    completed = subprocess.run(command, env={**os.environ, **extra_env})
-    return completed.returncode
+    return run_job(command, {**os.environ, **extra_env})
+
+
+def run_job(command: list[str], env: dict[str, str]) -> int:
+    """Run the job; SIGTERM (and SIGINT) to the launcher reach every process of it, and what is
+    still running a grace period later (``LOWBIT_PREEMPTION_GRACE`` seconds, 60 by default) is
+    killed, so nothing outlives the launcher (see training/preemption.py). A multi-process job
+    (torchrun and its ranks) gets a process group of its own, so that all of it can be signalled;
+    a one-process job stays in the terminal's group (so ``input()`` and ``pdb`` work, and Ctrl-C
+    reaches it from the terminal directly)."""
+    import signal
+    import time
+
+    grace = float(os.environ.get("LOWBIT_PREEMPTION_GRACE", "60"))
+    own_group = "torch.distributed.run" in command
+    job = subprocess.Popen(command, env=env, process_group=0 if own_group else None)
+    deadline: list[float] = []
+
+    def send(signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signum) if own_group else job.send_signal(signum)
+
+    def forward(signum, frame):
+        send(signum)
+        deadline.append(time.monotonic() + grace)
+
+    forwarded = (signal.SIGTERM, signal.SIGINT) if own_group else (signal.SIGTERM,)
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
+    try:
+        while True:
+            try:
+                return _exit_code(job.wait(timeout=0.5))
+            except subprocess.TimeoutExpired:
+                if deadline and time.monotonic() > deadline[0]:
+                    print(f"lowbit launch: the job did not stop within {grace:.0f} s of the signal; killing it.",
+                          file=sys.stderr, flush=True)
+                    send(signal.SIGKILL)
+                    return _exit_code(job.wait())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if own_group:  # a rank that outlived torchrun
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 from typing import Any
 
 from lowbit.cli.flags import add_config_flags
-from lowbit.cli.launch import _add_plugin_flags, build_command
+from lowbit.cli.launch import _add_plugin_flags, build_command, run_job
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -32,4 +31,4 @@ def run(args: argparse.Namespace) -> int:
         command, extra_env, config = build_command(args)
         if config.debug:
             print(f"lowbit test: running: {' '.join(command)}", file=sys.stderr)
-        return subprocess.run(command, env={**os.environ, **extra_env}).returncode
+        return run_job(command, {**os.environ, **extra_env})

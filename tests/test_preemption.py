@@ -1,0 +1,69 @@
+"""A scheduler's SIGTERM to `lowbit launch`: every rank saves through `on_preemption` at the same
+step, exits, and nothing is left running (1 and 2 processes, for real)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lowbit import Accelerator
+
+WORKER = Path(__file__).parent / "distributed" / "preemption_worker.py"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_for(paths: list[Path], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"never appeared: {[p.name for p in paths if not p.exists()]}"
+        time.sleep(0.2)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("world", [1, 2])
+def test_sigterm_to_the_launcher_saves_on_every_rank_and_leaves_nothing_running(tmp_path, world):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOWBIT_PREEMPTION_GRACE="120")
+    flags = ["--cpu", "--num_processes", str(world)]
+    launcher = subprocess.Popen([sys.executable, "-m", "lowbit.cli.main", "launch", *flags, str(WORKER), str(tmp_path)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for([tmp_path / f"training_{r}" for r in range(world)], timeout=600)
+        launcher.send_signal(signal.SIGTERM)
+        out, err = launcher.communicate(timeout=600)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0, err[-3000:]
+    saved = [int((tmp_path / f"saved_at_{r}").read_text()) for r in range(world)]
+    assert len(set(saved)) == 1, saved  # every rank saved after the same step
+    assert (tmp_path / "ckpt" / "lowbit_state.json").exists(), err[-3000:]
+    pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(world)]
+    time.sleep(1)
+    assert not [pid for pid in pids if _alive(pid)], "a rank outlived the launcher"
+    assert not list((tmp_path / "ckpt").glob(".lowbit*")), "a temp directory was left behind"
+
+
+def test_preemption_is_off_until_the_script_listens():
+    import signal as signals
+
+    before = signals.getsignal(signals.SIGTERM)
+    acc = Accelerator(cpu=True)
+    assert signals.getsignal(signals.SIGTERM) is before  # SIGTERM still ends a script that never checks
+    try:
+        assert acc.preemption_requested is False
+        assert signals.getsignal(signals.SIGTERM) is not before
+    finally:
+        signals.signal(signals.SIGTERM, before)
