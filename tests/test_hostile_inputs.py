@@ -182,3 +182,23 @@ def test_two_writers_into_one_checkpoint_directory_get_a_clear_error(tmp_path):
         os.close(fd)
     acc.save_state(tmp_path / "ckpt")  # once it is done, saving works again
     acc.load_state(tmp_path / "ckpt")
+
+
+def test_accelerates_fsdp_plugin_keywords_are_accepted_and_the_ones_without_effect_named(recwarn):
+    from lowbit.utils import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True, sync_module_states=True, use_orig_params=True,
+                                            sharding_strategy="SHARD_GRAD_OP", limit_all_gathers=True)
+    assert plugin.to_fsdp_config() == {"reshard_after_forward": False}
+    said = " ".join(str(w.message) for w in recwarn)
+    assert "fsdp_cpu_ram_efficient_loading" in said and "limit_all_gathers" in said
+
+
+def test_a_prepared_dataloader_can_be_prepared_again_as_accelerate_allows():
+    import torch
+
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(21.0)), batch_size=8))
+    assert acc.prepare(loader) is loader
+    assert Accelerator(cpu=True).prepare(loader) is loader  # prepared by another Accelerator: taken as it is
+    assert sum(len(acc.gather_for_metrics(x)) for (x,) in loader) == 21

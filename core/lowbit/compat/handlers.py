@@ -10,7 +10,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from lowbit.compat.accelerate_config import translate_fsdp
+from lowbit.compat.accelerate_config import note_ignored, translate_fsdp
 from lowbit.errors import ConfigError
 
 
@@ -89,16 +89,41 @@ class FullyShardedDataParallelPlugin:
     cpu_offload: Any = None
     state_dict_type: Any = None
     activation_checkpointing: bool | None = None
+    # Accelerate's other keywords: accepted, each read as its fsdp_config key is (most do nothing
+    # under FSDP2 and are named in a note; sharding_strategy sets the reshard flag).
+    sharding_strategy: Any = None
+    backward_prefetch: Any = None
+    forward_prefetch: Any = None
+    use_orig_params: Any = None
+    sync_module_states: Any = None
+    cpu_ram_efficient_loading: Any = None
+    min_num_params: Any = None
+    mixed_precision_policy: Any = None
+    ignored_modules: Any = None
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
+    limit_all_gathers: Any = None
+    param_init_fn: Any = None
 
     def to_fsdp_config(self) -> dict[str, Any]:
         """Read the way an Accelerate fsdp_config section is, so that what lowbit cannot do
         (CPU offload, activation checkpointing) is an error here too, not silently dropped."""
         offload = getattr(self.cpu_offload, "offload_params", self.cpu_offload)
         section = {"fsdp_reshard_after_forward": self.reshard_after_forward,
+                   "fsdp_sharding_strategy": getattr(self.sharding_strategy, "name", self.sharding_strategy),
                    "fsdp_transformer_layer_cls_to_wrap": self.transformer_cls_names_to_wrap,
                    "fsdp_offload_params": offload, "fsdp_activation_checkpointing": self.activation_checkpointing,
-                   "fsdp_auto_wrap_policy": self.auto_wrap_policy if isinstance(self.auto_wrap_policy, str) else None}
-        return translate_fsdp({k: v for k, v in section.items() if v is not None}, "FullyShardedDataParallelPlugin", [])
+                   "fsdp_auto_wrap_policy": self.auto_wrap_policy if isinstance(self.auto_wrap_policy, str) else None,
+                   "fsdp_backward_prefetch": self.backward_prefetch, "fsdp_forward_prefetch": self.forward_prefetch,
+                   "fsdp_use_orig_params": self.use_orig_params, "fsdp_sync_module_states": self.sync_module_states,
+                   "fsdp_cpu_ram_efficient_loading": self.cpu_ram_efficient_loading,
+                   "fsdp_min_num_params": self.min_num_params}
+        ignored = [f"FullyShardedDataParallelPlugin({name}=...) (FSDP2 here: lowbit sets it itself)"
+                   for name in ("mixed_precision_policy", "ignored_modules", "state_dict_config", "optim_state_dict_config",
+                                "limit_all_gathers", "param_init_fn") if getattr(self, name) is not None]
+        config = translate_fsdp({k: v for k, v in section.items() if v is not None}, "FullyShardedDataParallelPlugin", ignored)
+        note_ignored("FullyShardedDataParallelPlugin", ignored)
+        return config
 
 
 @dataclasses.dataclass

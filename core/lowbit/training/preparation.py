@@ -133,6 +133,8 @@ class Preparation:
             raise ConfigError(f"prepare() argument {index} is already prepared; pass each object once.")
         if isinstance(obj, torch.optim.Optimizer):
             return "optimizer"
+        if isinstance(obj, PreparedDataLoader):
+            return "prepared"  # prepared already (here or by another Accelerator): returned as it is, as Accelerate does
         if isinstance(obj, torch.utils.data.DataLoader):
             return "dataloader"
         if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
