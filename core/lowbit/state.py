@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from lowbit.compat.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
-from lowbit.errors import ConfigError
+from lowbit.errors import ConfigError, LowbitError
 
 
 # How long a rank that finished normally waits at exit for the others before leaving anyway.
@@ -57,6 +57,7 @@ def init_process_group(device_type: str, options: dict | None = None) -> None:
         options["timeout"] = datetime.timedelta(seconds=options["timeout"])
     backend = options.pop("backend", None) or ("nccl" if device_type == "cuda" else "gloo")
     dist.init_process_group(backend, **options)
+    _GROUP["timeout"] = options.get("timeout")
     if not getattr(sys.excepthook, "_lowbit", False):
         sys.excepthook = _record_uncaught(sys.excepthook)
     atexit.register(leave_process_group)
@@ -227,6 +228,32 @@ def wait_for_everyone() -> None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+# What this process's group was started with (the timeout barriers wait for).
+_GROUP: dict[str, Any] = {"timeout": None}
+
+
+def every_rank_must_arrive(what: str) -> None:
+    """A barrier for calls every rank must make together (``save_state``, ``load_state``). Over
+    gloo it is torch's monitored barrier: a rank that never arrives (``save_state`` called under
+    ``if accelerator.is_main_process``) ends the wait after the process group's timeout
+    (``InitProcessGroupKwargs(timeout=...)``, torch's default otherwise) with an error naming the
+    ranks that did not come, instead of a hang. Over NCCL, which has no monitored barrier, a plain one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    if dist.get_backend() != "gloo":
+        dist.barrier()
+        return
+    try:
+        dist.monitored_barrier(timeout=_GROUP["timeout"], wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise LowbitError(
+            f"{what} must be called on every process at the same point, but not every rank arrived: "
+            f"{str(exc).splitlines()[0]}. Call it outside `if accelerator.is_main_process:` (every rank saves its "
+            "own part; lowbit writes the shared files once).") from None
 
 
 class PartialState(RankFacts):

@@ -21,7 +21,7 @@ from lowbit.errors import CheckpointError, ConfigError
 from lowbit.training.preparation import unwrap
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
 from lowbit.plugins.routing import ChosenPlugins
-from lowbit.state import ProcessFacts, wait_for_everyone
+from lowbit.state import ProcessFacts, every_rank_must_arrive, wait_for_everyone
 
 
 class TrainingStateCheckpointer:
@@ -56,7 +56,7 @@ class TrainingStateCheckpointer:
     def save(self, output_dir: str | Path) -> Path:
         prepared, plugins, is_main = self.prepared, self.plugins, self.facts.is_main_process
         output_dir = Path(output_dir)
-        with checkpoint.staged_save(output_dir, is_main, wait_for_everyone) as staged:
+        with checkpoint.staged_save(output_dir, is_main, lambda: every_rank_must_arrive("save_state")) as staged:
             tmp = staged.path
             handled = False
             if prepared.models and plugins.strategy is not None:
@@ -99,7 +99,7 @@ class TrainingStateCheckpointer:
         directory = Path(input_dir)
         if self.facts.is_main_process and directory.is_dir():
             checkpoint.recover(directory)
-        wait_for_everyone()
+        every_rank_must_arrive("load_state")
         if not (directory / checkpoint.METADATA_FILE).exists() and is_accelerate_checkpoint(directory):
             load_accelerate_checkpoint(self, directory, unwrap)  # a run moving over from Accelerate
             wait_for_everyone()
