@@ -90,7 +90,8 @@ class TrainingStateCheckpointer:
                     dataloader_epochs=[d.epoch for d in prepared.dataloaders],
                     custom_objects=len(self.custom_objects),
                 )
-            checkpoint.write_file_atomically(rng_state([d.generator for d in prepared.dataloaders]),
+            checkpoint.write_file_atomically(rng_state([d.generator for d in prepared.dataloaders],
+                                                       [d.epoch_order_state() for d in prepared.dataloaders]),
                                              tmp / f"rng_state_{self.facts.process_index}.pt")
         return output_dir
 
@@ -148,7 +149,10 @@ class TrainingStateCheckpointer:
         for loader, epoch in zip(prepared.dataloaders, meta.get("dataloader_epochs", [])):
             loader.set_epoch(epoch)
         self.counters.step = meta["step"]
-        set_rng_state(checkpoint.read_tensor_file(directory / rng_file), [d.generator for d in prepared.dataloaders])
+        state = checkpoint.read_tensor_file(directory / rng_file)
+        set_rng_state(state, [d.generator for d in prepared.dataloaders])
+        for loader, order in zip(prepared.dataloaders, state.get("epoch_orders", [])):
+            loader.replay_epoch_order(order)  # saved mid-epoch: the resumed epoch keeps its order
         wait_for_everyone()
 
 
@@ -158,11 +162,13 @@ def _lowbit_version() -> str:
     return __version__
 
 
-def rng_state(loader_generators: list[Any] = ()) -> dict[str, Any]:
+def rng_state(loader_generators: list[Any] = (), epoch_orders: list[Any] = ()) -> dict[str, Any]:
     """Every RNG a training script draws from: Python's, NumPy's (when installed), torch's, CUDA's,
-    and the shuffling generators of the prepared dataloaders (so a resumed epoch draws the same order)."""
+    the shuffling generators of the prepared dataloaders, and, for a save in the middle of an epoch,
+    the state each loader drew that epoch's order from (so a resumed epoch has the same order)."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state(),
-                             "dataloaders": [g.get_state() if g is not None else None for g in loader_generators]}
+                             "dataloaders": [g.get_state() if g is not None else None for g in loader_generators],
+                             "epoch_orders": list(epoch_orders)}
     try:
         import numpy as np
     except ImportError:

@@ -13,6 +13,7 @@ process's generator state.
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any, Iterator
 
 import torch
@@ -35,6 +36,10 @@ class PreparedDataLoader:
         self.device_placement = device_placement
         self.epoch = 0
         self.skip_batches = 0
+        # The shuffle RNG's state when this epoch's order was drawn ("start"; None between epochs),
+        # and one to draw the next epoch's order from ("resume", set by load_state mid-epoch).
+        # A dict, so a skip_first_batches view shares it with the loader it was made from.
+        self._replay: dict[str, Any] = {"start": None, "resume": None}
         if split_batches and dataloader.batch_size and dataloader.batch_size % num_processes:
             raise ValueError(
                 f"split_batches=True needs a batch size divisible by the {num_processes} processes, got {dataloader.batch_size}."
@@ -124,22 +129,59 @@ class PreparedDataLoader:
                 mine.append(leftover[self.process_index])
         return mine
 
+    # ------------------------------------------------------------------ resuming mid-epoch
+
+    def epoch_order_state(self) -> torch.Tensor | None:
+        """The shuffle RNG's state this epoch's order was drawn from, while an epoch is under way
+        (saved by save_state, so that a resumed run draws the same order); None between epochs."""
+        return self._replay["start"]
+
+    def replay_epoch_order(self, state: torch.Tensor | None) -> None:
+        """Draw the next epoch's order from ``state`` (load_state, mid-epoch): with
+        ``skip_first_batches`` the resumed epoch then goes on with the batches it would have had."""
+        self._replay["resume"] = state
+
+    def _order_rng(self) -> torch.Generator | None:
+        """The generator this loader's shuffle draws from; None: torch's global RNG."""
+        if self.generator is not None:
+            return self.generator
+        return getattr(getattr(self.base.batch_sampler, "sampler", None), "generator", None)
+
+    def _iter_base(self, rng: torch.Generator | None, resume: torch.Tensor | None) -> Iterator[Any]:
+        """``iter(self.base)``; when resuming, its order (and worker seed) drawn from ``resume``
+        and the RNG put back after, so that everything else draws as at the checkpoint."""
+        if resume is None:
+            return iter(self.base)
+        now = _rng_state(rng)
+        _set_rng_state(rng, resume)
+        batches = iter(self.base)
+        first = next(batches, _END)  # the sampler draws its order at the first batch
+        _set_rng_state(rng, now)
+        return iter(()) if first is _END else itertools.chain([first], batches)
+
     def __iter__(self) -> Iterator[Any]:
         self.gradient_state.end_of_dataloader = False
         self.gradient_state.remainder = -1
+        rng, resume = self._order_rng(), self._replay["resume"]
+        self._replay["resume"] = None
         if self._sharded:
             if self.generator is not None:  # every process shuffles as the main one does
+                if resume is not None:
+                    self.generator.set_state(resume)
                 self.generator.set_state(broadcast(self.generator.get_state()))
+            self._replay["start"] = _rng_state(rng)
             collate = self.base.collate_fn
             dataset = self.base.dataset
             batches = (collate([dataset[i] for i in indices]) for indices in self._batch_indices()[self.skip_batches:])
             remainder = self.total_dataset_length % self.total_batch_size if self.even_batches else -1
         else:
-            batches = iter(self.base)
+            self._replay["start"] = resume if resume is not None else _rng_state(rng)
+            batches = self._iter_base(rng, resume)
             for _ in range(self.skip_batches):
                 next(batches, None)
             remainder = -1
         yield from self._with_end_marked(batches, remainder)
+        self._replay["start"] = None
         self.set_epoch(self.epoch + 1)
 
     def _with_end_marked(self, batches: Iterator[Any], remainder: int) -> Iterator[Any]:
@@ -155,6 +197,17 @@ class PreparedDataLoader:
 
 
 _END = object()
+
+
+def _rng_state(rng: torch.Generator | None) -> torch.Tensor:
+    return rng.get_state() if rng is not None else torch.get_rng_state()
+
+
+def _set_rng_state(rng: torch.Generator | None, state: torch.Tensor) -> None:
+    if rng is not None:
+        rng.set_state(state)
+    else:
+        torch.set_rng_state(state)
 
 
 def _fill(samples: list[int], epoch_order: list[int], length: int) -> list[int]:
