@@ -82,3 +82,52 @@ def test_bad_shard_size_and_file_target_are_clear_errors(tmp_path):
     with pytest.raises(ConfigError, match="is a file"):
         Accelerator(cpu=True).save_model(mlp(), target)
     assert target.read_bytes() == b"keep"
+
+
+def _load_indexed(directory) -> dict[str, torch.Tensor]:
+    """What a sharded loader (transformers' included) reads: the index's weight map, file by file."""
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    out: dict[str, torch.Tensor] = {}
+    for name in sorted(set(index["weight_map"].values())):
+        out.update(load_file(directory / name))
+    assert set(out) == set(index["weight_map"]), "the index names tensors its files do not hold"
+    return out
+
+
+@pytest.mark.parametrize("killed_after", range(0, 7))
+def test_a_sharded_save_killed_at_any_point_leaves_a_complete_set(tmp_path, monkeypatch, killed_after):
+    """The index always names one complete set: the previous one until the new one is whole."""
+    from lowbit.checkpoint import model_files
+
+    acc = Accelerator(cpu=True)
+    old = acc.prepare(mlp(seed=1))
+    acc.save_model(old, tmp_path, max_shard_size="10KB")
+    before = _load_indexed(tmp_path)
+    new = acc.prepare(mlp(seed=2))
+    calls = {"n": 0}
+    real_write, real_json = model_files.write_file_atomically, model_files.write_json_atomically
+
+    def dying(write):
+        def wrapped(*args, **kwargs):
+            if calls["n"] == killed_after:
+                raise KeyboardInterrupt("killed mid-save")
+            calls["n"] += 1
+            return write(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(model_files, "write_file_atomically", dying(real_write))
+    monkeypatch.setattr(model_files, "write_json_atomically", dying(real_json))
+    try:
+        acc.save_model(new, tmp_path, max_shard_size="10KB")
+        finished = True
+    except KeyboardInterrupt:
+        finished = False
+    loaded = _load_indexed(tmp_path)
+    expected = {k: v.detach() for k, v in acc.unwrap_model(new).state_dict().items()} if finished else before
+    assert set(loaded) == set(expected)
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected), "a mix of two saves"
+    monkeypatch.setattr(model_files, "write_file_atomically", real_write)
+    monkeypatch.setattr(model_files, "write_json_atomically", real_json)
+    acc.save_model(new, tmp_path, max_shard_size="10KB")  # the next save completes and cleans up
+    assert not (tmp_path / model_files.PREVIOUS_SET_DIR).exists()
+    assert all(torch.equal(_load_indexed(tmp_path)[k], v.detach()) for k, v in acc.unwrap_model(new).state_dict().items())

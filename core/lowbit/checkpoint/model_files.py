@@ -7,6 +7,9 @@ atomically, so an interrupted save never leaves a half-written file under a fina
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import re
 from pathlib import Path
 from typing import Any
@@ -97,19 +100,56 @@ def write_model_files(state: dict[str, Any], directory: Path, max_shard_size: in
     shards = shard(state, max_bytes)
     stem, suffix = weights_name.rsplit(".", 1)
     names = [weights_name] if len(shards) == 1 else [f"{stem}-{i:05d}-of-{len(shards):05d}.{suffix}" for i in range(1, len(shards) + 1)]
-    _remove_stale_shards(directory, stem, suffix, keep=set(names))
-    for name, part in zip(names, shards):
-        write_file_atomically(part, directory / name, serialize)
     index_path = directory / f"{weights_name}.index.json"
     if len(shards) == 1:
-        index_path.unlink(missing_ok=True)  # an earlier sharded save's index would point at removed shards
+        # One file, written atomically; a loader reads it before any index. Then the old set goes.
+        write_file_atomically(shards[0], directory / weights_name, serialize)
+        index_path.unlink(missing_ok=True)
+        _remove_stale_shards(directory, stem, suffix, keep=set())
         return directory / weights_name
+    _keep_previous_set_loadable(directory, index_path)
+    for name, part in zip(names, shards):
+        write_file_atomically(part, directory / name, serialize)
     index = {
         "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t))},
         "weight_map": {key: name for name, part in zip(names, shards) for key in part},
     }
-    write_json_atomically(index, index_path)
+    write_json_atomically(index, index_path)  # the new set is complete: it becomes the current one
+    shutil.rmtree(directory / PREVIOUS_SET_DIR, ignore_errors=True)
+    _remove_stale_shards(directory, stem, suffix, keep=set(names))
     return index_path
+
+
+# Where the previous sharded set waits (hard links: no copy) while a new one is written, so that
+# the index always names a complete set: a save killed at any point leaves one that loads.
+PREVIOUS_SET_DIR = ".lowbit-previous-weights"
+
+
+def _keep_previous_set_loadable(directory: Path, index_path: Path) -> None:
+    """Before new shards overwrite the names the current index uses: link the current set into
+    ``PREVIOUS_SET_DIR`` and point the index there (one atomic replace)."""
+    if not index_path.exists():
+        return
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        files = sorted(set(index["weight_map"].values()))
+    except (OSError, ValueError, KeyError, AttributeError):
+        return  # not an index lowbit can read: the new set replaces it
+    previous = directory / PREVIOUS_SET_DIR
+    if all(f.startswith(PREVIOUS_SET_DIR + "/") for f in files):
+        return  # a killed save already moved it there
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir(parents=True)
+    for name in files:
+        source = directory / name
+        if not source.exists():
+            return  # the index names a missing file: nothing complete to keep
+        try:
+            os.link(source, previous / name)
+        except OSError:
+            shutil.copy2(source, previous / name)  # a filesystem without hard links
+    index["weight_map"] = {key: f"{PREVIOUS_SET_DIR}/{name}" for key, name in index["weight_map"].items()}
+    write_json_atomically(index, index_path)
 
 
 def _remove_stale_shards(directory: Path, stem: str, suffix: str, keep: set[str]) -> None:
