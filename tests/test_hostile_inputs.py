@@ -84,7 +84,7 @@ def test_a_model_already_sharded_with_fsdp_is_refused():
             super().__init__()
             self.layer = nn.Linear(4, 4)
 
-    with pytest.raises(UnsupportedCombinationError, match="already sharded with FSDP.*Pass the plain model"):
+    with pytest.raises(UnsupportedCombinationError, match=r"already sharded \(FSDPModule\).*Pass the plain model"):
         Accelerator(cpu=True).prepare(Sharded())
 
 

@@ -50,8 +50,8 @@ def _not_wrapped_already(model: Any) -> Any:
     sharded = [cls.__name__ for cls in type(model).__mro__ if cls.__name__ in ("FSDPModule", "FullyShardedDataParallel")]
     if sharded:
         raise UnsupportedCombinationError(
-            f"prepare() got a model already sharded with FSDP ({sharded[0]}); lowbit shards it itself (distributed_type "
-            "FSDP / lowbit launch --use_fsdp), after the low-precision conversion. Pass the plain model.")
+            f"prepare() got a model already sharded ({sharded[0]}); lowbit applies the chosen strategy itself "
+            "(distributed_type, or lowbit launch's flags), after the low-precision conversion. Pass the plain model.")
     return model
 
 

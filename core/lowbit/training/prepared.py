@@ -134,7 +134,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
             return None
         rules = self._rules
         rules.optimizer_steps += 1
-        if rules.nonfinite_loss_before_step() and not self._nonfinite_continues(rules):
+        if rules.scaler is not None:
+            rules.loss_finite.clear()  # fp16: the loss scaler skips steps with inf/nan gradients itself
+        elif rules.nonfinite_loss_before_step() and not self._nonfinite_continues(rules):
             self.step_was_skipped = True
             return None
         scaler = rules.scaler
