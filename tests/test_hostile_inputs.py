@@ -202,3 +202,16 @@ def test_a_prepared_dataloader_can_be_prepared_again_as_accelerate_allows():
     assert acc.prepare(loader) is loader
     assert Accelerator(cpu=True).prepare(loader) is loader  # prepared by another Accelerator: taken as it is
     assert sum(len(acc.gather_for_metrics(x)) for (x,) in loader) == 21
+
+
+def test_lowbit_num_processes_is_honoured_by_the_launcher(tmp_path, monkeypatch):
+    from lowbit.cli.launch import build_command
+    from lowbit.cli.main import build_parser
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    monkeypatch.setenv("LOWBIT_NUM_PROCESSES", "2")
+    monkeypatch.setenv("LOWBIT_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
+    command, _, config = build_command(build_parser().parse_args(["launch", "--cpu", str(script)]))
+    assert config.num_processes == 2 and command[command.index("--nproc_per_node") + 1] == "2"
