@@ -122,13 +122,13 @@ def test_a_nan_loss_is_reported_on_its_step_and_handled_as_asked(mode, recwarn):
     x[0, 0] = float("nan")
     acc.backward(model(x).pow(2).mean())
     if mode == "raise":
-        with pytest.raises(FloatingPointError, match="the loss of optimizer step 2 is NaN or inf"):
+        with pytest.raises(FloatingPointError, match=r"the loss \(or, clipped, the gradient norm\) of optimizer step 2 is NaN or inf"):
             opt.step()
         return
     before = model.weight.detach().clone()
     opt.step()
     messages = [str(w.message) for w in recwarn]
-    assert any("the loss of optimizer step 2 is NaN or inf" in m for m in messages), messages
+    assert any("of optimizer step 2 is NaN or inf" in m for m in messages), messages
     if mode == "skip":
         assert acc.optimizer_step_was_skipped and torch.equal(model.weight, before)
     else:
@@ -215,3 +215,18 @@ def test_lowbit_num_processes_is_honoured_by_the_launcher(tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
     command, _, config = build_command(build_parser().parse_args(["launch", "--cpu", str(script)]))
     assert config.num_processes == 2 and command[command.index("--nproc_per_node") + 1] == "2"
+
+
+def test_an_inf_gradient_with_a_finite_loss_is_caught_where_the_norm_is_clipped(recwarn):
+    import torch
+
+    acc = Accelerator(cpu=True)
+    model = nn.Linear(4, 1)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.backward(model(torch.randn(8, 4)).pow(2).mean())
+    model.weight.grad[0, 0] = float("inf")
+    before = model.weight.detach().clone()
+    acc.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    assert acc.optimizer_step_was_skipped and torch.equal(model.weight, before)
+    assert any("gradient norm) of optimizer step 1 is NaN or inf" in str(w.message) for w in recwarn)

@@ -456,7 +456,12 @@ class Accelerator(RankFacts):
                     self.step_rules.unscaled.add(id(opt.optimizer))
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         norm = self.plugins.clip_grad_norm(parameters, max_norm, norm_type)
-        return norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        norm = norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        # The total norm comes free here: a NaN/inf gradient counts as a NaN/inf loss does (a strategy
+        # that owns precision, DeepSpeed, handles its own overflows).
+        if torch.is_tensor(norm) and not self._strategy_owns_precision():
+            self.step_rules.loss_finite.append(torch.isfinite(norm.detach()).all())
+        return norm
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:

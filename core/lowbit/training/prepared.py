@@ -52,7 +52,8 @@ class StepRules:
     step_observers: list[Callable[[], None]] = field(default_factory=list)
     # What a NaN/inf loss does to the optimizer step it feeds: "skip", "raise" or "continue".
     on_nonfinite_loss: str = "skip"
-    # One flag per backward since the last optimizer step (tensors: read once, at the step).
+    # One flag per backward (and per clip_grad_norm_) since the last optimizer step (tensors: read
+    # once, at the step).
     loss_finite: list[Any] = field(default_factory=list)
     optimizer_steps: int = 0
 
@@ -161,7 +162,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
     @staticmethod
     def _nonfinite_continues(rules: StepRules) -> bool:
         """Say so, then raise, skip (False) or continue (True), as ``on_nonfinite_loss`` asks."""
-        what = f"the loss of optimizer step {rules.optimizer_steps} is NaN or inf"
+        what = f"the loss (or, clipped, the gradient norm) of optimizer step {rules.optimizer_steps} is NaN or inf"
         if rules.on_nonfinite_loss == "raise":
             raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
         if rules.on_nonfinite_loss == "continue":
