@@ -230,3 +230,23 @@ def test_an_inf_gradient_with_a_finite_loss_is_caught_where_the_norm_is_clipped(
     opt.step()
     assert acc.optimizer_step_was_skipped and torch.equal(model.weight, before)
     assert any("gradient norm) of optimizer step 1 is NaN or inf" in str(w.message) for w in recwarn)
+
+
+@pytest.mark.multiprocess
+def test_gather_for_metrics_drops_padding_of_a_loader_another_accelerator_prepared(tmp_path):
+    """Accelerate's benchmarks/fp8 scripts prepare with one Accelerator and evaluate with another:
+    the dataloader's position is the process's, as in Accelerate, so the padding of the last
+    round (21 samples over 2 ranks x 4) is dropped."""
+    import os
+    from pathlib import Path
+
+    from helpers import run_launch
+
+    worker = Path(__file__).parent / "distributed" / "two_accelerators_worker.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1")
+    out = tmp_path / "seen.json"
+    proc = run_launch([sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(worker), str(out)],
+                      env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(json.loads(out.read_text())) == [float(i) for i in range(21)]

@@ -463,15 +463,35 @@ class AcceleratorState:
         return f"{self._partial!r}Mixed precision type: {self.mixed_precision}\n"
 
 
+# Where the dataloader being iterated stands, for the whole process as in Accelerate: a loader
+# prepared by one Accelerator and gathered by another (Accelerate's fp8 benchmarks do this) still
+# drops its padding in gather_for_metrics.
+_DATALOADER_POSITION: dict[str, Any] = {"end_of_dataloader": False, "remainder": -1}
+
+
 class GradientState:
-    """Accelerate's ``GradientState``, bound to one Accelerator: whether this micro-batch syncs
-    gradients, and whether the prepared dataloader just yielded its last batch."""
+    """Accelerate's ``GradientState``: whether this Accelerator's micro-batch syncs gradients, and
+    whether the dataloader being iterated (in this process) just yielded its last batch."""
 
     def __init__(self, accelerator: Any = None, gradient_accumulation_plugin: Any = None) -> None:
         self._accelerator = accelerator
         self.sync_gradients = True
-        self.end_of_dataloader = False
-        self.remainder = -1
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return _DATALOADER_POSITION["end_of_dataloader"]
+
+    @end_of_dataloader.setter
+    def end_of_dataloader(self, value: bool) -> None:
+        _DATALOADER_POSITION["end_of_dataloader"] = value
+
+    @property
+    def remainder(self) -> int:
+        return _DATALOADER_POSITION["remainder"]
+
+    @remainder.setter
+    def remainder(self, value: int) -> None:
+        _DATALOADER_POSITION["remainder"] = value
 
     @property
     def num_steps(self) -> int:
