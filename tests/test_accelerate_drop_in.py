@@ -12,7 +12,8 @@ import pytest
 
 SCRIPT = Path(__file__).parent / "accelerate_style" / "train_eval.py"
 # Compared exactly between the libraries, on every rank.
-COMPARED = ("distributed_type", "epochs", "lrs", "counter", "batch_size", "total_samples", "resumed_loss", "first_batches")
+COMPARED = ("distributed_type", "epochs", "lrs", "counter", "batch_size", "total_samples", "resumed_loss", "first_batches",
+            "rng_draws")
 
 
 def run(library: str, out: Path, processes: int) -> list[dict]:

@@ -62,13 +62,16 @@ def main():
     counter = Counter()
     accelerator.register_for_checkpointing(counter)
     accelerator.init_trackers("drop_in", config={"lr": 1e-2, "epochs": 2})
-    result = {"distributed_type": str(accelerator.distributed_type.value), "epochs": [], "lrs": [], "first_batches": []}
+    result = {"distributed_type": str(accelerator.distributed_type.value), "epochs": [], "lrs": [], "first_batches": [],
+              "rng_draws": []}
     for epoch in range(2):
         model.train()
         for step, (x, y) in enumerate(train_loader):
             if step == 0:  # which samples, in which order: the shuffle must match Accelerate's
                 result["first_batches"].append(round(float((x[:, 0] * torch.arange(len(x))).sum()), 5))
             loss = nn.functional.cross_entropy(model(x), y)
+            # What dropout would draw here: torch's global RNG stream must be Accelerate's, batch by batch.
+            result["rng_draws"].append(round(torch.rand(()).item(), 8))
             accelerator.backward(loss)
             optimizer.step()
             scheduler.step()

@@ -165,6 +165,11 @@ class PreparedDataLoader:
         rng, resume = self._order_rng(), self._replay["resume"]
         self._replay["resume"] = None
         if self._sharded:
+            if resume is None:
+                # torch's DataLoader iterator draws its workers' base seed here, from the global RNG;
+                # Accelerate iterates one per epoch, so the same draw keeps dropout's RNG stream on
+                # Accelerate's (resuming, it was drawn before the checkpoint already).
+                torch.empty((), dtype=torch.int64).random_(generator=self.base.generator)
             if self.generator is not None:  # every process shuffles as the main one does
                 if resume is not None:
                     self.generator.set_state(resume)
