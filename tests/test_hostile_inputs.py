@@ -250,3 +250,51 @@ def test_gather_for_metrics_drops_padding_of_a_loader_another_accelerator_prepar
                       env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(json.loads(out.read_text())) == [float(i) for i in range(21)]
+
+
+@pytest.mark.parametrize("interrupt_at", range(0, 12))
+@pytest.mark.parametrize("previous", [False, True])
+def test_ctrl_c_at_any_point_of_the_commit_leaves_the_directory_saveable(tmp_path, monkeypatch, interrupt_at, previous):
+    """KeyboardInterrupt on each file move of save_state's commit: the directory keeps its previous
+    checkpoint (or nothing), and the next save_state and load_state work."""
+    import os
+
+    import torch
+
+    from lowbit.checkpoint import files
+
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, state):
+            self.n = state["n"]
+
+    acc = Accelerator(cpu=True)
+    counter = Counter()
+    model, opt = acc.prepare(nn.Linear(4, 4), torch.optim.SGD(nn.Linear(4, 4).parameters(), lr=0.1))
+    if previous:
+        acc.save_state(tmp_path / "ckpt")
+    acc.register_for_checkpointing(counter)  # a file the previous checkpoint does not have
+    calls, real_replace = {"n": 0}, os.replace
+
+    def interrupted_replace(src, dst):
+        calls["n"] += 1
+        if calls["n"] == interrupt_at + 1:  # one Ctrl-C, at this move
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", interrupted_replace)
+    try:
+        acc.save_state(tmp_path / "ckpt")
+    except KeyboardInterrupt:
+        pass
+    monkeypatch.setattr(files.os, "replace", real_replace)
+    counter.n = 7
+    acc.save_state(tmp_path / "ckpt")  # never refuses its own files
+    counter.n = 0
+    acc.load_state(tmp_path / "ckpt")
+    assert counter.n == 7

@@ -267,17 +267,38 @@ def _commit(directory: Path, staged: StagedCheckpoint) -> None:
         )
     metadata = {**staged.metadata, "format": FORMAT_VERSION, "files": {n: sha256_of(staging / n) for n in names}}
     write_json_atomically(metadata, staging / METADATA_FILE)  # the staging is now complete
-    if (directory / METADATA_FILE).exists():
-        retired.mkdir(exist_ok=True)
-        os.replace(directory / METADATA_FILE, retired / METADATA_FILE)
-        for name in previous_top:
-            if (directory / name).exists():
-                os.replace(directory / name, retired / name)
-    for name in new_top:
-        os.replace(staging / name, directory / name)
-    os.replace(staging / METADATA_FILE, directory / METADATA_FILE)  # the commit point
+    retiring: list[str] = []  # what moved aside, and what moved in, so far: undone if interrupted
+    moved_in: list[str] = []
+    try:
+        if (directory / METADATA_FILE).exists():
+            retired.mkdir(exist_ok=True)
+            os.replace(directory / METADATA_FILE, retired / METADATA_FILE)
+            retiring.append(METADATA_FILE)
+            for name in previous_top:
+                if (directory / name).exists():
+                    os.replace(directory / name, retired / name)
+                    retiring.append(name)
+        for name in new_top:
+            os.replace(staging / name, directory / name)
+            moved_in.append(name)
+        os.replace(staging / METADATA_FILE, directory / METADATA_FILE)  # the commit point
+    except BaseException:  # Ctrl-C or an error mid-commit: put everything back as it was, then re-raise
+        _undo_commit(directory, staging, retired, moved_in, retiring)
+        raise
     shutil.rmtree(retired, ignore_errors=True)
     staging.rmdir()
+
+
+def _undo_commit(directory: Path, staging: Path, retired: Path, moved_in: list[str], retiring: list[str]) -> None:
+    """Move this save's files back into the staging area and the previous checkpoint's back in
+    place, so the directory is as before the save (and the next save finds nothing in its way)."""
+    for name in reversed(moved_in):
+        if (directory / name).exists() and not (staging / name).exists():
+            os.replace(directory / name, staging / name)
+    for name in reversed(retiring):
+        if (retired / name).exists():
+            os.replace(retired / name, directory / name)
+    shutil.rmtree(retired, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- reading
