@@ -90,3 +90,39 @@ def test_save_state_on_the_main_process_only_is_an_error_naming_the_missing_rank
     assert proc.returncode != 0
     assert "save_state must be called on every process at the same point" in proc.stderr, proc.stderr[-3000:]
     assert "1" in proc.stderr.split("not every rank arrived:")[1].splitlines()[0]  # rank 1 is named
+
+
+STUCK = """
+import datetime, time, torch
+from torch import nn
+from lowbit import Accelerator
+from lowbit.utils import InitProcessGroupKwargs
+accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=15))])
+model, optimizer = accelerator.prepare(nn.Linear(8, 8), torch.optim.SGD(nn.Linear(8, 8).parameters(), lr=0.1))
+for step in range(1000):
+    if step == 3 and accelerator.process_index == 1:
+        open({stamp!r}, "w").write(str(time.time()))
+        while True:  # stuck: never reaches the next all-reduce
+            time.sleep(1)
+    accelerator.backward(model(torch.randn(4, 8)).pow(2).mean())
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_stuck_rank_is_noticed_after_the_process_group_timeout(tmp_path):
+    """InitProcessGroupKwargs(timeout=15 s): the rank waiting in the all-reduce gives up, and the
+    whole job ends instead of hanging."""
+    stamp = tmp_path / "stuck_at"
+    script = tmp_path / "train.py"
+    script.write_text(STUCK.format(stamp=str(stamp)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+    ended = time.time()
+    assert stamp.exists() and proc.returncode != 0, proc.stderr[-3000:]
+    waited = ended - float(stamp.read_text())
+    print(f"a rank got stuck; the job ended {waited:.1f} s later (timeout 15 s)")  # pytest -s
+    assert waited < 15 + 60, f"the job took {waited:.0f} s to end"
+    assert "Timed out" in proc.stderr or "timed out" in proc.stderr
