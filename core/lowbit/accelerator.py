@@ -460,7 +460,9 @@ class Accelerator(RankFacts):
         # The total norm comes free here: a NaN/inf gradient counts as a NaN/inf loss does (a strategy
         # that owns precision, DeepSpeed, handles its own overflows).
         if torch.is_tensor(norm) and not self._strategy_owns_precision():
-            self.step_rules.loss_finite.append(torch.isfinite(norm.detach()).all())
+            # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
+            plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
+            self.step_rules.loss_finite.append(torch.isfinite(plain.detach()).all())
         return norm
 
     @contextlib.contextmanager
