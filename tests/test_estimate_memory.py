@@ -1,6 +1,8 @@
 """``lowbit estimate-memory`` against peaks measured on this CPU: three models (a transformers
 Llama and GPT-2 from configs, a plain module:factory) under DDP and FSDP2 in 2 processes, each
-rank's peak of allocated memory over 3 training steps, within 15%."""
+rank's peak of allocated memory over 3 training steps, within 15% (for FSDP2, of the estimated
+range: its unsharded gradients wait for asynchronous reduce-scatters, so how many are alive at
+once depends on timing; measured here from 313 to 377 MB for the same Llama run)."""
 from __future__ import annotations
 
 import json
@@ -37,7 +39,7 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, 
     spec, batch, seq = _spec(tmp_path, name)
     sys.path.insert(0, str(HERE / "distributed"))
     try:
-        estimated = estimate_all(spec, ["no"], [strategy], 2, batch, seq, {})[0].peak
+        estimate = estimate_all(spec, ["no"], [strategy], 2, batch, seq, {})[0]
     finally:
         sys.path.remove(str(HERE / "distributed"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
@@ -49,9 +51,11 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, 
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     measured = max(json.loads((tmp_path / f"memory_rank{r}.json").read_text())["peak"] for r in range(2))
-    print(f"{name} {strategy}: estimated {estimated / 2**20:.1f} MB, measured {measured / 2**20:.1f} MB "
-          f"({estimated / measured - 1:+.1%})")
-    assert abs(estimated / measured - 1) <= 0.15
+    low, high = estimate.peak_low, estimate.peak
+    nearest = min(max(measured, low), high)  # the measured peak itself when it lies in the range
+    print(f"{name} {strategy}: estimated {low / 2**20:.1f}-{high / 2**20:.1f} MB, measured {measured / 2**20:.1f} MB "
+          f"({nearest / measured - 1:+.1%})")
+    assert abs(nearest / measured - 1) <= 0.15
 
 
 def test_the_command_prints_a_row_per_precision_backend_and_strategy(tmp_path, capsys):
@@ -67,6 +71,9 @@ def test_the_command_prints_a_row_per_precision_backend_and_strategy(tmp_path, c
         assert "fp8 (ao) + low-bit Adam states" in out and "4+4+2.043" in out
     zero3 = next(line for line in out.splitlines() if line.startswith("fp32") and "zero3x2" in line)
     assert zero3.split()[3] == "32.0"  # ZeRO-3 halves the weights over 2 ranks
+    assert main(["estimate-memory", spec, "--precisions", "no", "--strategies", "fsdp", "--seq_len", "64"]) == 0
+    fsdp = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("fp32"))
+    assert "-" in fsdp.split()[-1]  # FSDP2's peak is a range
 
 
 def test_a_model_that_is_neither_config_nor_factory_is_a_clear_error():

@@ -65,9 +65,10 @@ STRATEGY_MEMORY = {
     "zero2": ((False, True, True), ()),
     "zero3": ((True, True, True), ("block",)),
 }
-STRATEGY_MEMORY_NOTE = ("buffers: DDP's gradient buckets; FSDP2/ZeRO-3's one unsharded block, and FSDP2's unsharded "
-                        "gradients waiting for their reduce-scatter (over gloo). Measured on CPU within 15% for DDP and "
-                        "FSDP2 (tests/test_estimate_memory.py); ZeRO and the fp8 rows are not measured.")
+STRATEGY_MEMORY_NOTE = ("buffers: DDP's gradient buckets; FSDP2/ZeRO-3's one unsharded block; FSDP2's unsharded "
+                        "gradients wait for reduce-scatters that run asynchronously, so its buffers and peak are a range "
+                        "(none of them alive to all of them). Measured on CPU within 15% (of the range, for FSDP2) for "
+                        "DDP and FSDP2 (tests/test_estimate_memory.py); ZeRO and the fp8 rows are not measured.")
 
 
 def install_command(backend: str) -> str:

@@ -55,9 +55,18 @@ class Estimate:
     buffers: float  # the strategy's own: DDP's gradient buckets, FSDP2's unsharded block
     step_temporary: float
     per_parameter: tuple[float, float, float] = field(default=(0.0, 0.0, 0.0))
+    # Buffers whose lifetime depends on timing (FSDP2's unsharded gradients wait for reduce-scatters
+    # that run asynchronously): counted in ``peak``, left out of ``peak_low``.
+    timing_buffers: float = 0.0
 
     @property
     def peak(self) -> float:
+        """The peak with every buffer alive at once (the high end)."""
+        return self.peak_low + self.timing_buffers
+
+    @property
+    def peak_low(self) -> float:
+        """The peak when the asynchronous buffers are freed as they go (the low end)."""
         return self.weights + self.optimizer + self.buffers + max(self.activations, self.gradients + self.step_temporary)
 
 
@@ -167,10 +176,12 @@ def estimate(model: nn.Module, precision: str, strategy: str, ranks: int, activa
     # Over NCCL FSDP2 frees unsharded gradients block by block, so its "gradients" buffer is on
     # the high side there (measured over gloo only: no GPU here).
     sizes = {"buckets": params * grad_b, "block": _largest_block_parameters(model) * weight_b, "gradients": params * grad_b}
-    buffers = sum(sizes[name] for name in extra) if ranks > 1 else 0.0
+    buffers = sum(sizes[name] for name in extra if name != "gradients") if ranks > 1 else 0.0
+    timing = sizes["gradients"] if ranks > 1 and "gradients" in extra else 0.0
     activations = activations_fp32 if precision == "no" else activations_low
     return Estimate(label, strategy, ranks, params, weights, gradients, optimizer, activations, buffers,
-                    step_temporary=params * weight_b / (ranks if shard[0] and ranks > 1 else 1), per_parameter=per_parameter)
+                    step_temporary=params * weight_b / (ranks if shard[0] and ranks > 1 else 1), per_parameter=per_parameter,
+                    timing_buffers=timing)
 
 
 def precision_rows(backends: dict[str, dict[str, float]], precisions: list[str]) -> list[tuple[str, str, tuple[float, float, float]]]:
@@ -189,15 +200,20 @@ def precision_rows(backends: dict[str, dict[str, float]], precisions: list[str])
     return rows
 
 
+def _span(low: float, high: float) -> str:
+    """``12.0`` or, when timing decides, ``12.0-76.0`` (MB)."""
+    return f"{low / MB:.1f}" if high == low else f"{low / MB:.1f}-{high / MB:.1f}"
+
+
 def table(estimates: list[Estimate]) -> str:
     head = (f"{'precision':<34} {'strategy':<9} {'B/param w+g+o':>14} {'weights':>9} {'grads':>9} {'optim':>9} "
-            f"{'activ.':>9} {'buffers':>9} {'peak MB':>9}")
+            f"{'activ.':>9} {'buffers':>13} {'peak MB':>13}")
     lines = [head, "-" * len(head)]
     for e in estimates:
         per = "+".join(f"{b:g}" for b in e.per_parameter)
         lines.append(f"{e.label:<34} {e.strategy + (f'x{e.ranks}' if e.ranks > 1 else ''):<9} {per:>14} "
                      f"{e.weights / MB:>9.1f} {e.gradients / MB:>9.1f} {e.optimizer / MB:>9.1f} {e.activations / MB:>9.1f} "
-                     f"{e.buffers / MB:>9.1f} {e.peak / MB:>9.1f}")
+                     f"{_span(e.buffers, e.buffers + e.timing_buffers):>13} {_span(e.peak_low, e.peak):>13}")
     return "\n".join(lines)
 
 
