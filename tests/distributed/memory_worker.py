@@ -1,6 +1,8 @@
 """Measures one training process's peak memory for ``tests/test_estimate_memory.py``: what the
-process has allocated (glibc's ``mallinfo2``: heap in use plus mmapped blocks), sampled every
-millisecond by a thread, from before the model exists to the end of 3 training steps."""
+process has allocated (glibc's ``mallinfo2``: heap in use plus mmapped blocks), from before the
+model exists to the end of 3 training steps; sampled every millisecond by a thread, and at the
+moments a peak can only happen (the loss computed, each module's backward), which a thread
+that waits for the GIL could miss on a busy machine."""
 from __future__ import annotations
 
 import ctypes
@@ -31,9 +33,12 @@ class PeakSampler(threading.Thread):
         super().__init__(daemon=True)
         self.peak, self.running = allocated(), True
 
+    def sample(self, *_: object) -> None:
+        self.peak = max(self.peak, allocated())
+
     def run(self) -> None:
         while self.running:
-            self.peak = max(self.peak, allocated())
+            self.sample()
             time.sleep(0.001)
 
 
@@ -57,9 +62,12 @@ def main() -> None:
             p.normal_(0, 0.02)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, optimizer = accelerator.prepare(model, optimizer)
+    for module in model.modules():
+        module.register_full_backward_hook(sampler.sample)
     for _ in range(3):
         output = model(**real) if isinstance(real, dict) else model(real)
         loss = output.loss if hasattr(output, "loss") else output.float().pow(2).mean()
+        sampler.sample()  # every activation alive
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -122,8 +122,9 @@ def example_inputs(model: nn.Module, batch_size: int, seq_len: int) -> dict[str,
 
 
 def saved_activation_bytes(model: nn.Module, inputs: Any, low_precision_linears: bool) -> float:
-    """Bytes autograd saves for backward in one forward (meta device: shapes only). Linear inputs
-    count at 2 bytes per element when ``low_precision_linears`` (bf16 autocast)."""
+    """Bytes autograd saves for backward in one forward (meta device: shapes only), plus the
+    gradient of the output that backward starts with. Linear inputs count at 2 bytes per element
+    when ``low_precision_linears`` (bf16 autocast)."""
     # storage -> (elements, element size): a tensor saved twice, or two views of one, count once
     saved: dict[int, tuple[int, int]] = {}
     linear_inputs: set[int] = set()
@@ -147,8 +148,11 @@ def saved_activation_bytes(model: nn.Module, inputs: Any, low_precision_linears:
     finally:
         for handle in handles:
             handle.remove()
-    del output
-    total = 0.0
+    # Backward starts with the gradient of the model's output (the logits, for a language model)
+    # allocated while every saved activation is still alive.
+    logits = getattr(output, "logits", output)
+    total = float(logits.numel() * logits.element_size()) if torch.is_tensor(logits) else 0.0
+    del output, logits
     for key, (numel, size) in saved.items():
         total += numel * (2 if low_precision_linears and key in linear_inputs else size)
     if low_precision_linears:  # autocast keeps a bf16 copy of each Linear weight for the step
