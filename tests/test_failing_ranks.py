@@ -80,7 +80,8 @@ def test_exit_waits_for_busy_native_threads_but_not_for_idle_ones():
 
 def test_save_state_on_the_main_process_only_is_an_error_naming_the_missing_rank(tmp_path):
     """The mistake ``if accelerator.is_main_process: accelerator.save_state(...)``: the other rank
-    never arrives. After the process group's timeout (20 s here, InitProcessGroupKwargs) the job
+    never arrives. After the process group's timeout (60 s here, InitProcessGroupKwargs: wide enough
+    that ranks starting apart on a busy machine do not trip it in prepare()) the job
     ends with an error naming it, instead of hanging."""
     worker = os.path.join(os.path.dirname(__file__), "distributed", "subset_save_worker.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
@@ -97,7 +98,7 @@ import datetime, time, torch
 from torch import nn
 from lowbit import Accelerator
 from lowbit.utils import InitProcessGroupKwargs
-accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=15))])
+accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=60))])
 model, optimizer = accelerator.prepare(nn.Linear(8, 8), torch.optim.SGD(nn.Linear(8, 8).parameters(), lr=0.1))
 for step in range(1000):
     if step == 3 and accelerator.process_index == 1:
@@ -111,8 +112,9 @@ for step in range(1000):
 
 
 def test_a_stuck_rank_is_noticed_after_the_process_group_timeout(tmp_path):
-    """InitProcessGroupKwargs(timeout=15 s): the rank waiting in the all-reduce gives up, and the
-    whole job ends instead of hanging."""
+    """InitProcessGroupKwargs(timeout=60 s): the rank waiting in the all-reduce gives up, and the
+    whole job ends instead of hanging (torch's default would wait 30 minutes). The bound below only
+    tells the two apart; it leaves a busy machine room."""
     stamp = tmp_path / "stuck_at"
     script = tmp_path / "train.py"
     script.write_text(STUCK.format(stamp=str(stamp)))
@@ -123,6 +125,6 @@ def test_a_stuck_rank_is_noticed_after_the_process_group_timeout(tmp_path):
     ended = time.time()
     assert stamp.exists() and proc.returncode != 0, proc.stderr[-3000:]
     waited = ended - float(stamp.read_text())
-    print(f"a rank got stuck; the job ended {waited:.1f} s later (timeout 15 s)")  # pytest -s
-    assert waited < 15 + 60, f"the job took {waited:.0f} s to end"
+    print(f"a rank got stuck; the job ended {waited:.1f} s later (timeout 60 s)")  # pytest -s
+    assert waited < 900, f"the job took {waited:.0f} s to end: the 60 s timeout was not applied"
     assert "Timed out" in proc.stderr or "timed out" in proc.stderr

@@ -10,7 +10,7 @@ from torch import nn
 from lowbit import Accelerator
 from lowbit.utils import InitProcessGroupKwargs
 
-accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=20))])
+accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=60))])
 model, optimizer = accelerator.prepare(nn.Linear(4, 4), torch.optim.SGD(nn.Linear(4, 4).parameters(), lr=0.1))
 if accelerator.is_main_process:
     accelerator.save_state(sys.argv[1])

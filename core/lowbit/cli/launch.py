@@ -230,7 +230,8 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
 
     grace = float(os.environ.get("LOWBIT_PREEMPTION_GRACE", "60"))
     own_group = "torch.distributed.run" in command
-    job = subprocess.Popen(command, env=env, process_group=0 if own_group else None)
+    # os.setpgrp rather than Popen(process_group=0): that argument needs Python 3.11; lowbit runs on 3.10.
+    job = subprocess.Popen(command, env=env, preexec_fn=os.setpgrp if own_group else None)
     deadline: list[float] = []
 
     def send(signum: int) -> None:

@@ -39,12 +39,20 @@ class BlockScaled:
         weight = self.weight.t() if self._lowbit_conv1d else self.weight  # Conv1D stores (in, out)
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        # Native kernels take the autocast dtype; emulation quantizes and multiplies in fp32 (the
-        # quantized values are exact there), which is also the fast path on CPUs without bf16.
-        compute = dtype if self._lowbit_block_native else torch.float32
         with torch.autocast(device, enabled=False):
-            out = self._lowbit_block_gemm(x.to(compute), weight.to(compute)).to(dtype)
+            out = self._lowbit_block_gemm(*block_operands(x, weight, self._lowbit_block_native)).to(dtype)
         return out if self.bias is None else out + self.bias.to(dtype)
+
+
+def block_operands(x: torch.Tensor, weight: torch.Tensor, native: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operands the GEMMs take. torchao's sm_100 MXFP8 kernels cast only contiguous bf16
+    tensors (torchao 0.18 ``prototype/mx_formats/kernels.py``: ``triton_to_mxfp8_dim0`` asserts
+    both), whatever autocast says, and a Conv1D's weight arrives transposed: so the native path
+    gets contiguous bf16 copies. Emulation quantizes and multiplies in fp32 (the quantized values
+    are exact there), which is also the fast path on CPUs without bf16."""
+    if native:
+        return x.to(torch.bfloat16).contiguous(), weight.to(torch.bfloat16).contiguous()
+    return x.float(), weight.float()
 
 
 _CLASSES: dict[type, type] = {}
@@ -75,10 +83,10 @@ def _mxfp8_gemm(options: Any, emulated: bool):
     return gemm
 
 
-def _nvfp4_gemm(options: Any, layer_index: int):
+def _nvfp4_gemm(options: Any, layer_index: int, device: torch.device):
     settings = NVFP4Settings(weight_2d=options.nvfp4_2d_weight_scaling, stochastic_rounding=options.nvfp4_stochastic_rounding,
                              random_hadamard=options.nvfp4_random_hadamard)
-    transform = hadamard_16(random_signs(layer_index))
+    transform = hadamard_16(random_signs(layer_index)).to(device)  # once here, not a copy per backward
 
     def gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return nvfp4_linear(x, weight, settings, transform)
@@ -118,7 +126,7 @@ def convert_block_layers(model: nn.Module, candidates: list[str], skipped: dict[
         module._lowbit_block_recipe = recipe
         module._lowbit_block_native = recipe == "mxfp8" and not emulated
         module._lowbit_block_gemm = (_mxfp8_gemm(options, emulated) if recipe == "mxfp8"
-                                     else _nvfp4_gemm(options, index))
+                                     else _nvfp4_gemm(options, index, context.device))
         pad_tokens(module, BLOCK_SIZES[recipe])
         converted.append(name)
     return converted

@@ -17,6 +17,7 @@ and cancels in the product (H is orthogonal).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -40,10 +41,16 @@ class NVFP4Settings:
     random_hadamard: bool = True
 
 
+@functools.lru_cache(maxsize=None)
+def _grid(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The E2M1 values on ``device``, made once (every GEMM rounds onto them, six times a step)."""
+    return torch.tensor(E2M1_GRID, dtype=dtype, device=device)
+
+
 def round_to_e2m1(x: torch.Tensor, stochastic: bool = False) -> torch.Tensor:
     """``x`` (already scaled into E2M1's range) rounded onto the E2M1 grid, saturating at +-6."""
     magnitude = x.abs().clamp(max=E2M1_MAX)
-    grid = torch.tensor(E2M1_GRID, dtype=x.dtype, device=x.device)
+    grid = _grid(x.dtype, x.device)
     if stochastic:
         below = torch.bucketize(magnitude, grid, right=True) - 1  # index of the grid value <= magnitude
         below = below.clamp(max=len(E2M1_GRID) - 2)
@@ -126,7 +133,7 @@ def _along_tokens(t: torch.Tensor, transform: torch.Tensor | None) -> torch.Tens
     if transform is None:
         return t
     features, tokens = t.shape
-    return (t.reshape(features, tokens // BLOCK, BLOCK) @ transform.to(t.device)).reshape(features, tokens)
+    return (t.reshape(features, tokens // BLOCK, BLOCK) @ transform).reshape(features, tokens)
 
 
 class NVFP4Linear(torch.autograd.Function):

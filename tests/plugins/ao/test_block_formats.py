@@ -249,3 +249,30 @@ def test_telemetry_counts_blocks_whose_scale_underflows():
     assert stats.blocks_underflow == pytest.approx(0.5) and stats.blocks_saturated == 0.0
     assert stats.flushed == pytest.approx(0.5)
     assert "blk under" in str(acc.fp8_stats())
+
+
+def test_the_native_mxfp8_path_gets_the_operands_torchaos_sm100_kernels_take():
+    """On a Blackwell GPU torchao's MXFP8 casts assert contiguous bf16 inputs with both dims in
+    32-blocks (torchao 0.18 ``prototype/mx_formats/kernels.py``: ``triton_to_mxfp8_dim0`` and
+    ``mxfp8_quantize_cuda``). Here the native path runs on the CPU with those asserts in place of
+    the kernels, for a GPT-2 Conv1D (weight stored transposed), an odd token count and a
+    non-contiguous, fp32 input outside autocast."""
+    pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D
+
+    acc = block_accelerator("mxfp8", keep_first_last_high_precision=False)
+    model = acc.prepare(nn.Sequential(Conv1D(96, 64)))
+    layer = model[0]
+    assert isinstance(layer, BlockScaled)
+
+    def kernel_rules(x, weight):
+        for operand in (x.reshape(-1, x.shape[-1]), weight):
+            assert operand.is_contiguous(), "`x` must be contiguous"
+            assert operand.dtype == torch.bfloat16, "the cast takes bf16"
+            assert operand.shape[0] % 32 == 0 and operand.shape[1] % 32 == 0, "rows and cols must be multiples of 32"
+        return x.float() @ weight.float().t()
+
+    layer._lowbit_block_native, layer._lowbit_block_gemm = True, kernel_rules
+    x = torch.randn(64, 11, 3).transpose(0, 2)  # (3, 11, 64), not contiguous: 33 tokens
+    out = layer(x)  # through the module: its hooks pad the tokens
+    assert out.shape == (3, 11, 96) and out.dtype == torch.float32
