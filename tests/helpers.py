@@ -184,3 +184,16 @@ def said(recwarn) -> str:
     from lowbit.notices import format_notice
 
     return "".join(format_notice(w.message, w.category) or "" for w in recwarn)
+
+
+class Counter:
+    """An object registered for checkpointing: a number it saves and restores."""
+
+    def __init__(self):
+        self.n = 0
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]

@@ -91,15 +91,7 @@ def test_grad_scaler_state_is_saved_and_restored(tmp_path):
 
 
 def test_registered_objects_round_trip_and_must_match(tmp_path):
-    class Counter:
-        def __init__(self):
-            self.n = 0
-
-        def state_dict(self):
-            return {"n": self.n}
-
-        def load_state_dict(self, state):
-            self.n = state["n"]
+    from helpers import Counter
 
     acc, *_ = _prepared()
     counter = Counter()

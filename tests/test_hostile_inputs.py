@@ -263,15 +263,7 @@ def test_ctrl_c_at_any_point_of_the_commit_leaves_the_directory_saveable(tmp_pat
 
     from lowbit.checkpoint import files
 
-    class Counter:
-        def __init__(self):
-            self.n = 0
-
-        def state_dict(self):
-            return {"n": self.n}
-
-        def load_state_dict(self, state):
-            self.n = state["n"]
+    from helpers import Counter
 
     acc = Accelerator(cpu=True)
     counter = Counter()
@@ -298,3 +290,18 @@ def test_ctrl_c_at_any_point_of_the_commit_leaves_the_directory_saveable(tmp_pat
     counter.n = 0
     acc.load_state(tmp_path / "ckpt")
     assert counter.n == 7
+
+
+def test_a_finished_dataloader_leaves_no_end_of_dataloader_behind():
+    """The dataloader position is the process's: once a loop over a loader is over, nothing is at
+    its end any more, so gradient accumulation elsewhere is not forced to sync on every micro-batch."""
+    import torch
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = acc.prepare(nn.Linear(4, 4))
+    loader = acc.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4))
+    for _ in loader:
+        pass
+    assert not acc.gradient_state.end_of_dataloader
+    with acc.accumulate(model):
+        assert not acc.sync_gradients  # the first of 2 micro-batches

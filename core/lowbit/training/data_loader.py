@@ -185,7 +185,11 @@ class PreparedDataLoader:
             for _ in range(self.skip_batches):
                 next(batches, None)
             remainder = -1
-        yield from self._with_end_marked(batches, remainder)
+        try:
+            yield from self._with_end_marked(batches, remainder)
+        finally:  # out of the loop (done or left): no dataloader is at its end, as in Accelerate
+            self.gradient_state.end_of_dataloader = False
+            self.gradient_state.remainder = -1
         self._replay["start"] = None
         self.set_epoch(self.epoch + 1)
 
