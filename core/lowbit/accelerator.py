@@ -419,7 +419,7 @@ class Accelerator(RankFacts):
         if self.plugins.backward(loss, model):
             return
         # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
-        self.step_rules.loss_finite.append(torch.isfinite(loss.detach()).all())
+        self.step_rules.observe_finite(loss)
         if self.config.gradient_accumulation_steps > 1:
             loss = loss / self.config.gradient_accumulation_steps
         if self.scaler is not None:
@@ -462,7 +462,7 @@ class Accelerator(RankFacts):
         if torch.is_tensor(norm) and not self._strategy_owns_precision():
             # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
             plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
-            self.step_rules.loss_finite.append(torch.isfinite(plain.detach()).all())
+            self.step_rules.observe_finite(plain)
         return norm
 
     @contextlib.contextmanager

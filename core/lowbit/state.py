@@ -469,6 +469,11 @@ class AcceleratorState:
 _DATALOADER_POSITION: dict[str, Any] = {"end_of_dataloader": False, "remainder": -1}
 
 
+def _process_wide(key: str) -> property:
+    """An attribute kept in ``_DATALOADER_POSITION``, shared by every GradientState."""
+    return property(lambda self: _DATALOADER_POSITION[key], lambda self, value: _DATALOADER_POSITION.__setitem__(key, value))
+
+
 class GradientState:
     """Accelerate's ``GradientState``: whether this Accelerator's micro-batch syncs gradients, and
     whether the dataloader being iterated (in this process) just yielded its last batch."""
@@ -477,21 +482,8 @@ class GradientState:
         self._accelerator = accelerator
         self.sync_gradients = True
 
-    @property
-    def end_of_dataloader(self) -> bool:
-        return _DATALOADER_POSITION["end_of_dataloader"]
-
-    @end_of_dataloader.setter
-    def end_of_dataloader(self, value: bool) -> None:
-        _DATALOADER_POSITION["end_of_dataloader"] = value
-
-    @property
-    def remainder(self) -> int:
-        return _DATALOADER_POSITION["remainder"]
-
-    @remainder.setter
-    def remainder(self, value: int) -> None:
-        _DATALOADER_POSITION["remainder"] = value
+    end_of_dataloader = _process_wide("end_of_dataloader")
+    remainder = _process_wide("remainder")
 
     @property
     def num_steps(self) -> int:

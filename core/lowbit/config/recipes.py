@@ -229,9 +229,9 @@ class FP4RecipeOptions:
     nvfp4_2d_weight_scaling: bool | None = recipe_option(True, type=bool, help="one scale per 16x16 weight block (else 1x16)")
 
 
-def fp4_layers_kept_bf16(names: list[str], fraction: float) -> list[str]:
-    """The last ``fraction`` of ``names`` (module order), rounded up: the layers fp4 keeps in bf16."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ConfigError(f"fp4_last_layers_bf16 must be between 0 and 1, got {fraction}.")
+def fp4_layers_kept_bf16(names: list[str], fraction: float) -> dict[str, str]:
+    """The last ``fraction`` of ``names`` (module order), rounded up, with the reason they stay in
+    bf16 under fp4. ``fraction`` is checked (0 to 1) where the option is parsed."""
     count = math.ceil(round(len(names) * fraction, 6))  # round: 20 * 0.15 is 3.0000000000000004
-    return names[len(names) - count:] if count else []
+    reason = f"in the last {fraction:.0%} of Linears, kept in bf16 (fp4_last_layers_bf16)"
+    return dict.fromkeys(names[len(names) - count:] if count else [], reason)

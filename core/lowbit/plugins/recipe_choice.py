@@ -95,10 +95,12 @@ def _who_offers(registry: BackendRegistry, recipe: str, emulating: bool = False)
     """Which backends offer ``recipe``: installed ones with how they run it here, then first-party
     ones that are not installed (with the install command)."""
     installed = {c.name: c for c in registry.ranked("fp8")}
-    here = [f"{name} ({recipe_status(c.description, recipe, registry.hardware) if c.description.available else 'unavailable: ' + c.description.reason})"
-            for name, c in installed.items() if recipe in declared_recipes(c.description)]
-    if emulating:
-        here = [h for h in here if "(emulated)" in h] or here
+    statuses = {name: (recipe_status(c.description, recipe, registry.hardware) if c.description.available
+                       else "unavailable: " + c.description.reason)
+                for name, c in installed.items() if recipe in declared_recipes(c.description)}
+    if emulating and "emulated" in statuses.values():
+        statuses = {name: status for name, status in statuses.items() if status == "emulated"}
+    here = [f"{name} ({status})" for name, status in statuses.items()]
     elsewhere = [f"{backend} ({install})" for backend, install in first_party_recipe_offers(recipe) if backend not in installed]
     parts = []
     if here:

@@ -52,17 +52,22 @@ class StepRules:
     step_observers: list[Callable[[], None]] = field(default_factory=list)
     # What a NaN/inf loss does to the optimizer step it feeds: "skip", "raise" or "continue".
     on_nonfinite_loss: str = "skip"
-    # One flag per backward (and per clip_grad_norm_) since the last optimizer step (tensors: read
-    # once, at the step).
-    loss_finite: list[Any] = field(default_factory=list)
+    # Whether every loss (and clipped gradient norm) since the last optimizer step was finite: one
+    # bool tensor, folded on the device and read once, at the step (None: nothing seen yet).
+    finite_since_step: Any = None
     optimizer_steps: int = 0
+
+    def observe_finite(self, value: torch.Tensor) -> None:
+        """Fold a loss or gradient norm into the flag the next optimizer step reads (no host sync)."""
+        flag = torch.isfinite(value.detach()).all()
+        self.finite_since_step = flag if self.finite_since_step is None else self.finite_since_step & flag
 
     def nonfinite_loss_before_step(self) -> bool:
         """Whether a loss since the last step was NaN/inf (one host sync per step, none per micro-batch)."""
-        if not self.loss_finite:
+        if self.finite_since_step is None:
             return False
-        finite = torch.stack(self.loss_finite).all().to(torch.int32)
-        self.loss_finite.clear()
+        finite = self.finite_since_step.to(torch.int32)
+        self.finite_since_step = None
         if self.num_processes > 1:  # every rank skips or steps together (their gradients are averaged)
             import torch.distributed as dist
 
@@ -136,7 +141,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         rules = self._rules
         rules.optimizer_steps += 1
         if rules.scaler is not None:
-            rules.loss_finite.clear()  # fp16: the loss scaler skips steps with inf/nan gradients itself
+            rules.finite_since_step = None  # fp16: the loss scaler skips steps with inf/nan gradients itself
         elif rules.nonfinite_loss_before_step() and not self._nonfinite_continues(rules):
             self.step_was_skipped = True
             return None

@@ -107,8 +107,8 @@ def convert_block_layers(model: nn.Module, candidates: list[str], skipped: dict[
     options = context.fp8_options
     recipe = options.recipe
     if recipe == "nvfp4":
-        for name in fp4_layers_kept_bf16(candidates, options.fp4_last_layers_bf16):
-            skipped.setdefault(name, f"in the last {options.fp4_last_layers_bf16:.0%} of Linears, kept in bf16 (fp4_last_layers_bf16)")
+        for name, why in fp4_layers_kept_bf16(candidates, options.fp4_last_layers_bf16).items():
+            skipped.setdefault(name, why)
     emulated = context.recipe_runs == "emulated"
     conv1d = conv1d_class()
     modules = dict(model.named_modules())

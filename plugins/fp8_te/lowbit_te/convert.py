@@ -97,8 +97,8 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
         skipped[linears[0]] = "first Linear kept in high precision"
         skipped[linears[-1]] = "last Linear kept in high precision"
     if context.mixed_precision == "fp4":
-        for name in fp4_layers_kept_bf16(linears, options.fp4_last_layers_bf16):
-            skipped.setdefault(name, f"in the last {options.fp4_last_layers_bf16:.0%} of Linears, kept in bf16 (fp4_last_layers_bf16)")
+        for name, why in fp4_layers_kept_bf16(linears, options.fp4_last_layers_bf16).items():
+            skipped.setdefault(name, why)
     converted: list[str] = []
     for name, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
