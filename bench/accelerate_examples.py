@@ -3,6 +3,7 @@
     python bench/accelerate_examples.py --accelerate-src /path/to/accelerate          # git checkout or bare repo
     python bench/accelerate_examples.py --accelerate-src SRC --processes 2 examples/nlp_example.py
     python bench/accelerate_examples.py --accelerate-src SRC --list
+    python bench/accelerate_examples.py --accelerate-src SRC --script-args="--mixed_precision fp8" examples/by_feature/profiler.py
 
 Nothing of Accelerate's is copied into lowbit: the scripts are read from the Accelerate source you
 point at (a checkout, or a bare git repository read with `git show`). Each runs twice, once as it
@@ -74,11 +75,12 @@ def stage(src: Path, script: str, library: str, workdir: Path) -> Path:
     return target
 
 
-def run_one(src: Path, script: str, library: str, processes: int, timeout: float) -> tuple[int, list[str], str, float]:
+def run_one(src: Path, script: str, library: str, processes: int, timeout: float,
+            extra: list[str] = ()) -> tuple[int, list[str], str, float]:
     workdir = Path(tempfile.mkdtemp(prefix=f"acc-example-{library}-"))
     try:
         target = stage(src, script, library, workdir)
-        args = [a.replace("{out}", str(workdir / "out")) for a in SCRIPTS.get(script, [])]
+        args = [a.replace("{out}", str(workdir / "out")) for a in [*SCRIPTS.get(script, []), *extra]]
         runner = [str(HERE / "accelerate_examples_offline.py"), str(target), *args]
         if processes == 1:
             cmd = [sys.executable, *runner]
@@ -102,6 +104,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--list", action="store_true", help="list the scripts and exit")
     parser.add_argument("--verbose", action="store_true", help="print the metric lines and the stderr of failures")
+    parser.add_argument("--script-args", default="", help="more arguments for every script (e.g. \"--mixed_precision fp8\")")
     parser.add_argument("scripts", nargs="*", help=f"default: all {len(SCRIPTS)}")
     args = parser.parse_args()
     if args.list:
@@ -109,7 +112,8 @@ def main() -> int:
         return 0
     rows, failures = [], 0
     for script in args.scripts or list(SCRIPTS):
-        results = {lib: run_one(args.accelerate_src, script, lib, args.processes, args.timeout) for lib in ("accelerate", "lowbit")}
+        results = {lib: run_one(args.accelerate_src, script, lib, args.processes, args.timeout, args.script_args.split())
+                   for lib in ("accelerate", "lowbit")}
         (acc_rc, acc_metrics, _, acc_s), (low_rc, low_metrics, _, low_s) = results["accelerate"], results["lowbit"]
         same = "same" if acc_rc == low_rc == 0 and acc_metrics == low_metrics else ("differ" if acc_rc == low_rc == 0 else "-")
         failures += low_rc != 0 or same == "differ"

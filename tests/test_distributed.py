@@ -116,6 +116,14 @@ def test_fsdp2_checkpoint_resume(tmp_path):
     assert all(r["resumed_equals_uninterrupted"] for r in results)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path, strategy):
+    results = launch(tmp_path, "nonfinite", *(["--use_fsdp"] if strategy == "fsdp" else []))
+    assert [r["skipped"] for r in results] == [[False, False, True, False]] * 2
+    states = [torch.load(tmp_path / "nonfinite" / f"state_rank{r}.pt", weights_only=True) for r in range(2)]
+    assert all(torch.equal(states[0][k], states[1][k]) and torch.isfinite(states[0][k]).all() for k in states[0])
+
+
 @pytest.mark.parametrize("hook, registered", [("fp16", "fp16_compress_hook"), ("power_sgd", "powerSGD_hook")])
 def test_ddp_comm_hooks_are_registered_and_train(tmp_path, hook, registered):
     results = launch(tmp_path, f"comm-hook-{hook}")

@@ -5,6 +5,7 @@ import json
 import sys
 
 import pytest
+import torch
 from torch import nn
 
 from helpers import FakeBackend
@@ -122,7 +123,7 @@ def test_a_nan_loss_is_reported_on_its_step_and_handled_as_asked(mode, recwarn):
     x[0, 0] = float("nan")
     acc.backward(model(x).pow(2).mean())
     if mode == "raise":
-        with pytest.raises(FloatingPointError, match=r"the loss \(or, clipped, the gradient norm\) of optimizer step 2 is NaN or inf"):
+        with pytest.raises(FloatingPointError, match=r"the loss or a gradient of optimizer step 2 is NaN or inf"):
             opt.step()
         return
     before = model.weight.detach().clone()
@@ -133,6 +134,42 @@ def test_a_nan_loss_is_reported_on_its_step_and_handled_as_asked(mode, recwarn):
         assert acc.optimizer_step_was_skipped and torch.equal(model.weight, before)
     else:
         assert not acc.optimizer_step_was_skipped and not torch.isfinite(model.weight).all()
+
+
+class _NaNGradient(torch.autograd.Function):
+    """Identity forward, NaN backward: a finite loss whose gradient overflowed (what a bad kernel does)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full_like(grad, float("nan"))
+
+
+@pytest.mark.parametrize("clipped", [False, True])
+def test_a_nan_gradient_under_a_finite_loss_is_reported_and_its_step_skipped(clipped, recwarn):
+    torch.manual_seed(0)
+    acc = Accelerator(cpu=True)
+    model, opt = acc.prepare(nn.Linear(4, 1), torch.optim.SGD(nn.Linear(4, 1).parameters(), lr=0.1))
+    opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(8, 4)
+    for step, poison in ((1, False), (2, True), (3, False)):
+        out = model(x)
+        loss = (_NaNGradient.apply(out) if poison else out).pow(2).mean()
+        assert torch.isfinite(loss)
+        acc.backward(loss)
+        if clipped:
+            acc.clip_grad_norm_(model.parameters(), 1.0)
+        before = model.weight.detach().clone()
+        opt.step()
+        opt.zero_grad()
+        assert acc.optimizer_step_was_skipped == poison, step
+        assert torch.equal(model.weight, before) == poison
+    messages = [str(w.message) for w in recwarn]
+    assert sum("optimizer step 2 is NaN or inf" in m for m in messages) == 1, messages
+    assert torch.isfinite(model.weight).all()
 
 
 def test_a_checkpoint_on_read_only_storage_loads_beside_a_leftover_temp_directory(tmp_path, monkeypatch, recwarn):
@@ -229,7 +266,7 @@ def test_an_inf_gradient_with_a_finite_loss_is_caught_where_the_norm_is_clipped(
     acc.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     assert acc.optimizer_step_was_skipped and torch.equal(model.weight, before)
-    assert any("gradient norm) of optimizer step 1 is NaN or inf" in str(w.message) for w in recwarn)
+    assert any("a gradient of optimizer step 1 is NaN or inf" in str(w.message) for w in recwarn)
 
 
 @pytest.mark.multiprocess
@@ -305,3 +342,22 @@ def test_a_finished_dataloader_leaves_no_end_of_dataloader_behind():
     assert not acc.gradient_state.end_of_dataloader
     with acc.accumulate(model):
         assert not acc.sync_gradients  # the first of 2 micro-batches
+
+
+def test_a_collective_timeout_names_the_ranks_that_left_no_mark():
+    """What a timed-out rank prints (the 2-process case runs in test_failing_ranks.py): ranks 0 and
+    2 timed out in the same collective, rank 1 never arrived; every rank timing out means the ranks
+    were in different collectives."""
+    import torch.distributed as dist
+
+    from lowbit.collective_timeouts import describe, is_collective_timeout, ranks_that_did_not_arrive
+
+    store = dist.HashStore()
+    store.set("lowbit/timed_out/2", "1")
+    assert ranks_that_did_not_arrive(store, 0, 3, window_s=0.5) == [1]
+    assert "rank(s) 1 never arrived" in describe(0, 3, [1]) and "rank(s) 0, 2 waited" in describe(0, 3, [1])
+    store.set("lowbit/timed_out/1", "1")
+    assert ranks_that_did_not_arrive(store, 0, 3, window_s=0.5) == []
+    assert "different collectives" in describe(0, 3, [])
+    assert is_collective_timeout(RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 60000ms for recv"))
+    assert not is_collective_timeout(RuntimeError("Connection reset by peer")) and not is_collective_timeout(ValueError("timeout"))

@@ -58,7 +58,7 @@ class Accelerator(RankFacts):
     Args mirror Hugging Face Accelerate: ``mixed_precision`` ("no", "fp16", "bf16", "fp8"),
     ``gradient_accumulation_steps``, ``cpu``, ``kwargs_handlers`` (also ``kwarg_handlers``),
     ``dynamo_backend``. lowbit adds ``fp8_fallback`` (precision to use, with a warning, when FP8
-    cannot run here), ``on_nonfinite_loss`` (a NaN/inf loss: "skip" that optimizer step with a
+    cannot run here), ``on_nonfinite_loss`` (a NaN/inf loss or gradient: "skip" that optimizer step with a
     warning naming it, the default; "raise"; or "continue"), ``config_file`` and
     ``plugin_manager`` (tests, embedding).
     Arguments left as None come from env vars, then the config file, then defaults.
@@ -177,7 +177,8 @@ class Accelerator(RankFacts):
         self.plugins = ChosenPlugins(self._plugins, self._precision, self._fp8, self._strategy, self.context)
         self.prepared = PreparedObjects()
         self.step_rules = StepRules(self.gradient_state, self.scaler, self.num_processes, self.split_batches,
-                                    self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss)
+                                    self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss,
+                                    check_gradients=not self._strategy_owns_precision())
         self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings())
         self._telemetry: TelemetryRecorder | None = None
         self._preemption = PreemptionWatch(self.num_processes)
@@ -462,7 +463,7 @@ class Accelerator(RankFacts):
         if torch.is_tensor(norm) and not self._strategy_owns_precision():
             # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
             plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
-            self.step_rules.observe_finite(plain)
+            self.step_rules.observe_finite(plain, gradients=True)
         return norm
 
     @contextlib.contextmanager

@@ -36,6 +36,9 @@ def _record_uncaught(previous: Callable[..., Any]) -> Callable[..., Any]:
     def hook(exc_type, exc, tb):  # noqa: ANN001 - sys.excepthook's signature
         _uncaught.append(exc)
         previous(exc_type, exc, tb)
+        from lowbit.collective_timeouts import report_if_timeout
+
+        report_if_timeout(exc)
 
     hook._lowbit = True  # type: ignore[attr-defined]
     return hook

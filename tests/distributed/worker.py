@@ -106,6 +106,21 @@ def main() -> None:
         after = acc.get_state_dict(model)
         update = sum(((after[k].float() - before[k]) ** 2).sum() for k in before) ** 0.5
         result = {"norm": float(norm), "update": float(update)}
+    elif scenario == "nonfinite":
+        # Rank 1 alone sees a NaN loss at its third step (its gradients stay finite): every rank
+        # must skip that step, or the ranks' weights part ways.
+        acc, model, opt, loader = build(scenario)
+        skipped = []
+        for step, (x, y) in enumerate(loader):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            if step == 2 and acc.process_index == 1:
+                loss = loss + float("nan")
+            acc.backward(loss)
+            opt.step()
+            skipped.append(acc.optimizer_step_was_skipped)
+        torch.save(acc.get_state_dict(model), out / f"state_rank{acc.process_index}.pt")
+        result = {"skipped": skipped}
     elif scenario == "profile":
         acc, model, opt, loader = build(scenario)
         with acc.profile(out / "profile", wait=0, warmup=1, active=2) as prof:

@@ -83,7 +83,7 @@ TOP_LEVEL: dict[str, OptionSpec] = {
         _spec("fp8_fallback", str, None, ("no", "fp16", "bf16"), help="precision to fall back to when FP8 cannot run"),
         _spec("debug", bool, False, help="print the launcher's underlying command"),
         _spec("on_nonfinite_loss", str, "skip", ("skip", "raise", "continue"),
-              help="a NaN/inf loss: skip that optimizer step (with a warning naming it), raise, or continue"),
+              help="a NaN/inf loss or gradient: skip that optimizer step (with a warning naming it), raise, or continue"),
     )
 }
 @dataclasses.dataclass

@@ -1,0 +1,75 @@
+"""Which ranks a timed-out collective waited for.
+
+torch reports a collective that waited past the process group's timeout as an error in each
+waiting rank, naming no rank (gloo names a peer's address, NCCL a sequence number). A rank that
+dies of such an error leaves a mark in the job's key-value store (the one the process group was
+built on, which still works when the collective did not) and waits a few seconds for the marks of
+the others: the ranks that timed out too were waiting with it; the ranks that left no mark never
+arrived (stuck elsewhere in the script, or gone). It says so in one line, after the traceback.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from typing import Any
+
+# How long a timed-out rank waits for the others' marks: ranks waiting in the same collective time
+# out within moments of each other; this leaves a busy machine room without delaying the exit much.
+MARK_WINDOW_S = 10.0
+_KEY = "lowbit/timed_out/{rank}"
+_TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    """A process-group error (gloo's and NCCL's are RuntimeErrors) that says it waited too long."""
+    return isinstance(exc, RuntimeError) and bool(_TIMEOUT_TEXT.search(str(exc)))
+
+
+def _default_store() -> Any:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    # The store the default group was built on; private, so its absence only costs the report.
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    return get_store() if callable(get_store) else None
+
+
+def ranks_that_did_not_arrive(store: Any, rank: int, world_size: int, window_s: float = MARK_WINDOW_S) -> list[int]:
+    """Mark this rank as timed out, then return the ranks that left no such mark within ``window_s``."""
+    store.set(_KEY.format(rank=rank), "1")
+    others = [r for r in range(world_size) if r != rank]
+    deadline = time.monotonic() + window_s
+    while True:
+        missing = [r for r in others if not store.check([_KEY.format(rank=r)])]
+        if not missing or time.monotonic() >= deadline:
+            return missing
+        time.sleep(0.2)
+
+
+def describe(rank: int, world_size: int, missing: list[int]) -> str:
+    if not missing:
+        return (f"lowbit: error: rank {rank} timed out in a collective, and so did every other rank: they were "
+                "waiting in different collectives (a call made on some ranks only, or in a different order).")
+    names = ", ".join(str(r) for r in missing)
+    waited = sorted(set(range(world_size)) - set(missing))
+    return (f"lowbit: error: rank {rank} timed out in a collective; rank(s) {names} never arrived (stuck elsewhere "
+            f"in the script, or gone), while rank(s) {', '.join(map(str, waited))} waited. Raise the limit with "
+            "InitProcessGroupKwargs(timeout=...) if those ranks were only slow.")
+
+
+def report_if_timeout(exc: BaseException) -> None:
+    """After an uncaught error: if it is a collective timeout, name the ranks it waited for."""
+    if not is_collective_timeout(exc):
+        return
+    try:
+        import torch.distributed as dist
+
+        store = _default_store()
+        if store is None:
+            return
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        print(describe(rank, world_size, ranks_that_did_not_arrive(store, rank, world_size)), file=sys.stderr, flush=True)
+    except Exception:  # noqa: BLE001 - the report is a courtesy on the way out; the error itself was printed
+        return
