@@ -8,10 +8,13 @@ vocabulary both sentences are drawn from, so that a small model learns it within
 few epochs; 4096 training pairs, an uneven validation split of 43),
 ``AutoTokenizer.from_pretrained`` a word-level fast tokenizer over that vocabulary,
 ``AutoModelForSequenceClassification.from_pretrained`` a 2-layer BERT with random weights, and
-``evaluate.load`` an accuracy/F1 metric.
+``evaluate.load`` an accuracy/F1 metric that prints what it computed (and over how many samples).
+Without CUDA, DDP is built without ``device_ids`` (the fp8 benchmarks' raw-torchao baselines pass
+them, and DDP refuses them for a CPU module).
 """
 from __future__ import annotations
 
+import os
 import random
 import runpy
 import sys
@@ -82,7 +85,30 @@ class AccuracyF1:
         tp = sum(1 for p, r in pairs if p == r == 1)
         predicted, actual = sum(p for p, _ in pairs), sum(r for _, r in pairs)
         f1 = 2 * tp / (predicted + actual) if predicted + actual else 0.0
-        return {"accuracy": sum(p == r for p, r in pairs) / max(len(pairs), 1), "f1": f1}
+        result = {"accuracy": sum(p == r for p, r in pairs) / max(len(pairs), 1), "f1": f1}
+        # Printed so that scripts which only assert on their metrics (Accelerate's fp8 benchmarks)
+        # can be compared too; the sample count shows what gather_for_metrics kept.
+        print(f"metric computed on rank {os.environ.get('RANK', '0')}: {result} over {len(pairs)} samples", flush=True)
+        return result
+
+
+def ddp_without_device_ids_on_cpu() -> None:
+    """The fp8 benchmarks' raw-torchao baselines wrap the model in DDP with ``device_ids=[local
+    rank]``, which DDP refuses for a CPU module; without CUDA the ids are dropped (both runs alike)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    if torch.cuda.is_available():
+        return
+    original = DistributedDataParallel.__init__
+
+    def init(self, module, *args, **kwargs):
+        if all(p.device.type == "cpu" for p in module.parameters()):
+            kwargs.pop("device_ids", None)
+            kwargs.pop("output_device", None)
+        original(self, module, *args, **kwargs)
+
+    DistributedDataParallel.__init__ = init
 
 
 def install() -> None:
@@ -94,6 +120,7 @@ def install() -> None:
     evaluate.load = lambda *a, **k: AccuracyF1()
     transformers.AutoTokenizer.from_pretrained = tokenizer_from_pretrained
     transformers.AutoModelForSequenceClassification.from_pretrained = model_from_pretrained
+    ddp_without_device_ids_on_cpu()
 
 
 if __name__ == "__main__":

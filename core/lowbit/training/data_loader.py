@@ -178,7 +178,10 @@ class PreparedDataLoader:
             collate = self.base.collate_fn
             dataset = self.base.dataset
             batches = (collate([dataset[i] for i in indices]) for indices in self._batch_indices()[self.skip_batches:])
-            remainder = self.total_dataset_length % self.total_batch_size if self.even_batches else -1
+            # Padding to drop in gather_for_metrics: only the last round's, when it was filled up
+            # (drop_last drops that round instead, so nothing gathered is padding).
+            padded = self.even_batches and not self.base.drop_last
+            remainder = self.total_dataset_length % self.total_batch_size if padded else -1
         else:
             self._replay["start"] = resume if resume is not None else _rng_state(rng)
             batches = self._iter_base(rng, resume)
