@@ -88,6 +88,15 @@ def _checked_gemm(original, choose_config, aten_op, args, kwargs, a, b, bias=Non
     if not getattr(marker, "lowbit_marked", False):  # a layer lowbit did not convert: torchao's path, unchecked
         return original(aten_op, args, kwargs)
     check_scaled_mm_shapes(a, b, config.pad_inner_dim)
+    if not torch.autograd._profiler_enabled():
+        return _gemm(original, marker, aten_op, args, kwargs, a, b, bias)
+    # Under a profiler, each FP8 GEMM (a dozen small operations when emulated) is one named range.
+    label = "emulated" if marker.lowbit_compute_dtype is not None or getattr(config, "emulate", False) else "scaled_mm"
+    with torch.profiler.record_function(f"lowbit::fp8_gemm ({label})"):
+        return _gemm(original, marker, aten_op, args, kwargs, a, b, bias)
+
+
+def _gemm(original, marker, aten_op, args, kwargs, a, b, bias):
     if marker.lowbit_compute_dtype is None:
         return original(aten_op, args, kwargs)
     out = scaled_mm(a, b, a._orig_dtype, _gemm_dtype(marker.lowbit_compute_dtype, a._orig_dtype))

@@ -146,3 +146,18 @@ def test_trains_and_matches_torchao_emulation_over_many_steps():
         losses[emulation] = train_steps(acc, model, opt, x, y, 30)
     assert losses["fast"][-1] < 0.8 * losses["fast"][0]
     assert abs(losses["fast"][-1] - losses["torchao"][-1]) / losses["torchao"][-1] < 0.02, losses
+
+
+@pytest.mark.parametrize("emulation", ["fast", "torchao"])
+def test_under_a_profiler_each_fp8_gemm_is_one_named_range(emulation):
+    """An emulated FP8 GEMM is a dozen small operations in a trace; each is grouped under one
+    ``lowbit::fp8_gemm`` range (3 per converted Linear per step: forward, input and weight
+    gradients), and nothing is recorded when no profiler runs."""
+    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(emulation=emulation)])
+    model = acc.prepare(mlp(seed=0, width=64))
+    converted = sum(isinstance(m, Float8Linear) for m in model.modules())
+    x, _ = regression_data(32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        acc.backward(model(x).pow(2).mean())
+    ranges = [e.name for e in prof.events() if e.name.startswith("lowbit::fp8_gemm")]
+    assert converted >= 1 and ranges == ["lowbit::fp8_gemm (emulated)"] * (3 * converted)
