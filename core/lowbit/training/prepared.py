@@ -77,7 +77,7 @@ class StepRules:
             sums = [_local(p.grad).sum() for group in optimizer.param_groups for p in group["params"]
                     if isinstance(getattr(p, "grad", None), torch.Tensor) and p.grad.is_floating_point()]
             if sums:
-                self.observe_finite(torch.stack([s.float() for s in sums]))
+                self.observe_finite(torch.stack([s if s.dtype == torch.float32 else s.float() for s in sums]))
         self.gradients_observed = False
 
     def nonfinite_before_step(self) -> bool:
