@@ -40,12 +40,15 @@ def ranks_that_did_not_arrive(store: Any, rank: int, world_size: int, window_s: 
     """Mark this rank as timed out, then return the ranks that left no such mark within ``window_s``."""
     store.set(_KEY.format(rank=rank), "1")
     others = [r for r in range(world_size) if r != rank]
+    keys = [_KEY.format(rank=r) for r in others]
     deadline = time.monotonic() + window_s
-    while True:
-        missing = [r for r in others if not store.check([_KEY.format(rank=r)])]
-        if not missing or time.monotonic() >= deadline:
-            return missing
-        time.sleep(0.2)
+    # One request per poll (check() answers for all keys at once), so that many ranks timing out
+    # together do not flood the store; rank by rank only once, at the end.
+    while not store.check(keys):
+        if time.monotonic() >= deadline:
+            return [r for r, key in zip(others, keys) if not store.check([key])]
+        time.sleep(0.5)
+    return []
 
 
 def describe(rank: int, world_size: int, missing: list[int]) -> str:

@@ -64,7 +64,10 @@ class StepRules:
     def observe_finite(self, value: torch.Tensor, gradients: bool = False) -> None:
         """Fold a loss or gradient norm into the flag the next optimizer step reads (no host sync)."""
         flag = torch.isfinite(value.detach()).all()
-        self.finite_since_step = flag if self.finite_since_step is None else self.finite_since_step & flag
+        if self.finite_since_step is None:
+            self.finite_since_step = flag
+        else:  # a model spread over devices (device_map) gives flags on several
+            self.finite_since_step = self.finite_since_step & flag.to(self.finite_since_step.device)
         self.gradients_observed |= gradients
 
     def observe_gradients(self, optimizer: torch.optim.Optimizer) -> None:
@@ -77,7 +80,9 @@ class StepRules:
             sums = [_local(p.grad).sum() for group in optimizer.param_groups for p in group["params"]
                     if isinstance(getattr(p, "grad", None), torch.Tensor) and p.grad.is_floating_point()]
             if sums:
-                self.observe_finite(torch.stack([s if s.dtype == torch.float32 else s.float() for s in sums]))
+                device = sums[0].device
+                self.observe_finite(torch.stack([s if s.dtype == torch.float32 and s.device == device
+                                                 else s.float().to(device) for s in sums]))
         self.gradients_observed = False
 
     def nonfinite_before_step(self) -> bool:
