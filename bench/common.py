@@ -49,6 +49,18 @@ def step_fn(model: nn.Module, optimizer, x, y, backward: Callable | None = None,
     return step
 
 
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall seconds of ``fn`` over ``repeats`` calls, after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def compare(a: Callable[[], None], b: Callable[[], None], warmup: int = 10, pairs: int = 300) -> tuple[float, float, float]:
     """Median step seconds of ``a`` and ``b``, and the median of per-pair ratios a/b.
 

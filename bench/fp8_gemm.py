@@ -11,12 +11,11 @@ single-threaded, all in one process; the ratio column divides by the plain fp32 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from types import SimpleNamespace
 
 import torch
 
+from common import median_seconds
 from lowbit.training.cpu_features import cpu_has_native_bf16
 from lowbit_ao.fast_emulation import scaled_mm
 
@@ -24,13 +23,7 @@ torch.set_num_threads(1)
 
 
 def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * median_seconds(fn, repeats)
 
 
 def main() -> None:

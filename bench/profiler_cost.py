@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from common import batch, make_model, print_table, step_fn
+from common import batch, make_model, median_seconds, print_table, step_fn
 
 warnings.filterwarnings("ignore")
 ROWS = [("raw", "no"), ("accelerate", "no"), ("lowbit", "no"), ("raw", "fp8"), ("accelerate", "fp8"), ("lowbit", "fp8")]
@@ -72,20 +71,14 @@ def build(library: str, precision: str):
 
 def measure(library: str, precision: str, steps: int) -> dict:
     step, profiled, trace_dir = build(library, precision)
-    for _ in range(3):
-        step()
-    plain = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        plain.append(time.perf_counter() - start)
+    plain = median_seconds(step, steps, warmup=3)
     start = time.perf_counter()
     with profiled() as prof:
         for _ in range(steps):
             step()
     with_profiler = (time.perf_counter() - start) / steps
     trace_bytes = sum(f.stat().st_size for f in Path(trace_dir).rglob("*") if f.is_file())
-    return {"plain": statistics.median(plain), "profiled": with_profiler, "events": len(prof.events()) / steps,
+    return {"plain": plain, "profiled": with_profiler, "events": len(prof.events()) / steps,
             "trace_kb": trace_bytes / 1024 / steps}
 
 
