@@ -363,4 +363,6 @@ def test_a_collective_timeout_names_the_ranks_that_left_no_mark():
     assert ranks_that_did_not_arrive(store, 0, 3, window_s=0.5) == []
     assert "different collectives" in describe(0, 3, [])
     assert is_collective_timeout(RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 60000ms for recv"))
+    assert is_collective_timeout(RuntimeError("Application timeout caused pair closure"))
     assert not is_collective_timeout(RuntimeError("Connection reset by peer")) and not is_collective_timeout(ValueError("timeout"))
+    assert not is_collective_timeout(RuntimeError("the data server timed out"))  # the user's own, not a collective

@@ -18,11 +18,16 @@ from typing import Any
 # out within moments of each other; this leaves a busy machine room without delaying the exit much.
 MARK_WINDOW_S = 10.0
 _KEY = "lowbit/timed_out/{rank}"
-_TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)
+# What torch 2.13's process groups say (seen over gloo: "[gloo/transport/tcp/unbound_buffer.cc:78]
+# Timed out waiting 5000ms for recv operation to complete", then "Application timeout caused pair
+# closure" for the next collective; NCCL's watchdog: "collective operation timeout"). A user's own
+# RuntimeError that merely mentions a timeout is not one of them.
+_TIMEOUT_TEXT = re.compile(r"timed out waiting|application timeout|collective operation timeout|watchdog caught",
+                           re.IGNORECASE)
 
 
 def is_collective_timeout(exc: BaseException) -> bool:
-    """A process-group error (gloo's and NCCL's are RuntimeErrors) that says it waited too long."""
+    """A process-group error (plain RuntimeErrors over gloo, DistBackendError over NCCL) that says it waited too long."""
     return isinstance(exc, RuntimeError) and bool(_TIMEOUT_TEXT.search(str(exc)))
 
 
