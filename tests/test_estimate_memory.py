@@ -1,9 +1,10 @@
 """``lowbit estimate-memory`` against peaks measured on this CPU: three models (a transformers
-Llama and GPT-2 from configs, a plain module:factory) under DDP and FSDP2 in 2 processes, each
-rank's peak of allocated memory over 3 training steps, within 15% (for FSDP2, of the estimated
-range: its unsharded gradients wait for asynchronous reduce-scatters, so how many are alive at
-once depends on timing; measured here from 313 to 378 MB for the same Llama run). Under DDP the
-measurement is deterministic (``memory_worker.py`` samples after every tensor operation)."""
+Llama and GPT-2 from configs, a plain module:factory) under DDP and FSDP2 in 2 processes (and the
+transformers models in bf16 and fp8 under DDP), each rank's peak of allocated memory over 3
+training steps, within 15% (for FSDP2, of the estimated range: its unsharded gradients wait for
+asynchronous reduce-scatters, so how many are alive at once depends on timing; measured here from
+313 to 378 MB for the same Llama run). Under DDP the measurement is deterministic
+(``memory_worker.py`` samples after every tensor operation)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_launch
+from lowbit.cli.estimate_memory_command import backend_memory
 from lowbit.errors import ConfigError
 from lowbit.observe.memory_estimate import estimate_all
 
@@ -32,29 +34,39 @@ def _spec(tmp_path: Path, name: str) -> tuple[str, int, int]:
     return str(path), 4, 256
 
 
+# Every model under both strategies in fp32; the transformers models under DDP in bf16 and in
+# fp8 (lowbit-ao's row: bf16 autocast around emulated FP8 GEMMs, fp32 master weights and states).
+CASES = [(name, strategy, "no") for name in ("llama", "gpt2", "mlp") for strategy in ("ddp", "fsdp")] + [
+    (name, "ddp", precision) for name in ("llama", "gpt2") for precision in ("bf16", "fp8")]
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-@pytest.mark.parametrize("name", ["llama", "gpt2", "mlp"])
-def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, strategy):
+@pytest.mark.parametrize("name, strategy, precision", CASES)
+def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, strategy, precision):
     pytest.importorskip("transformers")
+    if precision == "fp8":
+        pytest.importorskip("lowbit_ao")
     spec, batch, seq = _spec(tmp_path, name)
     sys.path.insert(0, str(HERE / "distributed"))
     try:
-        estimate = estimate_all(spec, ["no"], [strategy], 2, batch, seq, {})[0]
+        rows = estimate_all(spec, [precision], [strategy], 2, batch, seq, backend_memory())
     finally:
         sys.path.remove(str(HERE / "distributed"))
+    estimate = next(e for e in rows if e.label in ("fp32", precision, f"{precision} (ao)"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                PYTHONPATH=os.pathsep.join([str(HERE / "distributed"), env.get("PYTHONPATH", "")]))
     flags = ["--use_fsdp"] if strategy == "fsdp" else []
     cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *flags, str(WORKER),
-           spec, "no", str(batch), str(seq), str(tmp_path)]
+           spec, precision, str(batch), str(seq), str(tmp_path)]
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    measured = max(json.loads((tmp_path / f"memory_rank{r}.json").read_text())["peak"] for r in range(2))
+    ranks = [json.loads((tmp_path / f"memory_rank{r}.json").read_text()) for r in range(2)]
+    assert not any(step for rank in ranks for step in rank["skipped"]), ranks  # a skipped step holds no AdamW states
+    measured = max(rank["peak"] for rank in ranks)
     low, high = estimate.peak_low, estimate.peak
     nearest = min(max(measured, low), high)  # the measured peak itself when it lies in the range
-    print(f"{name} {strategy}: estimated {low / 2**20:.1f}-{high / 2**20:.1f} MB, measured {measured / 2**20:.1f} MB "
+    print(f"{name} {strategy} {precision}: estimated {low / 2**20:.1f}-{high / 2**20:.1f} MB, measured {measured / 2**20:.1f} MB "
           f"({nearest / measured - 1:+.1%})")
     assert abs(nearest / measured - 1) <= 0.15
 

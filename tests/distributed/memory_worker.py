@@ -1,10 +1,11 @@
 """Measures one training process's peak memory for ``tests/test_estimate_memory.py``: what the
 process has allocated (glibc's ``mallinfo2``: heap in use plus mmapped blocks), from before the
-model exists to the end of 3 training steps; sampled after every tensor operation (a dispatch
+model is built to the end of 3 training steps (every step must really step: a skipped one
+allocates no optimizer states); sampled after every tensor operation (a dispatch
 mode: forward, backward and the optimizer step alike), at each module's backward, and every
-millisecond by a thread (for what happens inside one operation). A thread alone is not enough: on
-a busy machine it missed the optimizer step's foreach temporaries, a peak a few milliseconds long
-(one CI run measured 373 MB where the peak was 501 MB)."""
+millisecond by a thread (for what happens inside one operation). The sample points after each
+operation do not depend on how the machine schedules the thread, so under DDP the figure is the
+same on a busy machine as on an idle one."""
 from __future__ import annotations
 
 import ctypes
@@ -61,7 +62,7 @@ class SampleAfterEachOperation(TorchDispatchMode):
 def main() -> None:
     spec, precision, batch, seq, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     from lowbit import Accelerator
-    from lowbit.observe.memory_estimate import example_inputs, load_model_on_meta
+    from lowbit.observe.memory_estimate import example_inputs, load_model, load_model_on_meta
 
     accelerator = Accelerator(mixed_precision=precision)
     torch.manual_seed(0)
@@ -72,14 +73,16 @@ def main() -> None:
     before = allocated()
     sampler = PeakSampler()
     sampler.start()
-    model = meta.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
+    # Built for real, not meta.to_empty(): that leaves buffers uninitialised (a Llama's rotary
+    # inv_freq), and garbage there once made the loss NaN, every step skipped, no AdamW states
+    # allocated: a CI run measured 373 MB where the peak is 501.
+    torch.manual_seed(0)
+    model = load_model(spec, "cpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, optimizer = accelerator.prepare(model, optimizer)
     for module in model.modules():
         module.register_full_backward_hook(sampler.sample)
+    skipped = []
     with SampleAfterEachOperation(sampler):
         for _ in range(3):
             output = model(**real) if isinstance(real, dict) else model(real)
@@ -87,12 +90,13 @@ def main() -> None:
             sampler.sample()  # every activation alive
             accelerator.backward(loss)
             optimizer.step()
+            skipped.append(accelerator.optimizer_step_was_skipped)
             optimizer.zero_grad(set_to_none=True)
             del output, loss
     sampler.running = False
     sampler.join()
     with open(f"{out}/memory_rank{accelerator.process_index}.json", "w") as f:
-        json.dump({"peak": sampler.peak - before, "strategy": accelerator.distributed_strategy}, f)
+        json.dump({"peak": sampler.peak - before, "strategy": accelerator.distributed_strategy, "skipped": skipped}, f)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ STRATEGY_MEMORY = {
 STRATEGY_MEMORY_NOTE = ("buffers: DDP's gradient buckets; FSDP2/ZeRO-3's one unsharded block; FSDP2's unsharded "
                         "gradients wait for reduce-scatters that run asynchronously, so its buffers and peak are a range "
                         "(none of them alive to all of them). Measured on CPU within 15% (of the range, for FSDP2) for "
-                        "DDP and FSDP2 (tests/test_estimate_memory.py); ZeRO and the fp8 rows are not measured.")
+                        "DDP and FSDP2 in fp32, and DDP in bf16 and fp8 (ao) (tests/test_estimate_memory.py); ZeRO, te, msamp "
+                        "and low-bit optimizer states are not measured.")
 
 
 def install_command(backend: str) -> str:

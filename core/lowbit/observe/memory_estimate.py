@@ -72,8 +72,14 @@ class Estimate:
 
 def load_model_on_meta(spec: str) -> nn.Module:
     """A model from ``spec`` with its parameters on the meta device (nothing allocated)."""
+    return load_model(spec, "meta")
+
+
+def load_model(spec: str, device: str) -> nn.Module:
+    """A model from ``spec`` built on ``device`` (a real one is initialised as its code says,
+    buffers included, which ``to_empty`` on a meta model would leave as garbage)."""
     path = Path(spec)
-    with torch.device("meta"):
+    with torch.device(device):
         if path.exists():
             return _transformers_model(path)
         if ":" in spec:
