@@ -82,14 +82,17 @@ def compare(a: Callable[[], None], b: Callable[[], None], warmup: int = 10, pair
     return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
 
 
-def lowbit_loop(precision: str, compiled: bool = False, handlers: list | None = None, telemetry_every: int | None = None):
-    """A lowbit training step on the benchmark model."""
+def lowbit_loop(precision: str, compiled: bool = False, handlers: list | None = None, telemetry_every: int | None = None,
+                check_gradients: bool = True):
+    """A lowbit training step on the benchmark model (``check_gradients=False``: without the
+    optimizer step's non-finite gradient check, to measure what it costs)."""
     from lowbit import Accelerator
 
     acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers or [], dynamo_backend="inductor" if compiled else None)
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, opt = acc.prepare(model, opt)
+    acc.step_rules.check_gradients = check_gradients
     if telemetry_every:
         acc.enable_fp8_telemetry(every_n_steps=telemetry_every)
     return step_fn(model, opt, *batch(), backward=acc.backward)

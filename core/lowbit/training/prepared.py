@@ -74,8 +74,8 @@ class StepRules:
         """Fold whether the gradients this step applies are finite, unless clip_grad_norm_ already did.
 
         A NaN/inf gradient can come from a finite loss (an overflow in backward). One sum per
-        gradient (NaN and inf survive a sum; about 4% of an AdamW step on a CPU) and no host sync;
-        each rank reads its own shard, and the step's all-reduce makes the ranks agree."""
+        gradient (NaN and inf survive a sum; 1.5% of a training step, ``bench/nonfinite_check.py``)
+        and no host sync; each rank reads its own shard, and the step's all-reduce makes the ranks agree."""
         if self.check_gradients and not self.gradients_observed:
             sums = [_local(p.grad).sum() for group in optimizer.param_groups for p in group["params"]
                     if isinstance(getattr(p, "grad", None), torch.Tensor) and p.grad.is_floating_point()]
@@ -86,7 +86,7 @@ class StepRules:
         self.gradients_observed = False
 
     def nonfinite_before_step(self) -> bool:
-        """Whether a loss since the last step was NaN/inf (one host sync per step, none per micro-batch)."""
+        """Whether a loss or gradient since the last step was NaN/inf (one host sync per step, none per micro-batch)."""
         if self.finite_since_step is None:
             return False
         finite = self.finite_since_step.to(torch.int32)
