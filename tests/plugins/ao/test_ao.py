@@ -347,3 +347,14 @@ def test_torchao_start_up_noise_is_dropped_and_nothing_else():
     dropped = [line for line in loud if ("Failed to load" in line and "_C_" in line) or "is an Enum subclass" in line]
     assert not any(line in quiet for line in dropped)
     assert set(quiet) <= set(loud)  # nothing else was dropped, nothing new appeared
+
+
+@pytest.mark.multiprocess
+def test_the_gpu_ddp_worker_trains_on_two_cpu_processes():
+    """ddp_worker.py, which test_ao_gpu.py launches on a GPU, runs here on CPU (same file, the device
+    is the launcher's): a script only a GPU ran could break unseen (it once lacked an import)."""
+    from ao_helpers import launch_ddp_worker
+
+    result = launch_ddp_worker("--cpu", "--num_processes", "2")
+    assert result["device"] == "cpu" and result["strategy"] == "ddp", result
+    assert result["losses"][-1] < result["losses"][0] and result["report"].startswith("fp8 (ao"), result

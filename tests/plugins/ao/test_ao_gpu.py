@@ -5,15 +5,12 @@ Skipped without a CUDA sm_89+ GPU; these have not run in this repository's CI (i
 """
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
-from helpers import needs_fp8_gpu_with, run_launch, train_on_gpu
+from helpers import needs_fp8_gpu_with, train_on_gpu
+from ao_helpers import launch_ddp_worker
 
 from lowbit.utils import AORecipeKwargs
 
@@ -80,35 +77,11 @@ def test_save_state_load_state_and_save_model(tmp_path):
     plain.load_state_dict(load_file(accelerator.save_model(model, tmp_path / "model")))
 
 
-DDP_SCRIPT = r'''
-import json, sys, torch
-from torch import nn
-from lowbit.utils import AORecipeKwargs
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.Linear(256, 256))
-acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()])
-model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-x = torch.randn(3, 11, 256, device=acc.device)
-losses = []
-for _ in range(5):
-    loss = model(x).float().pow(2).mean()
-    acc.backward(loss); opt.step(); opt.zero_grad(); losses.append(loss.item())
-print(json.dumps({"strategy": acc.context.strategy, "losses": losses, "report": acc.fp8_report()}))
-'''
-
-
 @gpu_ao
-def test_ddp_on_one_gpu_under_lowbit_launch(tmp_path):
-    script = tmp_path / "ddp.py"
-    script.write_text(DDP_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    proc = run_launch([sys.executable, "-m", "lowbit.cli.main", "launch", "--multi_gpu", "--num_processes", "1",
-                       "--mixed_precision", "fp8", str(script)], env=env, cwd=str(Path(__file__).parents[3]))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    import json
-
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["strategy"] == "ddp" and result["losses"][-1] < result["losses"][0], result
+def test_ddp_on_one_gpu_under_lowbit_launch():
+    """ddp_worker.py on the GPU; test_ao.py runs the same file on 2 CPU processes in CI."""
+    result = launch_ddp_worker("--multi_gpu", "--num_processes", "1")
+    assert result["device"] == "cuda" and result["strategy"] == "ddp" and result["losses"][-1] < result["losses"][0], result
 
 
 @gpu_ao
