@@ -160,6 +160,9 @@ class BackendDescription:
     memory_per_parameter: dict[str, float] = field(default_factory=dict)
     # The distributions of the library it drives ("torchao"), whose versions `lowbit env` prints.
     libraries: tuple[str, ...] = ()
+    # kind "fp8": the strategies it cannot run under with what is installed here, by strategy name,
+    # and why (MS-AMP under "deepspeed"); the ranking passes over it under those, naming it is an error.
+    unusable_under: dict[str, str] = field(default_factory=dict)
     # Filled in by the plugin manager, not by the plugin:
     distribution: str = ""
     version: str = ""

@@ -50,8 +50,10 @@ def choose_plugins(registry: BackendRegistry, config: Any, handlers: list[Any], 
     recipe_handler, by_class = _sort_handlers(handlers)
     choice = PluginChoice(precision=choose_backend(registry, "precision", "native", "built-in"),
                           mixed_precision=config.mixed_precision, handlers=by_class)
-    _choose_backend(choice, registry, config, recipe_handler)
     choice.strategy = _choose_strategy(registry, config.distributed_type, num_processes)
+    if choice.strategy is not None:
+        registry.rule_out_under(choice.strategy.name)
+    _choose_backend(choice, registry, config, recipe_handler)
     return choice
 
 

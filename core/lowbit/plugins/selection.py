@@ -6,6 +6,7 @@ or unusable is an error that says what was detected and what to install.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from lowbit.compat.accelerate_names import FIRST_PARTY, first_party, fp8_install_hint, install_command
@@ -72,6 +73,16 @@ class BackendRegistry:
 
         return cls(manager or make_plugin_manager(), HardwareInfo("cpu", "CPU"))
 
+    def rule_out_under(self, strategy: str) -> None:
+        """Backends that say they cannot run under ``strategy`` (``unusable_under``) become
+        unavailable for this run, with their reason: the ranking passes over them, and naming one
+        is an error before anything is prepared."""
+        for cand in self.candidates:
+            reason = cand.description.unusable_under.get(strategy)
+            if cand.description.available and reason:
+                cand.description = dataclasses.replace(cand.description, available=False,
+                                                       reason=f"not under the {strategy} strategy: {reason}")
+
     def launch_switches(self) -> dict[str, str]:
         """``lowbit launch --<flag>`` switches the strategies declare -> the strategy's name."""
         return {c.description.traits.launch_flag: c.name for c in self.ranked("distributed") if c.description.traits.launch_flag}
@@ -127,6 +138,9 @@ def _contract_problem(description: BackendDescription) -> str:
         return f"strategy must be a lowbit.types.StrategyTraits, got {type(description.strategy).__name__}"
     if not isinstance(description.precisions, tuple) or not all(isinstance(p, str) and p for p in description.precisions):
         return f"precisions must be a tuple of names, got {description.precisions!r}"
+    if not isinstance(description.unusable_under, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in description.unusable_under.items()):
+        return f"unusable_under must map strategy names to reasons, got {description.unusable_under!r}"
     if set(description.precisions) & NATIVE_PRECISIONS:
         return f"precisions may not claim the native ones ({', '.join(sorted(NATIVE_PRECISIONS))}), got {description.precisions!r}"
     return ""

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ from lowbit import hookimpl
 from lowbit.errors import BackendUnavailableError, UnsupportedCombinationError
 from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
-from lowbit_msamp.compat import unmet_requirements
+from lowbit_msamp.compat import deepspeed_integration_problem, unmet_requirements
 from lowbit_msamp.recipe import MSAMPRecipeKwargs
 
 NAME = "msamp"
@@ -43,8 +44,11 @@ def unavailable_reason(hardware: HardwareInfo) -> str:
 @hookimpl
 def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     reason = unavailable_reason(hardware)
+    # Read from source files only where MS-AMP could otherwise run, so discovery elsewhere stays free.
+    under_deepspeed = "" if reason else deepspeed_integration_problem()
     return BackendDescription(
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
+        unusable_under={"deepspeed": under_deepspeed} if under_deepspeed else {},
         options_class=MSAMPRecipeKwargs, aliases=("ms-amp", "ms_amp"), libraries=("MS-AMP",),
         # msamp.initialize keeps the converted Linears' weights as fp16 ScalingTensors
         # (LinearReplacer.replace's weight_qtype default), so they round to fp16 at conversion.
@@ -184,8 +188,11 @@ def strategy_integration(strategy: str, context: PrepareContext):
     if strategy != "deepspeed":
         return None
     msamp = _import_msamp()
-    import msamp.deepspeed  # noqa: F401 - its DeepSpeed integration is a subpackage
-
+    try:
+        importlib.import_module("msamp.deepspeed")  # its DeepSpeed integration, a subpackage
+    except ImportError as exc:  # what deepspeed_integration_problem could not see coming (a changed source)
+        raise BackendUnavailableError(f"MS-AMP cannot run under DeepSpeed here: `import msamp.deepspeed` failed: "
+                                      f"{type(exc).__name__}: {exc}. Use backend 'te' or 'ao' with DeepSpeed.") from None
     return {"initialize": deepspeed_initialize(msamp),
             "config": {"msamp": {"enabled": True, "opt_level": context.fp8_options.opt_level}}}
 

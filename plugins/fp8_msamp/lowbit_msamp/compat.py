@@ -7,8 +7,12 @@ with what is installed and what to change, so it never wins the ranking only to 
 """
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.metadata
+import importlib.util
 import re
+from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
@@ -81,3 +85,79 @@ def unmet_requirements() -> list[str]:
             problems.append(f"MS-AMP {dist.version} requires {requirement.name} {tag} (from {requirement.url}), "
                             f"installed {installed}: {_advice(requirement, '')}")
     return problems
+
+
+# What MS-AMP's DeepSpeed integration takes from DeepSpeed's engine module: the top-level import
+# of msamp/deepspeed/runtime/engine.py (v0.4.0 and main, the same list), used when the installed
+# msamp's own file cannot be read (e.g. a zipped install).
+MSAMP_DEEPSPEED_ENGINE_IMPORTS = (
+    "SparseTensor", "ZERO_OPTIMIZATION", "AMP", "amp", "FP16", "BFLOAT16", "logger", "DeepSpeedEngine",
+    "instrument_w_nvtx", "log_dist", "see_memory_usage", "DummyOptim", "DeepSpeedZeroOptimizer",
+    "DeepSpeedZeRoOffload", "PipelineModule", "ZeroStageEnum")
+ENGINE_MODULE = "deepspeed.runtime.engine"
+
+
+def _package_file(package: str, relative: str) -> Path | None:
+    """A file inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / relative
+        if path.is_file():
+            return path
+    return None
+
+
+def _imported_from_engine(source: str) -> list[str]:
+    return [alias.name for node in ast.parse(source).body
+            if isinstance(node, ast.ImportFrom) and node.module == ENGINE_MODULE for alias in node.names]
+
+
+def _module_level_names(source: str) -> set[str] | None:
+    """The names a module binds when it is imported (top level, inside if/try/with too); None when a
+    star import makes them unknowable from the source."""
+    names: set[str] = set()
+    pending = list(ast.parse(source).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in ("body", "orelse", "finalbody"):
+                pending.extend(getattr(node, block, []))
+            for handler in getattr(node, "handlers", []):
+                pending.extend(handler.body)
+    return names
+
+
+@functools.cache
+def deepspeed_integration_problem() -> str:
+    """Why ``import msamp.deepspeed`` (MS-AMP under the DeepSpeed strategy) fails with the installed
+    DeepSpeed, or '' when it should import. Read from both packages' sources; nothing imported.
+
+    MS-AMP's engine imports Apex AMP's ``AMP``/``amp`` (and more) from ``deepspeed.runtime.engine``;
+    DeepSpeed removed its Apex AMP integration (deepspeed/runtime/config.py 0.19.x: "NVIDIA Apex AMP
+    integration has been removed"), and MS-AMP pins deepspeed==0.13.1, below lowbit-deepspeed's floor."""
+    engine = _package_file("deepspeed", "runtime/engine.py")
+    if engine is None:
+        return ""  # no DeepSpeed: the strategy itself cannot be chosen, and says so
+    msamp_engine = _package_file("msamp", "deepspeed/runtime/engine.py")
+    wanted = _imported_from_engine(msamp_engine.read_text()) if msamp_engine else list(MSAMP_DEEPSPEED_ENGINE_IMPORTS)
+    bound = _module_level_names(engine.read_text())
+    missing = [name for name in wanted if bound is not None and name not in bound]
+    if not missing:
+        return ""
+    dist = msamp_distribution()
+    return (f"MS-AMP{' ' + dist.version if dist else ''}'s DeepSpeed integration (msamp.deepspeed) imports "
+            f"{', '.join(missing)} from {ENGINE_MODULE}, which the installed deepspeed {_installed('deepspeed') or '?'} "
+            "no longer has (DeepSpeed removed its Apex AMP integration); MS-AMP pins deepspeed==0.13.1 and "
+            f"lowbit-deepspeed needs deepspeed>={LOWBIT_DEEPSPEED_FLOOR}, so no install that meets both runs them "
+            "together. Under DeepSpeed use backend 'te' or 'ao' (FP8 with ZeRO 1-3); MS-AMP runs in one process or "
+            "under DDP")

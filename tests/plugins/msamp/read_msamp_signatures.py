@@ -28,6 +28,8 @@ NAMES = [("msamp", "initialize"), ("msamp", "clip_grad_norm_"), ("msamp.optim", 
          ("msamp.common.tensor", "ScalingTensor"), ("msamp.common.tensor", "ScalingMeta")]
 # `import msamp` runs these top-level imports of other distributions (msamp/__init__ and msamp/te)
 IMPORT_FILES = ("msamp/__init__.py", "msamp/te/extension.py")
+# `import msamp.deepspeed` imports this file, which takes names from deepspeed's engine module
+DEEPSPEED_ENGINE_FILE = "msamp/deepspeed/runtime/engine.py"
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -55,18 +57,23 @@ def read_revision(repo: Path, revision: str) -> dict:
                     imports.update(a.name for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
                     imports.add(node.module)
+        engine_imports = [alias.name for node in ast.parse((Path(tmp) / DEEPSPEED_ENGINE_FILE).read_text()).body
+                          if isinstance(node, ast.ImportFrom) and node.module == "deepspeed.runtime.engine"
+                          for alias in node.names]
         dependencies = tomllib.loads((Path(tmp) / "pyproject.toml").read_text())["project"]["dependencies"]
         version = next(line.split("=")[1].strip().strip("'\"") for line in (root / "__init__.py").read_text().splitlines()
                        if line.startswith("__version__"))
     return {"commit": commit, "version": version, "signatures": signatures,
-            "third_party_imports": sorted(m for m in imports if not m.startswith("msamp")), "dependencies": dependencies}
+            "third_party_imports": sorted(m for m in imports if not m.startswith("msamp")), "dependencies": dependencies,
+            "deepspeed_engine_imports": engine_imports}
 
 
 def main(repo: str, *revisions: str) -> None:
     read = {rev: read_revision(Path(repo), rev) for rev in revisions}
     first = read[revisions[0]]
     for rev, data in read.items():
-        assert data["signatures"] == first["signatures"], f"signatures differ between {revisions[0]} and {rev}"
+        for key in ("signatures", "deepspeed_engine_imports"):
+            assert data[key] == first[key], f"{key} differ between {revisions[0]} and {rev}"
     manifest = {
         "upstream": "https://github.com/Azure/MS-AMP",
         "read_with": "python tests/plugins/msamp/read_msamp_signatures.py <MS-AMP clone> " + " ".join(revisions),
@@ -74,6 +81,8 @@ def main(repo: str, *revisions: str) -> None:
         "signatures": first["signatures"],
         "third_party_imports": first["third_party_imports"],
         "dependencies": first["dependencies"],
+        # what `import msamp.deepspeed` takes from deepspeed.runtime.engine (msamp/deepspeed/runtime/engine.py)
+        "deepspeed_engine_imports": first["deepspeed_engine_imports"],
     }
     MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {MANIFEST}")

@@ -16,14 +16,18 @@ outside ``defaults``, a Linear with ``use_fp32_linear`` is not replaced. Calls a
 from __future__ import annotations
 
 import dataclasses
+import importlib.abc
 import importlib.machinery
+import json
 import sys
 import types
+from pathlib import Path
 
 import torch
 from torch import nn
 
 CALLS: list[tuple[str, dict]] = []
+MANIFEST = json.loads((Path(__file__).parent / "msamp_signatures.json").read_text())
 opt_levels = ["O1", "O2"]
 
 
@@ -201,6 +205,37 @@ def deepspeed_initialize(
     return deepspeed.initialize(model=model, optimizer=optimizer, config=plain, dist_init_required=dist_init_required)
 
 
+class DeepSpeedIntegrationFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import msamp.deepspeed`` as MS-AMP runs it: its package imports
+    msamp/deepspeed/runtime/engine.py, whose first lines take ``deepspeed_engine_imports`` (the
+    manifest's list, read from v0.4.0 and main) from the REAL ``deepspeed.runtime.engine``. DeepSpeed
+    releases without Apex AMP lack ``AMP``/``amp``, so there the import fails as MS-AMP's does."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True) if fullname == "msamp.deepspeed" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        import importlib as _importlib
+
+        ds_engine = _importlib.import_module("deepspeed.runtime.engine")
+        missing = [name for name in MANIFEST["deepspeed_engine_imports"] if not hasattr(ds_engine, name)]
+        if missing:
+            raise ImportError(f"cannot import name {missing[0]!r} from 'deepspeed.runtime.engine' ({ds_engine.__file__})",
+                              name="deepspeed.runtime.engine", path=ds_engine.__file__)
+        engine = types.ModuleType("msamp.deepspeed.runtime.engine")
+        engine.msamp_initialize = initialize  # `from msamp import initialize as msamp_initialize`
+        sys.modules["msamp.deepspeed.runtime.engine"] = engine
+        module.__path__ = []
+        module.initialize = deepspeed_initialize
+        module.initialize.__name__ = "initialize"
+
+
+FINDER = DeepSpeedIntegrationFinder()
+
+
 def install() -> dict[str, types.ModuleType]:
     msamp = types.ModuleType("msamp")
     msamp.__spec__ = importlib.machinery.ModuleSpec("msamp", None, is_package=True)
@@ -209,12 +244,7 @@ def install() -> dict[str, types.ModuleType]:
     msamp.initialize, msamp.clip_grad_norm_, msamp.opt_levels = initialize, clip_grad_norm_, opt_levels
     optim = types.ModuleType("msamp.optim")
     optim.LBAdamW, optim.LBAdam = LBAdamW, LBAdam
-    ds = types.ModuleType("msamp.deepspeed")
-    ds.initialize = deepspeed_initialize
-    ds.initialize.__name__ = "initialize"
-    msamp.optim, msamp.deepspeed = optim, ds
-    engine = types.ModuleType("msamp.deepspeed.runtime.engine")
-    engine.msamp_initialize = initialize  # `from msamp import initialize as msamp_initialize`
+    msamp.optim = optim
     common = types.ModuleType("msamp.common")
     common.__path__ = []
     tensor = types.ModuleType("msamp.common.tensor")
@@ -225,6 +255,6 @@ def install() -> dict[str, types.ModuleType]:
     # msamp imports Transformer Engine's pre-2.0 extension module at import time.
     tex = types.ModuleType("transformer_engine_extensions")
     tex.__spec__ = importlib.machinery.ModuleSpec("transformer_engine_extensions", None)
-    return {"msamp": msamp, "msamp.optim": optim, "msamp.deepspeed": ds, "msamp.deepspeed.runtime.engine": engine,
+    return {"msamp": msamp, "msamp.optim": optim,
             "msamp.common": common, "msamp.common.tensor": tensor, "msamp.common.dtype": dtype,
             "transformer_engine_extensions": tex}

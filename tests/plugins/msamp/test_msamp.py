@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
 import io
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -36,8 +38,11 @@ MANIFEST = json.loads((Path(__file__).parent / "msamp_signatures.json").read_tex
 def msamp(monkeypatch):
     for name, module in standin_msamp.install().items():
         monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(sys, "meta_path", [standin_msamp.FINDER, *sys.meta_path])  # `import msamp.deepspeed`
     standin_msamp.CALLS.clear()
-    return sys.modules["msamp"]
+    yield sys.modules["msamp"]
+    for name in [n for n in sys.modules if n.startswith("msamp.deepspeed")]:
+        del sys.modules[name]
 
 
 def manager(*extra):
@@ -164,7 +169,19 @@ def test_fsdp_with_msamp_is_a_clear_error(msamp, monkeypatch):
         accelerator().prepare(*model_and_adamw())
 
 
-def test_zero3_with_msamp_is_a_clear_error(msamp, monkeypatch):
+@pytest.fixture
+def deepspeed_with_apex_amp(monkeypatch):
+    """A DeepSpeed that still has its Apex AMP integration (0.14 up to its removal): the names
+    MS-AMP's engine imports exist, so lowbit's source check passes and `import msamp.deepspeed` works."""
+    pytest.importorskip("lowbit_deepspeed")
+    engine = importlib.import_module("deepspeed.runtime.engine")
+    for name in MANIFEST["deepspeed_engine_imports"]:
+        if not hasattr(engine, name):
+            monkeypatch.setattr(engine, name, types.SimpleNamespace(removed_from_deepspeed=name), raising=False)
+    monkeypatch.setattr(lowbit_msamp, "deepspeed_integration_problem", lambda: "")
+
+
+def test_zero3_with_msamp_is_a_clear_error(msamp, monkeypatch, deepspeed_with_apex_amp):
     monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "DEEPSPEED")
     monkeypatch.setenv("LOWBIT_DEEPSPEED_CONFIG", '{"zero_stage": 3}')
     with pytest.raises(UnsupportedCombinationError, match="ZeRO-3 is not supported by MS-AMP"):
@@ -172,8 +189,8 @@ def test_zero3_with_msamp_is_a_clear_error(msamp, monkeypatch):
 
 
 @pytest.mark.parametrize("handlers, level", [([], "O2"), ([MSAMPRecipeKwargs(opt_level="O1")], "O1")])
-def test_deepspeed_path_uses_msamp_deepspeed_and_its_config_section(msamp, monkeypatch, handlers, level):
-    pytest.importorskip("lowbit_deepspeed")
+def test_deepspeed_path_uses_msamp_deepspeed_and_its_config_section(msamp, monkeypatch, handlers, level,
+                                                                   deepspeed_with_apex_amp):
     monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "DEEPSPEED")
     monkeypatch.setenv("LOWBIT_DEEPSPEED_CONFIG", '{"zero_stage": 2}')
     acc = accelerator(*handlers)
@@ -189,6 +206,50 @@ def test_deepspeed_path_uses_msamp_deepspeed_and_its_config_section(msamp, monke
     assert cast.exp_avg_dtype == {"O1": torch.float32, "O2": torch.uint8}[level]
     x, y = regression_data(16)
     acc.backward(nn.functional.mse_loss(model(x), y))
+
+
+def test_msamp_under_a_deepspeed_without_apex_amp_is_ranked_out_before_prepare(msamp, monkeypatch):
+    """MS-AMP's engine imports AMP/amp from deepspeed.runtime.engine (msamp/deepspeed/runtime/engine.py,
+    v0.4.0 and main); DeepSpeed 0.19 removed them. The installed DeepSpeed is read, not guessed."""
+    pytest.importorskip("lowbit_deepspeed")
+    engine = importlib.import_module("deepspeed.runtime.engine")
+    if hasattr(engine, "AMP"):
+        pytest.skip("the installed DeepSpeed still has Apex AMP (deepspeed_with_apex_amp covers that case)")
+    import deepspeed
+
+    with pytest.raises(ImportError, match="AMP"):  # the stand-in fails where MS-AMP fails
+        importlib.import_module("msamp.deepspeed")
+    monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "DEEPSPEED")
+    monkeypatch.setenv("LOWBIT_DEEPSPEED_CONFIG", '{"zero_stage": 2}')
+    acc = accelerator()
+    assert acc.fp8_backend != "msamp"  # ranked out at Accelerator(), not a crash in prepare()
+    why = acc.explain_backend_choice()
+    assert "not under the deepspeed strategy" in why and f"deepspeed {deepspeed.__version__}" in why
+    with pytest.raises(BackendUnavailableError) as err:
+        accelerator(MSAMPRecipeKwargs())
+    message = str(err.value)
+    assert "imports AMP, amp from deepspeed.runtime.engine" in message and "deepspeed==0.13.1" in message
+    assert "use backend 'te' or 'ao'" in message
+    monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "MULTI_GPU")  # without DeepSpeed MS-AMP still wins
+    assert accelerator().fp8_backend == "msamp"
+
+
+def test_the_deepspeed_check_reads_the_installed_sources(tmp_path, monkeypatch):
+    """A DeepSpeed engine that binds every name MS-AMP imports passes; one that lacks them fails,
+    naming them; a star import makes the answer unknowable, so nothing is ruled out."""
+    from lowbit_msamp import compat
+
+    assert list(compat.MSAMP_DEEPSPEED_ENGINE_IMPORTS) == MANIFEST["deepspeed_engine_imports"]
+    engine = tmp_path / "engine.py"
+    monkeypatch.setattr(compat, "_package_file", lambda package, relative: engine if package == "deepspeed" else None)
+    bound = "\n".join(f"{name} = None" for name in MANIFEST["deepspeed_engine_imports"] if name != "amp")
+    for source, answer in ((bound + "\ntry:\n    from apex import amp\nexcept ImportError:\n    amp = None\n", ""),
+                           (bound, "imports amp from"), ("from deepspeed.runtime.constants import *\n", "")):
+        engine.write_text(source)
+        compat.deepspeed_integration_problem.cache_clear()
+        problem = compat.deepspeed_integration_problem()
+        assert (answer in problem) if answer else problem == "", (source[-80:], problem)
+    compat.deepspeed_integration_problem.cache_clear()
 
 
 @pytest.mark.parametrize("make, adam_w", [
