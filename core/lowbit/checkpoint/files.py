@@ -339,6 +339,7 @@ METADATA_SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
     "lowbit_version": (lambda v: isinstance(v, str), "str"),
     "mixed_precision": (lambda v: isinstance(v, str), "str"),
     "fp8_backend": (_str_or_none, "str or null"),
+    "recipe": (_str_or_none, "str or null"),
     "strategy": (lambda v: isinstance(v, str), "str"),
     "world_size": (_is_int, "int"),
     "step": (_is_int, "int"),

@@ -83,6 +83,8 @@ class TrainingStateCheckpointer:
                     checkpoint.write_file_atomically(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
                 staged.metadata.update(
                     self.fingerprint(),
+                    # what the backend trained with (informational: a backend whose state depends on it says so at load)
+                    recipe=getattr(plugins.context.fp8_options, "recipe", None),
                     lowbit_version=_lowbit_version(),
                     world_size=self.facts.num_processes,
                     step=self.counters.step,

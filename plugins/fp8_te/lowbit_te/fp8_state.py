@@ -35,6 +35,13 @@ EXTRA_STATE = "_extra_state"
 # fp8_meta key -> the names TE's own extra state uses for its two tensors.
 SCALING_TENSORS = {"scaling_fwd": ("scale_fwd", "amax_history_fwd"), "scaling_bwd": ("scale_bwd", "amax_history_bwd")}
 _PLAIN = (bool, int, float, str)
+# TE's slot for this module in a per-process list (FP8GlobalStateManager's
+# fp8_tensors_recompute_buffer, filled by activation recompute): TE's own set_extra_state deletes
+# it (module/base.py, 2.9.0 and 2.20.2), since a restored index points past a new process's empty
+# list (IndexError at the first forward under te.distributed.checkpoint).
+RECOMPUTE_BUFFER_KEY = "global_fp8_buffer_pos_fwd_recompute"
+# fp8_meta keys that belong to this process, not to the model: never saved.
+PER_PROCESS_KEYS = ("buffer_index_and_autocast_key", RECOMPUTE_BUFFER_KEY)
 
 
 def te_fp8_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -75,8 +82,7 @@ def scaling_state(model: nn.Module) -> dict[str, dict[str, Any]]:
         for key, (scale_name, history_name) in SCALING_TENSORS.items():
             entry[scale_name] = meta[key].scale.detach().to("cpu", copy=True)
             entry[history_name] = meta[key].amax_history.detach().to("cpu", copy=True)
-        entry["extra_fp8_variables"] = {k: v for k, v in meta.items()
-                                        if k != "buffer_index_and_autocast_key" and _plain_value(v)}
+        entry["extra_fp8_variables"] = {k: v for k, v in meta.items() if k not in PER_PROCESS_KEYS and _plain_value(v)}
         state[name] = entry
     return state
 
@@ -87,9 +93,18 @@ def load_scaling_state(model: nn.Module, state: dict[str, dict[str, Any]], recip
     unknown = sorted(set(state) - set(modules))
     if unknown:
         raise ValueError(f"FP8 scaling state for module(s) this model does not have: {', '.join(unknown[:5])}")
+    if state and not recipe.delayed():
+        # Saved under delayed scaling, resumed under a recipe that keeps no amax history (current,
+        # block, MXFP8, NVFP4 compute their scales from each tensor): the weights carry over, the
+        # histories have nowhere to go. TE itself would fail here (no amax_history to copy into).
+        note(f"lowbit-te: this checkpoint holds delayed-scaling state (amax histories of {len(state)} module(s)); "
+             f"this run's recipe ({type(recipe).__name__}) computes its scales from each tensor and keeps none, "
+             "so the histories are not restored. The weights and optimizer state are.")
+        return
     for name, entry in state.items():
         module = modules[name]
-        module.fp8_meta.update(entry["extra_fp8_variables"])
+        module.fp8_meta.update({k: v for k, v in entry["extra_fp8_variables"].items() if k not in PER_PROCESS_KEYS})
+        module.fp8_meta.pop(RECOMPUTE_BUFFER_KEY, None)  # this process's own slot is stale after a load too, as in TE
         module.fp8_meta["recipe"] = recipe
         module.init_fp8_meta_tensors(recipe)
         with torch.no_grad():

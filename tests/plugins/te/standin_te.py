@@ -6,10 +6,13 @@ source). ``transformer_engine.common.recipe`` is the REAL module, loaded from th
 Calls are recorded so tests can see what reached TE. Behaviour lowbit depends on is TE's, read
 from the wheels (each rule names its file and release): FP8 metadata created at the first
 forward under autocast, ``_extra_state`` pickling with the recipe (refused on load by 2.20,
-unpickled by 2.9), the GEMM dimension rule, and new Parameters made by every constructor.
+unpickled by 2.9), the GEMM dimension rule, new Parameters made by every constructor, and
+activation recompute (``te.distributed.checkpoint``) with its per-process buffer of scales.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import importlib.machinery
 import math
 import os
@@ -18,6 +21,7 @@ import types
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.nn import functional as F
 
@@ -31,6 +35,14 @@ RELEASE = {"version": "2.20.2"}
 FP8_STATE: dict[str, Any] = {"enabled": False, "recipe": None}
 UNSAFE_PICKLE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
 RECIPE_MODULE: dict[str, Any] = {}  # the real transformer_engine.common.recipe, set by install()
+# Activation recompute (te.distributed.checkpoint), per process as in TE: the region flag is on
+# during a checkpointed forward, the phase flag during its recompute in backward
+# (pytorch/distributed.py _IN_ACTIVATION_RECOMPUTE_REGION / _ACTIVATION_RECOMPUTE_PHASE, 2.9.0 and
+# 2.20.2); the buffer is FP8GlobalStateManager's fp8_tensors_recompute_buffer (pytorch/quantization.py
+# 2.20.2, fp8.py 2.9.0), a list that a fresh process starts empty (install() empties it).
+RECOMPUTE: dict[str, Any] = {"region": False, "phase": False}
+RECOMPUTE_BUFFER: list[collections.deque] = []
+RECOMPUTE_KEY = "global_fp8_buffer_pos_fwd_recompute"
 
 
 def _check_fp8_gemm_dims(inp: torch.Tensor, weight: torch.Tensor, recipe: Any) -> None:
@@ -125,6 +137,7 @@ class _TEBaseModule(nn.Module):
         loaded = pickle.loads(data)
         self.fp8_meta.update(loaded["extra_fp8_variables"])
         self.fp8_meta["recipe"] = loaded["recipe"]
+        self.fp8_meta.pop(RECOMPUTE_KEY, None)  # an index into this process's buffer: TE drops it
         self.init_fp8_meta_tensors(loaded["recipe"])
         for key, mode in (("fwd", "scaling_fwd"), ("bwd", "scaling_bwd")):
             self.fp8_meta[mode].scale.copy_(loaded[f"scale_{key}"])
@@ -170,7 +183,13 @@ class Linear(_TEBaseModule):
         nn.init.normal_(self.weight)
 
     def forward(self, x):
-        self.init_fp8_metadata(num_gemms=1)
+        recomputing = self.fp8 and RECOMPUTE["phase"]
+        if recomputing:  # module/base.py prepare_forward: the second forward reuses the first's scales
+            _scales_for_recompute(self.fp8_meta)
+        else:
+            self.init_fp8_metadata(num_gemms=1)
+            if self.fp8 and RECOMPUTE["region"]:
+                _stash_scales_for_recompute(self.fp8_meta)
         if self.fp8:
             _check_fp8_gemm_dims(x, self.weight, self.fp8_meta["recipe"])
             state = self.fp8_meta["scaling_fwd"]
@@ -178,7 +197,35 @@ class Linear(_TEBaseModule):
                 with torch.no_grad():
                     state.amax_history[0, 0] = torch.maximum(state.amax_history[0, 0], x.detach().abs().max().float())
                     state.amax_history[0, 1] = self.weight.detach().abs().max().float()
-        return F.linear(x, self.weight, self.bias if self.use_bias else None)
+        out = F.linear(x, self.weight, self.bias if self.use_bias else None)
+        if recomputing and isinstance(self.fp8_meta.get("scaling_fwd"), _DelayedScalingState):  # end_forward
+            self.fp8_meta["scaling_fwd"].amax_history.copy_(self.fp8_meta["updated_amax_history_fwd"])
+            self.fp8_meta["scaling_fwd"].scale.copy_(self.fp8_meta["updated_scale_fwd"])
+        return out
+
+
+def _stash_scales_for_recompute(meta: dict[str, Any]) -> None:
+    """FP8GlobalStateManager.copy_forward_fp8_meta_tensors_for_recompute (quantization.py 2.20.2):
+    delayed scaling only; the module's slot in the process-wide buffer is kept in its fp8_meta."""
+    if not isinstance(meta.get("scaling_fwd"), _DelayedScalingState):
+        return
+    stash = [meta["scaling_fwd"].amax_history.clone(), meta["scaling_fwd"].scale.clone()]
+    if RECOMPUTE_KEY in meta:
+        RECOMPUTE_BUFFER[meta[RECOMPUTE_KEY]].append(stash)  # IndexError when the slot is another process's
+    else:
+        RECOMPUTE_BUFFER.append(collections.deque([stash]))
+        meta[RECOMPUTE_KEY] = len(RECOMPUTE_BUFFER) - 1
+
+
+def _scales_for_recompute(meta: dict[str, Any]) -> None:
+    """FP8GlobalStateManager.get_old_fp8_meta_tensors_for_recompute (quantization.py 2.20.2)."""
+    if not isinstance(meta.get("scaling_fwd"), _DelayedScalingState):
+        return
+    meta["updated_amax_history_fwd"] = meta["scaling_fwd"].amax_history.clone()
+    meta["updated_scale_fwd"] = meta["scaling_fwd"].scale.clone()
+    history, scale = RECOMPUTE_BUFFER[meta[RECOMPUTE_KEY]].popleft()
+    meta["scaling_fwd"].amax_history.copy_(history)
+    meta["scaling_fwd"].scale.copy_(scale)
 
 
 class _Norm(nn.Module):
@@ -259,6 +306,42 @@ def fp8_autocast(
     return ctx
 
 
+def checkpoint(
+    function: Callable,
+    *args: Tuple[torch.Tensor, ...],
+    **kwargs: Dict[str, Any],
+) -> Tuple[torch.Tensor, ...]:
+    """te.distributed.checkpoint (pytorch/distributed.py, 2.20.2): the forward runs in the recompute
+    region, and the recompute in backward runs in the recompute phase under the forward's FP8
+    settings. Built on torch's non-reentrant checkpoint (TE's reentrant default recomputes the same
+    way for what the stand-in models)."""
+    for name in ("use_reentrant", "distribute_saved_activations", "tp_group", "get_rng_state_tracker"):
+        kwargs.pop(name, None)
+    forward_fp8 = dict(FP8_STATE)
+
+    @contextlib.contextmanager
+    def forward_region():
+        RECOMPUTE["region"] = True
+        try:
+            yield
+        finally:
+            RECOMPUTE["region"] = False
+
+    @contextlib.contextmanager
+    def recompute_phase():
+        outer = dict(FP8_STATE)
+        FP8_STATE.update(forward_fp8)
+        RECOMPUTE["phase"] = True
+        try:
+            yield
+        finally:
+            RECOMPUTE["phase"] = False
+            FP8_STATE.update(outer)
+
+    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False,
+                                             context_fn=lambda: (forward_region(), recompute_phase()), **kwargs)
+
+
 def is_fp8_available(return_reason: bool = False) -> Union[bool, Tuple[bool, str]]:
     return CAPABILITY["fp8"] if return_reason else CAPABILITY["fp8"][0]
 
@@ -279,6 +362,8 @@ def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     """Modules to put in ``sys.modules`` (the test uses monkeypatch.setitem on each)."""
     RECIPE_MODULE["module"] = recipe_module
     FP8_STATE.update(enabled=False, recipe=None)
+    RECOMPUTE.update(region=False, phase=False)
+    RECOMPUTE_BUFFER.clear()  # a fresh process
     te = types.ModuleType("transformer_engine")
     te.__spec__ = importlib.machinery.ModuleSpec("transformer_engine", None, is_package=True)
     te.__path__ = []
@@ -290,12 +375,16 @@ def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     for obj in (Linear, LayerNorm, RMSNorm, autocast, fp8_autocast, is_fp8_available, is_mxfp8_available,
                 is_fp8_block_scaling_available, is_nvfp4_available):
         setattr(pytorch, obj.__name__, obj)
+    distributed = types.ModuleType("transformer_engine.pytorch.distributed")
+    distributed.checkpoint = checkpoint
+    pytorch.distributed = distributed
     te.common, te.pytorch = common, pytorch
     # The PyTorch extension, a distribution of its own (transformer_engine_torch); lowbit-te looks for it.
     extension = types.ModuleType("transformer_engine_torch")
     extension.__spec__ = importlib.machinery.ModuleSpec("transformer_engine_torch", None)
     return {"transformer_engine": te, "transformer_engine_torch": extension, "transformer_engine.common": common,
-            "transformer_engine.common.recipe": recipe_module, "transformer_engine.pytorch": pytorch}
+            "transformer_engine.common.recipe": recipe_module, "transformer_engine.pytorch": pytorch,
+            "transformer_engine.pytorch.distributed": distributed}
 
 
 Linear.__module__ = LayerNorm.__module__ = RMSNorm.__module__ = "transformer_engine.pytorch.module"

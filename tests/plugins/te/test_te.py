@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file
 from torch import nn  # noqa: E402
 
-from helpers import HardwareDetector, TiedLM, needs_fp8_gpu_with  # noqa: E402
+from helpers import HardwareDetector, TiedLM, needs_fp8_gpu_with, said  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
@@ -104,6 +104,7 @@ def _real_signature(path: Path, qualname: str) -> list[tuple[str, str | None]]:
     ("pytorch/quantization.py", "is_mxfp8_available", standin_te.is_mxfp8_available),
     ("pytorch/quantization.py", "is_fp8_block_scaling_available", standin_te.is_fp8_block_scaling_available),
     ("pytorch/quantization.py", "is_nvfp4_available", standin_te.is_nvfp4_available),
+    ("pytorch/distributed.py", "checkpoint", standin_te.checkpoint),
 ])
 def test_standin_signatures_match_the_real_te(te_source, path, qualname, standin):
     assert source_signatures.parameters_of(standin) == _real_signature(te_source / path, qualname)
@@ -639,3 +640,67 @@ def test_fp4_on_hopper_names_the_hardware_it_needs(te):
 def test_nvfp4_under_fp8_is_a_clear_error(te):
     with pytest.raises(ConfigError, match=r"recipe 'nvfp4' \(from TERecipeKwargs\) trains in 'fp4'.*Set mixed_precision='fp4'"):
         te_accelerator(B200, recipe="nvfp4")
+
+
+# ------------------------------------------------------------------ resuming what TE keeps per process
+
+
+class RecomputedNet(Net):
+    """Net with its block under TE's activation recompute, as a memory-bound TE script writes it."""
+
+    def forward(self, x):
+        recompute = sys.modules["transformer_engine.pytorch"].distributed.checkpoint
+        return self.out(recompute(self.block, self.rms(self.norm(self.inp(x)))))
+
+
+def _train(acc, model, steps):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = acc.prepare(model, optimizer)
+    for _ in range(steps):
+        acc.backward(model(torch.randn(8, 32)).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    return model
+
+
+def test_resume_after_activation_recompute_starts_a_fresh_recompute_buffer(te, tmp_path):
+    """TE keeps each module's slot in a per-process buffer in fp8_meta; its set_extra_state drops it
+    (module/base.py 2.9.0 and 2.20.2). Restored, the slot points past a new process's empty buffer."""
+    RECOMPUTE_BUFFER_KEY = standin_te.RECOMPUTE_KEY  # TE's fp8_meta key for the slot
+
+    torch.manual_seed(0)
+    acc = te_accelerator(recipe="delayed")
+    model = _train(acc, RecomputedNet(), steps=2)
+    assert any(RECOMPUTE_BUFFER_KEY in m.fp8_meta for m in model.modules() if isinstance(m, standin_te.Linear))
+    acc.save_state(tmp_path / "ckpt")
+
+    standin_te.RECOMPUTE_BUFFER.clear()  # the resuming process: TE's buffer starts empty
+    fresh_acc = te_accelerator(recipe="delayed")
+    fresh = _train(fresh_acc, RecomputedNet(), steps=0)
+    fresh_acc.load_state(tmp_path / "ckpt")
+    loss = fresh(torch.randn(8, 32)).pow(2).mean()
+    fresh_acc.backward(loss)  # the recompute in backward reads the slot the forward just made
+    assert torch.isfinite(loss) and all(p.grad is not None for p in fresh.parameters() if p.requires_grad)
+    saved = torch.load(tmp_path / "ckpt" / "fp8_state_0.pt", weights_only=True)
+    assert saved and not any(RECOMPUTE_BUFFER_KEY in entry["extra_fp8_variables"] for entry in saved.values())
+
+
+def test_resume_under_another_te_recipe_loads_and_says_the_histories_are_dropped(te, tmp_path, recwarn):
+    """Saved under delayed scaling, resumed under current scaling (which keeps no amax history):
+    before, an AttributeError from inside TE's state; now the weights load and a note says why the
+    histories do not. The checkpoint records the recipe it was saved with."""
+    from lowbit.checkpoint.files import read_metadata
+
+    torch.manual_seed(0)
+    acc = te_accelerator(recipe="delayed")
+    model = _train(acc, Net(), steps=2)
+    acc.save_state(tmp_path / "ckpt")
+    assert read_metadata(tmp_path / "ckpt")["recipe"] == "delayed"
+    fresh_acc = te_accelerator(recipe="current")
+    fresh = _train(fresh_acc, Net(), steps=0)
+    fresh_acc.load_state(tmp_path / "ckpt")
+    assert "holds delayed-scaling state" in said(recwarn) and "are not restored" in said(recwarn)
+    for (name, saved), restored in zip(acc.unwrap_model(model).state_dict().items(), acc.unwrap_model(fresh).state_dict().values()):
+        if not name.endswith("_extra_state"):
+            assert torch.equal(saved, restored), name
+    fresh_acc.backward(fresh(torch.randn(8, 32)).pow(2).mean())  # and trains on under the new recipe
