@@ -223,6 +223,21 @@ def decode_checkpoint_state(kind, owner, state, context: PrepareContext):
 
 
 @hookimpl
+def backend_checkpoint_state(model, context: PrepareContext):
+    from lowbit_msamp.state import scaling_metas_state
+
+    return scaling_metas_state(model) or None
+
+
+@hookimpl
+def load_backend_checkpoint_state(model, state, context: PrepareContext):
+    from lowbit_msamp.state import load_scaling_metas_state
+
+    load_scaling_metas_state(model, state)
+    return True
+
+
+@hookimpl
 def export_state_dict(model, state_dict, context: PrepareContext):
     return {k: _plain(v) for k, v in state_dict.items()}
 

@@ -6,12 +6,20 @@ moments as ``ScalingTensor``: a plain Python object holding a ``value`` tensor a
 which lowbit reads every checkpoint file with, refuses such objects, so ``save_state`` writes
 each one as a tagged dict of its tensors and the name of its qtype, and ``load_state`` builds
 the ScalingTensor again.
+
+Each FP8Linear also keeps ``scaling_metas`` (input, weight gradient, output gradient: scales, an
+amax window of 16 steps for input and output gradient, and ``amax_counter``, the steps seen, which
+decides when in-time scaling ends: ``ScalingMeta.is_warmup``, msamp/common/tensor/meta.py 0.4.0 and
+main). They are plain attributes, in no state dict, so :func:`scaling_metas_state` saves them and
+:func:`load_scaling_metas_state` copies them back in place: MS-AMP flattens them into shared
+buffers (``model_state.register_scaling_metas``, msamp/nn/state.py), which new tensors would not reach.
 """
 from __future__ import annotations
 
 from typing import Any
 
 TAG = "__lowbit_msamp_scaling_tensor__"
+META_TENSORS = ("scale", "scale_inv", "amax", "amax_counter")
 
 
 def is_scaling_tensor(value: Any) -> bool:
@@ -23,8 +31,8 @@ def encode(value: Any) -> Any:
     """``value`` with every ScalingTensor in it (dicts, lists, tuples) turned into a tagged dict."""
     if is_scaling_tensor(value):
         meta = value.meta
-        return {TAG: 1, "value": value.value, "qtype": meta.qtype.name, "scale": meta.scale,
-                "scale_inv": meta.scale_inv, "amax": meta.amax, "window_size": int(meta.window_size)}
+        return {TAG: 1, "value": value.value, "qtype": meta.qtype.name, "window_size": int(meta.window_size),
+                **{name: getattr(meta, name) for name in META_TENSORS}}
     if isinstance(value, dict):
         return type(value)((k, encode(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -53,9 +61,42 @@ def decode(value: Any, msamp: Any, device: Any = "cpu") -> Any:
         scale, scale_inv, amax = (value[k].to(device) for k in ("scale", "scale_inv", "amax"))
         meta = msamp.common.tensor.ScalingMeta(qtypes[value["qtype"]], scale=scale, scale_inv=scale_inv, amax=amax,
                                                window_size=value["window_size"])
+        if "amax_counter" in value:  # not a constructor argument; checkpoints before lowbit kept it lack it
+            meta.amax_counter.copy_(value["amax_counter"])
         return msamp.common.tensor.ScalingTensor(value["value"].to(device), meta)
     if isinstance(value, dict):
         return type(value)((k, decode(v, msamp, device)) for k, v in value.items())
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(decode(v, msamp, device) for v in value)
     return value
+
+
+def _metas_by_module(model: Any) -> dict[str, dict[str, Any]]:
+    return {name: module.scaling_metas for name, module in model.named_modules()
+            if isinstance(getattr(module, "scaling_metas", None), dict)}
+
+
+def scaling_metas_state(model: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{module: {"input"|"wgrad"|"ograd": {"scale", "scale_inv", "amax", "amax_counter"}}}`` as CPU copies."""
+    return {name: {kind: {t: getattr(meta, t).detach().to("cpu", copy=True) for t in META_TENSORS}
+                   for kind, meta in metas.items()}
+            for name, metas in _metas_by_module(model).items()}
+
+
+def load_scaling_metas_state(model: Any, state: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Copy :func:`scaling_metas_state`'s output into the model's metas, in place."""
+    import torch
+
+    metas = _metas_by_module(model)
+    unknown = sorted(set(state) - set(metas))
+    if unknown:
+        raise ValueError(f"MS-AMP scaling state for module(s) this model does not have: {', '.join(unknown[:5])}")
+    for name, kinds in state.items():
+        for kind, saved in kinds.items():
+            meta = metas[name][kind]
+            if saved["amax"].shape != meta.amax.shape:
+                raise ValueError(f"{name}: the saved {kind} amax window has {saved['amax'].numel()} steps, this run's "
+                                 f"{meta.amax.numel()} (MS-AMP's window size changed?)")
+            with torch.no_grad():
+                for t in META_TENSORS:
+                    getattr(meta, t).copy_(saved[t])

@@ -62,6 +62,31 @@ class ScalingMeta:
         self.scale = scale if scale is not None else torch.ones(())
         self.scale_inv = scale_inv if scale_inv is not None else torch.ones(())
         self.amax = amax if amax is not None else torch.zeros((window_size,))
+        # Steps of amax seen; scales come from the current tensor (in-time scaling) until it
+        # reaches window_size (is_warmup / is_in_time_scaling, meta.py 0.4.0 and main).
+        self.amax_counter = torch.zeros((), dtype=torch.int32)
+
+    def is_warmup(self):
+        return self.amax_counter < self.window_size
+
+
+# msamp/optim/optimizer.py (0.4.0 and main): the scaling metas of every FP8Linear (its
+# ``scaling_metas``), registered at initialize (model_state.register_scaling_metas); each optimizer
+# step rolls their amax windows and counts the step (``_update_scaling_factors``). None of it is
+# in a state dict: it lives on the module and in MS-AMP's process-wide model_state.
+MODEL_STATE: list[dict[str, ScalingMeta]] = []
+
+
+def _update_scaling_factors() -> None:
+    for metas in MODEL_STATE:
+        for name in ("input", "ograd"):
+            meta = metas[name]
+            finite = bool(torch.isfinite(meta.amax[0]))
+            window_max = meta.amax.max() if finite else torch.zeros(())
+            meta.scale.copy_(torch.where(window_max > 0, torch.exp2(torch.floor(torch.log2(448.0 / window_max))), meta.scale))
+            meta.amax.copy_(meta.amax.roll(1))
+            meta.amax[0] = 0
+            meta.amax_counter.copy_(meta.amax_counter + 1 if finite else torch.zeros_like(meta.amax_counter))
 
 
 class ScalingTensor:
@@ -86,7 +111,23 @@ def _wrapped(tensor: torch.Tensor) -> ScalingTensor:
 
 class FP8Linear(nn.Linear):
     """MS-AMP's FP8Linear keeps its weight as a ScalingParameter (msamp/nn/linear.py, fp16 by
-    default): the state dict holds a ScalingTensor under "weight"."""
+    default): the state dict holds a ScalingTensor under "weight". Its ``scaling_metas`` (input and
+    output gradient over a window of 16 steps, weight gradient in time) are plain attributes."""
+
+    DEFAULT_WINDOW_SIZE = 16
+    DEFAULT_WGRAD_WINDOW_SIZE = 1
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.scaling_metas = dict(input=ScalingMeta(Dtypes.kfloat8_e4m3, window_size=FP8Linear.DEFAULT_WINDOW_SIZE),
+                                  wgrad=ScalingMeta(Dtypes.kfloat8_e4m3, window_size=FP8Linear.DEFAULT_WGRAD_WINDOW_SIZE),
+                                  ograd=ScalingMeta(Dtypes.kfloat8_e5m2, window_size=FP8Linear.DEFAULT_WINDOW_SIZE))
+
+    def forward(self, x):
+        with torch.no_grad():  # the amax of this step's input, as MS-AMP's FP8 GEMM records it
+            meta = self.scaling_metas["input"]
+            meta.amax[0] = torch.maximum(meta.amax[0], x.detach().abs().max().float())
+        return super().forward(x)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -124,6 +165,11 @@ class LBAdamW(torch.optim.AdamW):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
         self.bias_correction, self.exp_avg_dtype, self.exp_avg_sq_dtype = bias_correction, exp_avg_dtype, exp_avg_sq_dtype
         self.use_adam = False
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        _update_scaling_factors()
+        return loss
 
     def state_dict(self):
         state = super().state_dict()
@@ -164,6 +210,7 @@ def initialize(model, optimizer=None, opt_level="O1", use_te=False):
                     if child.bias is not None:
                         new.bias.copy_(child.bias)
                 setattr(module, name, new)
+                MODEL_STATE.append(new.scaling_metas)
     parameters = list(model.parameters())
     position = 0
     for group in optimizer.param_groups:
@@ -237,6 +284,7 @@ FINDER = DeepSpeedIntegrationFinder()
 
 
 def install() -> dict[str, types.ModuleType]:
+    MODEL_STATE.clear()  # a fresh process
     msamp = types.ModuleType("msamp")
     msamp.__spec__ = importlib.machinery.ModuleSpec("msamp", None, is_package=True)
     msamp.__path__ = []

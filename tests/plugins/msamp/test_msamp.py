@@ -305,6 +305,33 @@ def test_save_state_and_load_state_with_scaling_tensors(msamp, tmp_path, level):
     assert torch.equal(getattr(saved_moments, "value", saved_moments), getattr(loaded_moments, "value", loaded_moments))
 
 
+def test_save_state_keeps_msamps_scaling_windows_and_amax_counters(msamp, tmp_path):
+    """Each FP8Linear's scaling_metas (amax windows of 16 steps, amax_counter) live outside every state
+    dict; without them a resumed run restarts in-time scaling's warm-up (is_warmup: counter < window)."""
+    acc = accelerator()
+    model, opt = acc.prepare(*model_and_adamw())
+    x, y = regression_data(16)
+    for _ in range(3):
+        acc.backward(nn.functional.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+    trained = {name: m.scaling_metas for name, m in model.named_modules() if isinstance(m, standin_msamp.FP8Linear)}
+    assert trained and all(int(metas["input"].amax_counter) == 3 for metas in trained.values())
+    acc.save_state(tmp_path / "ckpt")
+    fresh_acc = accelerator()
+    fresh, _ = fresh_acc.prepare(*model_and_adamw())
+    flat = [m.scaling_metas["input"].amax_counter for m in fresh.modules() if isinstance(m, standin_msamp.FP8Linear)]
+    fresh_acc.load_state(tmp_path / "ckpt")
+    for name, module in fresh.named_modules():
+        if isinstance(module, standin_msamp.FP8Linear):
+            for kind, meta in module.scaling_metas.items():
+                for t in ("scale", "amax", "amax_counter"):
+                    assert torch.equal(getattr(meta, t), getattr(trained[name][kind], t)), (name, kind, t)
+            assert bool(module.scaling_metas["input"].is_warmup())  # 3 of 16 steps: still in the warm-up
+    # copied in place: MS-AMP's flattened buffers (model_state) keep pointing at the same tensors
+    assert [m.scaling_metas["input"].amax_counter for m in fresh.modules() if isinstance(m, standin_msamp.FP8Linear)][0] is flat[0]
+
+
 def test_a_linear_tied_to_an_embedding_stays_tied_and_high_precision(msamp):
     model = TiedLM()
     prepared, _ = accelerator().prepare(model, torch.optim.AdamW(model.parameters()))
