@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from contextlib import nullcontext
 from typing import Any, ContextManager
 
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
+from lowbit.notices import note
 from lowbit.types import PrepareContext
 
 # Options Accelerate passes to DelayedScaling that TE 2.x removed, with the value that means
@@ -14,9 +16,12 @@ from lowbit.types import PrepareContext
 REMOVED_IN_TE2 = {"interval": 1, "override_linear_precision": (False, False, False)}
 RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
                   "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling"}
-# lowbit's NVFP4 options -> NVFP4BlockScaling's fields, which say the opposite (disable_*).
-NVFP4_SWITCHES = {"nvfp4_random_hadamard": "disable_rht", "nvfp4_stochastic_rounding": "disable_stochastic_rounding",
-                  "nvfp4_2d_weight_scaling": "disable_2d_quantization"}
+# lowbit's NVFP4 options -> NVFP4BlockScaling's fields, which say the opposite (disable_*), and the
+# environment variables whose value TE reads into each field's default when its recipe module is
+# imported (common/recipe/__init__.py, 2.9.0 and 2.20.2).
+NVFP4_SWITCHES = {"nvfp4_random_hadamard": ("disable_rht", "NVTE_NVFP4_DISABLE_RHT"),
+                  "nvfp4_stochastic_rounding": ("disable_stochastic_rounding", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"),
+                  "nvfp4_2d_weight_scaling": ("disable_2d_quantization", "NVTE_NVFP4_DISABLE_2D_QUANTIZATION")}
 
 
 def import_te() -> tuple[Any, Any]:
@@ -70,7 +75,7 @@ def build_recipe(context: PrepareContext) -> Any:
         if not options.is_default("fp8_format"):
             raise ConfigError(f"fp8_format={options.fp8_format!r} cannot reach Transformer Engine with recipe='nvfp4': "
                               "NVFP4BlockScaling's block scales are always E4M3. Remove the option.")
-        return cls(**{field: not getattr(options, option) for option, field in NVFP4_SWITCHES.items()})
+        return _nvfp4_recipe(cls, options)
     wanted = {}
     # HYBRID is Accelerate's default for delayed scaling; the block recipes default to E4M3 in TE
     # (common/recipe/__init__.py, MXFP8BlockScaling and Float8BlockScaling, 2.20.2): they get
@@ -98,6 +103,22 @@ def build_recipe(context: PrepareContext) -> Any:
 # Options of delayed scaling that the other recipes have no field for (common/recipe/__init__.py,
 # 2.20.2: Float8CurrentScaling and Float8BlockScaling take neither; MXFP8BlockScaling takes margin).
 _DELAYED_ONLY = ("margin", "amax_history_len", "amax_compute_algo")
+
+
+def _nvfp4_recipe(cls: type, options: Any) -> Any:
+    """NVFP4BlockScaling with the switches the user set; the others keep TE's defaults, which TE's
+    own NVTE_NVFP4_DISABLE_* variables decide (and which equal lowbit's defaults when they are unset).
+    A lowbit option that overrides such a variable says so."""
+    te_defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    given = {}
+    for option, (field, variable) in NVFP4_SWITCHES.items():
+        if options.is_default(option):
+            continue
+        given[field] = not getattr(options, option)
+        if field in te_defaults and given[field] != te_defaults[field]:
+            note(f"lowbit-te: {option}={getattr(options, option)} overrides {variable}="
+                 f"{os.environ.get(variable, '(unset)')} (Transformer Engine's own switch for {field}).")
+    return cls(**given)
 
 
 def _refuse_options_the_recipe_ignores(options: Any, cls: type) -> None:

@@ -621,6 +621,29 @@ def test_nvfp4_options_reach_te_as_its_disable_switches(te, real_recipe, monkeyp
         build_recipe(fp4_accelerator(fp8_format="HYBRID").context)
 
 
+def test_tes_own_nvfp4_switches_hold_unless_a_lowbit_option_is_given(te_source, monkeypatch, recwarn):
+    """TE reads NVTE_NVFP4_DISABLE_* into NVFP4BlockScaling's defaults when its recipe module is
+    imported (common/recipe/__init__.py, 2.9.0 and 2.20.2); lowbit passed its own defaults over them."""
+    from lowbit_te.runtime import build_recipe
+
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "1")
+    spec = importlib.util.spec_from_file_location("transformer_engine.common.recipe", te_source / "common" / "recipe" / "__init__.py")
+    recipe_module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "transformer_engine.common.recipe", recipe_module)
+    spec.loader.exec_module(recipe_module)  # imported with the variables set, as on the user's machine
+    for name, module in standin_te.install(recipe_module).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
+
+    recipe = build_recipe(fp4_accelerator().context)
+    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (True, True, False)
+    assert "overrides" not in said(recwarn)
+    recipe = build_recipe(fp4_accelerator(nvfp4_random_hadamard=True).context)  # the user's option wins, and says so
+    assert (recipe.disable_rht, recipe.disable_stochastic_rounding) == (False, True)
+    assert "nvfp4_random_hadamard=True overrides NVTE_NVFP4_DISABLE_RHT=1" in said(recwarn)
+
+
 def test_fp4_keeps_the_last_linears_in_bf16(te, monkeypatch):
     monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
     acc = fp4_accelerator(fp4_last_layers_bf16=0.4)
