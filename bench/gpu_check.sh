@@ -11,7 +11,11 @@
 #
 # The run step downloads and builds nothing: the wheels go into a folder on PYTHONPATH (no venv, no
 # build isolation, no editable install); GPU_PYTHON picks the interpreter with the CUDA torch
-# (default python3). Transformer Engine cannot be carried (its CUDA library alone is ~264 MiB): its
+# (default python3). The wheels are chosen for the GPU machine, not for the machine that downloads
+# them (a laptop on macOS or ARM would otherwise carry torchao's kernel-less py3-none-any wheel):
+# GPU_PLATFORM (default manylinux_2_28_x86_64; manylinux_2_28_aarch64 for a Grace machine) and
+# GPU_PYTHON_VERSION (default 3.10: torchao's cp310-abi3 wheel serves every later CPython).
+# Transformer Engine cannot be carried (its CUDA library alone is ~264 MiB): its
 # tests run where it is installed already and otherwise skip, saying so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,11 +25,13 @@ PLUGINS=(. plugins/fp8_ao plugins/fp8_te plugins/fp8_msamp plugins/dist_deepspee
 # torchao as tested here; pluggy (lowbit's plugin system) and pytest with what it imports may be
 # missing on a GPU image (exceptiongroup and tomli only for Python 3.10). Installed without deps.
 CARRIED=(torchao==0.18.0 "pluggy>=1.3" pytest iniconfig packaging pygments exceptiongroup tomli)
+TARGET=(--platform "${GPU_PLATFORM:-manylinux_2_28_x86_64}" --python-version "${GPU_PYTHON_VERSION:-3.10}"
+        --implementation cp --only-binary=:all:)
 
 make_wheels() {
   rm -rf "$DIR" && mkdir -p "$DIR"
   python3 -m pip wheel -q --no-deps -w "$DIR" "${PLUGINS[@]}"
-  python3 -m pip download -q --no-deps -d "$DIR" --only-binary=:all: "${CARRIED[@]}"
+  python3 -m pip download -q --no-deps -d "$DIR" "${TARGET[@]}" "${CARRIED[@]}"
   echo "wheels in $DIR: $(ls "$DIR" | wc -l) files, $(du -sh "$DIR" | cut -f1) in all"
 }
 

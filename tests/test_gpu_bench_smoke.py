@@ -38,3 +38,21 @@ def test_the_formats_benchmark_runs_every_format_and_prints_the_gap_to_bf16(tmp_
         assert label in rows and rows[label].rstrip().endswith("emulated"), proc.stdout[-2000:]
         assert "+" in rows[label] or "-0." in rows[label]  # a signed gap to bf16
     assert (tmp_path / "formats.json").exists()
+
+
+@pytest.mark.parametrize("platform, python", [(None, None), ("manylinux_2_28_aarch64", "3.12")])
+def test_the_gpu_wheels_step_downloads_for_the_gpu_machine_not_this_one(tmp_path, platform, python):
+    """``bench/gpu_check.sh wheels`` on a laptop (macOS, ARM) must still carry the x86-64 CUDA
+    machine's torchao wheel (kernels included), not the laptop's. pip is recorded, not run."""
+    log = tmp_path / "argv.txt"
+    env = {"PATH": f"{ROOT / 'tests' / 'shims'}:/usr/bin:/bin", "ARGV_LOG": str(log),
+           **({"GPU_PLATFORM": platform} if platform else {}), **({"GPU_PYTHON_VERSION": python} if python else {})}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "wheels", str(tmp_path / "wheels")],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    download = next(line.split() for line in log.read_text().splitlines() if "download" in line)
+    assert "torchao==0.18.0" in download
+    for flag, value in (("--platform", platform or "manylinux_2_28_x86_64"), ("--python-version", python or "3.10"),
+                        ("--implementation", "cp")):
+        assert download[download.index(flag) + 1] == value, download
+    assert "--only-binary=:all:" in download and "--no-deps" in download
