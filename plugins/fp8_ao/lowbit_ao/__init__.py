@@ -11,6 +11,7 @@ import importlib.util
 from lowbit import hookimpl
 from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit_ao.native_kernels import mxfp8_kernels_problem
 from lowbit_ao.recipe import RECIPE_NAMES, AORecipeKwargs
 
 NAME = "ao"
@@ -43,6 +44,8 @@ def unavailable_reason() -> str:
 @hookimpl
 def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     reason = unavailable_reason()
+    # On sm_100+ MXFP8 is native only where torchao's kernels are there to run it (native_kernels).
+    mxfp8_emulated = ("mxfp8",) if not reason and mxfp8_kernels_problem(hardware) else ()
     return BackendDescription(
         name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
         options_class=AORecipeKwargs, libraries=("torchao",), aliases=("torchao",),
@@ -50,7 +53,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
         # emulated kernels and NVFP4 with lowbit-ao's own emulation without sm_100.
         precisions=("fp8", "fp4"), recipes=RECIPE_NAMES, emulates=RECIPE_NAMES,
         # torchao's NVFP4Linear (triton, bf16, dims % 128, no recipe options) is not bound yet.
-        emulated_only=("nvfp4",),
+        emulated_only=("nvfp4", *mxfp8_emulated),
         # fp32 master weights, gradients and AdamW states; AdamWFp8 / AdamW8bit keep 1 byte per
         # state element plus a scale per 256-element block (bench/memory.py: 2.043 bytes per parameter).
         memory_per_parameter={"optimizer_low_bit": 2.043},

@@ -161,6 +161,21 @@ def check_compatibility(context: PrepareContext) -> None:
         )
 
 
+def _mxfp8_kernels_problem(context: PrepareContext) -> str:
+    """Why torchao's native MXFP8 kernels do not run this run, or '' (also below sm_100, where MXFP8
+    is emulated by the recipe's own hardware rule). A run planned as native whose kernels turn out
+    missing once torchao is imported falls back to the emulated ones."""
+    from lowbit_ao.native_kernels import mxfp8_kernels_problem, mxfp8_op_problem
+
+    problem = mxfp8_kernels_problem(context.hardware)
+    if not problem and context.recipe_runs == "native":
+        import_torchao("torchao.prototype.mx_formats.kernels")
+        problem = mxfp8_op_problem()
+    if problem:
+        context.recipe_runs = "emulated"  # this run's truth: the GEMMs and the FP8 report follow it
+    return problem
+
+
 def convert_block_recipe(model: nn.Module, context: PrepareContext) -> nn.Module:
     """mxfp8 / nvfp4: the block-scaled layers (``block_formats``), with the same default rules."""
     from lowbit_ao.block_formats import convert_block_layers
@@ -172,10 +187,12 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> nn.Module
         skipped = {n: "module_filter_func said no" for n in layer_types if not options.module_filter_func(modules[n], n)}
     else:
         skipped = default_skips(model, options.keep_first_last_high_precision)
+    kernels = _mxfp8_kernels_problem(context) if options.recipe == "mxfp8" else ""
     if context.recipe_runs == "emulated":
         how = ("torchao's emulated MX kernels (values and scales as on the GPU, GEMMs in fp32)" if options.recipe == "mxfp8"
                else "lowbit-ao's NVFP4 emulation (values and scales as NVIDIA's format, GEMMs in fp32)")
         native = "" if options.recipe == "mxfp8" else " (lowbit-ao binds no native NVFP4 kernel; lowbit-te does, on Blackwell)"
+        native = f" ({kernels})" if kernels else native
         note(f"{options.recipe} runs emulated on {context.hardware.describe()}{native}: {how}.", FP8EmulationNotice)
     converted = convert_block_layers(model, list(layer_types), skipped, context)
     model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types, "recipe": options.recipe,

@@ -276,3 +276,73 @@ def test_the_native_mxfp8_path_gets_the_operands_torchaos_sm100_kernels_take():
     x = torch.randn(64, 11, 3).transpose(0, 2)  # (3, 11, 64), not contiguous: 33 tokens
     out = layer(x)  # through the module: its hooks pad the tokens
     assert out.shape == (3, 11, 96) and out.dtype == torch.float32
+
+
+# ------------------------------------------------------------------ native MXFP8 only where its kernels are
+
+
+def _blackwell(capability=(10, 0)):
+    from lowbit.types import HardwareInfo
+
+    return HardwareInfo("cpu", "stand-in NVIDIA B200 (tensors on CPU)", 1, capability, (12, 9))
+
+
+def test_mxfp8_kernels_are_checked_not_assumed_from_the_compute_capability(monkeypatch, tmp_path):
+    """torchao defines its MXFP8 cast op on any sm_100+ GPU, but its kernel comes from _C_mxfp8 (built
+    for sm_100a) and the dim-0 cast from triton: each missing piece is named, read without importing."""
+    import importlib.util
+
+    from lowbit_ao import native_kernels
+
+    real_find_spec = importlib.util.find_spec
+    with_triton = lambda name, *a: object() if name == "triton" else real_find_spec(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", with_triton)
+    assert native_kernels.mxfp8_kernels_problem(_blackwell()) == ""  # this torchao wheel carries _C_mxfp8
+    assert native_kernels.mxfp8_kernels_problem(_blackwell((9, 0))) == ""  # below sm_100: emulated anyway
+    assert "built for sm_100a" in native_kernels.mxfp8_kernels_problem(_blackwell((12, 0)))
+    monkeypatch.setattr(native_kernels, "_torchao_folder", lambda: tmp_path)  # torchao's py3-none-any wheel
+    assert "no _C_mxfp8 extension" in native_kernels.mxfp8_kernels_problem(_blackwell())
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    if real_find_spec("triton") is None:
+        assert "triton is not installed" in native_kernels.mxfp8_kernels_problem(_blackwell())
+
+
+def test_without_its_kernels_mxfp8_is_emulated_on_blackwell_and_lowbit_env_says_so(monkeypatch):
+    import lowbit_ao
+    from lowbit.config.recipe_names import recipe_status
+
+    monkeypatch.setattr(lowbit_ao, "mxfp8_kernels_problem", lambda hardware: "triton is not installed")
+    assert recipe_status(lowbit_ao.describe_backend(_blackwell()), "mxfp8", _blackwell()) == "emulated"
+    monkeypatch.setattr(lowbit_ao, "mxfp8_kernels_problem", lambda hardware: "")
+    assert recipe_status(lowbit_ao.describe_backend(_blackwell()), "mxfp8", _blackwell()) == "native"
+
+
+def test_a_native_mxfp8_run_whose_op_has_no_kernel_falls_back_to_the_emulated_kernels(monkeypatch, recwarn):
+    """Planned native (sm_100, triton and the extension file found), but torchao::mxfp8_quantize has no
+    CUDA kernel once torchao is imported (here: no CUDA at all): the run trains on the emulated
+    kernels and says why, instead of failing in the first GEMM."""
+    import lowbit_ao
+    from lowbit.plugins import make_plugin_manager
+    from lowbit_ao import native_kernels
+
+    from helpers import HardwareDetector, said
+
+    for owner in (lowbit_ao, native_kernels):  # what can be read without torchao: all there
+        monkeypatch.setattr(owner, "mxfp8_kernels_problem", lambda hardware: "")
+    manager = make_plugin_manager(extra_plugins=[HardwareDetector(_blackwell())])
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager, kwargs_handlers=[AORecipeKwargs(recipe="mxfp8")])
+    assert acc.context.recipe_runs == "native"  # the plan, from what could be read without torchao
+    model = mlp(width=64)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = acc.prepare(model, optimizer)
+    assert acc.context.recipe_runs == "emulated"
+    assert "torchao::mxfp8_quantize has no CUDA kernel" in said(recwarn)
+    x, y = regression_data(64)
+    losses = []
+    for _ in range(3):
+        loss = nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
