@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -15,24 +16,16 @@ import time
 from common import print_table
 
 HEAVY = ("torch", "transformer_engine", "msamp", "deepspeed", "torchao")
-PROBE = """
-import sys
-from lowbit.cli.main import main
-try:
-    main({argv!r})
-except SystemExit:
-    pass
-print("IMPORTED:" + ",".join(sorted({{m.split(".")[0] for m in sys.modules}} & set({heavy!r}))))
-"""
 
 
 def run(argv: list[str], repeats: int = 5) -> tuple[float, str]:
     times, imported = [], ""
     for _ in range(repeats):
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv, heavy=HEAVY)], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([sys.executable, "-m", "lowbit.testing.import_probe", "cli", "--heavy", *HEAVY, "--", *argv],
+                             capture_output=True, text=True, check=True).stdout
         times.append(time.perf_counter() - start)
-        imported = out.rsplit("IMPORTED:", 1)[1].strip() or "none"
+        imported = ",".join(json.loads(out.strip().splitlines()[-1])["imported"]) or "none"
     return statistics.median(times), imported
 
 

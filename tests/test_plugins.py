@@ -1,9 +1,11 @@
 """Plugin manager and backend selection: ranking, routing, isolation, discovery."""
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 from helpers import BrokenOnDescribe, FakeBackend, manager_with
@@ -111,8 +113,8 @@ def test_duplicate_backend_names_are_refused_naming_both_distributions():
 
 
 def test_duplicate_names_across_entry_points_name_both_distributions(tmp_path, monkeypatch):
-    _write_dist(tmp_path, "lowbit-first", "lowbit_first_fp8", THIRD_PARTY, "first")
-    _write_dist(tmp_path, "lowbit-second", "lowbit_second_fp8", THIRD_PARTY, "second")
+    _write_dist(tmp_path, "lowbit-first", "lowbit_first_fp8", "first", source="lowbit_thirdparty_fp8")
+    _write_dist(tmp_path, "lowbit-second", "lowbit_second_fp8", "second", source="lowbit_thirdparty_fp8")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("LOWBIT_PLUGINS", "first,second")
     registry = BackendRegistry(make_plugin_manager(), CPU)
@@ -158,8 +160,7 @@ def test_strict_mode_gives_a_clean_error_for_a_wrong_result_type():
 
 
 def test_lowbit_plugins_survives_a_plugin_that_describes_itself_with_a_string(tmp_path, monkeypatch):
-    body = "from lowbit import hookimpl\n@hookimpl\ndef describe_backend(hardware):\n    return 'oops'\n"
-    _write_dist(tmp_path, "lowbit-oops", "lowbit_oops_fp8", body, "oops")
+    _write_dist(tmp_path, "lowbit-oops", "lowbit_oops_fp8", "oops")
     monkeypatch.syspath_prepend(str(tmp_path))
     from lowbit.cli.plugins_command import collect
 
@@ -169,7 +170,7 @@ def test_lowbit_plugins_survives_a_plugin_that_describes_itself_with_a_string(tm
 
 
 def test_a_slow_plugin_is_named_with_its_import_time(tmp_path, monkeypatch, capsys):
-    _write_dist(tmp_path, "lowbit-slow", "lowbit_slow_fp8", "import time\ntime.sleep(0.8)\n" + THIRD_PARTY, "slow")
+    _write_dist(tmp_path, "lowbit-slow", "lowbit_slow_fp8", "slow")
     monkeypatch.syspath_prepend(str(tmp_path))
     from lowbit.cli.main import main
 
@@ -191,27 +192,22 @@ def test_bad_description_breaks_only_that_plugin():
     assert any("must say why" in b.error for b in manager.broken)
 
 
-def _write_dist(root, dist, module, body, entry_name):
-    (root / f"{module}.py").write_text(textwrap.dedent(body))
+def _write_dist(root, dist, module, entry_name, source=None):
+    """Install tests/fixtures/plugins/<source or module>.py as module ``module`` of distribution
+    ``dist``, with one entry point."""
+    shutil.copy(FIXTURES / f"{source or module}.py", root / f"{module}.py")
     info = root / f"{dist.replace('-', '_')}-0.3.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3.0\n")
     (info / "entry_points.txt").write_text(f"[lowbit]\n{entry_name} = {module}\n")
 
 
-THIRD_PARTY = """
-from lowbit import hookimpl
-from lowbit.types import BackendDescription
-
-@hookimpl
-def describe_backend(hardware):
-    return BackendDescription(name="thirdparty", kind="fp8", priority=150, available=True)
-"""
+FIXTURES = Path(__file__).parent / "fixtures" / "plugins"
 
 
 def test_entry_point_plugin_is_discovered_and_ranked(tmp_path, monkeypatch):
-    _write_dist(tmp_path, "lowbit-thirdparty", "lowbit_thirdparty_fp8", THIRD_PARTY, "thirdparty")
-    _write_dist(tmp_path, "lowbit-broken", "lowbit_broken_fp8", "raise ImportError('missing dependency xyz')\n", "broken")
+    _write_dist(tmp_path, "lowbit-thirdparty", "lowbit_thirdparty_fp8", "thirdparty")
+    _write_dist(tmp_path, "lowbit-broken", "lowbit_broken_fp8", "broken")
     monkeypatch.syspath_prepend(str(tmp_path))
     manager = make_plugin_manager()
     registry = BackendRegistry(manager, CPU)
@@ -225,7 +221,7 @@ def test_entry_point_plugin_is_discovered_and_ranked(tmp_path, monkeypatch):
 
 
 def test_lowbit_plugins_env_limits_loading(tmp_path, monkeypatch):
-    _write_dist(tmp_path, "lowbit-thirdparty", "lowbit_thirdparty_fp8", THIRD_PARTY, "thirdparty")
+    _write_dist(tmp_path, "lowbit-thirdparty", "lowbit_thirdparty_fp8", "thirdparty")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("LOWBIT_PLUGINS", "")
     manager = make_plugin_manager()
@@ -238,26 +234,18 @@ def test_lowbit_plugins_env_limits_loading(tmp_path, monkeypatch):
 HEAVY = ("transformer_engine", "msamp", "deepspeed", "torchao")
 
 
+def _probe(*args: str) -> dict:
+    """``python -m lowbit.testing.import_probe ARGS`` in a fresh interpreter: its JSON answer."""
+    proc = subprocess.run([sys.executable, "-m", "lowbit.testing.import_probe", *args], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_discovery_imports_no_backend_library():
-    code = textwrap.dedent(
-        f"""
-        import sys
-        from lowbit.plugins import make_plugin_manager
-        from lowbit.plugins.selection import BackendRegistry, choose_backend
-        from lowbit.types import HardwareInfo
-        registry = BackendRegistry(make_plugin_manager(), HardwareInfo("cpu", "CPU"))
-        print([c.name for c in registry.ranked("fp8")])
-        print(sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r}))
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out[-1] == "[]", f"discovery imported {out[-1]}"
+    assert _probe("discovery", "--heavy", *HEAVY)["imported"] == []
 
 
 def test_help_does_not_import_torch():
-    code = "import sys\nfrom lowbit.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip().endswith("False")
+    assert _probe("cli", "--heavy", "torch", "--", "--help")["imported"] == []
 
 
 def test_installed_backends_share_option_names_only_with_the_same_meaning():

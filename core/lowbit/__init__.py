@@ -33,9 +33,9 @@ _LAZY = {
 }
 __all__ = [*_LAZY, "hookimpl", "__version__"]
 
-if TYPE_CHECKING:
-    from lowbit.accelerator import Accelerator
-    from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them lazily
+    from lowbit.accelerator import Accelerator  # noqa: F401
+    from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

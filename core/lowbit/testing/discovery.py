@@ -1,9 +1,9 @@
 """Checks on how a plugin is found: what it says about itself, and what loading it imports."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-import textwrap
 
 from lowbit.plugins.selection import BackendRegistry
 from lowbit.testing.setup import fail, make_manager
@@ -49,17 +49,9 @@ def check_discovery_is_cheap(entry_point: str, heavy_modules: tuple[str, ...] = 
     """Loading the plugin and describing it imports none of ``heavy_modules``, torch, nor a known
     backend library (checked in a fresh interpreter)."""
     heavy = tuple(heavy_modules) + backend_library_modules()
-    code = textwrap.dedent(f"""
-        import os, sys
-        os.environ["LOWBIT_PLUGINS"] = {entry_point!r}
-        from lowbit.plugins import make_plugin_manager
-        from lowbit.plugins.selection import BackendRegistry
-        from lowbit.types import HardwareInfo
-        manager = make_plugin_manager()
-        BackendRegistry(manager, HardwareInfo("cpu", "CPU"))
-        print(sorted({{m.split(".")[0] for m in sys.modules}} & set({heavy!r})))
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    if out != "[]":
+    proc = subprocess.run([sys.executable, "-m", "lowbit.testing.import_probe", "discovery", "--plugins", entry_point,
+                           "--heavy", *heavy], capture_output=True, text=True, check=True)
+    imported = json.loads(proc.stdout.strip().splitlines()[-1])["imported"]
+    if imported:
         fail(entry_point, "discovery (the entry module and describe_backend)",
-             f"imported {out}; import them inside the hooks that run once the backend is chosen (convert_model, ...)")
+             f"imported {imported}; import them inside the hooks that run once the backend is chosen (convert_model, ...)")

@@ -11,7 +11,7 @@ torchao_float8 = pytest.importorskip("torchao.float8")
 
 import torch  # noqa: E402
 from safetensors.torch import load_file
-from helpers import FakeBackend, manager_with, mlp, regression_data  # noqa: E402
+from helpers import FakeBackend, mlp, regression_data  # noqa: E402
 from torch import nn  # noqa: E402
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
