@@ -5,11 +5,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from lowbit.cli.main import main
+
+SHOW_ENV = str(Path(__file__).parent / "scripts" / "show_env.py")
 
 LOWBIT = [sys.executable, "-m", "lowbit.cli.main"]
 
@@ -50,11 +53,9 @@ def test_config_from_flags_round_trips_through_launch(tmp_path, capsys):
     data = yaml.safe_load(path.read_text())
     assert data["mixed_precision"] == "fp8" and data["gradient_accumulation_steps"] == 2
     assert data["fp8_config"] == {"backend": "ao"}
-    script = tmp_path / "show.py"
-    script.write_text("import os\nprint({k: v for k, v in sorted(os.environ.items()) if k.startswith('LOWBIT_')})\n")
-    proc = run_cli("launch", "--config_file", str(path), "--gradient_accumulation_steps", "3", str(script))
+    proc = run_cli("launch", "--config_file", str(path), "--gradient_accumulation_steps", "3", SHOW_ENV)
     assert proc.returncode == 0, proc.stderr
-    env = eval(proc.stdout)  # noqa: S307 - our own script's dict output
+    env = json.loads(proc.stdout)
     assert env["LOWBIT_MIXED_PRECISION"] == "fp8"
     assert env["LOWBIT_FP8_BACKEND"] == "ao"
     assert env["LOWBIT_GRADIENT_ACCUMULATION_STEPS"] == "3"  # the flag beats the file
@@ -100,31 +101,25 @@ def test_launch_port_in_use_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.multiprocess
 def test_launch_two_processes_runs_torchrun_and_prints_the_command(tmp_path):
-    script = tmp_path / "ranks.py"
-    # One write per line: torchrun runs workers unbuffered, and print() writes each piece apart.
-    script.write_text("import os, sys\nsys.stdout.write(f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} "
-                      "{os.environ['LOWBIT_DISTRIBUTED_TYPE']}\\n\")\n")
-    proc = run_cli("launch", "--debug", "--cpu", "--num_processes", "2", str(script), env={"OMP_NUM_THREADS": "1"})
+    proc = run_cli("launch", "--debug", "--cpu", "--num_processes", "2", SHOW_ENV, env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert "torch.distributed.run --nproc_per_node 2" in proc.stderr
-    assert sorted(line for line in proc.stdout.splitlines() if line.startswith("rank")) == [
-        "rank 0 of 2 MULTI_CPU", "rank 1 of 2 MULTI_CPU"]
+    ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert sorted((e["RANK"], e["WORLD_SIZE"], e["LOWBIT_DISTRIBUTED_TYPE"]) for e in ranks) == [
+        ("0", "2", "MULTI_CPU"), ("1", "2", "MULTI_CPU")]
 
 
 def test_script_exit_code_is_passed_through(tmp_path):
-    script = tmp_path / "fail.py"
-    script.write_text("import sys\nsys.exit(3)\n")
-    assert run_cli("launch", str(script)).returncode == 3
+    assert run_cli("launch", SHOW_ENV, "--exit", "3").returncode == 3
 
 
 def test_ao_launch_flags_reach_the_script(tmp_path):
     pytest.importorskip("lowbit_ao")
-    script = tmp_path / "show.py"
-    script.write_text("import os\nprint(os.environ.get('LOWBIT_FP8_RECIPE'), os.environ.get('LOWBIT_FP8_PAD_INNER_DIM'))\n")
-    proc = run_cli("launch", "--mixed_precision", "fp8", "--fp8_recipe", "rowwise", "--fp8_pad_inner_dim", "yes", str(script))
+    proc = run_cli("launch", "--mixed_precision", "fp8", "--fp8_recipe", "rowwise", "--fp8_pad_inner_dim", "yes", SHOW_ENV)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["rowwise", "true"]
-    bad = run_cli("launch", "--fp8_recipe", "rowwize", str(script))
+    env = json.loads(proc.stdout)
+    assert (env["LOWBIT_FP8_RECIPE"], env["LOWBIT_FP8_PAD_INNER_DIM"]) == ("rowwise", "true")
+    bad = run_cli("launch", "--fp8_recipe", "rowwize", SHOW_ENV)
     assert bad.returncode == 2 and "Did you mean 'rowwise'" in bad.stderr
 
 

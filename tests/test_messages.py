@@ -5,21 +5,15 @@ import datetime
 import os
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 
 from lowbit import Accelerator
 from lowbit.errors import ConfigError
 
-SCRIPT = textwrap.dedent("""
-    import warnings
-    from torch import nn
-    from lowbit import Accelerator
-    for _ in range(2):  # two Accelerators: the notice is said once
-        Accelerator(mixed_precision="fp8").prepare(nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 8)))
-    warnings.warn("the user's own warning")
-""")
+SCRIPTS = Path(__file__).parent / "scripts"
+SAY_NOTICES = str(SCRIPTS / "say_notices.py")
 
 
 def _run(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -30,7 +24,7 @@ def _run(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProce
 
 def test_notices_are_one_line_once_with_no_lowbit_source_line():
     pytest.importorskip("lowbit_ao")
-    lines = _run("-c", SCRIPT).stderr.splitlines()
+    lines = _run(SAY_NOTICES).stderr.splitlines()
     emulation = [line for line in lines if "lowbit-ao emulates them" in line]
     assert len(emulation) == 1 and emulation[0].startswith("lowbit: note: CPU has no FP8 GEMMs"), lines
     assert sum(line.startswith("lowbit: note: fp8 (ao, tensorwise, emulated): 1 of 3") for line in lines) == 1, lines
@@ -40,19 +34,16 @@ def test_notices_are_one_line_once_with_no_lowbit_source_line():
 
 def test_notices_are_real_warning_categories_that_users_filter():
     pytest.importorskip("lowbit_ao")
-    quiet = "import warnings\nfrom lowbit.notices import LowbitNote\nwarnings.filterwarnings('ignore', category=LowbitNote)\n"
-    stderr = _run("-c", quiet + SCRIPT).stderr
+    stderr = _run(SAY_NOTICES, "--ignore-lowbit-notes").stderr
     assert "lowbit: note:" not in stderr and "the user's own warning" in stderr
 
 
 def test_notices_are_said_on_the_main_rank_only(tmp_path):
     """Under `lowbit launch` with 2 processes: once in all, and the launcher's own notes not again by the ranks."""
     pytest.importorskip("lowbit_ao")
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
     config = tmp_path / "accelerate.yaml"
     config.write_text("compute_environment: LOCAL_MACHINE\nmixed_precision: fp8\nnum_processes: 2\nrdzv_backend: static\n")
-    proc = _run("-m", "lowbit.cli.main", "launch", "--cpu", "--config_file", str(config), str(script),
+    proc = _run("-m", "lowbit.cli.main", "launch", "--cpu", "--config_file", str(config), SAY_NOTICES,
                 env_extra={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("lowbit-ao emulates them") == 1, proc.stderr
@@ -96,9 +87,7 @@ def test_an_error_in_a_rank_names_the_config_file_the_setting_came_from(tmp_path
     pytest.importorskip("lowbit_ao")
     config = tmp_path / "c.yaml"
     config.write_text("mixed_precision: fp8\nfp8_config:\n  backend: tee\n")
-    script = tmp_path / "train.py"
-    script.write_text("from lowbit import Accelerator\nAccelerator()\n")
-    proc = _run("-m", "lowbit.cli.main", "launch", "--config_file", str(config), str(script))
+    proc = _run("-m", "lowbit.cli.main", "launch", "--config_file", str(config), str(SCRIPTS / "make_accelerator.py"))
     assert proc.returncode != 0
     assert f"Unknown fp8 backend 'tee' (from config file {config}, fp8_config.backend). Did you mean 'te'?" in proc.stderr
 

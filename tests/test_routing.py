@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+from pathlib import Path
 
 import torch
 from helpers import FakeBackend, manager_with, mlp
@@ -128,7 +130,7 @@ def test_joint_hook_replaces_convert_and_wrap(tmp_path):
     assert "convert_model" not in joint.calls and "wrap_optimizer" not in joint.calls
 
 
-def test_launcher_hooks_add_flags_and_env(tmp_path, monkeypatch):
+def test_launcher_hooks_add_flags_and_env(monkeypatch, capfd):
     from lowbit.cli import launch
     from lowbit.cli.main import main
 
@@ -142,9 +144,9 @@ def test_launcher_hooks_add_flags_and_env(tmp_path, monkeypatch):
             return {"MY_KNOB": args.my_knob} if args.my_knob else None
 
     monkeypatch.setattr(launch, "_plugin_manager", lambda: manager_with(LaunchPlugin()))
-    script = tmp_path / "s.py"
-    script.write_text("import os, sys\nsys.exit(0 if os.environ.get('MY_KNOB') == '7' else 1)\n")
-    assert main(["launch", "--my_knob", "7", str(script)]) == 0
+    show_env = Path(__file__).parent / "scripts" / "show_env.py"
+    assert main(["launch", "--my_knob", "7", str(show_env), "MY_KNOB"]) == 0
+    assert json.loads(capfd.readouterr().out.strip().splitlines()[-1])["MY_KNOB"] == "7"
 
 
 def test_autocast_context_of_the_precision_plugin_wraps_the_fp8_one():
