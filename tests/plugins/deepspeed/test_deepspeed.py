@@ -169,40 +169,6 @@ def test_clip_grad_norm_clips_under_deepspeed_as_under_ddp(tmp_path, clip_under_
 
 
 
-ONE_PROCESS_ZERO3 = r'''
-import json, os, sys
-import torch
-from torch import nn
-import deepspeed
-from lowbit import Accelerator
-
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
-reference = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
-largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-acc = Accelerator(mixed_precision="bf16")
-model, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-gathered = []
-original = deepspeed.zero.GatheredParameters
-def recording(params, *args, **kwargs):
-    gathered.append(sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in params))
-    return original(params, *args, **kwargs)
-deepspeed.zero.GatheredParameters = recording
-state = acc.get_state_dict(model)
-deepspeed.zero.GatheredParameters = original
-from lowbit_deepspeed.engine import DeepSpeedRunState
-engine = acc.context.plugin_state(DeepSpeedRunState).engine
-acc.backward(model(torch.randn(4, 16)).float().pow(2).mean())
-norm = acc.clip_grad_norm_(model.parameters(), 0.5)
-optimizer.step()
-print(json.dumps({
-    "full": {k: [list(v.shape), torch.equal(v.to(torch.bfloat16), reference[k]), v.device.type] for k, v in state.items()},
-    "largest_gather": max(gathered), "largest_layer": largest, "total": sum(reference[k].numel() for k in reference),
-    "clipping_after": [engine._config.gradient_clipping, getattr(engine.optimizer, "clip_grad", None)],
-}))
-'''
-
-
 def test_zero3_state_dict_gathers_one_layer_at_a_time_and_clipping_is_for_one_step(tmp_path):
     """get_state_dict under ZeRO-3 gathered every parameter at once on every rank (the whole
     model per GPU); clip_grad_norm_ left DeepSpeed's gradient_clipping at its max_norm for every
@@ -210,8 +176,7 @@ def test_zero3_state_dict_gathers_one_layer_at_a_time_and_clipping_is_for_one_st
     import os
     import subprocess
 
-    script = tmp_path / "zero3.py"
-    script.write_text(ONE_PROCESS_ZERO3)
+    script = Path(__file__).with_name("zero3_gather_worker.py")
     env = {**os.environ, "LOWBIT_DISTRIBUTED_TYPE": "DEEPSPEED",
            "LOWBIT_DEEPSPEED_CONFIG": json.dumps({"zero_stage": 3, "gradient_clipping": 1.0})}
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=1500)
