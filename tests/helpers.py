@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -177,6 +178,18 @@ def install_entry_points(site, distribution: str, version: str, entry_points: di
         lines = "".join(f"{name} = {module}\n" for name, module in entry_points.items())
         (info / "entry_points.txt").write_text("[lowbit]\n" + lines)
     return info
+
+
+PLUGIN_FIXTURES = Path(__file__).parent / "fixtures" / "plugins"
+
+
+def install_plugin_module(site, module: str, source: str | None = None) -> Path:
+    """Copy tests/fixtures/plugins/<source or module>.py into ``site`` as ``<module>.py``."""
+    import shutil
+
+    target = Path(site) / f"{module}.py"
+    shutil.copy(PLUGIN_FIXTURES / f"{source or module}.py", target)
+    return target
 
 
 def said(recwarn) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,34 +14,7 @@ from torch import nn
 from lowbit import Accelerator
 from lowbit.errors import CheckpointError
 
-ACCELERATE_RUN = textwrap.dedent('''
-    import sys, torch
-    from torch import nn
-    from accelerate import Accelerator
-
-    out, safe = sys.argv[1], sys.argv[2] == "safetensors"
-    class Counter:
-        def __init__(self): self.seen = 0
-        def state_dict(self): return {"seen": self.seen}
-        def load_state_dict(self, state): self.seen = state["seen"]
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    data = torch.utils.data.TensorDataset(torch.randn(32, 8), torch.randn(32, 4))
-    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
-    accelerator = Accelerator(cpu=True)
-    counter = Counter()
-    accelerator.register_for_checkpointing(counter)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    for x, y in loader:
-        accelerator.backward(nn.functional.mse_loss(model(x), y))
-        optimizer.step(); scheduler.step(); optimizer.zero_grad(); counter.seen += len(x)
-    accelerator.save_state(out + "/ckpt", safe_serialization=safe)
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "seen": counter.seen, "step": accelerator.step, "next_random": torch.rand(3)}, out + "/reference.pt")
-''')
+ACCELERATE_RUN = Path(__file__).parent / "scripts" / "accelerate_save_state.py"
 
 
 class Counter:
@@ -58,7 +31,7 @@ class Counter:
 @pytest.mark.parametrize("weights", ["safetensors", "bin"])
 def test_load_state_resumes_a_checkpoint_written_by_accelerate(tmp_path, weights, recwarn):
     pytest.importorskip("accelerate")
-    proc = subprocess.run([sys.executable, "-c", ACCELERATE_RUN, str(tmp_path), weights], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(ACCELERATE_RUN), str(tmp_path), weights], capture_output=True, text=True,
                           timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "ckpt" / ("model.safetensors" if weights == "safetensors" else "pytorch_model.bin")).exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 import textwrap
 
 import pytest
@@ -129,15 +130,7 @@ def test_fsdp_and_deepspeed_from_the_launcher():
         resolve_config(environ={"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true"}, config_file=os.devnull)
 
 
-SHOW = """
-import sys
-from lowbit import Accelerator
-acc = Accelerator()
-# One write per line: print() writes the text and the newline separately, and ranks interleave.
-sys.stdout.write(f"SETTINGS {acc.process_index} {acc.num_processes} {acc.mixed_precision} {acc.fp8_backend} {acc.distributed_strategy}\\n")
-sys.stdout.flush()
-acc.end_training()
-"""
+SHOW_SETTINGS = Path(__file__).parent / "scripts" / "show_settings.py"
 
 
 @pytest.mark.multiprocess
@@ -145,8 +138,7 @@ def test_a_script_started_by_accelerate_launch_keeps_fp8(tmp_path):
     """The launcher sets ACCELERATE_* variables only; FP8 must not be silently lost."""
     pytest.importorskip("accelerate")
     pytest.importorskip("lowbit_ao")
-    script = tmp_path / "show.py"
-    script.write_text(SHOW)
+    script = SHOW_SETTINGS
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HOME=str(tmp_path / "hf"))
     # --multi_gpu is how `accelerate launch` starts several processes through torchrun.

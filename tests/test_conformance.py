@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import FakeBackend, install_entry_points
+from helpers import FakeBackend, install_entry_points, install_plugin_module
 
 from lowbit import hookimpl
 from lowbit.testing import check_autocast_nests_with_bf16, check_description, check_discovery_is_cheap, run_conformance
@@ -54,9 +54,8 @@ def test_a_backend_that_breaks_nesting_fails():
 
 
 def test_heavy_import_at_discovery_fails(tmp_path, monkeypatch):
-    module = tmp_path / "lowbit_heavy_fp8.py"
-    module.write_text("import json_heavy_stand_in\nfrom lowbit import hookimpl\n")
-    (tmp_path / "json_heavy_stand_in.py").write_text("")
+    install_plugin_module(tmp_path, "lowbit_heavy_fp8")
+    install_plugin_module(tmp_path, "json_heavy_stand_in")
     install_entry_points(tmp_path, "lowbit-heavy", "0.1", {"heavy": "lowbit_heavy_fp8"})
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     with pytest.raises(AssertionError, match=r"imported \['json_heavy_stand_in'\]"):

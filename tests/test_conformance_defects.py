@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from helpers import install_entry_points
+from helpers import install_entry_points, install_plugin_module
 from torch import nn
 from torch.nn import functional as F
 
@@ -93,7 +93,7 @@ def test_a_planted_defect_fails_the_kit_naming_it(tmp_path, defect, message):
 
 def test_a_module_level_torch_import_fails_discovery(tmp_path, monkeypatch):
     """The call the docs show (no heavy_modules) catches it: torch is always on the list."""
-    (tmp_path / "lowbit_eager_fp8.py").write_text("import torch\nfrom lowbit import hookimpl\n")
+    install_plugin_module(tmp_path, "lowbit_eager_fp8")
     install_entry_points(tmp_path, "lowbit-eager", "0.1", {"eager": "lowbit_eager_fp8"})
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     with pytest.raises(ConformanceFailure, match=r"eager: discovery .* imported \['torch'\]"):

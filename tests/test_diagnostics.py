@@ -4,11 +4,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 
 import pytest
 import torch
-from helpers import install_entry_points, mlp, regression_data, run_launch
+from helpers import install_entry_points, install_plugin_module, mlp, regression_data, run_launch
 from torch import nn
 
 from lowbit import Accelerator
@@ -47,22 +46,8 @@ def test_lowbit_test_fails_naming_the_check_when_a_backend_is_unavailable():
     assert "FAIL backend chosen" in proc.stdout and "lowbit test: FAIL (backend chosen)" in proc.stdout
 
 
-NOOP_PLUGIN = """
-from lowbit import hookimpl
-from lowbit.types import BackendDescription
-
-@hookimpl
-def describe_backend(hardware):
-    return BackendDescription(name="noop", kind="fp8", priority=999, available=True)
-
-@hookimpl
-def convert_model(model, context):
-    return model  # converts nothing: training would silently run in bf16
-"""
-
-
 def test_lowbit_test_fails_when_the_backend_converts_no_layer(tmp_path):
-    (tmp_path / "lowbit_noop_fp8.py").write_text(textwrap.dedent(NOOP_PLUGIN))
+    install_plugin_module(tmp_path, "lowbit_noop_fp8")
     install_entry_points(tmp_path, "lowbit-noop", "0.1", {"noop": "lowbit_noop_fp8"})
     proc = lowbit_test("--mixed_precision", "fp8", env={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode != 0

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from helpers import BrokenOnDescribe, FakeBackend, manager_with
+from helpers import BrokenOnDescribe, FakeBackend, install_plugin_module, manager_with
 
 from lowbit import Accelerator, hookimpl
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, PluginError
@@ -195,14 +193,11 @@ def test_bad_description_breaks_only_that_plugin():
 def _write_dist(root, dist, module, entry_name, source=None):
     """Install tests/fixtures/plugins/<source or module>.py as module ``module`` of distribution
     ``dist``, with one entry point."""
-    shutil.copy(FIXTURES / f"{source or module}.py", root / f"{module}.py")
+    install_plugin_module(root, module, source)
     info = root / f"{dist.replace('-', '_')}-0.3.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3.0\n")
     (info / "entry_points.txt").write_text(f"[lowbit]\n{entry_name} = {module}\n")
-
-
-FIXTURES = Path(__file__).parent / "fixtures" / "plugins"
 
 
 def test_entry_point_plugin_is_discovered_and_ranked(tmp_path, monkeypatch):
