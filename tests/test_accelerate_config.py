@@ -146,7 +146,7 @@ def test_a_script_started_by_accelerate_launch_keeps_fp8(tmp_path):
            "--mixed_precision", "fp8", "--fp8_backend", "ao", "--dynamo_backend", "no", str(script)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = sorted(line.split()[1:] for line in proc.stdout.splitlines() if line.startswith("SETTINGS"))
+    lines = sorted(line.split()[1:6] for line in proc.stdout.splitlines() if line.startswith("SETTINGS"))
     assert lines == [["0", "2", "fp8", "ao", "ddp"], ["1", "2", "fp8", "ao", "ddp"]]
 
 

@@ -5,38 +5,22 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.multiprocess
 
-# Rank FAIL_RANK raises at step 3 while the other rank waits in DDP's all-reduce.
-SCRIPT = """
-import os, sys, time, torch
-from torch import nn
-from lowbit import Accelerator
-accelerator = Accelerator()
-model = nn.Linear(8, 8)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model, optimizer = accelerator.prepare(model, optimizer)
-for step in range(1000):
-    if step == 3 and accelerator.process_index == {fail_rank}:
-        open({stamp!r}, "w").write(str(time.time()))
-        {failure}
-    loss = model(torch.randn(4, 8)).pow(2).mean()
-    accelerator.backward(loss)
-    optimizer.step()
-    optimizer.zero_grad()
-"""
+WORKER = Path(__file__).parent / "distributed" / "failing_rank_worker.py"
+
 
 @pytest.mark.parametrize("fail_rank", [0, 1])
 def test_a_failing_rank_ends_the_job_within_a_minute(tmp_path, fail_rank):
     stamp = tmp_path / "failed_at"
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(fail_rank=fail_rank, stamp=str(stamp), failure="raise ValueError('rank failed on purpose')"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(script)]
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(WORKER), "raise",
+           str(fail_rank), str(stamp)]
     # The wide limit only stops a hung job from hanging the suite; the assertion is on the time
     # from the failure to the exit, which startup time on a busy machine does not affect.
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
@@ -59,8 +43,8 @@ def test_exit_waits_for_busy_native_threads_but_not_for_idle_ones():
     from lowbit.state import wait_for_native_threads_to_settle
 
     # Idle: a fresh process has no other thread, so it settles at once however busy the machine.
-    idle = "import sys; from lowbit.state import wait_for_native_threads_to_settle as w; sys.exit(0 if w(timeout=300) else 1)"
-    assert subprocess.run([sys.executable, "-c", idle], timeout=1500).returncode == 0
+    idle = Path(__file__).parent / "scripts" / "settle_threads.py"
+    assert subprocess.run([sys.executable, str(idle)], timeout=1500).returncode == 0
     stop = threading.Event()
 
     def busy():
@@ -93,34 +77,15 @@ def test_save_state_on_the_main_process_only_is_an_error_naming_the_missing_rank
     assert "1" in proc.stderr.split("not every rank arrived:")[1].splitlines()[0]  # rank 1 is named
 
 
-STUCK = """
-import datetime, time, torch
-from torch import nn
-from lowbit import Accelerator
-from lowbit.utils import InitProcessGroupKwargs
-accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=60))])
-model, optimizer = accelerator.prepare(nn.Linear(8, 8), torch.optim.SGD(nn.Linear(8, 8).parameters(), lr=0.1))
-for step in range(1000):
-    if step == 3 and accelerator.process_index == 1:
-        open({stamp!r}, "w").write(str(time.time()))
-        while True:  # stuck: never reaches the next all-reduce
-            time.sleep(1)
-    accelerator.backward(model(torch.randn(4, 8)).pow(2).mean())
-    optimizer.step()
-    optimizer.zero_grad()
-"""
-
-
 def test_a_stuck_rank_is_noticed_after_the_process_group_timeout(tmp_path):
     """InitProcessGroupKwargs(timeout=60 s): the rank waiting in the all-reduce gives up, names the
     rank it waited for, and the whole job ends instead of hanging (torch's default would wait 30 minutes). The bound below only
     tells the two apart; it leaves a busy machine room."""
     stamp = tmp_path / "stuck_at"
-    script = tmp_path / "train.py"
-    script.write_text(STUCK.format(stamp=str(stamp)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(script)]
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(WORKER), "stuck", "1",
+           str(stamp)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
     ended = time.time()
     assert stamp.exists() and proc.returncode != 0, proc.stderr[-3000:]

@@ -3,6 +3,7 @@ and every script a test launches is a file the linter sees, not a string literal
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,16 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     return found
 
 
+def _parse(text: str) -> ast.AST | None:
+    """The text as Python, or as a ``str.format`` template of Python ({name} fields filled in)."""
+    for candidate in (text, re.sub(r"\{[A-Za-z_]\w*(![rsa])?(:[^{}]*)?\}", "0", text).replace("{{", "{").replace("}}", "}")):
+        try:
+            return ast.parse(candidate)
+        except SyntaxError:
+            continue
+    return None
+
+
 def scripts_in_string_literals(paths: list[Path]) -> list[str]:
     """Each string literal (docstrings aside) that is a Python program importing something, as
     'file:line': code no linter reads and, when only a GPU launches it, nothing runs."""
@@ -49,11 +60,8 @@ def scripts_in_string_literals(paths: list[Path]) -> list[str]:
                 continue
             if "import" not in node.value:
                 continue
-            try:
-                code = ast.parse(textwrap.dedent(node.value))
-            except SyntaxError:
-                continue
-            if any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(code)):
+            code = _parse(textwrap.dedent(node.value))
+            if code is not None and any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(code)):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     return found
 
@@ -68,10 +76,10 @@ def test_no_script_lives_in_a_string_literal():
 def test_the_script_finder_finds_a_script_and_passes_prose(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_bytes(b'"""Docstring: import what you need."""\nA = "import os\\nprint(os.sep)"\n'
-                       b'B = "the import failed"\nC = "x = 1"\n')
+                       b'B = "the import failed"\nC = "x = 1"\nD = "import sys\\nsys.exit({code!r})"\n')
     global ROOT
     saved, ROOT = ROOT, tmp_path
     try:
-        assert scripts_in_string_literals([sample]) == ["sample.py:2"]
+        assert scripts_in_string_literals([sample]) == ["sample.py:2", "sample.py:5"]
     finally:
         ROOT = saved

@@ -43,6 +43,14 @@ def run_its_test(root: Path, site: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, cwd=root, timeout=1500)
 
 
+def assert_lints_clean(root: Path) -> None:
+    """The generated distribution (core/lowbit/plugins/scaffold.py's templates, filled in) passes
+    the same linter as lowbit's own code: the templates are code in strings, checked here."""
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "E9,F", str(root)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
+
+
 def test_the_scaffold_passes_its_own_test_after_filling_in_convert_model(tmp_path, capsys):
     assert main(["new-backend", "myfp8", "--dir", str(tmp_path)]) == 0
     root = tmp_path / "lowbit-myfp8"
@@ -61,6 +69,7 @@ def test_the_scaffold_passes_its_own_test_after_filling_in_convert_model(tmp_pat
     module.write_text(source.replace(line, "    " + CONVERT))
     after = run_its_test(root, tmp_path / "site")
     assert after.returncode == 0, after.stdout[-4000:] + after.stderr[-2000:]
+    assert_lints_clean(root)
     assert "1 passed" in after.stdout
 
 
@@ -95,6 +104,7 @@ def test_a_scaffolded_strategy_trains_as_generated_under_lowbit_launch(tmp_path,
     install_in_place(root, tmp_path / "site")
     result = run_its_test(root, tmp_path / "site")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert_lints_clean(root)
     assert "1 passed" in result.stdout
 
 
@@ -111,12 +121,12 @@ def test_a_scaffolded_backend_with_its_own_precision_name_trains(tmp_path):
     install_in_place(root, tmp_path / "site")
     result = run_its_test(root, tmp_path / "site")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    probe = ("from lowbit import Accelerator\nacc = Accelerator(mixed_precision='fp4')\n"
-             "print(acc.fp8_backend, acc.mixed_precision, acc.context.autocast_dtype)\n")
+    assert_lints_clean(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(root)])
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=1500)
-    assert out.stdout.strip() == "myfp4 fp4 torch.bfloat16", out.stderr[-2000:]
+    env.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(root)]), LOWBIT_MIXED_PRECISION="fp4")
+    out = subprocess.run([sys.executable, str(Path(__file__).parent / "scripts" / "show_settings.py")],
+                         capture_output=True, text=True, env=env, timeout=1500)
+    assert out.stdout.split()[3:] == ["fp4", "myfp4", "none", "torch.bfloat16"], out.stdout + out.stderr[-2000:]
 
 
 def test_a_precision_nobody_offers_is_an_error_with_the_nearest_name():

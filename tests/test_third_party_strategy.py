@@ -19,23 +19,7 @@ from lowbit.testing import run_strategy_conformance
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "third_party_strategy"
 
-SCRIPT = r'''
-import json, sys, torch
-from torch import nn
-from lowbit import Accelerator
-acc = Accelerator()
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
-model, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-loss = model(torch.randn(8, 16)).pow(2).mean()
-acc.backward(loss); optimizer.step()
-inner = optimizer.optimizer
-local = sum(v.numel() for s in inner.optim.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
-with open(f"{sys.argv[1]}/rank{acc.process_index}.json", "w") as handle:
-    json.dump({"rank": acc.process_index, "strategy": acc.distributed_strategy, "type": str(acc.distributed_type.value),
-               "optimizer": type(inner).__name__, "local_state": local,
-               "params": sum(p.numel() for p in model.parameters())}, handle)
-'''
+WORKER = ROOT / "tests" / "distributed" / "zero_ddp_worker.py"
 
 
 @pytest.fixture
@@ -50,14 +34,12 @@ def installed(tmp_path):
 
 
 def launch(env, tmp_path, *flags, config: str | None = None):
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
     extra = []
     if config is not None:
         (tmp_path / "config.yaml").write_text(config)
         extra = ["--config_file", str(tmp_path / "config.yaml")]
     proc = run_launch([sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *extra, *flags,
-                       str(script), str(tmp_path)], env={**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, cwd=str(tmp_path))
+                       str(WORKER), str(tmp_path)], env={**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
