@@ -11,21 +11,12 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import Counter
+
 from lowbit import Accelerator
 from lowbit.errors import CheckpointError
 
 ACCELERATE_RUN = Path(__file__).parent / "scripts" / "accelerate_save_state.py"
-
-
-class Counter:
-    def __init__(self):
-        self.seen = 0
-
-    def state_dict(self):
-        return {"seen": self.seen}
-
-    def load_state_dict(self, state):
-        self.seen = state["seen"]
 
 
 @pytest.mark.parametrize("weights", ["safetensors", "bin"])
@@ -55,7 +46,7 @@ def test_load_state_resumes_a_checkpoint_written_by_accelerate(tmp_path, weights
             assert torch.equal(torch.as_tensor(mine["state"][index][name]), torch.as_tensor(value)), (index, name)
     assert mine["param_groups"][0]["lr"] == theirs["param_groups"][0]["lr"]
     assert scheduler.state_dict() == reference["scheduler"]
-    assert counter.seen == reference["seen"] == 32
+    assert counter.n == reference["seen"] == 32
     assert torch.equal(torch.rand(3), reference["next_random"])  # the torch RNG continues where Accelerate's was
     notes = [str(w.message) for w in recwarn]
     assert any("skipped sampler.bin" in n for n in notes) or not (tmp_path / "ckpt" / "sampler.bin").exists(), notes

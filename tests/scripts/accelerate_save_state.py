@@ -6,21 +6,14 @@
 Writes OUT/ckpt (Accelerate's checkpoint) and OUT/reference.pt (what a resume must restore).
 """
 import sys
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from torch import nn
 
-
-class Counter:
-    def __init__(self):
-        self.seen = 0
-
-    def state_dict(self):
-        return {"seen": self.seen}
-
-    def load_state_dict(self, state):
-        self.seen = state["seen"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import Counter  # noqa: E402 - the checkpointable object the lowbit side registers too
 
 
 def main(out: str, safe: bool) -> None:
@@ -39,10 +32,10 @@ def main(out: str, safe: bool) -> None:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
-        counter.seen += len(x)
+        counter.n += len(x)
     accelerator.save_state(out + "/ckpt", safe_serialization=safe)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "seen": counter.seen, "step": accelerator.step, "next_random": torch.rand(3)}, out + "/reference.pt")
+                "seen": counter.n, "step": accelerator.step, "next_random": torch.rand(3)}, out + "/reference.pt")
 
 
 if __name__ == "__main__":

@@ -436,9 +436,10 @@ def test_save_model_maps_back_to_plain_names_without_fp8_metadata(te, tmp_path):
     Net().load_state_dict(state)  # strict: every name matches the plain model
 
 
-def _trained_te(acc, steps: int = 2):
+def _trained_te(acc, steps: int = 2, model_class: type = None):
+    """A ``model_class`` (default Net) prepared with AdamW by ``acc`` and trained ``steps`` steps."""
     torch.manual_seed(0)
-    model = Net()
+    model = (model_class or Net)()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = acc.prepare(model, optimizer)
     for _ in range(steps):
@@ -676,30 +677,19 @@ class RecomputedNet(Net):
         return self.out(recompute(self.block, self.rms(self.norm(self.inp(x)))))
 
 
-def _train(acc, model, steps):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer = acc.prepare(model, optimizer)
-    for _ in range(steps):
-        acc.backward(model(torch.randn(8, 32)).pow(2).mean())
-        optimizer.step()
-        optimizer.zero_grad()
-    return model
-
-
 def test_resume_after_activation_recompute_starts_a_fresh_recompute_buffer(te, tmp_path):
     """TE keeps each module's slot in a per-process buffer in fp8_meta; its set_extra_state drops it
     (module/base.py 2.9.0 and 2.20.2). Restored, the slot points past a new process's empty buffer."""
     RECOMPUTE_BUFFER_KEY = standin_te.RECOMPUTE_KEY  # TE's fp8_meta key for the slot
 
-    torch.manual_seed(0)
     acc = te_accelerator(recipe="delayed")
-    model = _train(acc, RecomputedNet(), steps=2)
+    model, _ = _trained_te(acc, model_class=RecomputedNet)
     assert any(RECOMPUTE_BUFFER_KEY in m.fp8_meta for m in model.modules() if isinstance(m, standin_te.Linear))
     acc.save_state(tmp_path / "ckpt")
 
     standin_te.RECOMPUTE_BUFFER.clear()  # the resuming process: TE's buffer starts empty
     fresh_acc = te_accelerator(recipe="delayed")
-    fresh = _train(fresh_acc, RecomputedNet(), steps=0)
+    fresh, _ = _trained_te(fresh_acc, steps=0, model_class=RecomputedNet)
     fresh_acc.load_state(tmp_path / "ckpt")
     loss = fresh(torch.randn(8, 32)).pow(2).mean()
     fresh_acc.backward(loss)  # the recompute in backward reads the slot the forward just made
@@ -714,13 +704,12 @@ def test_resume_under_another_te_recipe_loads_and_says_the_histories_are_dropped
     histories do not. The checkpoint records the recipe it was saved with."""
     from lowbit.checkpoint.files import read_metadata
 
-    torch.manual_seed(0)
     acc = te_accelerator(recipe="delayed")
-    model = _train(acc, Net(), steps=2)
+    model, _ = _trained_te(acc)
     acc.save_state(tmp_path / "ckpt")
     assert read_metadata(tmp_path / "ckpt")["recipe"] == "delayed"
     fresh_acc = te_accelerator(recipe="current")
-    fresh = _train(fresh_acc, Net(), steps=0)
+    fresh, _ = _trained_te(fresh_acc, steps=0)
     fresh_acc.load_state(tmp_path / "ckpt")
     assert "holds delayed-scaling state" in said(recwarn) and "are not restored" in said(recwarn)
     for (name, saved), restored in zip(acc.unwrap_model(model).state_dict().items(), acc.unwrap_model(fresh).state_dict().values()):
