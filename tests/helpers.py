@@ -107,7 +107,7 @@ def train_on_gpu(model: nn.Module, precision: str, handlers: list, shape: tuple[
     """Prepare ``model`` (moved to CUDA) with AdamW and train ``steps`` full-batch MSE steps on
     fixed random data of ``shape`` (last dim: the model's width). Returns (accelerator, model, losses)."""
     from lowbit import Accelerator
-    from lowbit.training.selftest import train_steps
+    from lowbit.cli.selftest import train_steps
 
     model = model.cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -15,7 +15,7 @@ from torch import nn
 from lowbit import Accelerator
 from lowbit.errors import BackendUnavailableError, ConfigError
 from lowbit.training.prepared import PreparedOptimizer
-from lowbit.training.selftest import train_steps
+from lowbit.cli.selftest import train_steps
 from lowbit.utils import FP8RecipeKwargs
 
 

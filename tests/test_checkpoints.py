@@ -26,7 +26,7 @@ from lowbit.checkpoint import files as checkpoint
 from lowbit.types import BackendDescription
 from lowbit.checkpoint.files import METADATA_FILE, RETIRED_DIR, STAGING_DIR, CheckpointNote
 from lowbit.errors import CheckpointError, ConfigError
-from lowbit.training.selftest import train_steps
+from lowbit.cli.selftest import train_steps
 
 
 def _prepared(seed=0, mixed_precision="no"):

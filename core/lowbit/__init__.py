@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from lowbit import notices as _notices
 from lowbit.hookspecs import hookimpl
+from lowbit.version import __version__
 
 _notices.install()  # lowbit's notices print as one line: "lowbit: note: ..." (still real warnings)
 
-__version__ = "0.1.0"
 # Public name -> module that defines it (Accelerate's top-level names included).
 _LAZY = {
     "Accelerator": "lowbit.accelerator",

@@ -22,6 +22,7 @@ from lowbit.training.preparation import unwrap
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
 from lowbit.plugins.routing import ChosenPlugins
 from lowbit.state import ProcessFacts, every_rank_must_arrive, wait_for_everyone
+from lowbit.version import __version__
 
 
 class TrainingStateCheckpointer:
@@ -85,7 +86,7 @@ class TrainingStateCheckpointer:
                     self.fingerprint(),
                     # what the backend trained with (informational: a backend whose state depends on it says so at load)
                     recipe=getattr(plugins.context.fp8_options, "recipe", None),
-                    lowbit_version=_lowbit_version(),
+                    lowbit_version=__version__,
                     world_size=self.facts.num_processes,
                     step=self.counters.step,
                     strategy_checkpoint=handled,
@@ -156,12 +157,6 @@ class TrainingStateCheckpointer:
         for loader, order in zip(prepared.dataloaders, state.get("epoch_orders", [])):
             loader.replay_epoch_order(order)  # saved mid-epoch: the resumed epoch keeps its order
         wait_for_everyone()
-
-
-def _lowbit_version() -> str:
-    from lowbit import __version__
-
-    return __version__
 
 
 def rng_state(loader_generators: list[Any] = (), epoch_orders: list[Any] = ()) -> dict[str, Any]:

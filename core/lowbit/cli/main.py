@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
 
     parser = argparse.ArgumentParser(prog="lowbit", description="FP8 / BF16 / FP16 training for plain PyTorch scripts.")
-    from lowbit import __version__
+    from lowbit.version import __version__
 
     parser.add_argument("--version", action="version", version=f"lowbit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

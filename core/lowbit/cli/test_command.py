@@ -1,6 +1,6 @@
 """``lowbit test``: check the configured environment end to end with a tiny seeded training.
 
-It runs ``lowbit/selftest.py`` exactly as ``lowbit launch`` would run a training script (same
+It runs ``lowbit/cli/selftest.py`` exactly as ``lowbit launch`` would run a training script (same
 config file, flags and launcher, so a multi-process config is tested multi-process).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.training import selftest
+    from lowbit.cli import selftest
 
     with tempfile.TemporaryDirectory(prefix="lowbit-test-") as work_dir:
         args.training_script = selftest.__file__

@@ -21,7 +21,7 @@ import lowbit_ao  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
 from lowbit.plugins import make_plugin_manager  # noqa: E402
-from lowbit.training.selftest import train_steps  # noqa: E402
+from lowbit.cli.selftest import train_steps  # noqa: E402
 from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs  # noqa: E402
 from lowbit_ao.convert import FP8EmulationNotice, default_module_filter  # noqa: E402
 

@@ -375,7 +375,7 @@ def test_export_dequantizes_scaling_tensors():
 def test_gpu_real_msamp_trains_close_to_bf16(level):
     import msamp
 
-    from lowbit.training.selftest import train_steps
+    from lowbit.cli.selftest import train_steps
 
     losses = {}
     for precision in ("bf16", "fp8"):

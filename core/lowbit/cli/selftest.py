@@ -1,6 +1,6 @@
 """The tiny seeded training that ``lowbit test`` runs (under the launcher, like a user script).
 
-    python -m lowbit.training.selftest WORK_DIR
+    python -m lowbit.cli.selftest WORK_DIR
 
 Prints one line per check and a one-line verdict; exits 1 when a check fails.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script (by `lowbit test`), this file's folder is sys.path[0]; lowbit/logging.py would
-# then shadow the standard library's logging for every import that follows.
+# Run as a script (by `lowbit test`), this file's folder is sys.path[0]: the modules beside it
+# would then shadow top-level modules of the same name for every import that follows.
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)
 
@@ -80,7 +80,7 @@ def _checksum(state: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def run(work_dir: Path) -> int:
-    from lowbit import Accelerator
+    from lowbit.accelerator import Accelerator
 
     try:
         acc = Accelerator()
