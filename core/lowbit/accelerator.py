@@ -19,7 +19,7 @@ from lowbit.checkpoint import files as checkpoint
 from lowbit.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
 from lowbit.checkpoint.training_state import TrainingStateCheckpointer
 from lowbit.compat.accelerate_names import reported_distributed_type
-from lowbit.notices import LowbitNote, note
+from lowbit.notices import note
 from lowbit.training.preemption import PreemptionWatch
 from lowbit.compat.handlers import (
     DataLoaderConfiguration,
@@ -45,7 +45,7 @@ from lowbit.plugins.selection import BackendRegistry, choose_backend
 from lowbit.state import (AcceleratorState, DistributedType, GradientState, PartialState, ProcessFacts, RankFacts,
                           process_facts, wait_for_everyone)
 from lowbit.training import operations
-from lowbit.training.cpu_features import cpu_has_native_bf16
+from lowbit.training.precision import Precision, SlowPrecisionNotice
 from lowbit.training.data_loader import PreparedDataLoader, skip_first_batches
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
 from lowbit.training.preparation import Preparation, PreparationSettings, context_or_null, unwrap
@@ -144,7 +144,9 @@ class Accelerator(RankFacts):
         choice = choose_plugins(self._registry, self.config, handlers, self.num_processes)
         self._precision, self._fp8, self._strategy = choice.precision, choice.backend, choice.strategy
         self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers
-        slow = slow_precision_reason(self.mixed_precision, self.device)
+        scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
+        self.precision = Precision.for_run(self.mixed_precision, self.device, self._strategy_owns_precision(), scaler_kwargs)
+        slow = self.precision.slow_reason()
         if slow:
             note(slow, SlowPrecisionNotice)
 
@@ -161,12 +163,7 @@ class Accelerator(RankFacts):
             local_rank=self.local_process_index,
             gradient_accumulation_steps=self.config.gradient_accumulation_steps,
             compiled=str(self.config.dynamo_backend).lower() != "no",
-        )
-        scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
-        self.scaler = (
-            torch.amp.GradScaler(self.device.type, **scaler_kwargs)
-            if self.mixed_precision == "fp16" and not self._strategy_owns_precision()
-            else None
+            autocast_dtype=self.precision.autocast_dtype,
         )
         self.state = AcceleratorState(self)
         self.gradient_state = GradientState(self)
@@ -176,7 +173,7 @@ class Accelerator(RankFacts):
         # The collaborators: each gets what it needs, never the Accelerator.
         self.plugins = ChosenPlugins(self._plugins, self._precision, self._fp8, self._strategy, self.context)
         self.prepared = PreparedObjects()
-        self.step_rules = StepRules(self.gradient_state, self.scaler, self.num_processes, self.split_batches,
+        self.step_rules = StepRules(self.gradient_state, self.precision, self.num_processes, self.split_batches,
                                     self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss,
                                     check_gradients=not self._strategy_owns_precision())
         self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings())
@@ -293,6 +290,11 @@ class Accelerator(RankFacts):
     @property
     def logging_dir(self) -> str | None:
         return self.project_configuration.logging_dir
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """fp16's loss scaler (Accelerate's ``accelerator.scaler``), None under other precisions."""
+        return self.precision.scaler
 
     @property
     def fp8_recipe_handler(self) -> RecipeKwargs | None:
@@ -423,10 +425,7 @@ class Accelerator(RankFacts):
         self.step_rules.observe_finite(loss)
         if self.config.gradient_accumulation_steps > 1:
             loss = loss / self.config.gradient_accumulation_steps
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward(**kwargs)
-        else:
-            loss.backward(**kwargs)
+        self.precision.backward(loss, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -450,11 +449,8 @@ class Accelerator(RankFacts):
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients by total norm, unscaling fp16 gradients first."""
-        if self.scaler is not None:
-            for opt in self.prepared.optimizers:
-                if id(opt.optimizer) not in self.step_rules.unscaled:
-                    self.scaler.unscale_(opt.optimizer)
-                    self.step_rules.unscaled.add(id(opt.optimizer))
+        for opt in self.prepared.optimizers:
+            self.precision.unscale_gradients(opt.optimizer)
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         norm = self.plugins.clip_grad_norm(parameters, max_norm, norm_type)
         norm = norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
@@ -632,26 +628,6 @@ def _leaves(data: Any) -> Iterator[Any]:
             yield from _leaves(value)
     else:
         yield data
-
-
-class SlowPrecisionNotice(LowbitNote):
-    """The precision asked for is slow on this device (said once per Accelerator, on the main process)."""
-
-
-def slow_precision_reason(mixed_precision: str, device: torch.device) -> str | None:
-    """Why ``mixed_precision`` will be slow here, or None. CPUs without native bf16 (AVX512-BF16 or
-    AMX) run bf16 matmuls on a slow path: measured 57x slower than fp32 on an AMD EPYC with AVX2 only."""
-    if device.type != "cpu":
-        return None
-    if mixed_precision == "fp16":
-        return ("fp16 on a CPU usually runs much slower than fp32 (torch's CPU autocast has no fast fp16 matmuls on "
-                "most CPUs); bf16 is the low-precision choice on CPUs that have native bf16.")
-    # a torch without the feature probes is taken to have native bf16 (no warning)
-    if mixed_precision in ("bf16", "fp8") and not cpu_has_native_bf16(when_unknown=True):
-        inside = " (fp8 runs inside bf16 autocast)" if mixed_precision == "fp8" else ""
-        return (f"This CPU has no native bf16 (no AVX512-BF16 or AMX; torch reports {torch.backends.cpu.get_cpu_capability()}), "
-                f"so {mixed_precision}{inside} runs much slower than fp32 here; numerics are unaffected.")
-    return None
 
 
 def _check_dynamo_backend(backend: str | None) -> None:

@@ -199,6 +199,9 @@ class PrepareContext:
     gradient_accumulation_steps: int = 1
     batch_size: int | None = None  # per-process micro-batch size, when a dataloader told us
     compiled: bool = False  # the model's forward is run through torch.compile (dynamo_backend)
+    # The native autocast dtype of the forward (None: fp32), as the run's Precision says
+    # (lowbit.training.precision): bf16 for bf16 and every low-precision backend's precision.
+    autocast_dtype: "torch.dtype | None" = None
     # What the chosen backend's strategy_integration hook returned, for the strategy to use.
     strategy_integration: dict[str, Any] | None = None
     # Each plugin's own per-run state, by its type (see plugin_state); never shared between plugins.
@@ -211,16 +214,6 @@ class PrepareContext:
         if kind not in self._plugin_states:
             self._plugin_states[kind] = kind()
         return self._plugin_states[kind]
-
-    @property
-    def autocast_dtype(self) -> "torch.dtype | None":
-        """The native autocast dtype this precision uses. FP8 runs inside bf16 autocast."""
-        import torch
-
-        if self.mixed_precision == "no":
-            return None
-        # fp16 autocasts to fp16; bf16 and every backend precision (fp8, fp4, ...) run inside bf16 autocast
-        return torch.float16 if self.mixed_precision == "fp16" else torch.bfloat16
 
 
 def normalize_name(name: str) -> str:

@@ -93,8 +93,8 @@ def load_accelerate_checkpoint(checkpointer: Any, directory: Path, unwrap: Any) 
         opt.load_state_dict(plugins.decode_checkpoint_state("optimizer", opt.optimizer, _load(path, "optimizer state")))
     for i, sched in enumerate(prepared.schedulers):
         sched.load_state_dict(_load(directory / f"scheduler{_suffix(i)}.bin", "scheduler state"))
-    if checkpointer.rules.scaler is not None and (directory / "scaler.pt").is_file():
-        checkpointer.rules.scaler.load_state_dict(_load(directory / "scaler.pt", "fp16 loss scaler"))
+    if checkpointer.rules.precision.scaler is not None and (directory / "scaler.pt").is_file():
+        checkpointer.rules.precision.load_state_dict(_load(directory / "scaler.pt", "fp16 loss scaler"))
     for i, obj in enumerate(checkpointer.custom_objects):
         obj.load_state_dict(_load(directory / f"custom_checkpoint_{i}.pkl", "an object registered for checkpointing"))
     skipped = [name for name in sorted(p.name for p in directory.glob("sampler*.bin"))]

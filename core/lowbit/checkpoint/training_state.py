@@ -27,7 +27,7 @@ from lowbit.version import __version__
 
 class TrainingStateCheckpointer:
     """Saves and restores a run. Given the chosen plugins (strategy- and backend-owned state), the
-    prepared objects, the step rules (the fp16 scaler), the process facts and the counters."""
+    prepared objects, the step rules (the run's precision: the fp16 scaler), the process facts and the counters."""
 
     def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, rules: StepRules, facts: ProcessFacts,
                  counters: TrainingCounters) -> None:
@@ -78,8 +78,9 @@ class TrainingStateCheckpointer:
                         checkpoint.write_file_atomically(backend_state, tmp / f"fp8_state_{i}.pt")
                 for i, sched in enumerate(prepared.schedulers):
                     checkpoint.write_file_atomically(sched.state_dict(), tmp / f"scheduler_{i}.pt")
-                if self.rules.scaler is not None:
-                    checkpoint.write_file_atomically(self.rules.scaler.state_dict(), tmp / "scaler.pt")
+                precision_state = self.rules.precision.state_dict()
+                if precision_state is not None:
+                    checkpoint.write_file_atomically(precision_state, tmp / "scaler.pt")
                 for i, obj in enumerate(self.custom_objects):
                     checkpoint.write_file_atomically(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
                 staged.metadata.update(
@@ -145,8 +146,8 @@ class TrainingStateCheckpointer:
                     raise CheckpointError(f"{path} does not fit this model: {exc}") from None
         for i, sched in enumerate(prepared.schedulers):
             sched.load_state_dict(checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt"))
-        if self.rules.scaler is not None:
-            self.rules.scaler.load_state_dict(checkpoint.read_tensor_file(directory / "scaler.pt"))
+        if self.rules.precision.scaler is not None:
+            self.rules.precision.load_state_dict(checkpoint.read_tensor_file(directory / "scaler.pt"))
         for i, obj in enumerate(self.custom_objects):
             obj.load_state_dict(checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt"))
         for loader, epoch in zip(prepared.dataloaders, meta.get("dataloader_epochs", [])):

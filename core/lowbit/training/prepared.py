@@ -1,7 +1,7 @@
 """What ``Accelerator.prepare`` hands back for optimizers and schedulers.
 
-The wrappers add what a plain script must not have to write: fp16 loss scaling (with skipped
-steps on inf/nan), gradient accumulation (step only on sync micro-batches), and the learning
+The wrappers add what a plain script must not have to write: the precision's optimizer step (fp16
+loss scaling with skipped steps on inf/nan, :mod:`lowbit.training.precision`), gradient accumulation (step only on sync micro-batches), and the learning
 rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.training.data_loader`.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from lowbit import notices
 
 from lowbit.state import GradientState
+from lowbit.training.precision import Precision
 
 
 @dataclass
@@ -40,15 +41,14 @@ class TrainingCounters:
 @dataclass
 class StepRules:
     """What the prepared optimizers and schedulers need to know of the training loop: whether this
-    micro-batch syncs, the fp16 scaler, which optimizers ``clip_grad_norm_`` already unscaled,
-    how a schedule counts steps, and who observes each optimizer step (FP8 telemetry)."""
+    micro-batch syncs, the run's precision (how an optimizer steps), how a schedule counts steps,
+    and who observes each optimizer step (FP8 telemetry)."""
 
     gradient_state: GradientState
-    scaler: Any = None
+    precision: Precision
     num_processes: int = 1
     split_batches: bool = False
     step_scheduler_with_optimizer: bool = True
-    unscaled: set[int] = field(default_factory=set)
     step_observers: list[Callable[[], None]] = field(default_factory=list)
     # What a NaN/inf loss or gradient does to the optimizer step it feeds: "skip", "raise" or "continue".
     on_nonfinite_loss: str = "skip"
@@ -169,24 +169,14 @@ class PreparedOptimizer(torch.optim.Optimizer):
             return None
         rules = self._rules
         rules.optimizer_steps += 1
-        scaler = rules.scaler
-        if scaler is not None:
+        if rules.precision.skips_nonfinite_steps:
             rules.finite_since_step = None  # fp16: the loss scaler skips steps with inf/nan gradients itself
         else:
             rules.observe_gradients(self.optimizer)
             if rules.nonfinite_before_step() and not self._nonfinite_continues(rules):
                 self.step_was_skipped = True
                 return None
-        if scaler is None:
-            result = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
-            self.step_was_skipped = False
-        else:
-            scale_before = scaler.get_scale()
-            result = scaler.step(self.optimizer, closure) if closure is not None else scaler.step(self.optimizer)
-            scaler.update()
-            # GradScaler lowers the scale exactly when it skipped the step for inf/nan grads.
-            self.step_was_skipped = scaler.get_scale() < scale_before
-        self._rules.unscaled.discard(id(self.optimizer))
+        result, self.step_was_skipped = rules.precision.optimizer_step(self.optimizer, closure)
         if not self.step_was_skipped:
             if self._after_step is not None:
                 self._after_step()
