@@ -6,9 +6,11 @@ from torch import nn
 
 pytest.importorskip("lowbit_ao")
 
-from helpers import said  # noqa: E402
-from lowbit import Accelerator  # noqa: E402
+from helpers import FakeBackend, manager_with, said  # noqa: E402
+from lowbit import Accelerator, hookimpl  # noqa: E402
+from lowbit.errors import PluginError  # noqa: E402
 from lowbit.notices import LowbitWarning  # noqa: E402
+from lowbit.types import ConversionReport, ConvertedModel  # noqa: E402
 
 
 def test_prepare_prints_what_fp8_took(recwarn):
@@ -34,3 +36,30 @@ def test_no_report_without_fp8(capsys):
     acc = Accelerator(mixed_precision="bf16")
     acc.prepare(nn.Linear(16, 16))
     assert acc.fp8_report() is None and "fp8 (" not in capsys.readouterr().out
+
+
+class ReportingBackend(FakeBackend):
+    """A third-party backend that returns its conversion with a typed report, or a wrong one."""
+
+    def __init__(self, report):
+        super().__init__("reporting", 500)
+        self.report = report
+
+    @hookimpl
+    def convert_model(self, model, context):
+        return ConvertedModel(model, self.report)
+
+
+def test_a_backend_returns_its_report_typed_and_lowbit_words_it(recwarn):
+    report = ConversionReport(converted=["0"], skipped={"2": "kept on purpose"}, recipe="myrecipe")
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(ReportingBackend(report)))
+    model = acc.prepare(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)))
+    assert acc.prepared.conversion_reports[acc.unwrap_model(model)] is report
+    assert acc.fp8_report() == "fp8 (reporting, myrecipe): 1 of 2 Linear layers; kept high precision: 2 (kept on purpose)."
+    assert acc.fp8_report() in said(recwarn)
+
+
+def test_a_report_that_is_not_a_conversion_report_is_a_plugin_error():
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(ReportingBackend({"converted": ["0"]})))
+    with pytest.raises(PluginError, match="convert_model returned dict, expected ConvertedModel.report: a ConversionReport"):
+        acc.prepare(nn.Sequential(nn.Linear(16, 16)))

@@ -517,7 +517,8 @@ class Accelerator(RankFacts):
         train in FP8 and why the others stay in high precision. None without FP8."""
         if self._fp8 is None or not (model is not None or self.prepared.models):
             return None
-        return conversion_report(self.unwrap_model(model if model is not None else self.prepared.models[0]), self.fp8_backend,
+        record = self.prepared.conversion_reports.get(self.unwrap_model(model if model is not None else self.prepared.models[0]))
+        return conversion_report(record, self.fp8_backend,
                                  self.mixed_precision, self.context.recipe_runs)
 
     def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+    from lowbit.types import BackendDescription, ConvertedModel, HardwareInfo, PrepareContext
 
 PROJECT_NAME = "lowbit"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -71,13 +71,15 @@ def check_compatibility(context: PrepareContext) -> None:
 
 
 @hookspec(firstresult=True)
-def convert_model(model: torch.nn.Module, context: PrepareContext) -> torch.nn.Module | None:
+def convert_model(model: torch.nn.Module, context: PrepareContext) -> torch.nn.Module | ConvertedModel | None:
     """Swap the model's layers for the backend's FP8 layers.
 
     Called by: ``Accelerator.prepare``, on the chosen FP8 backend only, once per model,
     before the model is moved into any distributed wrapper.
     ``context.fp8_options`` holds the resolved recipe kwargs. Return the converted model
-    (it may be the same object, modified in place). Default: the model unchanged.
+    (it may be the same object, modified in place), or ``ConvertedModel(model,
+    ConversionReport(converted=[...], skipped={name: why}))`` to say what the conversion took
+    (``prepare`` prints it; ``fp8_report()`` returns it in words). Default: the model unchanged.
     """
 
 

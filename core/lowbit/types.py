@@ -179,6 +179,29 @@ class BackendDescription:
 
 
 @dataclass
+class ConversionReport:
+    """What a low-precision backend's ``convert_model`` took in a model: the layers that now train in
+    its format, and why each other candidate layer stays in high precision. The backend returns it
+    inside :class:`ConvertedModel`; ``Accelerator.fp8_report()``, ``lowbit test`` and the
+    conformance kit read it."""
+
+    converted: list[str]
+    skipped: dict[str, str] = field(default_factory=dict)  # layer name -> why it stays in high precision
+    # Every candidate layer -> its type name, when the backend takes more kinds than nn.Linear.
+    layer_types: dict[str, str] = field(default_factory=dict)
+    recipe: str | None = None  # the recipe as the report names it
+    padding: str = ""  # how token counts are padded for the GEMMs, when they are
+
+
+@dataclass
+class ConvertedModel:
+    """``convert_model``'s answer with its report: the converted model (it may be the same object)."""
+
+    model: Any
+    report: ConversionReport
+
+
+@dataclass
 class PrepareContext:
     """Everything a routed hook may need to know about the run it is preparing.
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from lowbit.errors import PluginError
-from lowbit.types import PrepareContext, StrategyTraits
+from lowbit.types import ConversionReport, ConvertedModel, PrepareContext, StrategyTraits
 
 if TYPE_CHECKING:
     import torch
@@ -92,11 +92,17 @@ class ChosenPlugins:
     def prepare_model_and_optimizer(self, model: "torch.nn.Module", optimizer: Any) -> tuple[Any, Any]:
         return self._call(self.backend, "prepare_model_and_optimizer", model=model, optimizer=optimizer)
 
-    def convert_model(self, model: "torch.nn.Module") -> "torch.nn.Module | None":
+    def convert_model(self, model: "torch.nn.Module") -> "tuple[torch.nn.Module | None, ConversionReport | None]":
+        """The converted model (None: unchanged) and the backend's report of it (None: it gave none)."""
         import torch
 
         converted = self._call(self.backend, "convert_model", model=model)
-        return expect_result(self.backend, "convert_model", converted, torch.nn.Module, "a torch.nn.Module (or None)")
+        wording = "a torch.nn.Module, a ConvertedModel (or None)"
+        if isinstance(converted, ConvertedModel):
+            expect_result(self.backend, "convert_model", converted.model, torch.nn.Module, "ConvertedModel.model: a torch.nn.Module")
+            expect_result(self.backend, "convert_model", converted.report, ConversionReport, "ConvertedModel.report: a ConversionReport")
+            return converted.model, converted.report
+        return expect_result(self.backend, "convert_model", converted, torch.nn.Module, wording), None
 
     def wrap_optimizer(self, optimizer: Any, model: Any) -> Any:
         import torch

@@ -35,15 +35,15 @@ def _train(acc: Any, model: Any, optimizer: Any, x: Any, y: Any, steps: range, o
 
 def check_layers_converted(backend: str, plugin: object | None = None, hardware: HardwareInfo | None = None,
                            model_factory: Callable[[], Any] = default_model_factory) -> list[str]:
-    """At least one layer became an FP8 layer. Returns their names (the backend's own record when it
-    writes ``model._lowbit_fp8_report``, else the modules whose class changed)."""
+    """At least one layer became an FP8 layer. Returns their names (the backend's own report when
+    ``convert_model`` returns one, else the modules whose class changed)."""
     plain = model_factory()
     before = {name: type(module) for name, module in plain.named_modules()}
     acc, prepared, _ = prepare(backend, plugin, hardware, plain)
     model = acc.unwrap_model(prepared)
-    record = getattr(model, "_lowbit_fp8_report", None)
+    record = acc.prepared.conversion_reports.get(model)
     if record is not None:
-        converted = list(record["converted"])
+        converted = list(record.converted)
     else:
         converted = [name for name, module in model.named_modules() if before.get(name) is not type(module)]
     if not converted:

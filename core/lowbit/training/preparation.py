@@ -95,10 +95,11 @@ class Preparation:
             result[m_index] = self._wrap_forward(model)
             result[m_index]._lowbit_prepared = True
             self.prepared.models.append(result[m_index])
-            report = (conversion_report(unwrap(result[m_index]), self.plugins.backend_name, self.plugins.context.mixed_precision,
+            record = self.prepared.conversion_reports.get(unwrap(result[m_index]))
+            report = (conversion_report(record, self.plugins.backend_name, self.plugins.context.mixed_precision,
                                         self.plugins.context.recipe_runs) if self.plugins.backend else None)
             if report:  # a model with no layer in low precision is worth a warning, not a note
-                say = notices.warn if converted_nothing(unwrap(result[m_index])) else notices.note
+                say = notices.warn if converted_nothing(record) else notices.note
                 say(report)
 
         if self.plugins.backend is not None and paired_optimizer is None:
@@ -154,7 +155,10 @@ class Preparation:
         names = _parameter_names(model)
         if plugins.converts_model_and_optimizer_together:
             return plugins.prepare_model_and_optimizer(model, optimizer)
-        model = plugins.convert_model(model) or model
+        converted, report = plugins.convert_model(model)
+        model = converted if converted is not None else model
+        if report is not None:
+            self.prepared.conversion_reports[model] = report
         if optimizer is not None:
             _remap_optimizer_params(optimizer, names, model)
             optimizer = plugins.wrap_optimizer(optimizer, model) or optimizer

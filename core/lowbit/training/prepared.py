@@ -6,6 +6,7 @@ rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.tr
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -15,6 +16,7 @@ from lowbit import notices
 
 from lowbit.state import GradientState
 from lowbit.training.precision import Precision
+from lowbit.types import ConversionReport
 
 
 @dataclass
@@ -25,9 +27,12 @@ class PreparedObjects:
     optimizers: list["PreparedOptimizer"] = field(default_factory=list)
     schedulers: list["PreparedScheduler"] = field(default_factory=list)
     dataloaders: list[Any] = field(default_factory=list)
+    # What the low-precision backend's conversion took, by converted (unwrapped) model.
+    conversion_reports: "weakref.WeakKeyDictionary[torch.nn.Module, ConversionReport]" = field(
+        default_factory=weakref.WeakKeyDictionary)
 
     def clear(self) -> None:
-        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders):
+        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.conversion_reports):
             objects.clear()
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
 from lowbit.notices import LowbitNote, note
-from lowbit.types import PrepareContext
+from lowbit.types import ConversionReport, ConvertedModel, PrepareContext
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
 from lowbit_ao.quiet_import import import_torchao
@@ -176,7 +176,7 @@ def _mxfp8_kernels_problem(context: PrepareContext) -> str:
     return problem
 
 
-def convert_block_recipe(model: nn.Module, context: PrepareContext) -> nn.Module:
+def convert_block_recipe(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     """mxfp8 / nvfp4: the block-scaled layers (``block_formats``), with the same default rules."""
     from lowbit_ao.block_formats import convert_block_layers
 
@@ -195,13 +195,12 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> nn.Module
         native = f" ({kernels})" if kernels else native
         note(f"{options.recipe} runs emulated on {context.hardware.describe()}{native}: {how}.", FP8EmulationNotice)
     converted = convert_block_layers(model, list(layer_types), skipped, context)
-    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types, "recipe": options.recipe,
-                                "padding": (f"token count padded to a multiple of the {options.recipe} block where needed"
-                                            if converted else "")}
-    return model
+    return ConvertedModel(model, ConversionReport(
+        converted, skipped, layer_types, options.recipe,
+        f"token count padded to a multiple of the {options.recipe} block where needed" if converted else ""))
 
 
-def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
+def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     options = context.fp8_options
     if options.recipe in BLOCK_RECIPES and options.config is None:
         return convert_block_recipe(model, context)
@@ -223,10 +222,9 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
         mark_converted_layers(model, compute_dtype_for(context.device) if fast else None)
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
     # Which layers are FP8, why the others are not, and each one's type (for the report's wording).
-    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "types": layer_types,
-                                "recipe": options.recipe if options.config is None else "Float8LinearConfig",
-                                "padding": PADDING_NOTE if converted and config.pad_inner_dim else ""}
-    return model
+    return ConvertedModel(model, ConversionReport(
+        converted, skipped, layer_types, options.recipe if options.config is None else "Float8LinearConfig",
+        PADDING_NOTE if converted and config.pad_inner_dim else ""))
 
 
 def after_step(model: nn.Module, context: PrepareContext) -> None:

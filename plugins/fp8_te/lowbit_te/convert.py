@@ -9,7 +9,7 @@ from torch import nn
 
 from lowbit.config.recipes import fp4_layers_kept_bf16
 from lowbit.notices import note
-from lowbit.types import PrepareContext
+from lowbit.types import ConversionReport, ConvertedModel, PrepareContext
 from lowbit_te.fp8_state import keep_pickles_out_of_state_dicts
 from lowbit_te.gemm_rules import pad_tokens_for_fp8, token_multiple, weight_problem
 from lowbit_te.runtime import import_te
@@ -85,7 +85,7 @@ def _te_norm(te: Any, norm: nn.Module) -> nn.Module:
     return new
 
 
-def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
+def convert(model: nn.Module, context: PrepareContext) -> nn.Module | ConvertedModel:
     te, _ = import_te()
     if has_te_modules(model):
         keep_pickles_out_of_state_dicts(model)
@@ -133,6 +133,5 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module:
     keep_pickles_out_of_state_dicts(model)
     padding = (f"token count padded to a multiple of {token_multiple(options)} where needed (pad_tokens)"
                if options.pad_tokens and any(n for n in converted if isinstance(model.get_submodule(n), te.Linear)) else "")
-    model._lowbit_fp8_report = {"converted": converted, "skipped": skipped, "padding": padding,
-                                "recipe": options.recipe if options.te_recipe is None else type(options.te_recipe).__name__}
-    return model
+    recipe = options.recipe if options.te_recipe is None else type(options.te_recipe).__name__
+    return ConvertedModel(model, ConversionReport(converted, skipped, recipe=recipe, padding=padding))

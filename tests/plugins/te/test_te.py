@@ -203,11 +203,12 @@ def test_layers_converted_and_skipped_with_reasons_and_weights_copied(te):
     torch.manual_seed(0)
     model = Net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    acc = te_accelerator()
     with pytest.warns(UserWarning, match=r"1 Linear layer\(s\) kept in high precision.*block.3"):
-        prepared = te_accelerator().prepare(model)
-    report = prepared._lowbit_fp8_report
-    assert set(report["converted"]) == {"inp", "norm", "rms", "block.0", "block.2", "out"}
-    assert report["skipped"] == {"block.3": "dims 40x64: TE's FP8 GEMMs need in_features % 16 and out_features % 8"}
+        prepared = acc.prepare(model)
+    report = acc.prepared.conversion_reports[prepared]
+    assert set(report.converted) == {"inp", "norm", "rms", "block.0", "block.2", "out"}
+    assert report.skipped == {"block.3": "dims 40x64: TE's FP8 GEMMs need in_features % 16 and out_features % 8"}
     assert isinstance(prepared.block[2], standin_te.Linear)  # 64 -> 40: out 40 is a multiple of 8
     assert isinstance(prepared.block[0], standin_te.Linear) and prepared.block[0].bias.numel() == 0  # TE: empty, not None
     assert isinstance(prepared.block[3], nn.Linear)
@@ -225,9 +226,10 @@ def test_keep_first_last_in_high_precision(te):
 
 def test_model_with_te_modules_is_left_as_is(te):
     model = nn.Sequential(standin_te.Linear(16, 16, device="cpu"), nn.Linear(16, 16))
-    prepared = te_accelerator().prepare(model)
+    acc = te_accelerator()
+    prepared = acc.prepare(model)
     assert type(prepared[1]) is nn.Linear  # untouched: the user built the model with TE already
-    assert not hasattr(prepared, "_lowbit_fp8_report")
+    assert prepared not in acc.prepared.conversion_reports and acc.fp8_report() is None
 
 
 def test_optimizer_follows_the_new_parameters(te):
