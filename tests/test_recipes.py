@@ -114,11 +114,30 @@ def test_the_recipe_comes_from_the_config_file_the_env_and_the_old_name(tmp_path
     assert old_name.fp8_options.recipe == "tensorwise"
 
 
-def test_a_plugin_may_declare_a_recipe_of_its_own():
-    mine = RecipeInfo("int8rows", "fp8", "int8 values, one scale per row", min_capability=(8, 0))
-    description = BackendDescription("x", "fp8", 1, True, recipes=("tensorwise", mine))
+INT8_ROWS = RecipeInfo("int8rows", "fp8", "int8 values, one scale per row", min_capability=(8, 0))
+
+
+@dataclass
+class RowsRecipe(RecipeKwargs):
+    backend_name: ClassVar[str] = "rows"
+    recipe: str | None = recipe_name_option("int8rows", own=(INT8_ROWS,))
+
+
+def test_a_plugin_may_declare_a_recipe_of_its_own(monkeypatch):
+    description = BackendDescription("x", "fp8", 1, True, recipes=("tensorwise", INT8_ROWS))
     assert recipe_status(description, "int8rows", HardwareInfo("cpu", "A100", 1, (8, 0))) == "native"
     assert "needs a GPU with compute capability >= 8.0" in recipe_status(description, "int8rows", CPU)
+    # Named through its own options class, the generic handler, or the env: the installed plugin's
+    # declaration is what makes the name known (the config layer asks no plugin).
+    assert RowsRecipe(recipe="INT8ROWS").recipe == "int8rows"
+    rows = Offering("rows", 50, RowsRecipe, (INT8_ROWS,))
+    manager = manager_with(rows, HardwareDetector(HardwareInfo("cpu", "A100", 1, (8, 0))))
+    chosen = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(recipe="int8rows")], plugin_manager=manager)
+    assert (chosen.fp8_backend, chosen.fp8_options.recipe) == ("rows", "int8rows")
+    monkeypatch.setenv("LOWBIT_FP8_RECIPE", "int8rows")
+    assert Accelerator(mixed_precision="fp8", plugin_manager=manager).fp8_options.recipe == "int8rows"
+    with pytest.raises(ConfigError, match=r"unknown recipe 'int8row'.*Did you mean 'int8rows'"):
+        canonical_recipe("int8row", declared=(INT8_ROWS,))
 
 
 def test_the_first_party_recipe_lists_match_the_plugins():

@@ -12,8 +12,10 @@ from typing import Any, Mapping
 
 from lowbit.notices import note
 from lowbit.errors import ConfigError
-from lowbit.config.options import parse_bool
 from lowbit.types import normalize_name
+
+ACCELERATE_TRUE = frozenset({"y", "yes", "t", "true", "on", "1"})
+ACCELERATE_FALSE = frozenset({"n", "no", "f", "false", "off", "0"})
 
 
 # Top-level keys of Accelerate's config files with no meaning in lowbit (cloud, TPU, launcher
@@ -179,6 +181,17 @@ def _names(value: Any) -> Any:
     if isinstance(value, str):
         return [name.strip() for name in value.split(",") if name.strip()]
     return value
+
+
+def parse_bool(value: Any) -> bool:
+    """A boolean as Accelerate reads its env vars and config values (its ``str_to_bool``: y, yes, t,
+    true, on, 1 and n, no, f, false, off, 0, in any case); ValueError for anything else."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ACCELERATE_TRUE or text in ACCELERATE_FALSE:
+        return text in ACCELERATE_TRUE
+    raise ValueError(f"{value!r} is not a truth value Accelerate reads")
 
 
 def _truthy(value: Any) -> bool:

@@ -72,24 +72,17 @@ def known_recipes(descriptions: Iterable[BackendDescription] = ()) -> dict[str, 
     return known
 
 
-def canonical_recipe(value: str, where: str = "recipe") -> str:
+def canonical_recipe(value: str, where: str = "recipe", declared: Iterable[RecipeInfo] = ()) -> str:
     """The vocabulary name for ``value`` ("MXFP8BlockScaling" -> "mxfp8"), or a ConfigError naming
-    the nearest valid one. Names declared by installed plugins are accepted too."""
+    the nearest valid one. ``declared``: recipes of a plugin's own it accepts too (the caller
+    knows them: the choice asks the installed plugins, a backend's options class names its own)."""
     key = _key(value)
     key = RECIPE_SYNONYMS.get(key.replace("_", ""), key)
-    if key in STANDARD_RECIPES:
-        return key
-    known = known_recipes(_installed_descriptions())
+    known = {**STANDARD_RECIPES, **{info.name: info for info in declared}}
     if key in known:
         return key
     raise ConfigError(f"{where}: unknown recipe {value!r}.{did_you_mean(str(value), known)} "
                       f"Recipes: {', '.join(known)} (`lowbit plugins` shows which backend offers which).")
-
-
-def _installed_descriptions() -> list[BackendDescription]:
-    from lowbit.plugins.selection import BackendRegistry
-
-    return [c.description for c in BackendRegistry.for_names().ranked("fp8")]
 
 
 def recipe_status(description: BackendDescription, name: str, hardware) -> str:

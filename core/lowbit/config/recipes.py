@@ -40,19 +40,16 @@ def recipe_option(
     )
 
 
-def _recipe_name(value: Any) -> str:
-    from lowbit.config.recipe_names import canonical_recipe
-
-    return canonical_recipe(value)
-
-
-def recipe_name_option(default: str | None, help: str = "") -> Any:
+def recipe_name_option(default: str | None, help: str = "", own: tuple[Any, ...] = ()) -> Any:
     """The ``recipe`` field every backend's kwargs class declares: a name of the recipe
-    vocabulary (``lowbit.config.recipe_names``), checked against it wherever it is given. Whether
+    vocabulary (``lowbit.config.recipe_names``) or one of the backend's ``own`` recipes (the
+    ``RecipeInfo`` objects its description declares), checked wherever it is given. Whether
     *this* backend offers it is checked when the backend is chosen, so the error can name the
     backends that do. ``default`` is the backend's fp8 default; fp4 takes its first fp4 recipe."""
+    from lowbit.config.recipe_names import canonical_recipe
+
     return recipe_option(default, help=help or "recipe: format and scaling (`lowbit plugins` lists each backend's)",
-                         normalize=_recipe_name)
+                         normalize=lambda value: canonical_recipe(value, declared=own))
 
 
 @dataclasses.dataclass

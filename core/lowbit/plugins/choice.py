@@ -82,7 +82,7 @@ def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any
                 "would do nothing. Set mixed_precision='fp8' (or 'fp4'), or drop the FP8 options.")
         return
     requested, source = _requested_backend(handler, config)
-    recipe, recipe_source = _requested_recipe(handler, config)
+    recipe, recipe_source = _requested_recipe(registry, handler, config)
     try:
         choice.backend, choice.recipe = choose_with_recipe(registry, choice.mixed_precision, requested, source,
                                                            recipe, recipe_source)
@@ -108,21 +108,24 @@ def _fp8_config_sources(config: Any) -> list[str]:
     return out
 
 
-def _requested_recipe(handler: Any, config: Any) -> tuple[str | None, str]:
-    """The recipe the user named (vocabulary name), and where: the handler (which has read its
-    env var), ``LOWBIT_FP8_RECIPE`` (``lowbit launch --fp8_recipe``), or the config file."""
-    from lowbit.config.recipe_names import canonical_recipe
+def _requested_recipe(registry: BackendRegistry, handler: Any, config: Any) -> tuple[str | None, str]:
+    """The recipe the user named (vocabulary name, or one an installed backend declares), and
+    where: the handler (which has read its env var), ``LOWBIT_FP8_RECIPE`` (``lowbit launch
+    --fp8_recipe``), or the config file."""
+    from lowbit.config.recipe_names import canonical_recipe, declared_recipes
 
+    declared = [info for c in registry.ranked("fp8") for info in declared_recipes(c.description).values()]
     if isinstance(handler, RecipeKwargs) and getattr(handler, "recipe", None) is not None:
         return handler.recipe, type(handler).__name__
     if isinstance(handler, FP8RecipeKwargs) and handler.options.get("recipe") is not None:
-        return canonical_recipe(handler.options["recipe"], "FP8RecipeKwargs(recipe=...)"), "FP8RecipeKwargs(recipe=...)"
+        where = "FP8RecipeKwargs(recipe=...)"
+        return canonical_recipe(handler.options["recipe"], where, declared), where
     env = fp8_env_var("recipe")
     if os.environ.get(env):
         where = env_source(env, f"env {env} / lowbit launch --fp8_recipe")
-        return canonical_recipe(os.environ[env], where), where
+        return canonical_recipe(os.environ[env], where, declared), where
     if config.fp8_config.get("recipe") is not None:
-        return canonical_recipe(config.fp8_config["recipe"], "fp8_config.recipe"), "config file fp8_config.recipe"
+        return canonical_recipe(config.fp8_config["recipe"], "fp8_config.recipe", declared), "config file fp8_config.recipe"
     return None, "default"
 
 
