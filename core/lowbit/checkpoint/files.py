@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from lowbit.atomic_write import write_atomically
 from lowbit.notices import LowbitNote, note
 from lowbit.errors import CheckpointError
 
@@ -37,7 +38,6 @@ METADATA_FILE = "lowbit_state.json"
 STAGING_DIR = ".lowbit-staging"
 RETIRED_DIR = ".lowbit-retired"
 FORMAT_VERSION = 2
-_TMP_SUFFIX = ".lowbit-tmp"
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 # torch.save reports a failed write from its C++ zip writer as a RuntimeError naming these.
 _TORCH_WRITE_FAILURES = ("inline_container", "PytorchStreamWriter failed")
@@ -51,37 +51,18 @@ class CheckpointNote(LowbitNote):
 
 
 def write_file_atomically(obj: Any, path: Path, serialize: Callable[[Any, Any], None] = torch.save) -> None:
-    """``serialize(obj, handle)`` (``torch.save`` by default) to ``path`` via a temp file and
-    ``os.replace``; a full disk is a clear error."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + _TMP_SUFFIX)
+    """``serialize(obj, handle)`` (``torch.save`` by default) to ``path``, all or nothing
+    (:mod:`lowbit.atomic_write`); a full disk is a clear error."""
     try:
-        with open(tmp, "wb") as handle:
-            serialize(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_atomically(path, lambda handle: serialize(obj, handle))
     except (OSError, RuntimeError) as exc:
-        tmp.unlink(missing_ok=True)
         if is_disk_full(exc):
-            raise CheckpointError(disk_full_message(path)) from exc
+            raise CheckpointError(disk_full_message(Path(path))) from exc
         raise
 
 
 def write_json_atomically(data: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + _TMP_SUFFIX)
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(data, indent=2, sort_keys=True))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        if is_disk_full(exc):
-            raise CheckpointError(disk_full_message(path)) from exc
-        raise
+    write_file_atomically(data, path, lambda value, handle: handle.write(json.dumps(value, indent=2, sort_keys=True).encode()))
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,6 +16,7 @@ import yaml
 
 from lowbit.compat.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
 from lowbit import notices
+from lowbit.atomic_write import write_atomically
 from lowbit.compat.accelerate_names import FIRST_PARTY_SECTIONS, PLUGIN_ONLY_FP8_KEYS, SINGLE_PROCESS_TYPES, install_command
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.config.options import OptionSpec, to_text
@@ -380,13 +380,7 @@ def resolve_config(
 
 def write_config_file(config: LowbitConfig, path: str | os.PathLike) -> Path:
     """Write atomically: a crash mid-write leaves the previous file in place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = config.to_dict()
     if "fp8_config" in data and "override_linear_precision" in data["fp8_config"]:
         data["fp8_config"]["override_linear_precision"] = list(data["fp8_config"]["override_linear_precision"])
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        yaml.safe_dump(data, handle, sort_keys=True)
-    os.replace(tmp, path)
-    return path
+    return write_atomically(path, lambda handle: handle.write(yaml.safe_dump(data, sort_keys=True).encode()))
