@@ -63,47 +63,33 @@ def normalize_precision(value: Any) -> Any:
     return PRECISION_ALIASES.get(text, text)
 
 
-TOP_LEVEL: dict[str, OptionSpec] = {
-    s.name: s
-    for s in (
-        _spec("mixed_precision", str, "no", None, "no (or fp32), fp16, bf16, or a low-precision backend's (fp8, ...)",
-              normalize=normalize_precision),
-        _spec("distributed_type", str, "NO", None, "NO, MULTI_CPU, MULTI_GPU, or the name of a strategy (`lowbit plugins`)"),
-        _spec("num_processes", int, 1, help="processes in all, across every machine (as in Accelerate)"),
-        _spec("num_machines", int, 1, help="machines (nodes) in the job"),
-        _spec("machine_rank", int, 0, help="rank of this machine, 0 for the main one"),
-        _spec("main_process_ip", str, None, help="address of machine 0"),
-        _spec("main_process_port", int, None, help="port of the rendezvous on machine 0"),
-        _spec("use_cpu", bool, False, help="train on CPU even when a GPU is present"),
-        _spec("gradient_accumulation_steps", int, 1, help="micro-batches per optimizer step"),
-        _spec("dynamo_backend", str, "no", help="torch.compile backend, e.g. inductor; 'no' disables"),
-        _spec("dynamo_mode", str, None, help="torch.compile mode, e.g. default, reduce-overhead, max-autotune"),
-        _spec("dynamo_use_fullgraph", bool, None, help="torch.compile fullgraph: fail on graph breaks"),
-        _spec("dynamo_use_dynamic", bool, None, help="torch.compile dynamic shapes"),
-        _spec("fp8_fallback", str, None, ("no", "fp16", "bf16"), help="precision to fall back to when FP8 cannot run"),
-        _spec("debug", bool, False, help="print the launcher's underlying command"),
-        _spec("on_nonfinite_loss", str, "skip", ("skip", "raise", "continue"),
-              help="a NaN/inf loss or gradient: skip that optimizer step (with a warning naming it), raise, or continue"),
-    )
-}
+def _setting(kind: Any, default: Any, help: str, choices: tuple[str, ...] | None = None, normalize: Any = None) -> Any:
+    """A top-level setting: a LowbitConfig field whose metadata is its option spec (type, choices,
+    help, ``LOWBIT_<NAME>`` env var), so each setting is declared once."""
+    return dataclasses.field(default=default, metadata={"lowbit": dict(kind=kind, choices=choices, help=help,
+                                                                        normalize=normalize)})
+
+
 @dataclasses.dataclass
 class LowbitConfig:
-    mixed_precision: str = "no"
-    distributed_type: str = "NO"
-    num_processes: int = 1
-    num_machines: int = 1
-    machine_rank: int = 0
-    main_process_ip: str | None = None
-    main_process_port: int | None = None
-    use_cpu: bool = False
-    gradient_accumulation_steps: int = 1
-    dynamo_backend: str = "no"
-    dynamo_mode: str | None = None
-    dynamo_use_fullgraph: bool | None = None
-    dynamo_use_dynamic: bool | None = None
-    fp8_fallback: str | None = None
-    debug: bool = False
-    on_nonfinite_loss: str = "skip"
+    mixed_precision: str = _setting(str, "no", "no (or fp32), fp16, bf16, or a low-precision backend's (fp8, ...)",
+                                    normalize=normalize_precision)
+    distributed_type: str = _setting(str, "NO", "NO, MULTI_CPU, MULTI_GPU, or the name of a strategy (`lowbit plugins`)")
+    num_processes: int = _setting(int, 1, "processes in all, across every machine (as in Accelerate)")
+    num_machines: int = _setting(int, 1, "machines (nodes) in the job")
+    machine_rank: int = _setting(int, 0, "rank of this machine, 0 for the main one")
+    main_process_ip: str | None = _setting(str, None, "address of machine 0")
+    main_process_port: int | None = _setting(int, None, "port of the rendezvous on machine 0")
+    use_cpu: bool = _setting(bool, False, "train on CPU even when a GPU is present")
+    gradient_accumulation_steps: int = _setting(int, 1, "micro-batches per optimizer step")
+    dynamo_backend: str = _setting(str, "no", "torch.compile backend, e.g. inductor; 'no' disables")
+    dynamo_mode: str | None = _setting(str, None, "torch.compile mode, e.g. default, reduce-overhead, max-autotune")
+    dynamo_use_fullgraph: bool | None = _setting(bool, None, "torch.compile fullgraph: fail on graph breaks")
+    dynamo_use_dynamic: bool | None = _setting(bool, None, "torch.compile dynamic shapes")
+    fp8_fallback: str | None = _setting(str, None, "precision to fall back to when FP8 cannot run", ("no", "fp16", "bf16"))
+    debug: bool = _setting(bool, False, "print the launcher's underlying command")
+    on_nonfinite_loss: str = _setting(str, "skip", "a NaN/inf loss or gradient: skip that optimizer step (with a warning "
+                                                   "naming it), raise, or continue", ("skip", "raise", "continue"))
     fp8_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The strategies' sections, by their YAML key ("fsdp_config": {...}); ``config.fsdp_config``
     # reads one (empty when absent).
@@ -121,6 +107,14 @@ class LowbitConfig:
         data = dataclasses.asdict(self)
         data.update(data.pop("sections"))
         return {k: v for k, v in data.items() if v is not None and v != {}}
+
+
+# The top-level settings' option specs, read from LowbitConfig's fields.
+TOP_LEVEL: dict[str, OptionSpec] = {
+    f.name: _spec(f.name, f.metadata["lowbit"]["kind"], f.default, f.metadata["lowbit"]["choices"],
+                  f.metadata["lowbit"]["help"], normalize=f.metadata["lowbit"]["normalize"])
+    for f in dataclasses.fields(LowbitConfig) if "lowbit" in f.metadata
+}
 
 
 def default_config_path() -> Path:
