@@ -48,7 +48,7 @@ def _parse(text: str) -> ast.AST | None:
     return None
 
 
-def scripts_in_string_literals(paths: list[Path]) -> list[str]:
+def scripts_in_string_literals(paths: list[Path], root: Path = ROOT) -> list[str]:
     """Each string literal (docstrings aside) that is a Python program importing something, as
     'file:line': code no linter reads and, when only a GPU launches it, nothing runs."""
     found = []
@@ -62,7 +62,7 @@ def scripts_in_string_literals(paths: list[Path]) -> list[str]:
                 continue
             code = _parse(textwrap.dedent(node.value))
             if code is not None and any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(code)):
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
     return found
 
 
@@ -77,9 +77,4 @@ def test_the_script_finder_finds_a_script_and_passes_prose(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_bytes(b'"""Docstring: import what you need."""\nA = "import os\\nprint(os.sep)"\n'
                        b'B = "the import failed"\nC = "x = 1"\nD = "import sys\\nsys.exit({code!r})"\n')
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        assert scripts_in_string_literals([sample]) == ["sample.py:2", "sample.py:5"]
-    finally:
-        ROOT = saved
+    assert scripts_in_string_literals([sample], root=tmp_path) == ["sample.py:2", "sample.py:5"]

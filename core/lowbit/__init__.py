@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from lowbit import notices as _notices
 from lowbit.hookspecs import hookimpl
-from lowbit.version import __version__
 
 _notices.install()  # lowbit's notices print as one line: "lowbit: note: ..." (still real warnings)
 
 # Public name -> module that defines it (Accelerate's top-level names included).
 _LAZY = {
+    "__version__": "lowbit.version",  # read from the distribution's metadata: 20 ms, so only when asked
     "Accelerator": "lowbit.accelerator",
     "PartialState": "lowbit.state",
     "AcceleratorState": "lowbit.state",
@@ -31,7 +31,7 @@ _LAZY = {
         "DistributedDataParallelKwargs", "FullyShardedDataParallelPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
         "ProfileKwargs")},
 }
-__all__ = [*_LAZY, "hookimpl", "__version__"]
+__all__ = [*_LAZY, "hookimpl"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them lazily
     from lowbit.accelerator import Accelerator  # noqa: F401

@@ -17,13 +17,24 @@ SUBCOMMANDS = {
 }
 
 
+class _VersionAction(argparse.Action):
+    """``lowbit --version``: the version is read from the distribution's metadata (about 20 ms), so
+    only when asked, not on every command."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help="show lowbit's version"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from lowbit.version import __version__
+
+        parser.exit(message=f"lowbit {__version__}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
     parser = argparse.ArgumentParser(prog="lowbit", description="FP8 / BF16 / FP16 training for plain PyTorch scripts.")
-    from lowbit.version import __version__
-
-    parser.add_argument("--version", action="version", version=f"lowbit {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         if name in sys.argv[1:2]:  # only the chosen subcommand builds its (maybe plugin-extended) parser

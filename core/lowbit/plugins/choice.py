@@ -112,9 +112,9 @@ def _requested_recipe(registry: BackendRegistry, handler: Any, config: Any) -> t
     """The recipe the user named (vocabulary name, or one an installed backend declares), and
     where: the handler (which has read its env var), ``LOWBIT_FP8_RECIPE`` (``lowbit launch
     --fp8_recipe``), or the config file."""
-    from lowbit.config.recipe_names import canonical_recipe, declared_recipes
+    from lowbit.config.recipe_names import canonical_recipe, known_recipes
 
-    declared = [info for c in registry.ranked("fp8") for info in declared_recipes(c.description).values()]
+    declared = known_recipes(c.description for c in registry.ranked("fp8")).values()
     if isinstance(handler, RecipeKwargs) and getattr(handler, "recipe", None) is not None:
         return handler.recipe, type(handler).__name__
     if isinstance(handler, FP8RecipeKwargs) and handler.options.get("recipe") is not None:

@@ -438,7 +438,7 @@ def test_save_model_maps_back_to_plain_names_without_fp8_metadata(te, tmp_path):
     Net().load_state_dict(state)  # strict: every name matches the plain model
 
 
-def _trained_te(acc, steps: int = 2, model_class: type = None):
+def _trained_te(acc, steps: int = 2, model_class: type | None = None):
     """A ``model_class`` (default Net) prepared with AdamW by ``acc`` and trained ``steps`` steps."""
     torch.manual_seed(0)
     model = (model_class or Net)()
