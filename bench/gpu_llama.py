@@ -158,7 +158,7 @@ def rows_to_run(args: argparse.Namespace) -> list[dict]:
 
     from lowbit.cli.plugins_command import collect
 
-    available = {r["name"] for r in collect()["plugins"] if r["kind"] == "fp8" and r["status"] == "available"}
+    available = {r["name"] for r in collect()["plugins"] if r["role"] == "backend" and r["status"] == "available"}
     if args.device == "cpu":
         available.add("ao")  # emulated: a smoke run of the script, not a figure
     rows = [{"label": "bf16", "kind": "lowbit", "precision": "bf16", "backend": None, "options": {}}]

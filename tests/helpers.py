@@ -52,7 +52,7 @@ class FakeBackend:
 
     @hookimpl
     def describe_backend(self, hardware):
-        return BackendDescription(self.name, "fp8", self.priority, self.available, self.reason, self.options_class)
+        return BackendDescription(self.name, self.priority, self.available, self.reason, self.options_class)
 
     @hookimpl
     def convert_model(self, model, context):

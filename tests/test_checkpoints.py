@@ -382,7 +382,7 @@ class StatefulBackend:
 
     @hookimpl
     def describe_backend(self, hardware):
-        return BackendDescription("stateful", "fp8", 500, True)
+        return BackendDescription("stateful", 500, True)
 
     @hookimpl
     def convert_model(self, model, context):

@@ -35,7 +35,7 @@ def test_a_backend_without_a_reason_fails():
     class Silent:
         @hookimpl
         def describe_backend(self, hardware):
-            return BackendDescription("silent", "fp8", 10, available=False, reason="")
+            return BackendDescription("silent", 10, available=False, reason="")
 
     with pytest.raises(AssertionError, match="must say why"):
         check_description("silent", plugin=Silent())

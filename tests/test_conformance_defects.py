@@ -50,7 +50,7 @@ class TinyFP8:
 
     @hookimpl
     def describe_backend(self, hardware):
-        return BackendDescription("tinyfp8", "fp8", 10, available=True)
+        return BackendDescription("tinyfp8", 10, available=True)
 
     @hookimpl
     def convert_model(self, model, context):
@@ -105,7 +105,7 @@ def test_an_autocast_context_that_is_not_a_context_manager_fails_at_prepare():
 
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
                       plugin_manager=make_plugin_manager(extra_plugins=[TinyFP8("autocast_returns_42")]))
-    with pytest.raises(PluginError, match=r"fp8 backend 'tinyfp8'.*autocast_context returned int 42, expected a context manager"):
+    with pytest.raises(PluginError, match=r"low-precision backend 'tinyfp8'.*autocast_context returned int 42, expected a context manager"):
         acc.prepare(nn.Sequential(nn.Linear(16, 16)))
 
 
@@ -119,5 +119,5 @@ def test_a_convert_model_that_returns_something_else_fails_at_prepare():
 
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
                       plugin_manager=make_plugin_manager(extra_plugins=[ReturnsDict()]))
-    with pytest.raises(PluginError, match=r"fp8 backend 'tinyfp8'.*convert_model returned dict, expected a torch.nn.Module"):
+    with pytest.raises(PluginError, match=r"low-precision backend 'tinyfp8'.*convert_model returned dict, expected a torch.nn.Module"):
         acc.prepare(nn.Sequential(nn.Linear(16, 16)))

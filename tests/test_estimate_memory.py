@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_launch
-from lowbit.cli.estimate_memory_command import backend_memory
+from lowbit.cli.estimate_memory_command import backend_memory, strategy_memory
 from lowbit.errors import ConfigError
 from lowbit.observe.memory_estimate import estimate_all
 
@@ -50,7 +50,7 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, 
     spec, batch, seq = _spec(tmp_path, name)
     sys.path.insert(0, str(HERE / "distributed"))
     try:
-        rows = estimate_all(spec, [precision], [strategy], 2, batch, seq, backend_memory())
+        rows = estimate_all(spec, [precision], strategy_memory(strategy), 2, batch, seq, backend_memory())
     finally:
         sys.path.remove(str(HERE / "distributed"))
     estimate = next(e for e in rows if e.label in ("fp32", precision, f"{precision} (ao)"))
@@ -92,6 +92,6 @@ def test_the_command_prints_a_row_per_precision_backend_and_strategy(tmp_path, c
 
 def test_a_model_that_is_neither_config_nor_factory_is_a_clear_error():
     with pytest.raises(ConfigError, match="neither a transformers config"):
-        estimate_all("not_a_model", ["no"], ["ddp"], 2, 1, 1, {})
+        estimate_all("not_a_model", ["no"], strategy_memory("ddp"), 2, 1, 1, {})
     with pytest.raises(ConfigError, match="has no callable 'nope'"):
-        estimate_all("json:nope", ["no"], ["ddp"], 2, 1, 1, {})
+        estimate_all("json:nope", ["no"], strategy_memory("ddp"), 2, 1, 1, {})

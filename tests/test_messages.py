@@ -89,7 +89,7 @@ def test_an_error_in_a_rank_names_the_config_file_the_setting_came_from(tmp_path
     config.write_text("mixed_precision: fp8\nfp8_config:\n  backend: tee\n")
     proc = _run("-m", "lowbit.cli.main", "launch", "--config_file", str(config), str(SCRIPTS / "make_accelerator.py"))
     assert proc.returncode != 0
-    assert f"Unknown fp8 backend 'tee' (from config file {config}, fp8_config.backend). Did you mean 'te'?" in proc.stderr
+    assert f"Unknown low-precision backend 'tee' (from config file {config}, fp8_config.backend). Did you mean 'te'?" in proc.stderr
 
 
 @pytest.mark.parametrize("env, message", [

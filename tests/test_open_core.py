@@ -1,5 +1,5 @@
 """The open core: it names no plugin. What it needs to know about a backend or a strategy comes from
-the plugin's own description (BackendDescription, StrategyTraits), the built-in plugins included.
+the plugin's own description (BackendDescription, StrategyDescription), the built-in plugins included.
 
 Allowed to name plugins: the built-in plugins themselves (``lowbit/builtin/``), and the modules
 that map Accelerate's own names (its fp8_backend values, distributed types, config keys, launch

@@ -18,7 +18,7 @@ CPU = HardwareInfo("cpu", "CPU")
 
 
 def choose(*plugins, requested=None):
-    return choose_backend(BackendRegistry(manager_with(*plugins), CPU), "fp8", requested, "test")
+    return choose_backend(BackendRegistry(manager_with(*plugins), CPU), "backend", requested, "test")
 
 
 def test_highest_priority_available_backend_wins():
@@ -78,7 +78,7 @@ def test_calls_are_routed_to_the_chosen_backend_only():
 
 def test_broken_plugin_is_reported_and_others_keep_working():
     manager = manager_with(BrokenOnDescribe(), FakeBackend("good", 100))
-    sel = choose_backend(BackendRegistry(manager, CPU), "fp8")
+    sel = choose_backend(BackendRegistry(manager, CPU), "backend")
     assert sel.name == "good"
     assert any("boom while checking availability" in b.error for b in manager.broken)
 
@@ -97,17 +97,17 @@ def test_plugin_with_unknown_hook_name_is_reported_not_fatal():
 
     manager = manager_with(Typo(), FakeBackend("good", 100))
     assert any("convert_modle" in b.error for b in manager.broken)
-    assert choose_backend(BackendRegistry(manager, CPU), "fp8").name == "good"
+    assert choose_backend(BackendRegistry(manager, CPU), "backend").name == "good"
 
 
 def test_duplicate_backend_names_are_refused_naming_both_distributions():
     manager = manager_with(FakeBackend("same", 100), FakeBackend("same", 200), FakeBackend("other", 50))
     registry = BackendRegistry(manager, CPU)
-    assert [c.name for c in registry.ranked("fp8")] == ["other"]
+    assert [c.name for c in registry.ranked("backend")] == ["other"]
     assert any("claimed by both" in b.error for b in manager.broken)
     with pytest.raises(BackendUnavailableError, match=r"'same'.*claimed by both"):
-        choose_backend(registry, "fp8", "same", "test")
-    assert choose_backend(registry, "fp8", "other", "test").name == "other"  # an unclaimed name still works
+        choose_backend(registry, "backend", "same", "test")
+    assert choose_backend(registry, "backend", "other", "test").name == "other"  # an unclaimed name still works
 
 
 def test_duplicate_names_across_entry_points_name_both_distributions(tmp_path, monkeypatch):
@@ -117,7 +117,7 @@ def test_duplicate_names_across_entry_points_name_both_distributions(tmp_path, m
     monkeypatch.setenv("LOWBIT_PLUGINS", "first,second")
     registry = BackendRegistry(make_plugin_manager(), CPU)
     with pytest.raises(BackendUnavailableError, match="claimed by both lowbit-first and lowbit-second"):
-        choose_backend(registry, "fp8", "thirdparty", "test")
+        choose_backend(registry, "backend", "thirdparty", "test")
 
 
 class DescribesWithAString:
@@ -143,9 +143,9 @@ def test_a_wrong_result_type_marks_only_that_plugin_broken():
     acc = Accelerator(mixed_precision="no", plugin_manager=manager)
     assert acc.hardware.device_type == "cpu"  # the built-in detector answered instead
     errors = " | ".join(b.describe() for b in manager.broken)
-    assert "describe_backend returned 'fp8 backend, very fast': expected a lowbit.types.BackendDescription" in errors
+    assert "describe_backend returned 'fp8 backend, very fast': expected one of lowbit.types.BackendDescription" in errors
     assert "detect_hardware returned 'a GPU': expected a lowbit.types.HardwareInfo" in errors
-    assert choose_backend(BackendRegistry(manager, CPU), "fp8").name == "good"
+    assert choose_backend(BackendRegistry(manager, CPU), "backend").name == "good"
     launch = manager_with(WrongLaunchEnvironment())
     assert launch.call_each("launch_environment", args=None) == []
     assert "launch_environment returned ['LOWBIT_X=1']: expected a dict" in launch.broken[0].error
@@ -183,10 +183,10 @@ def test_bad_description_breaks_only_that_plugin():
         def describe_backend(self, hardware):
             from lowbit.types import BackendDescription
 
-            return BackendDescription("silent", "fp8", 500, available=False, reason="")
+            return BackendDescription("silent", 500, available=False, reason="")
 
     manager = manager_with(NoReason("silent", 500), FakeBackend("good", 100))
-    assert choose_backend(BackendRegistry(manager, CPU), "fp8").name == "good"
+    assert choose_backend(BackendRegistry(manager, CPU), "backend").name == "good"
     assert any("must say why" in b.error for b in manager.broken)
 
 
@@ -206,11 +206,11 @@ def test_entry_point_plugin_is_discovered_and_ranked(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     manager = make_plugin_manager()
     registry = BackendRegistry(manager, CPU)
-    names = [c.name for c in registry.ranked("fp8")]
+    names = [c.name for c in registry.ranked("backend")]
     assert "thirdparty" in names
-    chosen = choose_backend(registry, "fp8")
+    chosen = choose_backend(registry, "backend")
     assert chosen.name == "thirdparty"  # priority 150 beats ao (100) when ao is installed
-    cand = registry.find("fp8", "thirdparty")
+    cand = registry.find("backend", "thirdparty")
     assert (cand.description.distribution, cand.description.version) == ("lowbit-thirdparty", "0.3.0")
     assert any(b.name == "broken" and "missing dependency xyz" in b.error for b in manager.broken)
 
@@ -220,10 +220,10 @@ def test_lowbit_plugins_env_limits_loading(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("LOWBIT_PLUGINS", "")
     manager = make_plugin_manager()
-    assert [c.name for c in BackendRegistry(manager, CPU).ranked("fp8")] == []
+    assert [c.name for c in BackendRegistry(manager, CPU).ranked("backend")] == []
     monkeypatch.setenv("LOWBIT_PLUGINS", "thirdparty")
     manager = make_plugin_manager()
-    assert [c.name for c in BackendRegistry(manager, CPU).ranked("fp8")] == ["thirdparty"]
+    assert [c.name for c in BackendRegistry(manager, CPU).ranked("backend")] == ["thirdparty"]
 
 
 HEAVY = ("transformer_engine", "msamp", "deepspeed", "torchao")
@@ -247,7 +247,7 @@ def test_installed_backends_share_option_names_only_with_the_same_meaning():
     """Env vars, YAML keys and launch flags are shared by name: two backends must agree on them."""
     registry = BackendRegistry(make_plugin_manager(), CPU)
     seen: dict[str, tuple[str, object, object]] = {}
-    for cand in registry.ranked("fp8"):
+    for cand in registry.ranked("backend"):
         if cand.description.options_class is None:
             continue
         for name, spec in cand.description.options_class.option_specs().items():
@@ -270,3 +270,13 @@ def test_register_trackers_results_are_checked():
     names = [n for _, trackers in manager.call_each("register_trackers") for n in trackers]
     assert "tensorboard" in names and "mine" not in names  # the built-ins come through the same hook
     assert "register_trackers returned" in manager.broken[0].error
+
+
+def test_every_plugin_reads_versions_one_way():
+    """One version rule (packaging's) for every plugin's floor: 2.10 is newer than 2.9, a local
+    build label or a dev build of the floor's release passes, an unreadable version is trusted."""
+    from lowbit.version import older_than
+
+    assert not older_than("2.10.0", "2.9") and older_than("2.8.1", "2.9")
+    assert not older_than("0.13.0+cu126", "0.12") and not older_than("2.9.0.dev0+abc", "2.9")
+    assert not older_than("custom-build", "2.9")

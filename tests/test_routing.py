@@ -10,7 +10,7 @@ from helpers import FakeBackend, manager_with, mlp
 from torch import nn
 
 from lowbit import Accelerator, hookimpl
-from lowbit.types import BackendDescription
+from lowbit.types import StrategyDescription
 
 
 class RecordingBackend(FakeBackend):
@@ -56,7 +56,7 @@ class RecordingStrategy:
 
     @hookimpl
     def describe_backend(self, hardware):
-        return BackendDescription("deepspeed", "distributed", 20, True)
+        return StrategyDescription("deepspeed", 20, True)
 
     @hookimpl
     def check_compatibility(self, context):
@@ -165,3 +165,13 @@ def test_autocast_context_of_the_precision_plugin_wraps_the_fp8_one():
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(Outer("x", 100)))
     acc.prepare(nn.Linear(4, 4))(torch.randn(1, 4))
     assert order == [("fp8 enter", True)]  # bf16 autocast was already on when the FP8 context entered
+
+
+def test_firstresult_only_where_the_first_answer_wins():
+    """Routed hooks reach one plugin and have one answer; only hardware detection asks every plugin
+    and takes the first answer (a third-party detector before the built-in one)."""
+    import lowbit.hookspecs as specs
+
+    marked = {name for name, spec in vars(specs).items()
+              if callable(spec) and getattr(spec, "lowbit_spec", {}).get("firstresult")}
+    assert marked == {"detect_hardware"}

@@ -48,7 +48,7 @@ def test_lowbit_plugins_lists_it_with_what_it_is(installed):
     proc = subprocess.run([sys.executable, "-m", "lowbit.cli.main", "plugins", "--json"], capture_output=True, text=True,
                           env=installed, timeout=1500)
     row = next(r for r in json.loads(proc.stdout)["plugins"] if r["name"] == "zero_ddp")
-    assert row["distribution"] == "lowbit-zero-ddp" and row["kind"] == "distributed" and row["status"] == "available"
+    assert row["distribution"] == "lowbit-zero-ddp" and row["role"] == "strategy" and row["status"] == "available"
     assert row["distributed_types"] == ["ZERO_DDP"] and row["config_section"] == "zero_ddp_config"
     assert row["launch_flag"] == "use_zero_ddp" and row["checkpoint"] == "own"
 

@@ -127,7 +127,7 @@ class Accelerator(RankFacts):
         self.hardware = self._plugins.detect_hardware(cpu=early.use_cpu)
         self._registry = BackendRegistry(self._plugins, self.hardware)
         fp8_specs = {}
-        for cand in self._registry.ranked("fp8"):
+        for cand in self._registry.ranked("backend"):
             if cand.description.options_class is not None:
                 fp8_specs.update(cand.description.options_class.option_specs())
         self.config: LowbitConfig = resolve_config(explicit, fp8_specs=fp8_specs, file_layer=file_layer,
@@ -142,7 +142,7 @@ class Accelerator(RankFacts):
         self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count,
                                                  dataclasses.asdict(group) if group is not None else None)
         choice = choose_plugins(self._registry, self.config, handlers, self.num_processes)
-        self._precision, self._fp8, self._strategy = choice.precision, choice.backend, choice.strategy
+        self._precision, self._backend, self._strategy = choice.precision, choice.backend, choice.strategy
         self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers
         scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
         self.precision = Precision.for_run(self.mixed_precision, self.device, self._strategy_owns_precision(), scaler_kwargs)
@@ -154,7 +154,7 @@ class Accelerator(RankFacts):
             hardware=self.hardware,
             mixed_precision=self.mixed_precision,
             device=self.device,
-            fp8_options=choice.backend_options,
+            backend_options=choice.backend_options,
             recipe_runs=choice.recipe.status if choice.recipe else "native",
             strategy=self._strategy.name if self._strategy else "none",
             strategy_options=choice.strategy_options(self.config),
@@ -171,7 +171,7 @@ class Accelerator(RankFacts):
         self.flag_tensor: torch.Tensor | None = None
         self._trackers = Trackers(log_with, self._registered_trackers() if log_with is not None else {})
         # The collaborators: each gets what it needs, never the Accelerator.
-        self.plugins = ChosenPlugins(self._plugins, self._precision, self._fp8, self._strategy, self.context)
+        self.plugins = ChosenPlugins(self._plugins, self._precision, self._backend, self._strategy, self.context)
         self.prepared = PreparedObjects()
         self.step_rules = StepRules(self.gradient_state, self.precision, self.num_processes, self.split_batches,
                                     self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss,
@@ -185,7 +185,7 @@ class Accelerator(RankFacts):
     # ------------------------------------------------------------------ choosing
 
     def _strategy_owns_precision(self) -> bool:
-        return self._strategy is not None and self._strategy.chosen.description.traits.owns_precision
+        return self._strategy is not None and self._strategy.chosen.description.owns_precision
 
     def _preparation_settings(self) -> PreparationSettings:
         config = self.config
@@ -229,12 +229,12 @@ class Accelerator(RankFacts):
     @property
     def fp8_backend(self) -> str | None:
         """Name of the FP8 backend in use ("msamp", "te", "ao", ...), or None."""
-        return self._fp8.name if self._fp8 else None
+        return self._backend.name if self._backend else None
 
     @property
     def fp8_options(self) -> RecipeKwargs | None:
         """The chosen backend's resolved recipe (every field filled)."""
-        return self.context.fp8_options
+        return self.context.backend_options
 
     @property
     def distributed_strategy(self) -> str:
@@ -242,11 +242,11 @@ class Accelerator(RankFacts):
 
     def explain_backend_choice(self) -> str:
         """Why this backend: every installed backend with its priority and reason to decline."""
-        if self._fp8 is None:
-            return f"mixed_precision={self.mixed_precision!r}: no FP8 backend in use.\n" + choose_backend(
+        if self._backend is None:
+            return f"mixed_precision={self.mixed_precision!r}: no low-precision backend in use.\n" + choose_backend(
                 self._registry, "precision", "native", "built-in"
             ).explain()
-        return self._fp8.explain()
+        return self._backend.explain()
 
     # ------------------------------------------------------------------ processes
 
@@ -264,7 +264,7 @@ class Accelerator(RankFacts):
         (an Accelerate ``DistributedType``, or the strategy's own name when it stands for none)."""
         if self._strategy is None:
             return DistributedType.NO if self.num_processes == 1 else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
-        reported = reported_distributed_type(self._strategy.chosen.description.traits.reports_as, self.device.type)
+        reported = reported_distributed_type(self._strategy.chosen.description.reports_as, self.device.type)
         return DistributedType(reported) if reported in DistributedType.__members__ else reported
 
     @property
@@ -414,7 +414,7 @@ class Accelerator(RankFacts):
         A strategy that owns backward (DeepSpeed's engine) gets the undivided loss: it divides
         by its own accumulation steps."""
         model = self.prepared.models[0] if self.prepared.models else None
-        if model is None and self._fp8 is not None:
+        if model is None and self._backend is not None:
             raise ConfigError(
                 "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
                 "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
@@ -515,7 +515,7 @@ class Accelerator(RankFacts):
     def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
         """What FP8 took in a prepared model (the first one by default): how many Linear layers
         train in FP8 and why the others stay in high precision. None without FP8."""
-        if self._fp8 is None or not (model is not None or self.prepared.models):
+        if self._backend is None or not (model is not None or self.prepared.models):
             return None
         record = self.prepared.conversion_reports.get(self.unwrap_model(model if model is not None else self.prepared.models[0]))
         return conversion_report(record, self.fp8_backend,
@@ -526,7 +526,7 @@ class Accelerator(RankFacts):
         """Collect per-layer FP8 numerics (amax, scale, saturated and flushed fractions) every
         ``every_n_steps`` optimizer steps; warn when a saturation fraction passes the threshold.
         Off by default: when off, nothing is observed and training speed is unchanged."""
-        if self._fp8 is None:
+        if self._backend is None:
             raise ConfigError(f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
                               f"this Accelerator uses {self.mixed_precision!r}.")
         if model is None:

@@ -3,10 +3,12 @@
 A plugin is a module (or object) with functions marked ``@lowbit.hookimpl`` whose names match
 the specs below. A hookimpl may accept any subset of a spec's arguments.
 
-Routing: only ``describe_backend``, ``detect_hardware`` and the launcher hooks are broadcast to
-every plugin. All other hooks are *routed*: lowbit calls them on the one chosen FP8 backend, the
-one chosen precision plugin, or the one chosen distributed strategy, never on the others.
-A routed hook that a plugin does not implement falls back to the default stated in its docstring.
+Routing: only ``describe_backend``, ``detect_hardware``, the launcher hooks and
+``register_trackers`` are broadcast to every plugin. All other hooks are *routed*: lowbit calls
+them on the one chosen low-precision backend, the one chosen precision plugin, or the one chosen
+distributed strategy, never on the others, so each has one answer and none is ``firstresult``
+(``detect_hardware`` is: the first detector to answer wins). A routed hook that a plugin does not
+implement falls back to the default stated in its docstring.
 
 Importing this module must never import torch or any backend library.
 """
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from lowbit.types import BackendDescription, ConvertedModel, HardwareInfo, PrepareContext
+    from lowbit.types import ConvertedModel, HardwareInfo, PluginDescription, PrepareContext
 
 PROJECT_NAME = "lowbit"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
@@ -31,7 +33,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 # --------------------------------------------------------------------------- discovery
 
 
-@hookspec(firstresult=True)
+@hookspec(firstresult=True)  # the first detector to answer wins: a third-party one before the built-in
 def detect_hardware(cpu: bool) -> HardwareInfo | None:
     """Report the device this process trains on.
 
@@ -43,109 +45,111 @@ def detect_hardware(cpu: bool) -> HardwareInfo | None:
 
 
 @hookspec
-def describe_backend(hardware: HardwareInfo) -> BackendDescription | None:
+def describe_backend(hardware: HardwareInfo) -> PluginDescription | None:
     """Describe the backend this plugin offers and whether it can run on ``hardware``.
 
     Called by: the plugin manager, on every plugin, each call isolated in its own try/except,
     when a backend must be chosen and by ``lowbit plugins``.
-    Return a :class:`~lowbit.types.BackendDescription` with ``kind`` "fp8", "precision" or
-    "distributed", an integer ``priority`` (higher wins; msamp 300 > te 200 > ao 100) and,
+    Return the record of the plugin's role: a :class:`~lowbit.types.BackendDescription` (a
+    low-precision backend), :class:`~lowbit.types.StrategyDescription` (a distributed strategy)
+    or :class:`~lowbit.types.PrecisionDescription`, with an integer ``priority`` (higher wins;
+    msamp 300 > te 200 > ao 100) and,
     when unavailable, a ``reason`` a person can act on ("msamp not importable: ...").
     Must be cheap: check with ``importlib.util.find_spec`` and package metadata, never by
     importing the backend library. Raising marks the plugin broken; the others keep working.
     """
 
 
-# --------------------------------------------------------------------------- routed: FP8 backend
+# --------------------------------------------------------------------------- routed: low-precision backend
 
 
-@hookspec(firstresult=True)
+@hookspec
 def check_compatibility(context: PrepareContext) -> None:
     """Refuse a combination the backend cannot run, before anything is changed.
 
-    Called by: ``Accelerator.prepare`` on the chosen FP8 backend and the chosen strategy,
+    Called by: ``Accelerator.prepare`` on the chosen low-precision backend and the chosen strategy,
     first, with the full context (precision, strategy, world size).
     Raise :class:`~lowbit.errors.UnsupportedCombinationError` with a clear message
     (e.g. "MS-AMP does not support ZeRO-3"). Return None when the combination is fine.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def convert_model(model: torch.nn.Module, context: PrepareContext) -> torch.nn.Module | ConvertedModel | None:
-    """Swap the model's layers for the backend's FP8 layers.
+    """Swap the model's layers for the backend's low-precision layers.
 
-    Called by: ``Accelerator.prepare``, on the chosen FP8 backend only, once per model,
+    Called by: ``Accelerator.prepare``, on the chosen low-precision backend only, once per model,
     before the model is moved into any distributed wrapper.
-    ``context.fp8_options`` holds the resolved recipe kwargs. Return the converted model
+    ``context.backend_options`` holds the resolved recipe kwargs. Return the converted model
     (it may be the same object, modified in place), or ``ConvertedModel(model,
     ConversionReport(converted=[...], skipped={name: why}))`` to say what the conversion took
     (``prepare`` prints it; ``fp8_report()`` returns it in words). Default: the model unchanged.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def wrap_optimizer(
     optimizer: torch.optim.Optimizer, model: torch.nn.Module | None, context: PrepareContext
 ) -> torch.optim.Optimizer | None:
     """Replace or wrap the optimizer, e.g. with one that keeps FP8 states.
 
-    Called by: ``Accelerator.prepare``, on the chosen FP8 backend only, once per optimizer,
+    Called by: ``Accelerator.prepare``, on the chosen low-precision backend only, once per optimizer,
     after ``convert_model`` (``model`` is the converted model when one was prepared in the same
     call, else None). Return the optimizer to use. Default: the optimizer unchanged.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def prepare_model_and_optimizer(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, context: PrepareContext
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer | None] | None:
     """Convert model and optimizer together, for backends whose API takes both at once.
 
-    Called by: ``Accelerator.prepare``, on the chosen FP8 backend, in place of
+    Called by: ``Accelerator.prepare``, on the chosen low-precision backend, in place of
     ``convert_model`` + ``wrap_optimizer`` when it is implemented (``msamp.initialize``).
     Return ``(model, optimizer)``; the returned objects are what the user gets back.
     Return None to fall back to ``convert_model`` and ``wrap_optimizer``.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def autocast_context(model: torch.nn.Module, context: PrepareContext) -> ContextManager | None:
     """Give the context manager every forward pass of ``model`` runs in.
 
     Called by: ``Accelerator.prepare`` and ``Accelerator.autocast``, on the chosen precision
-    plugin (the outer context: native autocast) and then on the chosen FP8 backend (the inner
+    plugin (the outer context: native autocast) and then on the chosen low-precision backend (the inner
     context, e.g. TE's ``fp8_autocast``). The context is entered on every forward call, so
     check ``model.training`` inside it if it must behave differently in eval.
     Return None for "no context".
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, context: PrepareContext) -> None:
     """Do per-step bookkeeping after a real (not skipped) optimizer step.
 
-    Called by: the prepared optimizer's ``step``, on the chosen FP8 backend, e.g. for torchao's
+    Called by: the prepared optimizer's ``step``, on the chosen low-precision backend, e.g. for torchao's
     ``precompute_float8_dynamic_scale_for_fsdp``. Return None.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, norm_type: float, context: PrepareContext) -> torch.Tensor | None:
     """Clip gradients where torch's ``clip_grad_norm_`` cannot: gradients of a type it does not
     handle (MS-AMP's ScalingTensor), or held by a strategy that clips inside its own step
     (DeepSpeed's ZeRO partitions).
 
     Called by: ``Accelerator.clip_grad_norm_``, after fp16 gradients were unscaled: on the
-    distributed strategy first, then on the chosen FP8 backend. Return the total norm (before
+    distributed strategy first, then on the chosen low-precision backend. Return the total norm (before
     clipping); None passes to the next, and finally to ``torch.nn.utils.clip_grad_norm_``.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def strategy_integration(strategy: str, context: PrepareContext) -> dict[str, Any] | None:
-    """Let the FP8 backend take part in the distributed strategy's own setup.
+    """Let the low-precision backend take part in the distributed strategy's own setup.
 
-    Called by: ``Accelerator.prepare``, on the chosen FP8 backend, before
+    Called by: ``Accelerator.prepare``, on the chosen low-precision backend, before
     ``wrap_for_distribution``; the result is ``context.strategy_integration`` for the strategy
     to read. Keys the DeepSpeed
     strategy reads: ``"initialize"`` (a drop-in for ``deepspeed.initialize``, e.g.
@@ -154,11 +158,11 @@ def strategy_integration(strategy: str, context: PrepareContext) -> dict[str, An
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def enable_fp8_telemetry(model: torch.nn.Module, recorder: Any, context: PrepareContext) -> bool | None:
     """Start reporting FP8 numerics of the model's FP8 layers to ``recorder``.
 
-    Called by: ``Accelerator.enable_fp8_telemetry``, on the chosen FP8 backend, once. Install
+    Called by: ``Accelerator.enable_fp8_telemetry``, on the chosen low-precision backend, once. Install
     hooks that call ``recorder.record(layer_name, role, tensor, fp8_dtype, scale)`` for the
     tensors the backend casts ("input", "weight", "grad_output"), with the scale it uses; skip
     the work when ``recorder.active`` is False. Append each hook handle to
@@ -167,21 +171,21 @@ def enable_fp8_telemetry(model: torch.nn.Module, recorder: Any, context: Prepare
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def export_state_dict(model: torch.nn.Module, state_dict: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
     """Map a converted model's state dict back to the plain model's names and tensors.
 
-    Called by: ``Accelerator.save_model``, on the chosen FP8 backend, after the strategy has
+    Called by: ``Accelerator.save_model``, on the chosen low-precision backend, after the strategy has
     gathered a full state dict. Drop FP8 metadata (it belongs in ``save_state``), turn tensor
     subclasses into plain tensors. Return the new dict. Default: unchanged.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def encode_checkpoint_state(kind: str, owner: Any, state: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
     """Make a state dict that ``save_state`` writes readable with ``torch.load(weights_only=True)``.
 
-    Called by: ``Accelerator.save_state``, on the chosen FP8 backend, for each prepared model
+    Called by: ``Accelerator.save_state``, on the chosen low-precision backend, for each prepared model
     (``kind="model"``, ``owner`` the unwrapped model) and optimizer (``kind="optimizer"``) whose
     state lowbit writes itself (not when a strategy saves its own, as DeepSpeed does). Turn
     objects that are not tensors or plain data (MS-AMP's ScalingTensor) into tensors and plain
@@ -189,31 +193,31 @@ def encode_checkpoint_state(kind: str, owner: Any, state: dict[str, Any], contex
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def decode_checkpoint_state(kind: str, owner: Any, state: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
     """Undo :func:`encode_checkpoint_state` before the state is loaded.
 
-    Called by: ``Accelerator.load_state``, on the chosen FP8 backend, with what was read back,
+    Called by: ``Accelerator.load_state``, on the chosen low-precision backend, with what was read back,
     before ``owner.load_state_dict``. Return the dict to load; None loads it unchanged.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def backend_checkpoint_state(model: torch.nn.Module, context: PrepareContext) -> dict[str, Any] | None:
     """The backend's own state for a prepared model that is not in its state dict.
 
-    Called by: ``Accelerator.save_state``, on the chosen FP8 backend, on the main process, for
+    Called by: ``Accelerator.save_state``, on the chosen low-precision backend, on the main process, for
     each prepared model (unwrapped), whatever the strategy. Return tensors and plain data (they
     are read back with ``torch.load(weights_only=True)``), e.g. Transformer Engine's amax
     histories; None when there is nothing to save.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def load_backend_checkpoint_state(model: torch.nn.Module, state: dict[str, Any], context: PrepareContext) -> bool | None:
     """Restore what :func:`backend_checkpoint_state` returned.
 
-    Called by: ``Accelerator.load_state``, on the chosen FP8 backend, on every process, after the
+    Called by: ``Accelerator.load_state``, on the chosen low-precision backend, on every process, after the
     model's state dict was loaded. Return True when restored.
     """
 
@@ -221,18 +225,18 @@ def load_backend_checkpoint_state(model: torch.nn.Module, state: dict[str, Any],
 # --------------------------------------------------------------------------- routed: distributed strategy
 
 
-@hookspec(firstresult=True)
+@hookspec
 def wrap_for_distribution(
     model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None, context: PrepareContext
 ) -> tuple[torch.nn.Module | None, torch.optim.Optimizer | None] | None:
-    """Wrap the (already FP8-converted) model and optimizer for multi-process training.
+    """Wrap the (already converted) model and optimizer for multi-process training.
 
-    Called by: ``Accelerator.prepare``, on the chosen strategy, after FP8 conversion and before
+    Called by: ``Accelerator.prepare``, on the chosen strategy, after the conversion and before
     forward autocast wrapping. Return ``(model, optimizer)``. Default: both unchanged.
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def backward(loss: torch.Tensor, model: torch.nn.Module | None, context: PrepareContext) -> bool | None:
     """Run the backward pass when the strategy owns it (DeepSpeed's ``engine.backward``).
 
@@ -242,7 +246,7 @@ def backward(loss: torch.Tensor, model: torch.nn.Module | None, context: Prepare
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def full_state_dict(model: torch.nn.Module, context: PrepareContext) -> dict[str, Any] | None:
     """Gather the model's complete, unsharded state dict (on every rank; only rank 0 writes it).
 
@@ -251,7 +255,7 @@ def full_state_dict(model: torch.nn.Module, context: PrepareContext) -> dict[str
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, context: PrepareContext) -> bool | None:
     """Write the strategy's own checkpoint into ``directory`` (DeepSpeed's ``save_checkpoint``).
 
@@ -260,7 +264,7 @@ def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, cont
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, context: PrepareContext) -> bool | None:
     """Read back what ``save_checkpoint`` wrote into ``directory``.
 

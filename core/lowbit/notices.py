@@ -5,7 +5,7 @@ group (the main rank), never followed by a line of lowbit's own source.
 Each is still a real ``warnings`` category, so users filter them as usual
 (``warnings.filterwarnings("ignore", category=lowbit.notices.LowbitNote)``, ``-W``, pytest's
 ``filterwarnings``); only their printed form is lowbit's. Plugins use :func:`note` and
-:func:`warn` too, and may subclass the two categories (``FP8EmulationNotice(LowbitNote)``).
+:func:`warn` too, and may subclass the two categories (``EmulationNotice(LowbitNote)``).
 """
 from __future__ import annotations
 

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     import torch
 
-BackendKind = Literal["fp8", "precision", "distributed"]
 T = TypeVar("T")
 # mixed_precision values torch's autocast serves (the built-in precision plugin); every other
 # name ("fp8", "fp4", ...) is served by a low-precision backend that declares it.
@@ -90,9 +89,90 @@ class RecipeInfo:
         return ""
 
 
+@dataclass
+class PluginDescription:
+    """What every plugin says about itself (the ``describe_backend`` hook); each role's record
+    below adds what only that role has. The record's class is the plugin's role.
+
+    `reason` explains why the plugin is unavailable; when `available` is True it is empty, or a
+    note users should see (lowbit-style "emulated: no FP8 GEMMs here").
+    `options_class` is the options dataclass users configure it with (None when it has none).
+    `aliases` are other accepted spellings of `name` ("TE", "transformer_engine", ...).
+    `libraries`: the distributions of the library it drives ("torchao"), whose versions
+    `lowbit env` prints.
+    """
+
+    ROLE: ClassVar[str] = ""
+    LABEL: ClassVar[str] = "plugin"  # how messages name the role
+    name: str
+    priority: int
+    available: bool
+    reason: str = ""
+    options_class: type | None = None
+    aliases: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+    # Filled in by the plugin manager, not by the plugin:
+    distribution: str = ""
+    version: str = ""
+
+
+@dataclass
+class BackendDescription(PluginDescription):
+    """A low-precision training backend: it converts models to train in the ``mixed_precision``
+    names it serves ("fp8", "fp4", ...), with the recipes it offers."""
+
+    ROLE: ClassVar[str] = "backend"
+    LABEL: ClassVar[str] = "low-precision backend"
+    # The mixed_precision names it trains in.
+    precisions: tuple[str, ...] = ("fp8",)
+    # The recipes it offers, best first per precision: names of lowbit's vocabulary
+    # (lowbit.config.recipe_names) or RecipeInfo objects of its own. The first one of a precision
+    # is its default there. Empty: one fixed recipe, nothing for the user to choose.
+    recipes: tuple["str | RecipeInfo", ...] = ()
+    # The recipes it runs emulated on hardware without their GEMMs (slowly, same numerics).
+    emulates: tuple[str, ...] = ()
+    # The recipes it emulates everywhere, even on hardware that has their GEMMs (it binds no native
+    # kernel for them yet), so the ranking prefers a backend that runs them natively.
+    emulated_only: tuple[str, ...] = ()
+    # The torch dtype it keeps weights in when lower than the model's own (MS-AMP: "float8_e4m3fn");
+    # empty when weights keep their values, as they should. The conformance kit then allows that
+    # format's rounding instead of requiring bit equality.
+    weight_storage: str = ""
+    # Its bytes per parameter where they differ from fp32 master weights, fp32 gradients and fp32
+    # AdamW states ("weights", "gradients", "optimizer"), and "optimizer_low_bit" for low-bit
+    # optimizer states it offers; read by `lowbit estimate-memory`.
+    memory_per_parameter: dict[str, float] = field(default_factory=dict)
+    # The strategies it cannot run under with what is installed here, by strategy name, and why
+    # (MS-AMP under "deepspeed"); the ranking passes over it under those, naming it is an error.
+    unusable_under: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PrecisionDescription(PluginDescription):
+    """A native precision plugin: torch's autocast and GradScaler for "no", "fp16" and "bf16"."""
+
+    ROLE: ClassVar[str] = "precision"
+    LABEL: ClassVar[str] = "precision plugin"
+
+
 @dataclass(frozen=True)
-class StrategyTraits:
-    """What a distributed strategy says about itself, so the core never needs its name.
+class StrategyMemory:
+    """How a strategy spreads one process's training memory, for ``lowbit estimate-memory``:
+    which of weights, gradients and optimizer states it divides by the ranks, and the buffers it
+    adds ("buckets": a second copy of the gradients, as DDP's gradient buckets; "block": one
+    block's parameters unsharded while it computes; "gradients": unsharded gradients waiting for
+    their reduce-scatter). ``note`` says what was measured."""
+
+    shards_weights: bool = False
+    shards_gradients: bool = False
+    shards_optimizer: bool = False
+    buffers: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class StrategyDescription(PluginDescription):
+    """A distributed strategy: what it is, in place of its name, so the core never needs the name.
 
     ``distributed_types``: the ``distributed_type`` values (config file, ``LOWBIT_DISTRIBUTED_TYPE``,
     ``lowbit launch --distributed_type``) that choose it, besides its own name and aliases;
@@ -107,8 +187,12 @@ class StrategyTraits:
     ``launch_flag``: a ``lowbit launch --<flag>`` switch that chooses it, e.g. "use_fsdp".
     ``checkpoint``: "lowbit" when ``save_state`` writes model and optimizer files itself, "own"
     when the strategy's ``save_checkpoint`` hook writes them (shown by ``lowbit plugins``).
+    ``memory``: how it spreads memory, by the name ``lowbit estimate-memory`` shows (its own name,
+    or one per variant: "zero1", "zero2", "zero3"); empty: estimate-memory does not offer it.
     """
 
+    ROLE: ClassVar[str] = "strategy"
+    LABEL: ClassVar[str] = "distributed strategy"
     distributed_types: tuple[str, ...] = ()
     reports_as: str = "MULTI_GPU"
     config_section: str = ""
@@ -116,66 +200,12 @@ class StrategyTraits:
     owns_precision: bool = False
     launch_flag: str = ""
     checkpoint: str = "lowbit"
+    memory: dict[str, StrategyMemory] = field(default_factory=dict)
 
 
-@dataclass
-class BackendDescription:
-    """What a plugin says about the backend it offers (the `describe_backend` hook).
-
-    `reason` explains why the backend is unavailable; when `available` is True it is empty, or a
-    note users should see (lowbit-style "emulated: no FP8 GEMMs here").
-    `options_class` is the recipe-kwargs dataclass users configure it with (None when it has none).
-    `aliases` are other accepted spellings of `name` ("TE", "transformer_engine", ...).
-    `weight_storage` names the torch dtype the backend keeps weights in when it is lower than the
-    model's own (MS-AMP: "float8_e4m3fn"); empty when weights keep their values, as they should.
-    The conformance kit then allows that format's rounding instead of requiring bit equality.
-    `precisions` (kind "fp8"): the ``mixed_precision`` names it trains in, e.g. ("fp8",) or
-    ("fp4",); `strategy` (kind "distributed"): its :class:`StrategyTraits`.
-    """
-
-    name: str
-    kind: BackendKind
-    priority: int
-    available: bool
-    reason: str = ""
-    options_class: type | None = None
-    aliases: tuple[str, ...] = ()
-    weight_storage: str = ""
-    # kind "fp8" (a low-precision training backend): the mixed_precision names it serves; empty means ("fp8",).
-    precisions: tuple[str, ...] = ()
-    # kind "fp8": the recipes it offers, best first per precision: names of lowbit's vocabulary
-    # (lowbit.config.recipe_names) or RecipeInfo objects of its own. The first one of a precision
-    # is its default there. Empty: one fixed recipe, nothing for the user to choose.
-    recipes: tuple["str | RecipeInfo", ...] = ()
-    # kind "fp8": the recipes it runs emulated on hardware without their GEMMs (slowly, same numerics).
-    emulates: tuple[str, ...] = ()
-    # kind "fp8": the recipes it emulates everywhere, even on hardware that has their GEMMs (it
-    # binds no native kernel for them yet), so the ranking prefers a backend that runs them natively.
-    emulated_only: tuple[str, ...] = ()
-    # kind "distributed": what the strategy is, in place of its name (see StrategyTraits).
-    strategy: StrategyTraits | None = None
-    # kind "fp8": its bytes per parameter where they differ from fp32 master weights, fp32 gradients
-    # and fp32 AdamW states ("weights", "gradients", "optimizer"), and "optimizer_low_bit" for
-    # low-bit optimizer states it offers; read by `lowbit estimate-memory`.
-    memory_per_parameter: dict[str, float] = field(default_factory=dict)
-    # The distributions of the library it drives ("torchao"), whose versions `lowbit env` prints.
-    libraries: tuple[str, ...] = ()
-    # kind "fp8": the strategies it cannot run under with what is installed here, by strategy name,
-    # and why (MS-AMP under "deepspeed"); the ranking passes over it under those, naming it is an error.
-    unusable_under: dict[str, str] = field(default_factory=dict)
-    # Filled in by the plugin manager, not by the plugin:
-    distribution: str = ""
-    version: str = ""
-
-    @property
-    def serves(self) -> tuple[str, ...]:
-        """The mixed_precision names a low-precision backend trains in."""
-        return self.precisions or (("fp8",) if self.kind == "fp8" else ())
-
-    @property
-    def traits(self) -> StrategyTraits:
-        """A strategy's traits (defaults when it declared none)."""
-        return self.strategy or StrategyTraits()
+# The roles a plugin takes, by the name lowbit gives each (``lowbit plugins``, errors).
+ROLES: dict[str, type[PluginDescription]] = {
+    record.ROLE: record for record in (BackendDescription, PrecisionDescription, StrategyDescription)}
 
 
 @dataclass
@@ -211,7 +241,7 @@ class PrepareContext:
     hardware: HardwareInfo
     mixed_precision: str  # "no" | "fp16" | "bf16", or a low-precision backend's ("fp8", "fp4", ...)
     device: "torch.device"
-    fp8_options: Any = None  # the chosen FP8 backend's resolved recipe kwargs
+    backend_options: Any = None  # the chosen low-precision backend's resolved options (its recipe kwargs)
     # How this hardware runs the chosen recipe: "native", or "emulated" (no GEMMs for it here).
     recipe_runs: str = "native"
     strategy: str = "none"  # "none", "ddp", "fsdp", "deepspeed", ... (the distributed backend's name)

@@ -1,7 +1,32 @@
-"""lowbit's version: its installed distribution's (pyproject.toml says it once)."""
+"""Versions: lowbit's own (its installed distribution's; pyproject.toml says it once), and how any
+installed distribution's version is read and compared, for every plugin alike (``packaging``'s
+rules: "2.10" is newer than "2.9", "0.13.0+cu126" is 0.13.0)."""
+from __future__ import annotations
+
 import importlib.metadata
 
-try:
-    __version__ = importlib.metadata.version("lowbit")
-except importlib.metadata.PackageNotFoundError:  # a source tree on the path, not installed
-    __version__ = "0+unknown"
+from packaging.version import InvalidVersion, Version
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` from its metadata (nothing is imported), or None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def older_than(version: str, minimum: str) -> bool:
+    """Whether ``version`` is below ``minimum`` (local labels and dev builds aside); False when
+    ``version`` cannot be read, so an unusual build is trusted rather than refused."""
+    try:
+        return Version(version).release < Version(minimum).release
+    except InvalidVersion:
+        return False
+
+
+def __getattr__(name: str) -> str:
+    # lowbit's own version, read from metadata only when asked (20 ms).
+    if name == "__version__":
+        return installed_version("lowbit") or "0+unknown"  # a source tree on the path, not installed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,18 +2,21 @@
 from __future__ import annotations
 
 from lowbit.hookspecs import hookimpl
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext, StrategyTraits
+from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
 
 NAME = "ddp"
-# Accelerate's data-parallel names choose it; several processes with distributed_type NO too.
-TRAITS = StrategyTraits(distributed_types=("NO", "MULTI_CPU", "MULTI_GPU"), reports_as="MULTI_GPU",
-                        kwargs_handler="DistributedDataParallelKwargs", launch_flag="multi_gpu")
+# Every rank holds everything; its gradient buckets are a second copy of the gradients.
+MEMORY = StrategyMemory(buffers=("buckets",), note="buffers: its gradient buckets, a second copy of the gradients; "
+                        "measured on CPU within 15% in fp32, bf16 and fp8 (ao); other low-precision backends not measured")
 
 
 @hookimpl
-def describe_backend(hardware: HardwareInfo) -> BackendDescription:
-    return BackendDescription(name=NAME, kind="distributed", priority=10, available=True, aliases=("multi_gpu", "multi_cpu"),
-                              strategy=TRAITS)
+def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
+    # Accelerate's data-parallel names choose it; several processes with distributed_type NO too.
+    return StrategyDescription(name=NAME, priority=10, available=True, aliases=("multi_gpu", "multi_cpu"),
+                               distributed_types=("NO", "MULTI_CPU", "MULTI_GPU"), reports_as="MULTI_GPU",
+                               kwargs_handler="DistributedDataParallelKwargs", launch_flag="multi_gpu",
+                               memory={NAME: MEMORY})
 
 
 @hookimpl

@@ -6,14 +6,14 @@ from __future__ import annotations
 from typing import ContextManager
 
 from lowbit.hookspecs import hookimpl
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit.types import HardwareInfo, PrecisionDescription, PrepareContext
 
 NAME = "native"
 
 
 @hookimpl
-def describe_backend(hardware: HardwareInfo) -> BackendDescription:
-    return BackendDescription(name=NAME, kind="precision", priority=0, available=True, aliases=("amp", "torch"))
+def describe_backend(hardware: HardwareInfo) -> PrecisionDescription:
+    return PrecisionDescription(name=NAME, priority=0, available=True, aliases=("amp", "torch"))
 
 
 @hookimpl

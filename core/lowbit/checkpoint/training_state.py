@@ -22,7 +22,7 @@ from lowbit.training.preparation import unwrap
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
 from lowbit.plugins.routing import ChosenPlugins
 from lowbit.state import ProcessFacts, every_rank_must_arrive, wait_for_everyone
-from lowbit.version import __version__
+from lowbit import version as lowbit_version
 
 
 class TrainingStateCheckpointer:
@@ -86,8 +86,8 @@ class TrainingStateCheckpointer:
                 staged.metadata.update(
                     self.fingerprint(),
                     # what the backend trained with (informational: a backend whose state depends on it says so at load)
-                    recipe=getattr(plugins.context.fp8_options, "recipe", None),
-                    lowbit_version=__version__,
+                    recipe=getattr(plugins.context.backend_options, "recipe", None),
+                    lowbit_version=lowbit_version.__version__,
                     world_size=self.facts.num_processes,
                     step=self.counters.step,
                     strategy_checkpoint=handled,

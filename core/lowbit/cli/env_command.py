@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import platform
 import sys
 from typing import Any
+
+from lowbit.version import installed_version
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -16,10 +17,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 
 def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    return installed_version(dist) or "not installed"
 
 
 def _memory() -> str:
@@ -68,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
         f"- Hardware: {report['hardware']}",
         "- C++ compiler: " + (find_cxx_compiler() or "none found (torch.compile on CPU needs one; "
                               "training without dynamo_backend does not)"),
-        f"- FP8 backend that would be chosen: {report['fp8_choice'] or 'none'}",
+        f"- low-precision backend that would be chosen: {report['backend_choice'] or 'none'}",
         "- Plugins:",
-        *(f"    {r['name']} ({r['distribution'] or '-'} {r['version']}) {r['kind']} priority={r['priority']} "
+        *(f"    {r['name']} ({r['distribution'] or '-'} {r['version']}) {r['role']} priority={r['priority']} "
           f"{r['status']}{': ' + r['reason'] if r['reason'] else ''}" for r in report["plugins"]),
         "- Recipes per low-precision backend, and how this machine runs each:",
         *(f"    {r['name']}: {describe_recipes(r['recipes']) or 'one fixed recipe'}" for r in report["plugins"] if r.get("recipes") is not None),

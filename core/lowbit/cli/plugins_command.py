@@ -5,6 +5,8 @@ import argparse
 import json
 from typing import Any
 
+from lowbit.types import BackendDescription, StrategyDescription
+
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -23,26 +25,26 @@ def collect(cpu: bool = False) -> dict[str, Any]:
     hardware = manager.detect_hardware(cpu=cpu)
     registry = BackendRegistry(manager, hardware)
     try:
-        selection = choose_backend(registry, "fp8")
+        selection = choose_backend(registry, "backend")
         chosen, why = selection.name, "highest priority available"
     except LowbitError as exc:
         chosen, why = None, str(exc)
     rows = []
-    for kind in ("fp8", "distributed", "precision"):
-        for cand in registry.ranked(kind):
+    for role in ("backend", "strategy", "precision"):
+        for cand in registry.ranked(role):
             d = cand.description
             rows.append(
-                dict(name=d.name, distribution=d.distribution, version=d.version, kind=d.kind, priority=d.priority,
+                dict(name=d.name, distribution=d.distribution, version=d.version, role=role, priority=d.priority,
                      status="available" if d.available else "unavailable", reason=d.reason,
                      chosen=(d.name == chosen), hooks=implemented_hooks(manager, cand.plugin),
                      libraries=list(d.libraries), **_what_it_is(d, hardware))
             )
     for b in registry.broken:
-        rows.append(dict(name=b.name, distribution=b.distribution, version="", kind="?", priority=None,
+        rows.append(dict(name=b.name, distribution=b.distribution, version="", role="?", priority=None,
                          status="broken", reason=b.error, chosen=False))
     load_seconds = {name: round(origin.load_seconds, 3) for name, origin in manager.origins.items()}
     slow = {name: s for name, s in load_seconds.items() if s > SLOW_IMPORT_SECONDS}
-    return {"hardware": hardware.describe(), "fp8_choice": chosen, "fp8_choice_reason": why, "plugins": rows,
+    return {"hardware": hardware.describe(), "backend_choice": chosen, "backend_choice_reason": why, "plugins": rows,
             "load_seconds": load_seconds, "slow_imports": slow}
 
 
@@ -50,14 +52,14 @@ def _what_it_is(description: Any, hardware: Any) -> dict[str, Any]:
     """What a plugin says it is: the precisions and recipes a low-precision backend offers (and how
     this machine runs each); for a strategy, the distributed types that choose it, its config
     section, whether it owns precision, how its state is saved."""
-    if description.kind == "fp8":
+    if isinstance(description, BackendDescription):
         from lowbit.config.recipe_names import recipe_rows
 
-        return {"precisions": list(description.serves), "recipes": recipe_rows(description, hardware)}
-    if description.kind == "distributed":
-        t = description.traits
-        return {"distributed_types": list(t.distributed_types), "config_section": t.config_section,
-                "owns_precision": t.owns_precision, "launch_flag": t.launch_flag, "checkpoint": t.checkpoint}
+        return {"precisions": list(description.precisions), "recipes": recipe_rows(description, hardware)}
+    if isinstance(description, StrategyDescription):
+        return {"distributed_types": list(description.distributed_types), "config_section": description.config_section,
+                "owns_precision": description.owns_precision, "launch_flag": description.launch_flag,
+                "checkpoint": description.checkpoint}
     return {}
 
 
@@ -91,13 +93,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"Hardware: {report['hardware']}")
-    header = f"{'name':<10} {'kind':<11} {'priority':>8}  {'status':<11} {'distribution':<20} {'version':<8} reason"
+    header = f"{'name':<10} {'role':<11} {'priority':>8}  {'status':<11} {'distribution':<20} {'version':<8} reason"
     print(header)
     print("-" * len(header))
     for row in report["plugins"]:
         mark = " *" if row["chosen"] else ""
         priority = "" if row["priority"] is None else row["priority"]
-        print(f"{row['name'] + mark:<10} {row['kind']:<11} {priority:>8}  {row['status']:<11} "
+        print(f"{row['name'] + mark:<10} {row['role']:<11} {priority:>8}  {row['status']:<11} "
               f"{row['distribution'] or '-':<20} {row['version'] or '-':<8} {row['reason']}")
     print("\nWhat each plugin is:")
     for row in report["plugins"]:
@@ -110,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
     for name, seconds in report["slow_imports"].items():
         print(f"\nslow plugin: {name!r} took {seconds:.2f} s to import; every lowbit command pays for it "
               "(a plugin's entry module should import its backend library lazily).")
-    if report["fp8_choice"]:
-        print(f"\nmixed_precision='fp8' would use: {report['fp8_choice']} (*), {report['fp8_choice_reason']}.")
+    if report["backend_choice"]:
+        print(f"\nmixed_precision='fp8' would use: {report['backend_choice']} (*), {report['backend_choice_reason']}.")
     else:
-        print(f"\nmixed_precision='fp8' would fail here: {report['fp8_choice_reason']}")
+        print(f"\nmixed_precision='fp8' would fail here: {report['backend_choice_reason']}")
     return 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import enum
 
+from lowbit.types import normalize_name
+
 
 # The distributed types Accelerate runs on one process when there is only one.
 SINGLE_PROCESS_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
@@ -25,62 +27,14 @@ FIRST_PARTY = {
     "deepspeed": ("lowbit-deepspeed", "plugins/dist_deepspeed"),
 }
 
-# fp8_config keys that only a first-party backend's recipe defines (the keys Accelerate documents
-# are always accepted). tests/test_config.py keeps this in step with the plugins' recipe classes.
-PLUGIN_ONLY_FP8_KEYS = {
-    "recipe": ("ao", "te"),
-    "pad_inner_dim": ("ao",),
-    "enable_fsdp_float8_all_gather": ("ao",),
-    "force_recompute_fp8_weight_in_bwd": ("ao",),
-    "emulate": ("ao",),
-    "emulation": ("ao",),
-    "optimizer_states": ("ao",),
-    "keep_first_last_high_precision": ("ao", "te"),
-    "pad_tokens": ("te",),
-    "mx_scale_rounding": ("ao",),
-    "fp4_last_layers_bf16": ("ao", "te"),
-    "nvfp4_random_hadamard": ("ao", "te"),
-    "nvfp4_stochastic_rounding": ("ao", "te"),
-    "nvfp4_2d_weight_scaling": ("ao", "te"),
-}
-
-# The recipes (lowbit.config.recipe_names) each first-party backend offers, so an error can name
-# the distribution to install for a recipe no installed backend has. tests/test_recipes.py keeps
-# this in step with the plugins' own declarations.
-FIRST_PARTY_RECIPES = {
-    "ao": ("tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8", "nvfp4"),
-    "te": ("delayed", "current", "block", "mxfp8", "nvfp4"),
-}
-
-
-# How the strategies lowbit ships (and DeepSpeed's ZeRO stages) spread one process's training
-# memory, for `lowbit estimate-memory`: which of (weights, gradients, optimizer states) they divide
-# by the ranks, and the buffers they add ("buckets": DDP's gradient buckets, a second copy of the
-# gradients; "block": one block's parameters unsharded while it computes; "gradients": FSDP2's
-# unsharded gradients waiting for their reduce-scatter, all of them over gloo as measured on CPU).
-STRATEGY_MEMORY = {
-    "ddp": ((False, False, False), ("buckets",)),
-    "fsdp": ((True, True, True), ("block", "gradients")),
-    "zero1": ((False, False, True), ()),
-    "zero2": ((False, True, True), ()),
-    "zero3": ((True, True, True), ("block",)),
-}
-STRATEGY_MEMORY_NOTE = ("buffers: DDP's gradient buckets; FSDP2/ZeRO-3's one unsharded block; FSDP2's unsharded "
-                        "gradients wait for reduce-scatters that run asynchronously, so its buffers and peak are a range "
-                        "(none of them alive to all of them). Measured on CPU within 15% (of the range, for FSDP2) for "
-                        "DDP and FSDP2 in fp32, and DDP in bf16 and fp8 (ao) (tests/test_estimate_memory.py); ZeRO, te, msamp "
-                        "and low-bit optimizer states are not measured.")
+# Accelerate's ``fp8_backend`` values, each a first-party lowbit backend.
+ACCELERATE_FP8_BACKENDS = ("msamp", "te", "ao")
 
 
 def install_command(backend: str) -> str:
     """How to install a first-party plugin, from PyPI and from a lowbit checkout."""
     distribution, folder = FIRST_PARTY[backend]
     return f"`pip install {distribution}` (from a lowbit checkout: `pip install -e {folder}`)"
-
-
-def first_party_recipe_offers(recipe: str) -> list[tuple[str, str]]:
-    """(backend, how to install it) for each first-party backend that offers ``recipe``."""
-    return [(backend, install_command(backend)) for backend, names in FIRST_PARTY_RECIPES.items() if recipe in names]
 
 
 # Accelerate's distributed type for "data parallel on this device type".
@@ -97,7 +51,7 @@ def reported_distributed_type(reports_as: str, device_type: str) -> str:
 
 def first_party(name: str) -> str | None:
     """The first-party plugin an Accelerate name (any spelling: "TE", "DEEPSPEED") stands for."""
-    wanted = "".join(ch for ch in str(name).lower() if ch.isalnum())
+    wanted = normalize_name(name)
     return next((n for n in FIRST_PARTY if n == wanted), None)
 
 

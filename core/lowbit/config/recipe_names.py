@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from lowbit.errors import ConfigError, did_you_mean
-from lowbit.types import MXFP8_MIN_CAPABILITY, BackendDescription, RecipeInfo
+from lowbit.types import MXFP8_MIN_CAPABILITY, BackendDescription, RecipeInfo, normalize_name
 
 STANDARD_RECIPES: dict[str, RecipeInfo] = {
     info.name: info
@@ -49,10 +49,6 @@ RECIPE_SYNONYMS = {
 }
 
 
-def _key(name: str) -> str:
-    return "".join(ch for ch in str(name).lower() if ch.isalnum() or ch == "_")
-
-
 def declared_recipes(description: BackendDescription) -> dict[str, RecipeInfo]:
     """A backend's recipes by name, in its order (names resolved through the vocabulary)."""
     out: dict[str, RecipeInfo] = {}
@@ -76,11 +72,12 @@ def canonical_recipe(value: str, where: str = "recipe", declared: Iterable[Recip
     """The vocabulary name for ``value`` ("MXFP8BlockScaling" -> "mxfp8"), or a ConfigError naming
     the nearest valid one. ``declared``: recipes of a plugin's own it accepts too (the caller
     knows them: the choice asks the installed plugins, a backend's options class names its own)."""
-    key = _key(value)
-    key = RECIPE_SYNONYMS.get(key.replace("_", ""), key)
     known = {**STANDARD_RECIPES, **{info.name: info for info in declared}}
-    if key in known:
-        return key
+    by_key = {normalize_name(name): name for name in known}
+    wanted = normalize_name(value)
+    name = by_key.get(wanted) or RECIPE_SYNONYMS.get(wanted)
+    if name in known:
+        return name
     raise ConfigError(f"{where}: unknown recipe {value!r}.{did_you_mean(str(value), known)} "
                       f"Recipes: {', '.join(known)} (`lowbit plugins` shows which backend offers which).")
 

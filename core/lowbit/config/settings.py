@@ -17,7 +17,7 @@ import yaml
 from lowbit.compat.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
 from lowbit import notices
 from lowbit.atomic_write import write_atomically
-from lowbit.compat.accelerate_names import FIRST_PARTY_SECTIONS, PLUGIN_ONLY_FP8_KEYS, SINGLE_PROCESS_TYPES, install_command
+from lowbit.compat.accelerate_names import FIRST_PARTY_SECTIONS, SINGLE_PROCESS_TYPES, install_command
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.config.options import OptionSpec, to_text
 from lowbit.config.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
@@ -26,7 +26,7 @@ from lowbit.types import NATIVE_PRECISIONS
 CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
 FP8_SECTION = "fp8_config"
 # Strategy sections (``fsdp_config``, ...) are named by the strategies themselves
-# (StrategyTraits.config_section); before the plugins are known, any ``*_config`` mapping passes.
+# (StrategyDescription.config_section); before the plugins are known, any ``*_config`` mapping passes.
 SECTION_SUFFIX = "_config"
 MAX_CONFIG_BYTES = 1 << 20
 # LOWBIT_* variables read outside this module (plugin manager, launcher).
@@ -193,16 +193,12 @@ def _unknown_key_error(key: str, where: str, sections: tuple[str, ...] | None, f
 
 
 def _section_error(section: str, key: str, valid: Mapping[str, Any]) -> ConfigError:
-    owners = PLUGIN_ONLY_FP8_KEYS.get(key, ()) if section == "fp8_config" else ()
-    if owners:
-        installs = " or ".join(install_command(b) for b in owners)
-        return ConfigError(
-            f"{section} key {key!r} is an option of the {' / '.join(owners)} backend, whose plugin is not installed here. "
-            f"Install it: {installs}."
-        )
     top_hint = " It is a top-level key: move it out of the section." if key in TOP_LEVEL else ""
+    # A backend's own keys are known only when its plugin is installed (its options class says them).
+    plugin_hint = (" If it is an option of a backend whose plugin is not installed here, install that plugin "
+                   "(`lowbit plugins` lists the installed ones)." if section == FP8_SECTION and not top_hint else "")
     return ConfigError(
-        f"Unknown key {key!r} in {section}.{did_you_mean(key, valid)}{top_hint} Valid keys: {', '.join(sorted(valid))}."
+        f"Unknown key {key!r} in {section}.{did_you_mean(key, valid)}{top_hint}{plugin_hint} Valid keys: {', '.join(sorted(valid))}."
     )
 
 
@@ -333,12 +329,12 @@ def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, Op
     """A LOWBIT_* variable lowbit does not read is most likely a typo: say so, once per name."""
     known = {spec.env for spec in TOP_LEVEL.values()} | set(OTHER_ENV_VARS)
     known |= {section_env_var(section) for section in sections or ()}
-    fp8_keys = set(DOCUMENTED_FP8_KEYS) | set(fp8_specs or {}) | set(PLUGIN_ONLY_FP8_KEYS)
+    fp8_keys = set(DOCUMENTED_FP8_KEYS) | set(fp8_specs or {})
     known |= {fp8_env_var(key) for key in fp8_keys}
     for name in sorted(environ):
         if name.startswith("LOWBIT_") and name not in known and name not in _warned_env_vars:
             _warned_env_vars.add(name)
-            notices.warn(f"Environment variable {name} is not a lowbit setting and is ignored.{did_you_mean(name, known)}")
+            notices.warn(f"Environment variable {name} is read by neither lowbit nor an installed plugin, and is ignored.{did_you_mean(name, known)}")
 
 
 def resolve_config(

@@ -7,10 +7,10 @@ The model is built on the meta device (no memory, no download): a transformers c
 - weights, gradients and optimizer states from the parameter count, at the bytes per parameter
   of the precision (master weights stay fp32 in every precision lowbit trains; a low-precision
   backend declares its own figures in ``BackendDescription.memory_per_parameter``), divided over
-  the ranks as the strategy shards them (DDP: nothing; FSDP2 and ZeRO-3: all three; ZeRO-2:
-  gradients and states; ZeRO-1: states), plus DDP's gradient buckets (a second copy of the
-  gradients), the unsharded parameters of the largest block while it computes (FSDP2, ZeRO-3)
-  and FSDP2's unsharded gradients waiting for their reduce-scatter (over gloo: all of them);
+  the ranks as the strategy shards them, plus the buffers it adds (each strategy declares both
+  in ``StrategyDescription.memory``: DDP's gradient buckets, a second copy of the gradients; the
+  unsharded parameters of the largest block while it computes, FSDP2 and ZeRO-3; FSDP2's
+  unsharded gradients waiting for their reduce-scatter, over gloo all of them);
 - activations: the tensors autograd saves for backward, counted on a meta-device forward of one
   micro-batch (``--batch_size`` x ``--seq_len``); under bf16 autocast (bf16, fp8, fp4) the
   inputs saved by each Linear are half-width;
@@ -31,10 +31,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from lowbit.compat.accelerate_names import STRATEGY_MEMORY
 from lowbit.errors import ConfigError
+from lowbit.types import StrategyMemory
 
-STRATEGIES = tuple(STRATEGY_MEMORY)
 # (weights, gradients, AdamW states) in bytes per parameter: fp32 master weights and fp32 states in every precision.
 NATIVE_BYTES = {"no": (4.0, 4.0, 8.0), "fp16": (4.0, 4.0, 8.0), "bf16": (4.0, 4.0, 8.0)}
 MB = 2 ** 20
@@ -174,13 +173,11 @@ def _largest_block_parameters(model: nn.Module) -> int:
     return max(sum(p.numel() for p in block.parameters()) for block in max(lists, key=len))
 
 
-def estimate(model: nn.Module, precision: str, strategy: str, ranks: int, activations_fp32: float,
+def estimate(model: nn.Module, precision: str, strategy: str, memory: StrategyMemory, ranks: int, activations_fp32: float,
              activations_low: float, per_parameter: tuple[float, float, float], label: str) -> Estimate:
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"estimate-memory: unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}.")
     params = sum(p.numel() for p in model.parameters())
     weight_b, grad_b, state_b = per_parameter
-    shard, extra = STRATEGY_MEMORY[strategy]
+    shard, extra = (memory.shards_weights, memory.shards_gradients, memory.shards_optimizer), memory.buffers
     weights, gradients, optimizer = (params * b / (ranks if s and ranks > 1 else 1)
                                      for b, s in zip((weight_b, grad_b, state_b), shard))
     # Over NCCL FSDP2 frees unsharded gradients block by block, so its "gradients" buffer is on
@@ -227,7 +224,7 @@ def table(estimates: list[Estimate]) -> str:
     return "\n".join(lines)
 
 
-def estimate_all(spec: str, precisions: list[str], strategies: list[str], ranks: int, batch_size: int, seq_len: int,
+def estimate_all(spec: str, precisions: list[str], strategies: dict[str, StrategyMemory], ranks: int, batch_size: int, seq_len: int,
                  backends: dict[str, dict[str, float]], model_factory: Callable[[str], nn.Module] = load_model_on_meta) -> list[Estimate]:
     model = model_factory(spec)
     inputs = example_inputs(model, batch_size, seq_len)
@@ -235,6 +232,6 @@ def estimate_all(spec: str, precisions: list[str], strategies: list[str], ranks:
     low = saved_activation_bytes(model, inputs, low_precision_linears=True)
     out = []
     for label, precision, per in precision_rows(backends, precisions):
-        for strategy in strategies:
-            out.append(estimate(model, precision, strategy, ranks, fp32, low, per, label))
+        for strategy, memory in strategies.items():
+            out.append(estimate(model, precision, strategy, memory, ranks, fp32, low, per, label))
     return out

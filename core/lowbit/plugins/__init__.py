@@ -126,12 +126,13 @@ def _short_repr(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _expects_backend_description(result: Any) -> str:
-    from lowbit.types import BackendDescription
+def _expects_plugin_description(result: Any) -> str:
+    from lowbit.types import ROLES
 
-    if result is None or isinstance(result, BackendDescription):
+    if result is None or isinstance(result, tuple(ROLES.values())):
         return ""
-    return f"expected a lowbit.types.BackendDescription or None, not {type(result).__name__}"
+    records = ", ".join(f"lowbit.types.{record.__name__}" for record in ROLES.values())
+    return f"expected one of {records} (the record of its role) or None, not {type(result).__name__}"
 
 
 def _expects_env_mapping(result: Any) -> str:
@@ -159,7 +160,7 @@ def _expects_tracker_classes(result: Any) -> str:
 
 # What each broadcast hook may return; firstresult hooks are checked where they are used.
 RESULT_CONTRACTS: dict[str, Callable[[Any], str]] = {
-    "describe_backend": _expects_backend_description,
+    "describe_backend": _expects_plugin_description,
     "launch_environment": _expects_env_mapping,
     "add_launch_arguments": _expects_none,
     "register_trackers": _expects_tracker_classes,

@@ -38,10 +38,10 @@ class PluginChoice:
         """The chosen strategy's config section, plus the options of the kwargs handler it takes."""
         if self.strategy is None:
             return {}
-        traits = self.strategy.chosen.description.traits
-        options = dict(config.section(traits.config_section))
-        handler = next((h for h in self.handlers.values() if type(h).__name__ == traits.kwargs_handler), None)
-        if traits.kwargs_handler and handler is not None:
+        strategy = self.strategy.chosen.description
+        options = dict(config.section(strategy.config_section))
+        handler = next((h for h in self.handlers.values() if type(h).__name__ == strategy.kwargs_handler), None)
+        if strategy.kwargs_handler and handler is not None:
             options.update(handler.to_strategy_options())
         return options
 
@@ -114,7 +114,7 @@ def _requested_recipe(registry: BackendRegistry, handler: Any, config: Any) -> t
     --fp8_recipe``), or the config file."""
     from lowbit.config.recipe_names import canonical_recipe, known_recipes
 
-    declared = known_recipes(c.description for c in registry.ranked("fp8")).values()
+    declared = known_recipes(c.description for c in registry.ranked("backend")).values()
     if isinstance(handler, RecipeKwargs) and getattr(handler, "recipe", None) is not None:
         return handler.recipe, type(handler).__name__
     if isinstance(handler, FP8RecipeKwargs) and handler.options.get("recipe") is not None:
@@ -169,5 +169,5 @@ def _choose_strategy(registry: BackendRegistry, distributed_type: str, num_proce
     if num_processes == 1 and distributed_type.upper() in SINGLE_PROCESS_TYPES:
         return None
     found = registry.strategy_for(distributed_type)
-    return choose_backend(registry, "distributed", found.name if found else distributed_type,
+    return choose_backend(registry, "strategy", found.name if found else distributed_type,
                           f"distributed_type={distributed_type}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowbit.compat.accelerate_names import first_party_recipe_offers
+from lowbit.compat.accelerate_names import ACCELERATE_FP8_BACKENDS, install_command
 from lowbit.config.recipe_names import declared_recipes, default_recipe, known_recipes, recipe_status
 from lowbit.errors import BackendUnavailableError, ConfigError
 from lowbit.plugins.selection import BackendRegistry, Candidate, Selection, choose_backend
@@ -28,7 +28,7 @@ class RecipeChoice:
 
 def check_recipe_precision(registry: BackendRegistry, recipe: str, recipe_source: str, precision: str) -> None:
     """A recipe trains in one precision: ``nvfp4`` under ``mixed_precision="fp8"`` is a mistake."""
-    info = known_recipes(c.description for c in registry.ranked("fp8")).get(recipe)
+    info = known_recipes(c.description for c in registry.ranked("backend")).get(recipe)
     if info is not None and info.precision != precision:
         raise ConfigError(
             f"recipe {recipe!r} (from {recipe_source}) trains in {info.precision!r} ({info.summary}), but "
@@ -42,9 +42,9 @@ def choose_with_recipe(registry: BackendRegistry, precision: str, requested: str
     if recipe is not None:
         check_recipe_precision(registry, recipe, recipe_source, precision)
     if requested:
-        selection = choose_backend(registry, "fp8", requested, source, precision=precision)
+        selection = choose_backend(registry, "backend", requested, source, precision=precision)
         return selection, _recipe_on(selection.chosen, registry, precision, recipe, recipe_source)
-    ranked = [c for c in registry.ranked("fp8") if precision in c.description.serves]
+    ranked = [c for c in registry.ranked("backend") if precision in c.description.precisions]
     offering = [c for c in ranked if recipe is None or recipe in declared_recipes(c.description)]
     if recipe is not None and not offering:
         raise BackendUnavailableError(f"No installed backend offers recipe {recipe!r} (from {recipe_source}). "
@@ -55,12 +55,12 @@ def choose_with_recipe(registry: BackendRegistry, precision: str, requested: str
         for wanted in ("native", "emulated"):
             for cand, status in statuses:
                 if status == wanted:
-                    return (Selection("fp8", cand, None, "ranking", ranked, registry.hardware, list(registry.broken)),
+                    return (Selection("backend", cand, None, "ranking", ranked, registry.hardware, list(registry.broken)),
                             RecipeChoice(_effective(cand, precision, recipe), status))
         cand, problem = statuses[0]
         raise BackendUnavailableError(f"{problem}. {_who_offers(registry, recipe or _effective(cand, precision, None))}")
     # Nothing usable: choose_backend words the error (hardware, installed backends, what to install).
-    selection = choose_backend(registry, "fp8", None, "ranking", precision=precision)
+    selection = choose_backend(registry, "backend", None, "ranking", precision=precision)
     return selection, _recipe_on(selection.chosen, registry, precision, recipe, recipe_source)
 
 
@@ -92,19 +92,20 @@ def _recipe_on(cand: Candidate, registry: BackendRegistry, precision: str, recip
 
 
 def _who_offers(registry: BackendRegistry, recipe: str, emulating: bool = False) -> str:
-    """Which backends offer ``recipe``: installed ones with how they run it here, then first-party
-    ones that are not installed (with the install command)."""
-    installed = {c.name: c for c in registry.ranked("fp8")}
+    """Which backends offer ``recipe``: installed ones with how they run it here, then the
+    first-party ones that are not installed (with the install command)."""
+    installed = {c.name: c for c in registry.ranked("backend")}
     statuses = {name: (recipe_status(c.description, recipe, registry.hardware) if c.description.available
                        else "unavailable: " + c.description.reason)
                 for name, c in installed.items() if recipe in declared_recipes(c.description)}
     if emulating and "emulated" in statuses.values():
         statuses = {name: status for name, status in statuses.items() if status == "emulated"}
     here = [f"{name} ({status})" for name, status in statuses.items()]
-    elsewhere = [f"{backend} ({install})" for backend, install in first_party_recipe_offers(recipe) if backend not in installed]
+    elsewhere = [f"{backend} ({install_command(backend)})" for backend in ACCELERATE_FP8_BACKENDS if backend not in installed]
     parts = []
     if here:
         parts.append(f"Installed backends offering {recipe!r}: {'; '.join(here)}.")
     if elsewhere:
-        parts.append(f"Also offered by: {'; '.join(elsewhere)}.")
+        parts.append(f"Backends not installed here, which may offer it (`lowbit plugins` lists each one's recipes once "
+                     f"installed): {'; '.join(elsewhere)}.")
     return " ".join(parts) or f"No known backend offers {recipe!r}."

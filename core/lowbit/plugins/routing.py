@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from lowbit.errors import PluginError
-from lowbit.types import ConversionReport, ConvertedModel, PrepareContext, StrategyTraits
+from lowbit.types import ConversionReport, ConvertedModel, PrepareContext, StrategyDescription
 
 if TYPE_CHECKING:
     import torch
@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 
 def plugin_label(selection: Any) -> str:
-    """``fp8 backend 'fakefp8' (lowbit-fakefp8 0.1.0)``: who to blame in an error about a hook's result."""
+    """``low-precision backend 'fakefp8' (lowbit-fakefp8 0.1.0)``: who to blame in an error about a hook's result."""
     description = selection.chosen.description
     where = f" ({description.distribution} {description.version})".rstrip() if description.distribution else ""
-    return f"{description.kind} backend {description.name!r}{where}"
+    return f"{description.LABEL} {description.name!r}{where}"
 
 
 def expect_result(selection: Any, hook: str, result: Any, expected: type, wording: str) -> Any:
@@ -42,7 +42,7 @@ class ChosenPlugins:
         self.manager = manager
         self.precision, self.backend, self.strategy = precision, backend, strategy
         self.context = context
-        self._callers: dict[tuple[int, str], Callable[..., Any]] = {}
+        self._callers: dict[tuple[int, str], tuple[Any, Callable[..., Any]]] = {}
 
     # ------------------------------------------------------------------ what was chosen
 
@@ -55,25 +55,38 @@ class ChosenPlugins:
         return self.strategy.name if self.strategy else None
 
     @property
-    def strategy_traits(self) -> StrategyTraits | None:
-        return self.strategy.chosen.description.traits if self.strategy else None
+    def strategy_description(self) -> StrategyDescription | None:
+        return self.strategy.chosen.description if self.strategy else None
 
     # ------------------------------------------------------------------ routing
 
-    def caller(self, selection: "Selection | None", hook: str) -> Callable[..., Any] | None:
-        """The hook caller for the chosen plugin alone (cached: forward calls it every step)."""
+    def _routed(self, selection: "Selection | None", hook: str) -> tuple[Any, Callable[..., Any]] | None:
+        """pluggy's caller of ``hook`` on the chosen plugin alone, and a function returning its one
+        answer (cached: forward calls it every step)."""
         if selection is None or selection.chosen is None:
             return None
         plugin = selection.chosen.plugin
         key = (id(plugin), hook)
         if key not in self._callers:
             others = [p for p in self.manager.get_plugins() if p is not plugin]
-            self._callers[key] = self.manager.subset_hook_caller(hook, remove_plugins=others)
+            subset = self.manager.subset_hook_caller(hook, remove_plugins=others)
+
+            def answer(**kwargs: Any) -> Any:
+                # A routed hook reaches one plugin, so it has one answer or none (no firstresult needed).
+                results = subset(**kwargs)
+                return results[0] if results else None
+
+            self._callers[key] = (subset, answer)
         return self._callers[key]
 
+    def caller(self, selection: "Selection | None", hook: str) -> Callable[..., Any] | None:
+        """A function calling ``hook`` on the chosen plugin alone and returning its answer (None: no answer)."""
+        routed = self._routed(selection, hook)
+        return None if routed is None else routed[1]
+
     def implements(self, selection: "Selection | None", hook: str) -> bool:
-        caller = self.caller(selection, hook)
-        return caller is not None and bool(caller.get_hookimpls())
+        routed = self._routed(selection, hook)
+        return routed is not None and bool(routed[0].get_hookimpls())
 
     def _call(self, selection: "Selection | None", hook: str, **kwargs: Any) -> Any:
         caller = self.caller(selection, hook)

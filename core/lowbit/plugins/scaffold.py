@@ -78,7 +78,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     """Say whether {name!r} can run here, from package metadata and ``hardware``, without importing anything heavy."""
     has_torch = importlib.util.find_spec("torch") is not None
     return BackendDescription(
-        name=NAME, kind="fp8", priority=PRIORITY, available=has_torch,
+        name=NAME, priority=PRIORITY, available=has_torch,
         reason="" if has_torch else "torch not installed: `pip install torch`",
         precisions=({precision!r},),  # Accelerator(mixed_precision={precision!r}) reaches this backend
     )
@@ -111,7 +111,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from lowbit import hookimpl
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext, StrategyTraits
+from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription
 
 if TYPE_CHECKING:  # annotations only: torch is imported inside the hooks
     import argparse
@@ -119,17 +119,16 @@ if TYPE_CHECKING:  # annotations only: torch is imported inside the hooks
     import torch
 
 NAME = "{name}"
-# What the strategy is, so lowbit never needs its name: the distributed_type values that choose
-# it, the Accelerate type it reports as, its config section (its options arrive as
-# context.strategy_options), its `lowbit launch --use_{name}` switch.
-TRAITS = StrategyTraits(distributed_types=({name.upper()!r},), reports_as="MULTI_GPU", config_section="{name}_config",
-                        launch_flag="use_{name}")
 
 
 @hookimpl
-def describe_backend(hardware: HardwareInfo) -> BackendDescription:
-    """Say whether {name!r} can run here, without importing anything heavy."""
-    return BackendDescription(name=NAME, kind="distributed", priority=1, available=True, strategy=TRAITS)
+def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
+    """Say whether {name!r} can run here, without importing anything heavy, and what the strategy is,
+    so lowbit never needs its name: the distributed_type values that choose it, the Accelerate type
+    it reports as, its config section (its options arrive as context.strategy_options), its
+    `lowbit launch --use_{name}` switch."""
+    return StrategyDescription(name=NAME, priority=1, available=True, distributed_types=({name.upper()!r},),
+                               reports_as="MULTI_GPU", config_section="{name}_config", launch_flag="use_{name}")
 
 
 @hookimpl

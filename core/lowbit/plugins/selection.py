@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from lowbit.compat.accelerate_names import FIRST_PARTY, first_party, fp8_install_hint, install_command
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
 from lowbit.plugins import BrokenPlugin, LowbitPluginManager
-from lowbit.types import NATIVE_PRECISIONS, BackendDescription, HardwareInfo, StrategyTraits, normalize_name
+from lowbit.types import NATIVE_PRECISIONS, ROLES, BackendDescription, HardwareInfo, PluginDescription, normalize_name
 
 
 @dataclass
 class Candidate:
-    description: BackendDescription
+    description: PluginDescription
     plugin: object
 
     @property
@@ -78,6 +78,8 @@ class BackendRegistry:
         unavailable for this run, with their reason: the ranking passes over them, and naming one
         is an error before anything is prepared."""
         for cand in self.candidates:
+            if not isinstance(cand.description, BackendDescription):
+                continue
             reason = cand.description.unusable_under.get(strategy)
             if cand.description.available and reason:
                 cand.description = dataclasses.replace(cand.description, available=False,
@@ -85,62 +87,65 @@ class BackendRegistry:
 
     def launch_switches(self) -> dict[str, str]:
         """``lowbit launch --<flag>`` switches the strategies declare -> the strategy's name."""
-        return {c.description.traits.launch_flag: c.name for c in self.ranked("distributed") if c.description.traits.launch_flag}
+        return {c.description.launch_flag: c.name for c in self.ranked("strategy") if c.description.launch_flag}
 
     @property
     def broken(self) -> list[BrokenPlugin]:
         return self.manager.broken
 
-    def ranked(self, kind: str) -> list[Candidate]:
-        same_kind = [c for c in self.candidates if c.description.kind == kind]
-        return sorted(same_kind, key=lambda c: (-c.description.priority, c.name))
+    def ranked(self, role: str) -> list[Candidate]:
+        """The plugins of ``role`` ("backend", "precision", "strategy": ``lowbit.types.ROLES``), best first."""
+        same_role = [c for c in self.candidates if c.description.ROLE == role]
+        return sorted(same_role, key=lambda c: (-c.description.priority, c.name))
 
-    def find(self, kind: str, requested: str) -> Candidate | None:
-        return next((c for c in self.ranked(kind) if c.matches(requested)), None)
+    def find(self, role: str, requested: str) -> Candidate | None:
+        return next((c for c in self.ranked(role) if c.matches(requested)), None)
 
     def strategy_for(self, distributed_type: str) -> Candidate | None:
         """The strategy a ``distributed_type`` value names: by name or alias, else by the types it
-        declares it stands for (``StrategyTraits.distributed_types``), highest priority first."""
+        declares it stands for (``StrategyDescription.distributed_types``), highest priority first."""
         wanted = normalize_name(distributed_type)
-        ranked = self.ranked("distributed")
-        return self.find("distributed", distributed_type) or next(
-            (c for c in ranked if wanted in {normalize_name(t) for t in c.description.traits.distributed_types}), None)
+        ranked = self.ranked("strategy")
+        return self.find("strategy", distributed_type) or next(
+            (c for c in ranked if wanted in {normalize_name(t) for t in c.description.distributed_types}), None)
 
     def distributed_type_names(self) -> list[str]:
         """Every distributed_type value some installed strategy answers to."""
         names: list[str] = []
-        for cand in self.ranked("distributed"):
-            names += [*cand.description.traits.distributed_types, cand.name]
+        for cand in self.ranked("strategy"):
+            names += [*cand.description.distributed_types, cand.name]
         return list(dict.fromkeys(names))
 
     def precision_names(self) -> list[str]:
         """The mixed_precision names the installed low-precision backends serve ("fp8", "fp4", ...)."""
-        return list(dict.fromkeys(p for c in self.ranked("fp8") for p in c.description.serves))
+        return list(dict.fromkeys(p for c in self.ranked("backend") for p in c.description.precisions))
 
     def config_sections(self) -> list[str]:
         """The YAML sections the installed strategies read (``fsdp_config``, ...)."""
-        return list(dict.fromkeys(c.description.traits.config_section for c in self.ranked("distributed")
-                                  if c.description.traits.config_section))
+        return list(dict.fromkeys(c.description.config_section for c in self.ranked("strategy")
+                                  if c.description.config_section))
 
 
-def _contract_problem(description: BackendDescription) -> str:
+def _contract_problem(description: PluginDescription) -> str:
     if not isinstance(description.name, str) or not description.name:
         return f"name must be a non-empty string, got {description.name!r}"
     if not isinstance(description.priority, int) or isinstance(description.priority, bool):
         return f"priority must be an int, got {description.priority!r}"
-    if description.kind not in ("fp8", "precision", "distributed"):
-        return f"kind must be 'fp8', 'precision' or 'distributed', got {description.kind!r}"
     if not isinstance(description.reason, str):
         return f"reason must be a string, got {type(description.reason).__name__}"
     if not description.available and not description.reason:
-        return "an unavailable backend must say why (reason is empty)"
-    if description.strategy is not None and not isinstance(description.strategy, StrategyTraits):
-        return f"strategy must be a lowbit.types.StrategyTraits, got {type(description.strategy).__name__}"
+        return "an unavailable plugin must say why (reason is empty)"
+    return _backend_problem(description) if isinstance(description, BackendDescription) else ""
+
+
+def _backend_problem(description: BackendDescription) -> str:
     if not isinstance(description.precisions, tuple) or not all(isinstance(p, str) and p for p in description.precisions):
         return f"precisions must be a tuple of names, got {description.precisions!r}"
     if not isinstance(description.unusable_under, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and v for k, v in description.unusable_under.items()):
         return f"unusable_under must map strategy names to reasons, got {description.unusable_under!r}"
+    if not description.precisions:
+        return "precisions may not be empty: name the mixed_precision values it trains in"
     if set(description.precisions) & NATIVE_PRECISIONS:
         return f"precisions may not claim the native ones ({', '.join(sorted(NATIVE_PRECISIONS))}), got {description.precisions!r}"
     return ""
@@ -148,9 +153,9 @@ def _contract_problem(description: BackendDescription) -> str:
 
 @dataclass
 class Selection:
-    """The outcome of choosing a backend of one kind, with everything needed to explain it."""
+    """The outcome of choosing the plugin of one role, with everything needed to explain it."""
 
-    kind: str
+    role: str
     chosen: Candidate | None
     requested: str | None
     source: str  # where the explicit request came from, or "ranking"
@@ -162,14 +167,18 @@ class Selection:
     def name(self) -> str | None:
         return self.chosen.name if self.chosen else None
 
+    @property
+    def label(self) -> str:
+        return ROLES[self.role].LABEL
+
     def explain(self) -> str:
         """A few lines saying which backend was chosen and why each other one was not."""
         if self.chosen is None:
-            head = f"No {self.kind} backend chosen."
+            head = f"No {self.label} chosen."
         elif self.requested:
-            head = f"{self.kind} backend: {self.chosen.name} (requested by {self.source})."
+            head = f"{self.label}: {self.chosen.name} (requested by {self.source})."
         else:
-            head = f"{self.kind} backend: {self.chosen.name} (highest priority available; ties break by name)."
+            head = f"{self.label}: {self.chosen.name} (highest priority available; ties break by name)."
         lines = [head, f"Hardware: {self.hardware.describe()}.", "Installed:"]
         for cand in self.ranked:
             d = cand.description
@@ -195,27 +204,28 @@ def _installed_summary(ranked: list[Candidate]) -> str:
     )
 
 
-def _install_hint(kind: str) -> str:
-    return fp8_install_hint() if kind == "fp8" else ""
+def _install_hint(role: str) -> str:
+    return fp8_install_hint() if role == "backend" else ""
 
 
-def choose_backend(registry: BackendRegistry, kind: str, requested: str | None = None, source: str = "ranking",
+def choose_backend(registry: BackendRegistry, role: str, requested: str | None = None, source: str = "ranking",
                    precision: str | None = None) -> Selection:
-    """Pick the backend of ``kind``: the requested one, or the best available one; for a
+    """Pick the plugin of ``role``: the requested one, or the best available one; for a
     low-precision ``precision`` ("fp8", "fp4", ...), among the backends that serve it.
 
     Raises BackendNotFoundError for a name nobody provides and BackendUnavailableError for a
     backend that cannot run here (or when nothing can), naming hardware and installed backends.
     """
-    ranked = [c for c in registry.ranked(kind) if precision is None or precision in c.description.serves]
-    if precision is not None and requested and registry.find(kind, requested) not in (None, *ranked):
-        other = registry.find(kind, requested)
+    kind = ROLES[role].LABEL
+    ranked = [c for c in registry.ranked(role) if precision is None or precision in c.description.precisions]
+    if precision is not None and requested and registry.find(role, requested) not in (None, *ranked):
+        other = registry.find(role, requested)
         raise BackendUnavailableError(
-            f"{kind} backend {other.name!r} (from {source}) does not train in {precision!r}; it offers "
-            f"{', '.join(other.description.serves)}. Backends for {precision!r}: {_installed_summary(ranked)}.")
+            f"{kind} {other.name!r} (from {source}) does not train in {precision!r}; it offers "
+            f"{', '.join(other.description.precisions)}. Backends for {precision!r}: {_installed_summary(ranked)}.")
     hardware = registry.hardware
     if requested and normalize_name(requested) in registry.conflicts:
-        raise BackendUnavailableError(f"{kind} backend {requested!r} (from {source}) cannot be used: "
+        raise BackendUnavailableError(f"{kind} {requested!r} (from {source}) cannot be used: "
                                       f"{registry.conflicts[normalize_name(requested)]}.")
     if requested:
         cand = next((c for c in ranked if c.matches(requested)), None)
@@ -224,33 +234,33 @@ def choose_backend(registry: BackendRegistry, kind: str, requested: str | None =
             known = first_party(requested)
             if known and any(normalize_name(b.name) == wanted for b in registry.broken):
                 broken = next(b for b in registry.broken if normalize_name(b.name) == wanted)
-                raise BackendUnavailableError(f"{kind} backend {requested!r} is installed but broken: {broken.error}")
+                raise BackendUnavailableError(f"{kind} {requested!r} is installed but broken: {broken.error}")
             if known:
                 raise BackendUnavailableError(
-                    f"{kind} backend {requested!r} (from {source}) is not installed: {install_command(known)}. "
-                    f"Detected hardware: {hardware.describe()}. Installed {kind} backends: {_installed_summary(ranked)}."
+                    f"{kind} {requested!r} (from {source}) is not installed: {install_command(known)}. "
+                    f"Detected hardware: {hardware.describe()}. Installed {kind}s: {_installed_summary(ranked)}."
                 )
             names = [c.name for c in ranked] + list(FIRST_PARTY)
             raise BackendNotFoundError(
-                f"Unknown {kind} backend {requested!r} (from {source}).{did_you_mean(requested, names)} "
-                f"Installed {kind} backends: {_installed_summary(ranked)}."
+                f"Unknown {kind} {requested!r} (from {source}).{did_you_mean(requested, names)} "
+                f"Installed {kind}s: {_installed_summary(ranked)}."
             )
         if not cand.description.available:
             others = [c.name for c in ranked if c.description.available]
             raise BackendUnavailableError(
-                f"{kind} backend {cand.name!r} (from {source}) is installed but cannot run here: {cand.description.reason}. "
+                f"{kind} {cand.name!r} (from {source}) is installed but cannot run here: {cand.description.reason}. "
                 f"Detected hardware: {hardware.describe()}. "
-                + (f"Available instead: {', '.join(others)}." if others else f"No {kind} backend can run here.")
+                + (f"Available instead: {', '.join(others)}." if others else f"No {kind} can run here.")
             )
-        return Selection(kind, cand, requested, source, ranked, hardware, list(registry.broken))
+        return Selection(role, cand, requested, source, ranked, hardware, list(registry.broken))
     available = [c for c in ranked if c.description.available]
     if not available:
         if registry.conflicts:  # installed twice over: installing more would not help
             raise BackendUnavailableError(
-                f"No usable {kind} backend: " + "; ".join(registry.conflicts.values()) + f". Detected hardware: "
-                f"{hardware.describe()}. Other installed {kind} backends: {_installed_summary(ranked)}.")
+                f"No usable {kind}: " + "; ".join(registry.conflicts.values()) + f". Detected hardware: "
+                f"{hardware.describe()}. Other installed {kind}s: {_installed_summary(ranked)}.")
         raise BackendUnavailableError(
-            f"No usable {kind} backend. Detected hardware: {hardware.describe()}. "
-            f"Installed {kind} backends: {_installed_summary(ranked)}.{_install_hint(kind)}"
+            f"No usable {kind}. Detected hardware: {hardware.describe()}. "
+            f"Installed {kind}s: {_installed_summary(ranked)}.{_install_hint(role)}"
         )
-    return Selection(kind, available[0], None, "ranking", ranked, hardware, list(registry.broken))
+    return Selection(role, available[0], None, "ranking", ranked, hardware, list(registry.broken))

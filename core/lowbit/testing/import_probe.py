@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         from lowbit.types import HardwareInfo
 
         registry = BackendRegistry(make_plugin_manager(), HardwareInfo("cpu", "CPU"))
-        result["backends"] = [c.name for c in registry.ranked("fp8")]
+        result["backends"] = [c.name for c in registry.ranked("backend")]
     else:
         from lowbit.cli.main import main as lowbit_main
 

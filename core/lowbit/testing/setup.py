@@ -42,8 +42,8 @@ def backend_precision(backend: str, manager: LowbitPluginManager) -> str:
     """The precision a low-precision backend trains in (the first it declares: "fp8", "fp4", ...)."""
     from lowbit.plugins.selection import BackendRegistry
 
-    found = BackendRegistry.for_names(manager).find("fp8", backend)
-    return found.description.serves[0] if found is not None else "fp8"
+    found = BackendRegistry.for_names(manager).find("backend", backend)
+    return found.description.precisions[0] if found is not None else "fp8"
 
 
 def prepare(backend: str, plugin: object | None, hardware: HardwareInfo | None, model, lr: float = 1e-3):

@@ -27,7 +27,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     # Cheap: ask whether torch has float8 types without importing torch here.
     has_torch = importlib.util.find_spec("torch") is not None
     return BackendDescription(
-        name="fakefp8", kind="fp8", priority=50, available=has_torch,
+        name="fakefp8", priority=50, available=has_torch,
         reason="" if has_torch else "torch not installed", options_class=FakeFP8RecipeKwargs,
     )
 
@@ -38,6 +38,6 @@ def convert_model(model, context: PrepareContext):
 
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child).__name__ == "Linear" and min(child.in_features, child.out_features) >= context.fp8_options.min_features:
+            if type(child).__name__ == "Linear" and min(child.in_features, child.out_features) >= context.backend_options.min_features:
                 setattr(module, name, FakeFP8Linear.from_linear(child))
     return model

@@ -16,23 +16,23 @@ from pathlib import Path
 from typing import Any
 
 from lowbit import hookimpl
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext, StrategyTraits
+from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription
 
 NAME = "zero_ddp"
-TRAITS = StrategyTraits(
-    distributed_types=("ZERO_DDP",),
-    reports_as="MULTI_GPU",  # data parallel, as Accelerate's scripts understand it
-    config_section="zero_ddp_config",  # {"parameters_as_bucket_view": true}
-    launch_flag="use_zero_ddp",
-    checkpoint="own",
-)
 OPTIONS = ("parameters_as_bucket_view",)
 MODEL_FILE, OPTIMIZER_FILE = "zero_ddp_model.pt", "zero_ddp_optimizer.pt"
 
 
 @hookimpl
-def describe_backend(hardware: HardwareInfo) -> BackendDescription:
-    return BackendDescription(name=NAME, kind="distributed", priority=1, available=True, strategy=TRAITS)
+def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
+    return StrategyDescription(
+        name=NAME, priority=1, available=True,
+        distributed_types=("ZERO_DDP",),
+        reports_as="MULTI_GPU",  # data parallel, as Accelerate's scripts understand it
+        config_section="zero_ddp_config",  # {"parameters_as_bucket_view": true}
+        launch_flag="use_zero_ddp",
+        checkpoint="own",
+    )
 
 
 @hookimpl

@@ -9,23 +9,30 @@ import json
 
 from lowbit import hookimpl
 from lowbit.errors import UnsupportedCombinationError
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext, StrategyTraits
+from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
 from lowbit_deepspeed.ds_config import SECTION_KEYS, check_section
 
 NAME = "deepspeed"
-# DeepSpeed applies fp16/bf16 itself (its config's sections) and writes its own checkpoints.
-TRAITS = StrategyTraits(distributed_types=("DEEPSPEED",), reports_as="DEEPSPEED", config_section="deepspeed_config",
-                        owns_precision=True, launch_flag="use_deepspeed", checkpoint="own")
+# What each ZeRO stage shards (stage 3 gathers one block's parameters while it computes).
+UNMEASURED = "not measured"
+MEMORY = {
+    "zero1": StrategyMemory(shards_optimizer=True, note=UNMEASURED),
+    "zero2": StrategyMemory(shards_gradients=True, shards_optimizer=True, note=UNMEASURED),
+    "zero3": StrategyMemory(shards_weights=True, shards_gradients=True, shards_optimizer=True, buffers=("block",),
+                            note="buffers: one unsharded block; " + UNMEASURED),
+}
 LAUNCH_FLAGS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_clipping", "deepspeed_config_file")
 
 
 @hookimpl
-def describe_backend(hardware: HardwareInfo) -> BackendDescription:
+def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     found = importlib.util.find_spec("deepspeed") is not None
-    return BackendDescription(
-        name=NAME, kind="distributed", priority=20, available=found,
+    # DeepSpeed applies fp16/bf16 itself (its config's sections) and writes its own checkpoints.
+    return StrategyDescription(
+        name=NAME, priority=20, available=found,
         reason="" if found else "deepspeed not installed: `pip install deepspeed`", aliases=("ds", "zero"),
-        strategy=TRAITS, libraries=("deepspeed",),
+        libraries=("deepspeed",), distributed_types=("DEEPSPEED",), reports_as="DEEPSPEED",
+        config_section="deepspeed_config", owns_precision=True, launch_flag="use_deepspeed", checkpoint="own", memory=MEMORY,
     )
 
 

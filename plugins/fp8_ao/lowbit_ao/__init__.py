@@ -5,39 +5,27 @@ ao backend has been chosen (``convert``, ``optim``).
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 
 from lowbit import hookimpl
 from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit.version import installed_version, older_than
 from lowbit_ao.native_kernels import mxfp8_kernels_problem
 from lowbit_ao.recipe import RECIPE_NAMES, AORecipeKwargs
 
 NAME = "ao"
 PRIORITY = 100
-MIN_TORCHAO = (0, 12)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+MIN_TORCHAO = "0.12"
 
 
 def unavailable_reason() -> str:
     """Why torchao cannot be used, or '' when it can. Reads metadata only; imports nothing."""
     if importlib.util.find_spec("torchao") is None:
         return "torchao not installed: `pip install torchao`"
-    try:
-        version = importlib.metadata.version("torchao")
-    except importlib.metadata.PackageNotFoundError:
-        return ""  # importable from a source tree: trust it
-    if _version_tuple(version) < MIN_TORCHAO:
-        needed = ".".join(map(str, MIN_TORCHAO))
-        return f"torchao {version} is too old; lowbit-ao needs torchao >= {needed}: `pip install -U torchao`"
+    version = installed_version("torchao")  # None: importable from a source tree, trusted
+    if version and older_than(version, MIN_TORCHAO):
+        return f"torchao {version} is too old; lowbit-ao needs torchao >= {MIN_TORCHAO}: `pip install -U torchao`"
     return ""
 
 
@@ -47,7 +35,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     # On sm_100+ MXFP8 is native only where torchao's kernels are there to run it (native_kernels).
     mxfp8_emulated = ("mxfp8",) if not reason and mxfp8_kernels_problem(hardware) else ()
     return BackendDescription(
-        name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
+        name=NAME, priority=PRIORITY, available=not reason, reason=reason,
         options_class=AORecipeKwargs, libraries=("torchao",), aliases=("torchao",),
         # Every recipe runs anywhere: FP8 GEMMs are emulated without sm_89, MXFP8 with torchao's
         # emulated kernels and NVFP4 with lowbit-ao's own emulation without sm_100.
@@ -76,11 +64,11 @@ def convert_model(model, context: PrepareContext):
 
 @hookimpl
 def wrap_optimizer(optimizer, model, context: PrepareContext):
-    if context.fp8_options.optimizer_states == "default":
+    if context.backend_options.optimizer_states == "default":
         return None
     from lowbit_ao.optim import to_low_bit_optimizer
 
-    return to_low_bit_optimizer(optimizer, context.fp8_options.optimizer_states)
+    return to_low_bit_optimizer(optimizer, context.backend_options.optimizer_states)
 
 
 @hookimpl
@@ -94,7 +82,7 @@ def after_optimizer_step(model, optimizer, context: PrepareContext) -> None:
 def enable_fp8_telemetry(model, recorder, context: PrepareContext):
     from lowbit_ao.telemetry import enable
 
-    return enable(model, recorder, context.fp8_options)
+    return enable(model, recorder, context.backend_options)
 
 
 @hookimpl

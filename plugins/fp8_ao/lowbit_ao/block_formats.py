@@ -104,7 +104,7 @@ def weight_problem(recipe: str, in_features: int, out_features: int) -> str:
 def convert_block_layers(model: nn.Module, candidates: list[str], skipped: dict[str, str], context: PrepareContext) -> list[str]:
     """Convert the ``candidates`` (Linear / Conv1D names, module order) that are not ``skipped``;
     add to ``skipped`` the reason for each one that stays in high precision. Returns the converted."""
-    options = context.fp8_options
+    options = context.backend_options
     recipe = options.recipe
     if recipe == "nvfp4":
         for name, why in fp4_layers_kept_bf16(candidates, options.fp4_last_layers_bf16).items():

@@ -26,7 +26,7 @@ PADDING_NOTE = ("GEMM inner dims (incl. the token count in weight-gradient GEMMs
                 "where needed (pad_inner_dim)")
 
 
-class FP8EmulationNotice(LowbitNote):
+class EmulationNotice(LowbitNote):
     """Raised once when FP8 GEMMs are emulated because the hardware lacks them."""
 
 
@@ -77,7 +77,7 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
     emulate = needs_emulation if options.emulate is None else options.emulate
     if emulate and options.emulate is None and not config.emulate:
         note(f"{hardware.describe()} has no FP8 GEMMs, so lowbit-ao emulates them: "
-             f"{emulation_summary(options, context)}.", FP8EmulationNotice)
+             f"{emulation_summary(options, context)}.", EmulationNotice)
     overrides["emulate"] = emulate
     return dataclasses.replace(config, **overrides)
 
@@ -102,7 +102,7 @@ def _check_scaled_mm_can_run(context: PrepareContext) -> None:
         )
     note(f"emulate=False on {context.hardware.describe()}: torch._scaled_mm runs lowbit-ao's FP8 GEMMs "
          "(torch's CPU reference kernel, the numerics lowbit's fast emulation is tested against; "
-         "not faster than emulation, see plugins/fp8_ao/README.md).", FP8EmulationNotice)
+         "not faster than emulation, see plugins/fp8_ao/README.md).", EmulationNotice)
 
 
 def linear_layers(model: nn.Module) -> dict[str, str]:
@@ -145,7 +145,7 @@ def default_module_filter(model: nn.Module, keep_first_last: bool) -> tuple[Call
 
 
 def check_compatibility(context: PrepareContext) -> None:
-    options = context.fp8_options
+    options = context.backend_options
     if options.recipe in BLOCK_RECIPES:
         given = [name for name in FLOAT8_ONLY_OPTIONS if not options.is_default(name) and getattr(options, name)]
         if options.config is not None or given:
@@ -180,7 +180,7 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> Converted
     """mxfp8 / nvfp4: the block-scaled layers (``block_formats``), with the same default rules."""
     from lowbit_ao.block_formats import convert_block_layers
 
-    options = context.fp8_options
+    options = context.backend_options
     layer_types = linear_layers(model)
     if options.module_filter_func is not None:
         modules = dict(model.named_modules())
@@ -193,7 +193,7 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> Converted
                else "lowbit-ao's NVFP4 emulation (values and scales as NVIDIA's format, GEMMs in fp32)")
         native = "" if options.recipe == "mxfp8" else " (lowbit-ao binds no native NVFP4 kernel; lowbit-te does, on Blackwell)"
         native = f" ({kernels})" if kernels else native
-        note(f"{options.recipe} runs emulated on {context.hardware.describe()}{native}: {how}.", FP8EmulationNotice)
+        note(f"{options.recipe} runs emulated on {context.hardware.describe()}{native}: {how}.", EmulationNotice)
     converted = convert_block_layers(model, list(layer_types), skipped, context)
     return ConvertedModel(model, ConversionReport(
         converted, skipped, layer_types, options.recipe,
@@ -201,7 +201,7 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> Converted
 
 
 def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
-    options = context.fp8_options
+    options = context.backend_options
     if options.recipe in BLOCK_RECIPES and options.config is None:
         return convert_block_recipe(model, context)
     import_torchao()
@@ -229,7 +229,7 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
 
 def after_step(model: nn.Module, context: PrepareContext) -> None:
     """torchao's float8 all-gather needs the weights' scales recomputed once per step, together."""
-    if context.strategy == "fsdp" and context.fp8_options.enable_fsdp_float8_all_gather:
+    if context.strategy == "fsdp" and context.backend_options.enable_fsdp_float8_all_gather:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         precompute_float8_dynamic_scale_for_fsdp(model)

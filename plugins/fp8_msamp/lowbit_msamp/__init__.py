@@ -47,7 +47,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     # Read from source files only where MS-AMP could otherwise run, so discovery elsewhere stays free.
     under_deepspeed = "" if reason else deepspeed_integration_problem()
     return BackendDescription(
-        name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
+        name=NAME, priority=PRIORITY, available=not reason, reason=reason,
         unusable_under={"deepspeed": under_deepspeed} if under_deepspeed else {},
         options_class=MSAMPRecipeKwargs, aliases=("ms-amp", "ms_amp"), libraries=("MS-AMP",),
         # msamp.initialize keeps the converted Linears' weights as fp16 ScalingTensors
@@ -99,7 +99,7 @@ def prepare_model_and_optimizer(model, optimizer, context: PrepareContext):
             "in the same call: `model, optimizer = accelerator.prepare(model, optimizer)` (dataloaders and "
             "schedulers may come in the same call or later)."
         )
-    level = context.fp8_options.opt_level
+    level = context.backend_options.opt_level
     if type(optimizer).__name__ not in ADAM_NAMES:
         raise UnsupportedCombinationError(
             f"MS-AMP {level} works with Adam and AdamW only (it keeps their states in FP8/FP16); got "
@@ -194,7 +194,7 @@ def strategy_integration(strategy: str, context: PrepareContext):
         raise BackendUnavailableError(f"MS-AMP cannot run under DeepSpeed here: `import msamp.deepspeed` failed: "
                                       f"{type(exc).__name__}: {exc}. Use backend 'te' or 'ao' with DeepSpeed.") from None
     return {"initialize": deepspeed_initialize(msamp),
-            "config": {"msamp": {"enabled": True, "opt_level": context.fp8_options.opt_level}}}
+            "config": {"msamp": {"enabled": True, "opt_level": context.backend_options.opt_level}}}
 
 
 @hookimpl

@@ -17,15 +17,10 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
+from lowbit.version import installed_version
+
 # lowbit-deepspeed's own floor: with MS-AMP's DeepSpeed pin, the two cannot share an environment.
 LOWBIT_DEEPSPEED_FLOOR = "0.14"
-
-
-def _installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _git_tag_version(url: str) -> Version | None:
@@ -68,7 +63,7 @@ def unmet_requirements() -> list[str]:
         requirement = Requirement(text)
         if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
             continue  # an optional extra's requirement
-        installed = _installed(requirement.name)
+        installed = installed_version(requirement.name)
         wanted = str(requirement.specifier) or (f" from {requirement.url}" if requirement.url else "")
         if installed is None:
             problems.append(f"{requirement.name} is not installed (MS-AMP {dist.version} requires {requirement.name}"
@@ -156,7 +151,7 @@ def deepspeed_integration_problem() -> str:
         return ""
     dist = msamp_distribution()
     return (f"MS-AMP{' ' + dist.version if dist else ''}'s DeepSpeed integration (msamp.deepspeed) imports "
-            f"{', '.join(missing)} from {ENGINE_MODULE}, which the installed deepspeed {_installed('deepspeed') or '?'} "
+            f"{', '.join(missing)} from {ENGINE_MODULE}, which the installed deepspeed {installed_version('deepspeed') or '?'} "
             "no longer has (DeepSpeed removed its Apex AMP integration); MS-AMP pins deepspeed==0.13.1 and "
             f"lowbit-deepspeed needs deepspeed>={LOWBIT_DEEPSPEED_FLOOR}, so no install that meets both runs them "
             "together. Under DeepSpeed use backend 'te' or 'ao' (FP8 with ZeRO 1-3); MS-AMP runs in one process or "

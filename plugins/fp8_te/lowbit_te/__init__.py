@@ -5,27 +5,20 @@ chosen and ``prepare`` runs.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 
 from lowbit import hookimpl
 from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit.version import installed_version, older_than
 from lowbit_te.recipe import RECIPE_NAMES, TERecipeKwargs
 
 NAME = "te"
 PRIORITY = 200
 # te.autocast, te.is_fp8_available and te.is_mxfp8_available, which this plugin calls, first
 # appear in TE 2.9; older releases are refused with the upgrade command.
-MIN_TE = (2, 9)
+MIN_TE = "2.9"
 INSTALL = "`pip install lowbit-te[te]` (transformer-engine[pytorch], needs CUDA)"
-
-
-def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 def _incomplete_install(version: str) -> str:
@@ -41,7 +34,7 @@ def _incomplete_install(version: str) -> str:
         return (f"transformer_engine {version} is installed without its PyTorch extension (transformer_engine_torch), "
                 f"so it cannot be imported: {fix}")
     for extension in ("transformer_engine_torch", "transformer_engine_cu12", "transformer_engine_cu13"):
-        other = _version(extension)
+        other = installed_version(extension)
         if version and other and other != version:
             return f"transformer_engine {version} and {extension} {other} differ (they load only as one version): {fix}"
     return ""
@@ -56,9 +49,9 @@ def unavailable_reason(hardware: HardwareInfo) -> str:
         return f"Transformer Engine {problem}" + ("" if installed else f" (and it is not installed: {INSTALL})")
     if importlib.util.find_spec("transformer_engine") is None:
         return f"transformer_engine not importable: not installed; {INSTALL}"
-    version = _version("transformer_engine")
-    if version and tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < MIN_TE:
-        return f"transformer_engine {version} is older than the supported {MIN_TE[0]}.{MIN_TE[1]}: `pip install -U transformer-engine[pytorch]`"
+    version = installed_version("transformer_engine") or ""
+    if version and older_than(version, MIN_TE):
+        return f"transformer_engine {version} is older than the supported {MIN_TE}: `pip install -U transformer-engine[pytorch]`"
     return _incomplete_install(version)
 
 
@@ -66,7 +59,7 @@ def unavailable_reason(hardware: HardwareInfo) -> str:
 def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     reason = unavailable_reason(hardware)
     return BackendDescription(
-        name=NAME, kind="fp8", priority=PRIORITY, available=not reason, reason=reason,
+        name=NAME, priority=PRIORITY, available=not reason, reason=reason,
         options_class=TERecipeKwargs, aliases=("transformer_engine", "transformerengine", "transformersengine"),
         libraries=("transformer-engine",), precisions=("fp8", "fp4"), recipes=RECIPE_NAMES,
     )

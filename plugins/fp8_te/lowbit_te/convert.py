@@ -90,7 +90,7 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module | ConvertedM
     if has_te_modules(model):
         keep_pickles_out_of_state_dicts(model)
         return model  # the user built it with TE already: leave it as it is
-    options = context.fp8_options
+    options = context.backend_options
     linears = [name for name, m in model.named_modules() if type(m) is nn.Linear]
     skipped: dict[str, str] = {}
     if options.keep_first_last_high_precision and linears:

@@ -51,7 +51,7 @@ def check_runtime(context: PrepareContext) -> None:
 def build_recipe(context: PrepareContext) -> Any:
     """The TE recipe object for these options; every option reaches TE with its value."""
     te, recipe_module = import_te()
-    options = context.fp8_options
+    options = context.backend_options
     if options.te_recipe is not None:
         if not isinstance(options.te_recipe, recipe_module.Recipe):
             raise ConfigError(f"TERecipeKwargs(te_recipe=...) expects a transformer_engine.common.recipe.Recipe, got {type(options.te_recipe).__name__}.")
@@ -152,19 +152,16 @@ def _check_te_supports(te: Any, recipe: str, context: PrepareContext) -> None:
 
 
 def _te_version() -> str:
-    import importlib.metadata
+    from lowbit.version import installed_version
 
-    try:
-        return "transformer-engine " + importlib.metadata.version("transformer-engine")
-    except importlib.metadata.PackageNotFoundError:
-        return "transformer-engine of unknown version"
+    return "transformer-engine " + (installed_version("transformer-engine") or "of unknown version")
 
 
 def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:
     """TE's autocast (``te.autocast``, TE >= 2.9), off in eval unless ``use_autocast_during_eval``;
     amax is reduced over the data-parallel group."""
     te, _ = import_te()
-    options = context.fp8_options
+    options = context.backend_options
     enabled = model is None or model.training or options.use_autocast_during_eval
     if not enabled:
         return nullcontext()

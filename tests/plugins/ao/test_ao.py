@@ -23,9 +23,9 @@ from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombi
 from lowbit.plugins import make_plugin_manager  # noqa: E402
 from lowbit.cli.selftest import train_steps  # noqa: E402
 from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs  # noqa: E402
-from lowbit_ao.convert import FP8EmulationNotice, default_module_filter  # noqa: E402
+from lowbit_ao.convert import EmulationNotice, default_module_filter  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.FP8EmulationNotice")
+pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.EmulationNotice")
 
 
 def ao_accelerator(**recipe):
@@ -122,13 +122,13 @@ def test_emulation_is_automatic_on_cpu_and_said_once():
         warnings.simplefilter("default")
         acc = ao_accelerator()
         acc.prepare(mlp())
-    notices = [w for w in caught if issubclass(w.category, FP8EmulationNotice)]
+    notices = [w for w in caught if issubclass(w.category, EmulationNotice)]
     assert len(notices) == 1 and "CPU has no FP8 GEMMs" in str(notices[0].message)
 
 
 def test_non_emulated_fp8_on_cpu_runs_torch_scaled_mm_with_a_note():
     """emulate=False on a CPU is torch._scaled_mm, the reference kernel: allowed, and said."""
-    with pytest.warns(FP8EmulationNotice, match=r"emulate=False on CPU: torch._scaled_mm runs lowbit-ao's FP8 GEMMs"):
+    with pytest.warns(EmulationNotice, match=r"emulate=False on CPU: torch._scaled_mm runs lowbit-ao's FP8 GEMMs"):
         acc = ao_accelerator(emulate=False)
         model = acc.prepare(mlp())
     layer = next(m for m in model.modules() if isinstance(m, Float8Linear))
@@ -143,9 +143,9 @@ def test_non_emulated_fp8_on_a_gpu_without_fp8_is_a_clear_error():
     from lowbit_ao.convert import build_float8_config
 
     a100 = HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0))
-    context = PrepareContext(a100, "fp8", torch.device("cpu"), fp8_options=AORecipeKwargs(emulate=False, recipe="tensorwise"))
+    context = PrepareContext(a100, "fp8", torch.device("cpu"), backend_options=AORecipeKwargs(emulate=False, recipe="tensorwise"))
     with pytest.raises(BackendUnavailableError, match=r"emulate=False.*compute capability >= 8.9; found NVIDIA A100"):
-        build_float8_config(context.fp8_options, context)
+        build_float8_config(context.backend_options, context)
 
 
 def test_model_without_eligible_linears_warns_and_trains_in_high_precision():

@@ -24,7 +24,7 @@ from lowbit import Accelerator  # noqa: E402
 from lowbit.utils import AORecipeKwargs  # noqa: E402
 from lowbit_ao.fast_emulation import exact_values, mark_converted_layers, scaled_mm  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.FP8EmulationNotice")
+pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.EmulationNotice")
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 

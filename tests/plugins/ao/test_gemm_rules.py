@@ -22,7 +22,7 @@ from lowbit import Accelerator  # noqa: E402
 from lowbit.utils import AORecipeKwargs  # noqa: E402
 from lowbit_ao.gemm_rules import FP8GemmShapeError, check_scaled_mm_shapes  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.FP8EmulationNotice")
+pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.EmulationNotice")
 
 # (batch, sequence): 33, 33 and 35 tokens, none a multiple of 16.
 ODD_TOKENS = [(3, 11), (1, 33), (5, 7)]

@@ -167,10 +167,10 @@ def test_te_without_its_pytorch_extension_or_with_mixed_versions_is_unavailable(
     monkeypatch.delitem(sys.modules, "transformer_engine_torch")
     reason = lowbit_te.unavailable_reason(H100)
     assert "without its PyTorch extension (transformer_engine_torch)" in reason
-    assert choose_backend(BackendRegistry(make_plugin_manager(), H100), "fp8").name != "te"
+    assert choose_backend(BackendRegistry(make_plugin_manager(), H100), "backend").name != "te"
     monkeypatch.setitem(sys.modules, "transformer_engine_torch", extension)
     versions = {"transformer_engine": "2.20.2", "transformer_engine_torch": "2.19.0"}
-    monkeypatch.setattr(lowbit_te, "_version", lambda name: versions.get(name, ""))
+    monkeypatch.setattr(lowbit_te, "installed_version", lambda name: versions.get(name))
     assert "transformer_engine 2.20.2 and transformer_engine_torch 2.19.0 differ" in lowbit_te.unavailable_reason(H100)
     versions["transformer_engine_torch"] = "2.20.2"
     assert lowbit_te.unavailable_reason(H100) == ""
@@ -179,7 +179,7 @@ def test_te_without_its_pytorch_extension_or_with_mixed_versions_is_unavailable(
 def test_old_te_version_is_named(te, monkeypatch):
     import lowbit_te
 
-    # 2.8 lacks te.autocast and te.is_fp8_available (both first appear in 2.9).
+    monkeypatch.setattr(lowbit_te, "installed_version", lambda name: "2.8.0")
     monkeypatch.setattr(lowbit_te.importlib.metadata, "version", lambda name: "2.8.0")
     reason = lowbit_te.unavailable_reason(H100)
     assert "transformer_engine 2.8.0 is older than the supported 2.9" in reason and "pip install -U" in reason
@@ -187,8 +187,8 @@ def test_old_te_version_is_named(te, monkeypatch):
 
 def test_te_priority_200_beats_ao(te):
     registry = BackendRegistry(make_plugin_manager(), H100)
-    assert choose_backend(registry, "fp8").name == "te"
-    assert registry.find("fp8", "te").description.priority == 200
+    assert choose_backend(registry, "backend").name == "te"
+    assert registry.find("backend", "te").description.priority == 200
 
 
 def test_forcing_te_on_cpu_is_a_clear_error(te):
