@@ -81,12 +81,35 @@ def test_fp8_under_ddp(tmp_path):
     assert_loss_decreases(results[0]["losses"])
 
 
-def test_fp8_under_fsdp2_with_float8_all_gather(tmp_path):
+def test_fp8_under_fsdp2_gathers_weights_in_float8_by_default(tmp_path):
+    """As Accelerate's default Float8LinearConfig: FSDP2 all-gathers the converted weights in float8,
+    and the FP8 report says how many."""
     pytest.importorskip("lowbit_ao")
     results = launch(tmp_path, "fp8-fsdp", "--use_fsdp", "--mixed_precision", "fp8")
     assert results[0]["fp8_backend"] == "ao" and results[0]["strategy"] == "fsdp"
     assert "WeightWithDynamicFloat8CastTensor" in results[0]["weight_types"]  # float8 all-gather is on
+    assert "weights all-gathered in fp8: 2 of 2" in results[0]["fp8_report"], results[0]["fp8_report"]
     assert_loss_decreases(results[0]["losses"])
+
+
+def test_fp8_under_fsdp2_with_shards_of_unequal_size_gathers_those_weights_in_high_precision(tmp_path):
+    """torchao's float8 all-gather aborts the job when a weight's first dimension does not divide by
+    the ranks (pytorch/ao#3982; 64 rows over 3 ranks): lowbit gathers those weights in high
+    precision, says so, and the run trains."""
+    pytest.importorskip("lowbit_ao")
+    results = launch(tmp_path, "fp8-fsdp", "--use_fsdp", "--mixed_precision", "fp8", world=3)
+    assert "WeightWithDynamicFloat8CastTensor" not in results[0]["weight_types"]
+    assert "weights all-gathered in fp8: 0 of 2" in results[0]["fp8_report"], results[0]["fp8_report"]
+    assert_loss_decreases(results[0]["losses"])
+
+
+def test_fp8_fsdp2_float8_all_gather_saves_and_resumes_exactly_on_the_same_accelerator(tmp_path):
+    """save_state pickles the float8 all-gather weights' config (it crashed: a class made at run
+    time), and load_state recomputes the precomputed scales from the loaded weights (they were
+    stale until the next step)."""
+    pytest.importorskip("lowbit_ao")
+    results = launch(tmp_path, "fp8-fsdp-resume", "--use_fsdp", "--mixed_precision", "fp8")
+    assert all(r["resumed_equals_uninterrupted"] for r in results), results
 
 
 @pytest.mark.parametrize("recipe, precision", [("mxfp8", "fp8"), ("nvfp4", "fp4")])

@@ -42,8 +42,8 @@ from lowbit.plugins import LowbitPluginManager, make_plugin_manager
 from lowbit.plugins.choice import choose_plugins
 from lowbit.plugins.routing import ChosenPlugins
 from lowbit.plugins.selection import BackendRegistry, choose_backend
-from lowbit.state import (AcceleratorState, DistributedType, GradientState, PartialState, ProcessFacts, RankFacts,
-                          process_facts, wait_for_everyone)
+from lowbit.process_group import ProcessFacts, RankFacts, process_facts, wait_for_everyone
+from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState
 from lowbit.training import operations
 from lowbit.training.precision import Precision, SlowPrecisionNotice
 from lowbit.training.data_loader import PreparedDataLoader, skip_first_batches

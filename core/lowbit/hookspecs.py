@@ -129,7 +129,8 @@ def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimize
     """Do per-step bookkeeping after a real (not skipped) optimizer step.
 
     Called by: the prepared optimizer's ``step``, on the chosen low-precision backend, e.g. for torchao's
-    ``precompute_float8_dynamic_scale_for_fsdp``. Return None.
+    ``precompute_float8_dynamic_scale_for_fsdp``; and once more after ``load_state`` replaced the
+    weights (on every rank), so that nothing derived from the old weights survives. Return None.
     """
 
 

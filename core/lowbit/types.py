@@ -33,10 +33,6 @@ class HardwareInfo:
     def has_fp8_gemm(self) -> bool:
         return self.compute_capability is not None and self.compute_capability >= FP8_MIN_CAPABILITY
 
-    @property
-    def has_mxfp8_gemm(self) -> bool:
-        return self.compute_capability is not None and self.compute_capability >= MXFP8_MIN_CAPABILITY
-
     def fp8_gemm_problem(self) -> str:
         """Why this hardware has no FP8 GEMMs, as backends phrase it; '' when it has them."""
         need = f"compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]}"
@@ -221,6 +217,9 @@ class ConversionReport:
     layer_types: dict[str, str] = field(default_factory=dict)
     recipe: str | None = None  # the recipe as the report names it
     padding: str = ""  # how token counts are padded for the GEMMs, when they are
+    # The converted layers whose weights a sharding strategy all-gathers in the low-precision
+    # format (torchao's float8 all-gather under FSDP2); None when the backend does not gather any.
+    gathered_low_precision: list[str] | None = None
 
 
 @dataclass

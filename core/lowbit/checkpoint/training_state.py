@@ -21,7 +21,7 @@ from lowbit.errors import CheckpointError, ConfigError
 from lowbit.training.preparation import unwrap
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
 from lowbit.plugins.routing import ChosenPlugins
-from lowbit.state import ProcessFacts, every_rank_must_arrive, wait_for_everyone
+from lowbit.process_group import ProcessFacts, every_rank_must_arrive, wait_for_everyone
 from lowbit import version as lowbit_version
 
 
@@ -107,7 +107,7 @@ class TrainingStateCheckpointer:
         every_rank_must_arrive("load_state")
         if not (directory / checkpoint.METADATA_FILE).exists() and is_accelerate_checkpoint(directory):
             load_accelerate_checkpoint(self, directory, unwrap)  # a run moving over from Accelerate
-            wait_for_everyone()
+            self._weights_replaced()
             return
         meta = checkpoint.read_metadata(directory)
         checkpoint.check_same_setup(meta, self.fingerprint(), directory)
@@ -157,6 +157,11 @@ class TrainingStateCheckpointer:
         set_rng_state(state, [d.generator for d in prepared.dataloaders])
         for loader, order in zip(prepared.dataloaders, state.get("epoch_orders", [])):
             loader.replay_epoch_order(order)  # saved mid-epoch: the resumed epoch keeps its order
+        self._weights_replaced()
+
+    def _weights_replaced(self) -> None:
+        for opt in self.prepared.optimizers:
+            opt.weights_replaced()
         wait_for_everyone()
 
 

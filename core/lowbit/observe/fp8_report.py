@@ -26,6 +26,8 @@ def conversion_report(record: ConversionReport | None, backend: str, precision: 
         line += "; kept high precision: " + ", ".join(kept) + (f", and {more} more" if more > 0 else "")
     if record.padding:
         line += "; " + record.padding
+    if record.gathered_low_precision is not None:
+        line += f"; weights all-gathered in {precision}: {len(record.gathered_low_precision)} of {len(converted)}"
     if not converted:
         line += (f". Nothing trains in {precision} (FP8 GEMMs need both dims divisible by 16, "
                  "block formats by their block), and the first and last Linear are kept in high precision by default "

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from lowbit.errors import PluginError
-from lowbit.types import ConversionReport, ConvertedModel, PrepareContext, StrategyDescription
+from lowbit.types import ConversionReport, ConvertedModel, PrepareContext
 
 if TYPE_CHECKING:
     import torch
@@ -50,13 +50,6 @@ class ChosenPlugins:
     def backend_name(self) -> str | None:
         return self.backend.name if self.backend else None
 
-    @property
-    def strategy_name(self) -> str | None:
-        return self.strategy.name if self.strategy else None
-
-    @property
-    def strategy_description(self) -> StrategyDescription | None:
-        return self.strategy.chosen.description if self.strategy else None
 
     # ------------------------------------------------------------------ routing
 

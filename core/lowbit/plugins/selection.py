@@ -216,16 +216,16 @@ def choose_backend(registry: BackendRegistry, role: str, requested: str | None =
     Raises BackendNotFoundError for a name nobody provides and BackendUnavailableError for a
     backend that cannot run here (or when nothing can), naming hardware and installed backends.
     """
-    kind = ROLES[role].LABEL
+    label = ROLES[role].LABEL
     ranked = [c for c in registry.ranked(role) if precision is None or precision in c.description.precisions]
     if precision is not None and requested and registry.find(role, requested) not in (None, *ranked):
         other = registry.find(role, requested)
         raise BackendUnavailableError(
-            f"{kind} {other.name!r} (from {source}) does not train in {precision!r}; it offers "
+            f"{label} {other.name!r} (from {source}) does not train in {precision!r}; it offers "
             f"{', '.join(other.description.precisions)}. Backends for {precision!r}: {_installed_summary(ranked)}.")
     hardware = registry.hardware
     if requested and normalize_name(requested) in registry.conflicts:
-        raise BackendUnavailableError(f"{kind} {requested!r} (from {source}) cannot be used: "
+        raise BackendUnavailableError(f"{label} {requested!r} (from {source}) cannot be used: "
                                       f"{registry.conflicts[normalize_name(requested)]}.")
     if requested:
         cand = next((c for c in ranked if c.matches(requested)), None)
@@ -234,33 +234,33 @@ def choose_backend(registry: BackendRegistry, role: str, requested: str | None =
             known = first_party(requested)
             if known and any(normalize_name(b.name) == wanted for b in registry.broken):
                 broken = next(b for b in registry.broken if normalize_name(b.name) == wanted)
-                raise BackendUnavailableError(f"{kind} {requested!r} is installed but broken: {broken.error}")
+                raise BackendUnavailableError(f"{label} {requested!r} is installed but broken: {broken.error}")
             if known:
                 raise BackendUnavailableError(
-                    f"{kind} {requested!r} (from {source}) is not installed: {install_command(known)}. "
-                    f"Detected hardware: {hardware.describe()}. Installed {kind}s: {_installed_summary(ranked)}."
+                    f"{label} {requested!r} (from {source}) is not installed: {install_command(known)}. "
+                    f"Detected hardware: {hardware.describe()}. Installed {label}s: {_installed_summary(ranked)}."
                 )
             names = [c.name for c in ranked] + list(FIRST_PARTY)
             raise BackendNotFoundError(
-                f"Unknown {kind} {requested!r} (from {source}).{did_you_mean(requested, names)} "
-                f"Installed {kind}s: {_installed_summary(ranked)}."
+                f"Unknown {label} {requested!r} (from {source}).{did_you_mean(requested, names)} "
+                f"Installed {label}s: {_installed_summary(ranked)}."
             )
         if not cand.description.available:
             others = [c.name for c in ranked if c.description.available]
             raise BackendUnavailableError(
-                f"{kind} {cand.name!r} (from {source}) is installed but cannot run here: {cand.description.reason}. "
+                f"{label} {cand.name!r} (from {source}) is installed but cannot run here: {cand.description.reason}. "
                 f"Detected hardware: {hardware.describe()}. "
-                + (f"Available instead: {', '.join(others)}." if others else f"No {kind} can run here.")
+                + (f"Available instead: {', '.join(others)}." if others else f"No {label} can run here.")
             )
         return Selection(role, cand, requested, source, ranked, hardware, list(registry.broken))
     available = [c for c in ranked if c.description.available]
     if not available:
         if registry.conflicts:  # installed twice over: installing more would not help
             raise BackendUnavailableError(
-                f"No usable {kind}: " + "; ".join(registry.conflicts.values()) + f". Detected hardware: "
-                f"{hardware.describe()}. Other installed {kind}s: {_installed_summary(ranked)}.")
+                f"No usable {label}: " + "; ".join(registry.conflicts.values()) + f". Detected hardware: "
+                f"{hardware.describe()}. Other installed {label}s: {_installed_summary(ranked)}.")
         raise BackendUnavailableError(
-            f"No usable {kind}. Detected hardware: {hardware.describe()}. "
-            f"Installed {kind}s: {_installed_summary(ranked)}.{_install_hint(role)}"
+            f"No usable {label}. Detected hardware: {hardware.describe()}. "
+            f"Installed {label}s: {_installed_summary(ranked)}.{_install_hint(role)}"
         )
     return Selection(role, available[0], None, "ranking", ranked, hardware, list(registry.broken))

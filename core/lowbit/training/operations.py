@@ -6,7 +6,6 @@ from ``lowbit.utils`` under Accelerate's names.
 """
 from __future__ import annotations
 
-import pickle
 from typing import Any, Callable
 
 import torch
@@ -123,10 +122,3 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
         torch.distributed.broadcast_object_list(object_list, src=from_process)
     return object_list
 
-
-def is_picklable(obj: Any) -> bool:
-    try:
-        pickle.dumps(obj)
-    except Exception:  # noqa: BLE001 - anything that fails to pickle
-        return False
-    return True

@@ -189,6 +189,12 @@ class PreparedOptimizer(torch.optim.Optimizer):
                 observe()
         return result
 
+    def weights_replaced(self) -> None:
+        """The weights changed outside a step (``load_state``): redo the backend's per-step work
+        that reads them (torchao's float8 all-gather scales), or the next forward uses stale values."""
+        if self._after_step is not None:
+            self._after_step()
+
     @staticmethod
     def _nonfinite_continues(rules: StepRules) -> bool:
         """Say so, then raise, skip (False) or continue (True), as ``on_nonfinite_loss`` asks."""

@@ -66,10 +66,11 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
         config = Float8LinearConfig.from_recipe_name(options.recipe)  # a float8 recipe: block ones never get here
     overrides = {
         name: True
-        for name in ("pad_inner_dim", "enable_fsdp_float8_all_gather", "force_recompute_fp8_weight_in_bwd")
+        for name in ("pad_inner_dim", "force_recompute_fp8_weight_in_bwd")
         # a Float8LinearConfig the user built keeps its own values, unless the option was given too
         if getattr(options, name) and (options.config is None or not options.is_default(name))
     }
+    overrides["enable_fsdp_float8_all_gather"] = gathers_in_fp8(options, config, context)
     hardware = context.hardware
     needs_emulation = not hardware.has_fp8_gemm
     if options.emulate is False and needs_emulation:
@@ -80,6 +81,16 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
              f"{emulation_summary(options, context)}.", EmulationNotice)
     overrides["emulate"] = emulate
     return dataclasses.replace(config, **overrides)
+
+
+def gathers_in_fp8(options: Any, config: Any, context: PrepareContext) -> bool:
+    """Whether FSDP2 all-gathers the converted weights in float8: as asked, else (unset) on under
+    FSDP2 when the weights are scaled per tensor (a user's Float8LinearConfig keeps its own value)."""
+    if options.enable_fsdp_float8_all_gather is not None:
+        return options.enable_fsdp_float8_all_gather
+    if options.config is not None:
+        return config.enable_fsdp_float8_all_gather
+    return context.strategy == "fsdp" and options.recipe == "tensorwise"
 
 
 def emulation_summary(options: Any, context: PrepareContext) -> str:
@@ -153,6 +164,11 @@ def check_compatibility(context: PrepareContext) -> None:
             raise UnsupportedCombinationError(
                 f"{what} belongs to torchao's float8 recipes (tensorwise, rowwise); recipe={options.recipe!r} is a "
                 "block-scaled format that does not use it. Remove it, or choose a float8 recipe.")
+    if options.enable_fsdp_float8_all_gather and options.config is None and options.recipe != "tensorwise":
+        raise UnsupportedCombinationError(
+            f"enable_fsdp_float8_all_gather=True needs weights scaled per tensor (recipe='tensorwise'); torchao "
+            f"cannot gather recipe={options.recipe!r}'s row-scaled weights in float8. Use recipe='tensorwise', or "
+            "leave enable_fsdp_float8_all_gather unset (then FSDP2 gathers these weights in high precision).")
     if options.config is None and options.recipe == "rowwise_with_gw_hp" and context.device.type != "cuda":
         raise UnsupportedCombinationError(
             "torchao's 'rowwise_with_gw_hp' recipe reads the autocast dtype only on CUDA, so its high-precision "
@@ -214,8 +230,18 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     else:
         module_filter, skipped = default_module_filter(model, options.keep_first_last_high_precision)
     layer_types = linear_layers(model)
-    model = convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
-    model = convert_conv1d_layers(model, module_filter, config)
+    uneven = uneven_shards(model, module_filter, context) if config.enable_fsdp_float8_all_gather else {}
+    if uneven:
+        # torchao's float8 all-gather needs every rank's shard the same size (pytorch/ao#3982): these
+        # layers train in float8 too, but FSDP2 gathers their weights in high precision.
+        note(f"FSDP2 gathers {len(uneven)} layer(s) in high precision, not float8: their weights' first dimension "
+             f"does not divide by the {context.world_size} shards ({', '.join(f'{n} {d}' for n, d in uneven.items())}).")
+        plain = dataclasses.replace(config, enable_fsdp_float8_all_gather=False)
+        model = convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in uneven, config=plain)
+        model = convert_conv1d_layers(model, lambda m, fqn: fqn in uneven, plain)
+    model = convert_to_float8_training(model, module_filter_fn=lambda m, fqn: module_filter(m, fqn) and fqn not in uneven,
+                                       config=config)
+    model = convert_conv1d_layers(model, lambda m, fqn: module_filter(m, fqn) and fqn not in uneven, config)
     if config.emulate or context.device.type != "cuda":
         # Off a real FP8 GPU, hold every GEMM to CUDA's shape rule, and emulate the fast way.
         fast = config.emulate and options.emulation == "fast"
@@ -224,15 +250,33 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     # Which layers are FP8, why the others are not, and each one's type (for the report's wording).
     return ConvertedModel(model, ConversionReport(
         converted, skipped, layer_types, options.recipe if options.config is None else "Float8LinearConfig",
-        PADDING_NOTE if converted and config.pad_inner_dim else ""))
+        PADDING_NOTE if converted and config.pad_inner_dim else "",
+        gathered_in_fp8(model) if config.enable_fsdp_float8_all_gather else None))
+
+
+def uneven_shards(model: nn.Module, module_filter: Callable[[nn.Module, str], bool], context: PrepareContext) -> dict[str, int]:
+    """The layers to convert whose weight FSDP2 would shard unevenly (dim 0 not divisible by the
+    ranks), with that dimension."""
+    return {name: module.weight.shape[0] for name, module in model.named_modules()
+            if (isinstance(module, nn.Linear) or is_conv1d(module)) and module_filter(module, name)
+            and module.weight.shape[0] % max(context.world_size, 1)}
+
+
+def gathered_in_fp8(model: nn.Module) -> list[str]:
+    """The layers whose weights FSDP2 all-gathers in float8 (torchao wraps them for it)."""
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    return [name for name, module in model.named_modules() if isinstance(getattr(module, "weight", None), nn.Parameter)
+            and isinstance(getattr(module.weight, "_local_tensor", module.weight), WeightWithDynamicFloat8CastTensor)]
 
 
 def after_step(model: nn.Module, context: PrepareContext) -> None:
-    """torchao's float8 all-gather needs the weights' scales recomputed once per step, together."""
-    if context.strategy == "fsdp" and context.backend_options.enable_fsdp_float8_all_gather:
+    """torchao's float8 all-gather uses each weight's scale precomputed once per step, together
+    (one all-reduce); it runs whoever asked for the all-gather, and after load_state too."""
+    if context.strategy == "fsdp":
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
-        precompute_float8_dynamic_scale_for_fsdp(model)
+        precompute_float8_dynamic_scale_for_fsdp(model)  # does nothing when no weight is gathered in float8
 
 
 def plain_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:

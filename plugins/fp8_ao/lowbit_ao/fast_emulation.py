@@ -152,9 +152,21 @@ def marker_class(compute_dtype: torch.dtype | None) -> type:
         from torchao.float8.float8_training_tensor import ScaledMMConfig
 
         label = str(compute_dtype).removeprefix("torch.") if compute_dtype is not None else "torchao"
-        _MARKERS[compute_dtype] = type(f"CheckedMMConfig_{label}", (ScaledMMConfig,),
-                                       {"__slots__": (), "lowbit_marked": True, "lowbit_compute_dtype": compute_dtype})
+
+        def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
+            # Made at run time, the class cannot be pickled by name (the distributed checkpoint of
+            # FSDP2's float8 all-gather weights pickles their config): pickle how to remake it.
+            return _remake_marked, (compute_dtype, tuple(self))
+
+        # The distributed checkpoint's planner reads what it pickled back with weights_only=True.
+        torch.serialization.add_safe_globals([_remake_marked])
+        _MARKERS[compute_dtype] = type(f"CheckedMMConfig_{label}", (ScaledMMConfig,), {
+            "__slots__": (), "lowbit_marked": True, "lowbit_compute_dtype": compute_dtype, "__reduce__": __reduce__})
     return _MARKERS[compute_dtype]
+
+
+def _remake_marked(compute_dtype: torch.dtype | None, fields: tuple[Any, ...]) -> Any:
+    return marker_class(compute_dtype)(*fields)
 
 
 def mark_converted_layers(model: nn.Module, compute_dtype: torch.dtype | None) -> int:

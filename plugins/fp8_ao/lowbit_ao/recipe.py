@@ -38,7 +38,10 @@ class AORecipeKwargs(FP4RecipeOptions, RecipeKwargs):
     # On by default, as in Accelerate: CUDA's FP8 GEMM refuses an inner dim (the token count, in the
     # weight-gradient GEMM) that is not a multiple of 16.
     pad_inner_dim: bool | None = recipe_option(True, type=bool, help="pad GEMM inner dims (tokens too) to multiples of 16")
-    enable_fsdp_float8_all_gather: bool | None = recipe_option(False, type=bool, help="FSDP2 all-gathers weights in float8")
+    # Unset: on under FSDP2 with tensorwise weight scales (as Accelerate's default Float8LinearConfig),
+    # off elsewhere; torchao gathers tensorwise-scaled weights only.
+    enable_fsdp_float8_all_gather: bool | None = recipe_option(
+        None, type=bool, help="FSDP2 all-gathers weights in float8 (default: on under FSDP2 with recipe tensorwise)")
     force_recompute_fp8_weight_in_bwd: bool | None = recipe_option(False, type=bool, help="recompute the fp8 weight in backward")
     keep_first_last_high_precision: bool | None = recipe_option(True, type=bool, help="keep the first and last Linear in high precision")
     emulate: bool | None = recipe_option(None, type=bool, help="emulate FP8 GEMMs (default: only where hardware lacks them)")

@@ -361,3 +361,9 @@ def test_the_gpu_ddp_worker_trains_on_two_cpu_processes():
     result = launch_ddp_worker("--cpu", "--num_processes", "2")
     assert result["device"] == "cpu" and result["strategy"] == "ddp", result
     assert result["losses"][-1] < result["losses"][0] and result["report"].startswith("fp8 (ao"), result
+
+
+def test_float8_all_gather_of_row_scaled_weights_is_refused_naming_the_recipe_that_has_it():
+    """torchao gathers only tensorwise-scaled weights in float8 (its config asserts otherwise)."""
+    with pytest.raises(UnsupportedCombinationError, match=r"enable_fsdp_float8_all_gather=True needs.*recipe='tensorwise'"):
+        ao_accelerator(recipe="rowwise", enable_fsdp_float8_all_gather=True).prepare(mlp())
