@@ -212,3 +212,44 @@ def test_slow_precisions_on_this_cpu_are_named(monkeypatch, native_bf16):
     with warnings.catch_warnings():
         warnings.simplefilter("error", SlowPrecisionNotice)
         Accelerator(mixed_precision="no")
+
+
+def test_init_trackers_twice_keeps_and_finishes_both_runs(tmp_path):
+    """The first run's tracker was dropped unfinished, losing what it buffered; Accelerate keeps
+    both, logs to both and finishes both."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = Accelerator(log_with="tensorboard", project_dir=tmp_path)
+    acc.init_trackers("first")
+    acc.log({"loss": 1.5}, step=0)
+    acc.init_trackers("second")
+    acc.log({"loss": 0.5}, step=1)
+    acc.end_training()
+    assert acc.trackers == []
+    for run, steps in (("first", [0, 1]), ("second", [1])):
+        events = EventAccumulator(str(tmp_path / run))
+        events.Reload()
+        assert [e.step for e in events.Scalars("loss")] == steps, run
+
+
+def test_fp16_overflowing_at_every_step_is_said_with_the_loss_scale(recwarn):
+    """40 of 40 steps skipped and the scale down to 6e-8 went unsaid (Accelerate is silent too)."""
+    from lowbit.notices import LowbitWarning, reset
+
+    reset()
+    acc = Accelerator(mixed_precision="fp16", plugin_manager=no_fp8_manager())
+    model = nn.Linear(8, 1)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(16):
+        opt.zero_grad()
+        acc.backward(model(torch.randn(4, 8)).sum() * float("inf"))
+        opt.step()
+    said = [str(w.message) for w in recwarn if issubclass(w.category, LowbitWarning)]
+    assert len(said) == 2, said
+    assert "the last 8 optimizer steps were all skipped" in said[0] and "loss scale fell to 256" in said[0]
+    assert "the last 16 optimizer steps" in said[1] and "Train in bf16" in said[1]
+    opt.zero_grad()
+    acc.backward(model(torch.randn(4, 8)).mean() * 1e-3)
+    opt.step()
+    assert not opt.step_was_skipped and acc.precision.consecutive_skips == 0

@@ -12,7 +12,7 @@ from torch import nn
 
 from lowbit import Accelerator
 from lowbit.errors import ConfigError
-from lowbit.observe.telemetry import SaturationWarning, TelemetryRecorder, cast_stats
+from lowbit.observe.telemetry import SaturationWarning, TelemetryRecorder, UnderflowWarning, cast_stats
 
 
 def lowbit_test(*flags, env=None):
@@ -136,6 +136,23 @@ def test_saturation_warning_fires_past_the_threshold():
     x = torch.ones(100)
     with pytest.warns(SaturationWarning, match=r"layer1's input exceeds the format's range"):
         recorder.record("layer1", "input", x, torch.float8_e4m3fn, torch.tensor(1000.0))
+
+
+def test_underflow_is_said_like_saturation():
+    """97% of a layer's input flushed to zero went unsaid while 0.1% saturation was a warning: one
+    value of 1e6 sets the per-tensor scale, and the other values (1e-3) fall below E4M3's smallest
+    subnormal after it."""
+    import warnings
+
+    x = torch.full((100,), 1e-3)
+    x[0] = 1e6
+    scale = torch.tensor(448.0 / 1e6)
+    with pytest.warns(UnderflowWarning, match=r"FP8 underflow: 99.00% of layer1's input flushes to zero at step 0 "
+                                              r"\(threshold 1.00%\)"):
+        TelemetryRecorder().record("layer1", "input", x, torch.float8_e4m3fn, scale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TelemetryRecorder(underflow_warning=0.995).record("layer2", "input", x, torch.float8_e4m3fn, scale)
 
 
 def test_telemetry_flags_a_non_finite_amax():

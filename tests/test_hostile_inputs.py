@@ -198,7 +198,7 @@ def test_two_plugins_claiming_the_only_backend_name_the_clash_not_an_install():
     manager = manager_with(first, second)
     from lowbit.errors import BackendUnavailableError
 
-    with pytest.raises(BackendUnavailableError, match=r"No usable low-precision backend: backend name 'ao' is claimed by both") as info:
+    with pytest.raises(BackendUnavailableError, match=r"No usable low-precision backend: low-precision backend name 'ao' is claimed by both") as info:
         Accelerator(mixed_precision="fp8", plugin_manager=manager)
     assert "pip install" not in str(info.value)
 

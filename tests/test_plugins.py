@@ -12,7 +12,7 @@ from lowbit import Accelerator, hookimpl
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, PluginError
 from lowbit.plugins import make_plugin_manager
 from lowbit.plugins.selection import BackendRegistry, choose_backend
-from lowbit.types import HardwareInfo
+from lowbit.types import HardwareInfo, StrategyDescription
 
 CPU = HardwareInfo("cpu", "CPU")
 
@@ -280,3 +280,37 @@ def test_every_plugin_reads_versions_one_way():
     assert not older_than("2.10.0", "2.9") and older_than("2.8.1", "2.9")
     assert not older_than("0.13.0+cu126", "0.12") and not older_than("2.9.0.dev0+abc", "2.9")
     assert not older_than("custom-build", "2.9")
+
+
+class NamedStrategy:
+    """A third-party strategy plugin of a given name (DDP underneath)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @hookimpl
+    def describe_backend(self, hardware):
+        return StrategyDescription(self.name, 1, True)
+
+    @hookimpl
+    def wrap_for_distribution(self, model, optimizer, context):
+        return model, optimizer
+
+
+def test_two_plugins_claiming_one_strategy_name_is_the_clash_not_a_missing_strategy(monkeypatch):
+    """It said the name 'names no installed strategy', blaming a config file that did not exist."""
+    monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "mystrat")
+    manager = manager_with(NamedStrategy("mystrat"), NamedStrategy("mystrat"))
+    with pytest.raises(BackendUnavailableError, match=r"distributed strategy 'mystrat'.*cannot be used: distributed "
+                                                      r"strategy name 'mystrat' is claimed by both"):
+        Accelerator(plugin_manager=manager)
+
+
+def test_a_plugin_naming_its_strategy_ddp_leaves_lowbits_ddp_working_and_is_named():
+    """It set both aside, so every plain multi-process launch failed without naming the plugin."""
+    impostor = NamedStrategy("ddp")
+    manager = manager_with(impostor)
+    registry = BackendRegistry(manager, CPU)
+    chosen = registry.strategy_for("MULTI_CPU")
+    assert chosen is not None and chosen.plugin is not impostor and chosen.name == "ddp"
+    assert any("as lowbit's built-in one, which keeps the name" in b.error for b in manager.broken)

@@ -522,9 +522,10 @@ class Accelerator(RankFacts):
                                  self.mixed_precision, self.context.recipe_runs)
 
     def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
-                             saturation_warning: float = 0.001) -> None:
+                             saturation_warning: float = 0.001, underflow_warning: float = 0.01) -> None:
         """Collect per-layer FP8 numerics (amax, scale, saturated and flushed fractions) every
-        ``every_n_steps`` optimizer steps; warn when a saturation fraction passes the threshold.
+        ``every_n_steps`` optimizer steps; warn when a tensor's saturated fraction passes
+        ``saturation_warning`` (0.1%) or its flushed-to-zero fraction passes ``underflow_warning`` (1%).
         Off by default: when off, nothing is observed and training speed is unchanged."""
         if self._backend is None:
             raise ConfigError(f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
@@ -533,7 +534,7 @@ class Accelerator(RankFacts):
             if not self.prepared.models:
                 raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")
             model = self.prepared.models[0]
-        recorder = TelemetryRecorder(every_n_steps, saturation_warning)
+        recorder = TelemetryRecorder(every_n_steps, saturation_warning, underflow_warning)
         if not self.plugins.enable_fp8_telemetry(self.unwrap_model(model), recorder):
             raise UnsupportedCombinationError(f"FP8 telemetry is not supported by the {self.fp8_backend!r} backend.")
         self.disable_fp8_telemetry()

@@ -310,8 +310,21 @@ def _dict_of_str(value: Any) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
-def _list_of_int(value: Any) -> bool:
-    return isinstance(value, list) and all(_is_int(v) for v in value)
+# Counters are int64 in torch and in the state lowbit restores; no job has more ranks than this.
+MAX_COUNT = 2**63 - 1
+MAX_WORLD_SIZE = 2**24
+
+
+def _count(value: Any) -> bool:
+    return _is_int(value) and 0 <= value <= MAX_COUNT
+
+
+def _world_size(value: Any) -> bool:
+    return _is_int(value) and 1 <= value <= MAX_WORLD_SIZE
+
+
+def _list_of_counts(value: Any) -> bool:
+    return isinstance(value, list) and all(_count(v) for v in value)
 
 
 # Every key lowbit writes, with its check and the type named in errors.
@@ -322,11 +335,11 @@ METADATA_SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
     "fp8_backend": (_str_or_none, "str or null"),
     "recipe": (_str_or_none, "str or null"),
     "strategy": (lambda v: isinstance(v, str), "str"),
-    "world_size": (_is_int, "int"),
-    "step": (_is_int, "int"),
+    "world_size": (_world_size, f"an int from 1 to {MAX_WORLD_SIZE}"),
+    "step": (_count, f"an int from 0 to {MAX_COUNT}"),
     "strategy_checkpoint": (lambda v: isinstance(v, bool), "bool"),
-    "dataloader_epochs": (_list_of_int, "list of int"),
-    "custom_objects": (_is_int, "int"),
+    "dataloader_epochs": (_list_of_counts, f"a list of ints from 0 to {MAX_COUNT}"),
+    "custom_objects": (_count, f"an int from 0 to {MAX_COUNT}"),
     "files": (_dict_of_str, "mapping of file name to sha256"),
 }
 

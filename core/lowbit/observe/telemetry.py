@@ -40,6 +40,10 @@ class SaturationWarning(LowbitWarning):
     """A tensor's FP8 saturation fraction passed the configured threshold."""
 
 
+class UnderflowWarning(LowbitWarning):
+    """The fraction of a tensor's non-zero values that its FP8 cast flushes to zero passed the threshold."""
+
+
 def cast_stats(x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor") -> TensorStats:
     """What casting ``x * scale`` to ``fp8_dtype`` does to ``x`` (``scale`` broadcasts: scalar or row-wise)."""
     import torch
@@ -86,11 +90,12 @@ def block_cast_stats(x: "torch.Tensor", block: int, wanted_scale: "Callable[[tor
 class TelemetryRecorder:
     """Handed to the backend's ``enable_fp8_telemetry`` hook; the backend calls ``record``."""
 
-    def __init__(self, every_n_steps: int = 1, saturation_warning: float = 0.001):
+    def __init__(self, every_n_steps: int = 1, saturation_warning: float = 0.001, underflow_warning: float = 0.01):
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.saturation_warning = saturation_warning
+        self.underflow_warning = underflow_warning
         self.step = 0
         self.layers: dict[str, LayerStats] = {}
         self.removers: list[Any] = []
@@ -120,6 +125,12 @@ class TelemetryRecorder:
             warn(f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the format's range at step {self.step} "
                  f"(threshold {self.saturation_warning:.2%}). See docs/troubleshooting.md, 'loss diverges under fp8'.",
                  SaturationWarning)
+        if math.isfinite(stats.amax) and stats.flushed > self.underflow_warning:
+            warn(f"FP8 underflow: {stats.flushed:.2%} of {layer}'s {role} flushes to zero at step {self.step} "
+                 f"(threshold {self.underflow_warning:.2%}): its values span more than the format's range below "
+                 f"amax {stats.amax:.3g}. Keep the layer in high precision (module_filter_func) or use a recipe with "
+                 "finer scales (rowwise, mxfp8). See docs/troubleshooting.md, 'loss diverges under fp8'.",
+                 UnderflowWarning)
 
     def next_step(self) -> None:
         self.step += 1

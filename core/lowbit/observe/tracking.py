@@ -203,7 +203,10 @@ class Trackers:
 
     def start(self, project_name: str, logging_dir: str | None, config: dict[str, Any] | None,
               init_kwargs: dict[str, dict[str, Any]]) -> None:
-        self.started = start_trackers(self.requests, self.registered, project_name, logging_dir, config, init_kwargs)
+        # Started again (init_trackers twice): the earlier trackers keep logging and are finished
+        # at the end too, as in Accelerate; a tracker object the user passed is not added twice.
+        new = start_trackers(self.requests, self.registered, project_name, logging_dir, config, init_kwargs)
+        self.started += [t for t in new if not any(t is s for s in self.started)]
 
     def get(self, name: str, unwrap: bool = False) -> Any:
         for tracker in self.started:

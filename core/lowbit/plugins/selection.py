@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from lowbit.compat.accelerate_names import FIRST_PARTY, first_party, fp8_install_hint, install_command
 from lowbit.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
-from lowbit.plugins import BrokenPlugin, LowbitPluginManager
+from lowbit.plugins import BUILTIN_PLUGINS, BrokenPlugin, LowbitPluginManager
 from lowbit.types import NATIVE_PRECISIONS, ROLES, BackendDescription, HardwareInfo, PluginDescription, normalize_name
 
 
@@ -36,8 +36,8 @@ class BackendRegistry:
         self.manager = manager
         self.hardware = hardware
         self.candidates: list[Candidate] = []
-        # Backend names claimed by several plugins: name -> the message that refuses them.
-        self.conflicts: dict[str, str] = {}
+        # Names claimed by several plugins of one role: (role, normalized name) -> the message that refuses them.
+        self.conflicts: dict[tuple[str, str], str] = {}
         for plugin, description in manager.call_each("describe_backend", hardware=hardware):
             origin = manager.origin(plugin)
             problem = _contract_problem(description)
@@ -50,19 +50,30 @@ class BackendRegistry:
         self._set_aside_duplicates()
 
     def _set_aside_duplicates(self) -> None:
-        """Two plugins claiming one name: neither is used (which one the user meant is unknowable);
-        asking for that name is an error naming both distributions, every other name still works."""
-        by_name: dict[str, list[Candidate]] = {}
+        """Two plugins of one role claiming one name: a built-in one keeps it (a plugin shadowing
+        lowbit's own "ddp" must not break every plain launch) and the other is set aside, named;
+        otherwise neither is used (which one the user meant is unknowable), and asking for that
+        name is an error naming both distributions. Every other name still works."""
+        by_name: dict[tuple[str, str], list[Candidate]] = {}
         for cand in self.candidates:
-            by_name.setdefault(normalize_name(cand.name), []).append(cand)
+            by_name.setdefault((cand.description.ROLE, normalize_name(cand.name)), []).append(cand)
         for key, same in by_name.items():
-            if len(same) > 1:
+            if len(same) < 2:
+                continue
+            built_in = [c for c in same if self.manager.get_name(c.plugin) in BUILTIN_PLUGINS]
+            label = same[0].description.LABEL
+            if built_in:
+                message = (f"its {label} is named {same[0].name!r}, as lowbit's built-in one, which keeps the name; "
+                           "rename the plugin's")
+                clashing = [c for c in same if c not in built_in]
+            else:
                 dists = " and ".join(sorted(c.description.distribution or "?" for c in same))
-                message = f"backend name {same[0].name!r} is claimed by both {dists}; uninstall one of them"
+                message = f"{label} name {same[0].name!r} is claimed by both {dists}; uninstall one of them"
                 self.conflicts[key] = message
-                for cand in same:
-                    self.manager.record_broken(self.manager.get_name(cand.plugin) or cand.name, cand.description.distribution, message)
-                    self.candidates.remove(cand)
+                clashing = same
+            for cand in clashing:
+                self.manager.record_broken(self.manager.get_name(cand.plugin) or cand.name, cand.description.distribution, message)
+                self.candidates.remove(cand)
 
     @classmethod
     def for_names(cls, manager: LowbitPluginManager | None = None) -> "BackendRegistry":
@@ -114,6 +125,8 @@ class BackendRegistry:
         names: list[str] = []
         for cand in self.ranked("strategy"):
             names += [*cand.description.distributed_types, cand.name]
+        # A name two plugins claim is known too: choosing it is the error that names both.
+        names += [name for role, name in self.conflicts if role == "strategy"]
         return list(dict.fromkeys(names))
 
     def precision_names(self) -> list[str]:
@@ -224,9 +237,9 @@ def choose_backend(registry: BackendRegistry, role: str, requested: str | None =
             f"{label} {other.name!r} (from {source}) does not train in {precision!r}; it offers "
             f"{', '.join(other.description.precisions)}. Backends for {precision!r}: {_installed_summary(ranked)}.")
     hardware = registry.hardware
-    if requested and normalize_name(requested) in registry.conflicts:
-        raise BackendUnavailableError(f"{label} {requested!r} (from {source}) cannot be used: "
-                                      f"{registry.conflicts[normalize_name(requested)]}.")
+    clash = registry.conflicts.get((role, normalize_name(requested or "")))
+    if clash:
+        raise BackendUnavailableError(f"{label} {requested!r} (from {source}) cannot be used: {clash}.")
     if requested:
         cand = next((c for c in ranked if c.matches(requested)), None)
         if cand is None:
@@ -255,9 +268,10 @@ def choose_backend(registry: BackendRegistry, role: str, requested: str | None =
         return Selection(role, cand, requested, source, ranked, hardware, list(registry.broken))
     available = [c for c in ranked if c.description.available]
     if not available:
-        if registry.conflicts:  # installed twice over: installing more would not help
+        clashes = [message for (clash_role, _), message in registry.conflicts.items() if clash_role == role]
+        if clashes:  # installed twice over: installing more would not help
             raise BackendUnavailableError(
-                f"No usable {label}: " + "; ".join(registry.conflicts.values()) + f". Detected hardware: "
+                f"No usable {label}: " + "; ".join(clashes) + f". Detected hardware: "
                 f"{hardware.describe()}. Other installed {label}s: {_installed_summary(ranked)}.")
         raise BackendUnavailableError(
             f"No usable {label}. Detected hardware: {hardware.describe()}. "

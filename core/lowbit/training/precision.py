@@ -16,13 +16,18 @@ from typing import Any, Callable
 
 import torch
 
-from lowbit.notices import LowbitNote
+from lowbit.notices import LowbitNote, warn
 from lowbit.training.cpu_features import cpu_has_native_bf16
 from lowbit.types import NATIVE_PRECISIONS
 
 
 class SlowPrecisionNotice(LowbitNote):
     """The precision asked for is slow on this device (said once per Accelerator, on the main process)."""
+
+
+# fp16's loss scaler halves the scale at each skipped step: this many skipped in a row (the scale
+# 256x lower) means the model overflows fp16 every step rather than now and then. Said at 8, 16, 32, ...
+FP16_SKIP_RUN = 8
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Precision:
     scaler: torch.amp.GradScaler | None = None
     # The optimizers whose gradients were unscaled this step (clip_grad_norm_ before step).
     _unscaled: set[int] = field(default_factory=set, repr=False)
+    consecutive_skips: int = 0  # fp16 steps skipped in a row, up to the last one
 
     @classmethod
     def for_run(cls, name: str, device: torch.device, strategy_scales_loss: bool = False,
@@ -99,7 +105,14 @@ class Precision:
         result = self.scaler.step(optimizer, closure) if closure is not None else self.scaler.step(optimizer)
         self.scaler.update()
         self._unscaled.discard(id(optimizer))
-        return result, self.scaler.get_scale() < scale_before
+        skipped = self.scaler.get_scale() < scale_before
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+        run = self.consecutive_skips
+        if run >= FP16_SKIP_RUN and run & (run - 1) == 0:  # 8, 16, 32, ...: said while it goes on
+            warn(f"fp16: the last {run} optimizer steps were all skipped (their gradients overflowed fp16 to inf/NaN) "
+                 f"and the loss scale fell to {self.scaler.get_scale():.3g}: the model is not training. Train in bf16 "
+                 "(fp16's speed, fp32's range), lower the learning rate, or clip gradients (accelerator.clip_grad_norm_).")
+        return result, skipped
 
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of it: the fp16 scaler's state (None without one)."""
