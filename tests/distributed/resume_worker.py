@@ -15,34 +15,63 @@ from lowbit import skip_first_batches
 from lowbit.utils import set_seed
 
 EPOCHS, BATCH = 3, 4
+# How the data is drawn and stepped: "shuffle" (a shuffling DataLoader), "accumulate" (2 micro-steps
+# per optimizer step), "batch_sampler" (a BatchSampler over a RandomSampler), "iterable" (an
+# IterableDataset that shuffles each epoch from the global RNG), "fp8" (shuffle, in fp8 with lowbit-ao).
+VARIANT = sys.argv[3] if len(sys.argv) > 3 else "shuffle"
+ACCUMULATE = 2 if VARIANT == "accumulate" else 1
+
+
+class ShuffledStream(torch.utils.data.IterableDataset):
+    """40 samples in an order drawn from the global RNG at each epoch's start."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        for i in torch.randperm(len(self.x)).tolist():
+            yield self.x[i], self.y[i]
 
 
 def build():
     set_seed(0)
-    accelerator = Accelerator(cpu=True)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE,
+                              mixed_precision="fp8" if VARIANT == "fp8" else None)
+    width = 32 if VARIANT != "fp8" else 64  # fp8: a middle Linear with dims divisible by 16 to convert
+    model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, width), nn.ReLU(),
+                          nn.Linear(width, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
     g = torch.Generator().manual_seed(1)
-    data = torch.utils.data.TensorDataset(torch.randn(40, 8, generator=g), torch.randn(40, 1, generator=g))
-    loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
+    x, y = torch.randn(40, 8, generator=g), torch.randn(40, 1, generator=g)
+    data = torch.utils.data.TensorDataset(x, y)
+    if VARIANT == "batch_sampler":
+        sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(data), BATCH, drop_last=False)
+        loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
+    elif VARIANT == "iterable":
+        loader = torch.utils.data.DataLoader(ShuffledStream(x, y), batch_size=BATCH)
+    else:
+        loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
     return accelerator, *accelerator.prepare(model, optimizer, loader, scheduler)
 
 
 def train(accelerator, model, optimizer, loader, scheduler, start: int = 0, stop: int | None = None) -> int:
-    """Train from global step ``start`` (resuming mid-epoch as Accelerate's examples do) to ``stop``."""
-    per_epoch = len(loader)
+    """Train from global step ``start`` (resuming mid-epoch as Accelerate's examples do) to ``stop``,
+    returning inside the loop right after step ``stop`` as a script that saves there does: at an
+    epoch's last step the loader has handed out its last batch but the epoch's loop has not ended."""
+    per_epoch = -(-40 // BATCH) if VARIANT == "iterable" else len(loader)  # a stream has no length
     step = start
     for epoch in range(start // per_epoch, EPOCHS):
-        batches = skip_first_batches(loader, start % per_epoch) if epoch == start // per_epoch else loader
-        for x, y in batches:
-            if stop is not None and step == stop:
-                return step
-            accelerator.backward(nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
+        skip = start % per_epoch if epoch == start // per_epoch else 0
+        for x, y in skip_first_batches(loader, skip) if skip else loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(nn.functional.mse_loss(model(x), y))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
             step += 1
+            if step == stop:
+                return step
     return step
 
 

@@ -91,7 +91,7 @@ class TrainingStateCheckpointer:
                     world_size=self.facts.num_processes,
                     step=self.counters.step,
                     strategy_checkpoint=handled,
-                    dataloader_epochs=[d.epoch for d in prepared.dataloaders],
+                    dataloader_epochs=[d.epoch_to_resume() for d in prepared.dataloaders],
                     custom_objects=len(self.custom_objects),
                 )
             checkpoint.write_file_atomically(rng_state([d.generator for d in prepared.dataloaders],

@@ -34,12 +34,12 @@ class PreparedDataLoader:
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.device_placement = device_placement
-        self.epoch = 0
         self.skip_batches = 0
         # The shuffle RNG's state when this epoch's order was drawn ("start"; None between epochs),
-        # and one to draw the next epoch's order from ("resume", set by load_state mid-epoch).
-        # A dict, so a skip_first_batches view shares it with the loader it was made from.
-        self._replay: dict[str, Any] = {"start": None, "resume": None}
+        # one to draw the next epoch's order from ("resume", set by load_state mid-epoch), whether
+        # the epoch's last batch was handed out ("ended": a save then belongs to the next epoch),
+        # and the epoch. A dict, so a skip_first_batches view shares it with the loader it was made from.
+        self._replay: dict[str, Any] = {"start": None, "resume": None, "ended": False, "epoch": 0}
         if split_batches and dataloader.batch_size and dataloader.batch_size % num_processes:
             raise ValueError(
                 f"split_batches=True needs a batch size divisible by the {num_processes} processes, got {dataloader.batch_size}."
@@ -74,6 +74,14 @@ class PreparedDataLoader:
     @property
     def total_dataset_length(self) -> int:
         return len(self.base.dataset)
+
+    @property
+    def epoch(self) -> int:
+        return self._replay["epoch"]
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._replay["epoch"] = value
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -133,8 +141,14 @@ class PreparedDataLoader:
 
     def epoch_order_state(self) -> torch.Tensor | None:
         """The shuffle RNG's state this epoch's order was drawn from, while an epoch is under way
-        (saved by save_state, so that a resumed run draws the same order); None between epochs."""
-        return self._replay["start"]
+        (saved by save_state, so that a resumed run draws the same order); None between epochs,
+        and once the epoch's last batch was handed out (a resumed run starts the next epoch)."""
+        return None if self._replay["ended"] else self._replay["start"]
+
+    def epoch_to_resume(self) -> int:
+        """The epoch a run resumed from a save made now starts in: this one, or the next once its
+        last batch was handed out (a save at the end of the loop body of an epoch's last step)."""
+        return self.epoch + 1 if self._replay["ended"] else self.epoch
 
     def replay_epoch_order(self, state: torch.Tensor | None) -> None:
         """Draw the next epoch's order from ``state`` (load_state, mid-epoch): with
@@ -163,7 +177,7 @@ class PreparedDataLoader:
         self.gradient_state.end_of_dataloader = False
         self.gradient_state.remainder = -1
         rng, resume = self._order_rng(), self._replay["resume"]
-        self._replay["resume"] = None
+        self._replay["resume"], self._replay["ended"] = None, False
         if self._sharded:
             if resume is None:
                 # torch's DataLoader iterator draws its workers' base seed here, from the global RNG;
@@ -193,7 +207,7 @@ class PreparedDataLoader:
         finally:  # out of the loop (done or left): no dataloader is at its end, as in Accelerate
             self.gradient_state.end_of_dataloader = False
             self.gradient_state.remainder = -1
-        self._replay["start"] = None
+        self._replay["start"], self._replay["ended"] = None, False
         self.set_epoch(self.epoch + 1)
 
     def _with_end_marked(self, batches: Iterator[Any], remainder: int) -> Iterator[Any]:
@@ -204,6 +218,7 @@ class PreparedDataLoader:
             if following is _END:
                 self.gradient_state.end_of_dataloader = True
                 self.gradient_state.remainder = remainder
+                self._replay["ended"] = True
             yield send_to_device(current, self.device) if self.device_placement else current
             current = following
 
