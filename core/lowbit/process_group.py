@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import os
 import sys
+import time
 from typing import Any, Callable
 
 import torch
@@ -56,7 +57,6 @@ def init_process_group(device_type: str, options: dict | None = None) -> None:
         options["timeout"] = datetime.timedelta(seconds=options["timeout"])
     backend = options.pop("backend", None) or ("nccl" if device_type == "cuda" else "gloo")
     dist.init_process_group(backend, **options)
-    _GROUP["timeout"] = options.get("timeout")
     if not getattr(sys.excepthook, "_lowbit", False):
         sys.excepthook = _record_uncaught(sys.excepthook)
     atexit.register(leave_process_group)
@@ -229,27 +229,50 @@ def wait_for_everyone() -> None:
         dist.barrier()
 
 
-# What this process's group was started with (the timeout barriers wait for).
-_GROUP: dict[str, Any] = {"timeout": None}
+
+
+# How long ``every_rank_must_arrive`` waits for the last rank (LOWBIT_ARRIVAL_TIMEOUT, seconds): in a
+# correct script every rank reaches save_state within moments of the others.
+ARRIVAL_TIMEOUT_ENV = "LOWBIT_ARRIVAL_TIMEOUT"
+DEFAULT_ARRIVAL_TIMEOUT = 60.0
+_arrivals = {"count": 0}
+
+
+def arrival_timeout() -> float:
+    value = os.environ.get(ARRIVAL_TIMEOUT_ENV, "")
+    try:
+        seconds = float(value) if value else DEFAULT_ARRIVAL_TIMEOUT
+    except ValueError:
+        raise ConfigError(f"{ARRIVAL_TIMEOUT_ENV}={value!r} must be a number of seconds.") from None
+    if not seconds > 0:
+        raise ConfigError(f"{ARRIVAL_TIMEOUT_ENV}={value!r} must be more than 0 seconds.")
+    return seconds
 
 
 def every_rank_must_arrive(what: str) -> None:
-    """A barrier for calls every rank must make together (``save_state``, ``load_state``). Over
-    gloo it is torch's monitored barrier: a rank that never arrives (``save_state`` called under
-    ``if accelerator.is_main_process``) ends the wait after the process group's timeout
-    (``InitProcessGroupKwargs(timeout=...)``, torch's default otherwise) with an error naming the
-    ranks that did not come, instead of a hang. Over NCCL, which has no monitored barrier, a plain one."""
+    """A check-in for calls every rank must make together (``save_state``, ``load_state``), through
+    the job's store (any backend: gloo, NCCL): a rank that does not arrive within
+    ``LOWBIT_ARRIVAL_TIMEOUT`` seconds (60; ``save_state`` called under ``if
+    accelerator.is_main_process``) ends the wait with an error naming the missing ranks and the
+    fix, instead of a hang until the process group's timeout (30 minutes by default on gloo)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return
-    if dist.get_backend() != "gloo":
-        dist.barrier()
-        return
-    try:
-        dist.monitored_barrier(timeout=_GROUP["timeout"], wait_all_ranks=True)
-    except RuntimeError as exc:
-        raise LowbitError(
-            f"{what} must be called on every process at the same point, but not every rank arrived: "
-            f"{str(exc).splitlines()[0]}. Call it outside `if accelerator.is_main_process:` (every rank saves its "
-            "own part; lowbit writes the shared files once).") from None
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store, world, rank = _get_default_store(), dist.get_world_size(), dist.get_rank()
+    _arrivals["count"] += 1  # every rank makes these calls in the same order: one key set per call
+    keys = [f"lowbit/arrived/{_arrivals['count']}/{r}" for r in range(world)]
+    store.set(keys[rank], what)
+    timeout = arrival_timeout()
+    deadline = time.monotonic() + timeout
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [str(r) for r, key in enumerate(keys) if not store.check([key])]
+            raise LowbitError(
+                f"{what} must be called on every process at the same point, but not every rank arrived: rank(s) "
+                f"{', '.join(missing)} did not come within {timeout:g} s. Call it outside `if "
+                "accelerator.is_main_process:` (every rank saves its own part; lowbit writes the shared files once); if a "
+                f"rank is rightly busy that long first (work on the main process only), set {ARRIVAL_TIMEOUT_ENV}=<seconds>.")
+        time.sleep(0.01)
