@@ -66,3 +66,61 @@ def test_a_pickled_object_in_an_accelerate_checkpoint_is_refused_by_name(tmp_pat
     model, optimizer = accelerator.prepare(nn.Sequential(nn.Linear(8, 4)), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
     with pytest.raises(CheckpointError, match=r"optimizer.bin \(optimizer state\) cannot be read safely"):
         accelerator.load_state(tmp_path)
+
+
+def _prepared_run():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    return accelerator, model, optimizer
+
+
+def _snapshot(model, optimizer) -> tuple[dict, dict]:
+    return ({k: v.clone() for k, v in model.state_dict().items()},
+            {"lr": optimizer.param_groups[0]["lr"], "state": len(optimizer.state_dict()["state"])})
+
+
+def _write_checkpoint(directory: Path, width: int = 16, optimizer_bytes: bytes | None = None) -> None:
+    """Accelerate's layout: model.safetensors, optimizer.bin (written as Accelerate's torch.save does)."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    directory.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+    torch.save(optimizer.state_dict(), directory / "optimizer.bin")
+    if optimizer_bytes is not None:
+        (directory / "optimizer.bin").write_bytes(optimizer_bytes)
+
+
+@pytest.mark.parametrize("damage", ["truncated optimizer", "model of another width", "safetensors header too long",
+                                    "truncated safetensors"])
+def test_a_load_that_fails_changes_nothing_and_names_the_file(tmp_path, damage):
+    """The weights were loaded before the optimizer file failed, and a model of another width had
+    its fitting tensors copied before the error; a broken .safetensors gave a raw SafetensorError."""
+    ckpt = tmp_path / "ckpt"
+    _write_checkpoint(ckpt, width=32 if damage == "model of another width" else 16)
+    if damage == "truncated optimizer":
+        data = (ckpt / "optimizer.bin").read_bytes()
+        (ckpt / "optimizer.bin").write_bytes(data[: len(data) // 2])
+        message = r"optimizer.bin \(optimizer state\) cannot be read"
+    elif damage == "model of another width":
+        message = r"model.safetensors does not fit this model: 0.weight is \(32, 8\) torch.float32 in the file and \(16, 8\)"
+    elif damage == "safetensors header too long":
+        data = (ckpt / "model.safetensors").read_bytes()
+        (ckpt / "model.safetensors").write_bytes((2**40).to_bytes(8, "little") + data[8:])
+        message = r"model.safetensors' cannot be read \(truncated or corrupted safetensors\)"
+    else:
+        data = (ckpt / "model.safetensors").read_bytes()
+        (ckpt / "model.safetensors").write_bytes(data[:-20])
+        message = r"model.safetensors' cannot be read \(truncated or corrupted safetensors\)"
+    accelerator, model, optimizer = _prepared_run()
+    weights, opt_state = _snapshot(model, optimizer)
+    with pytest.raises(CheckpointError, match=message):
+        accelerator.load_state(ckpt)
+    after, opt_after = _snapshot(model, optimizer)
+    assert all(torch.equal(weights[k], after[k]) for k in weights) and opt_after == opt_state

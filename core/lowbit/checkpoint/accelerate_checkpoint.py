@@ -14,12 +14,14 @@ with what that means for the run. Model and optimizer files that cannot be read 
 """
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from lowbit.checkpoint.files import check_optimizer_state_fits, check_state_fits, read_safetensors
 from lowbit.errors import CheckpointError
 from lowbit.notices import note
 
@@ -70,41 +72,44 @@ def _model_file(directory: Path, index: int) -> Path:
 
 
 def _read_model(path: Path) -> dict[str, torch.Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return _load(path, "model weights")
+    return read_safetensors(path) if path.suffix == ".safetensors" else _load(path, "model weights")
 
 
 def load_accelerate_checkpoint(checkpointer: Any, directory: Path, unwrap: Any) -> None:
-    """Restore ``checkpointer``'s prepared objects, counters and RNGs from Accelerate's files."""
+    """Restore ``checkpointer``'s prepared objects, counters and RNGs from Accelerate's files: every
+    file is read and checked against its target first, and only then is anything loaded, so a file
+    that cannot be read or does not fit leaves the run as it was."""
     prepared, plugins, rank = checkpointer.prepared, checkpointer.plugins, checkpointer.facts.process_index
+    loads: list[Callable[[], Any]] = []  # run once everything was read and checked
     for i, model in enumerate(prepared.models):
         path = _model_file(directory, i)
         plain = unwrap(model)
         state = plugins.decode_checkpoint_state("model", plain, _read_model(path))
-        try:
-            plain.load_state_dict(state)
-        except RuntimeError as exc:
-            raise CheckpointError(f"{path} does not fit this model: {exc}") from None
+        check_state_fits(plain, state, path)
+        loads.append(functools.partial(plain.load_state_dict, state))
     for i, opt in enumerate(prepared.optimizers):
         path = directory / f"optimizer{_suffix(i)}.bin"
-        opt.load_state_dict(plugins.decode_checkpoint_state("optimizer", opt.optimizer, _load(path, "optimizer state")))
+        state = plugins.decode_checkpoint_state("optimizer", opt.optimizer, _load(path, "optimizer state"))
+        check_optimizer_state_fits(opt.optimizer, state, path)
+        loads.append(functools.partial(opt.load_state_dict, state))
     for i, sched in enumerate(prepared.schedulers):
-        sched.load_state_dict(_load(directory / f"scheduler{_suffix(i)}.bin", "scheduler state"))
+        loads.append(functools.partial(sched.load_state_dict, _load(directory / f"scheduler{_suffix(i)}.bin", "scheduler state")))
     if checkpointer.rules.precision.scaler is not None and (directory / "scaler.pt").is_file():
-        checkpointer.rules.precision.load_state_dict(_load(directory / "scaler.pt", "fp16 loss scaler"))
+        loads.append(functools.partial(checkpointer.rules.precision.load_state_dict,
+                                       _load(directory / "scaler.pt", "fp16 loss scaler")))
     for i, obj in enumerate(checkpointer.custom_objects):
-        obj.load_state_dict(_load(directory / f"custom_checkpoint_{i}.pkl", "an object registered for checkpointing"))
+        loads.append(functools.partial(obj.load_state_dict, _load(directory / f"custom_checkpoint_{i}.pkl",
+                                                                  "an object registered for checkpointing")))
     skipped = [name for name in sorted(p.name for p in directory.glob("sampler*.bin"))]
     rng_path = directory / f"random_states_{rank}.pkl"
     if rng_path.is_file():
         states = _load(rng_path, "RNG states and step", allow_numpy=True)
-        checkpointer.counters.step = int(states.get("step", 0))
-        _set_accelerate_rng(states)
+        loads.append(functools.partial(setattr, checkpointer.counters, "step", int(states.get("step", 0))))
+        loads.append(functools.partial(_set_accelerate_rng, states))
     else:
         skipped.append(f"{rng_path.name} (missing: the step counter and RNGs start afresh)")
+    for load in loads:
+        load()
     if skipped:
         note(f"resuming from Accelerate's checkpoint {directory}: skipped {', '.join(skipped)} (a pickled sampler "
              "object: lowbit does not unpickle code; the dataloaders keep lowbit's own shuffling seed).")

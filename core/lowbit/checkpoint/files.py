@@ -298,6 +298,51 @@ def read_tensor_file(path: Path) -> Any:
         ) from None
 
 
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A ``.safetensors`` file's tensors, or a CheckpointError naming the file (a truncated file,
+    a header that claims more than the file holds)."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        raise CheckpointError(f"Checkpoint file {str(path)!r} cannot be read (truncated or corrupted safetensors): "
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+def check_state_fits(module: torch.nn.Module, state: Any, path: Path) -> None:
+    """Before anything is copied: ``state`` has exactly ``module``'s keys, each tensor of the same
+    shape and dtype, or a CheckpointError naming the file and the first tensor that does not fit
+    (``load_state_dict`` copies the tensors that fit before it raises, leaving a half-loaded model)."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a model's state dict.")
+    expected = module.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{path} does not fit this model: missing {missing[:5] or 'nothing'}, unexpected "
+                              f"{unexpected[:5] or 'nothing'}; nothing was loaded.")
+    for name, target in expected.items():
+        value = state[name]
+        if not (torch.is_tensor(target) and torch.is_tensor(value)) or name.endswith("_extra_state"):
+            continue  # a module's own extra state (TE's): its module checks it
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise CheckpointError(f"{path} does not fit this model: {name} is {tuple(value.shape)} {value.dtype} in the "
+                                  f"file and {tuple(target.shape)} {target.dtype} in the model; nothing was loaded.")
+
+
+def check_optimizer_state_fits(optimizer: Any, state: Any, path: Path) -> None:
+    """The optimizer state has the optimizer's parameter groups, of the same sizes (what
+    ``load_state_dict`` checks too, here before anything else is loaded)."""
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        raise CheckpointError(f"{path} is not an optimizer's state (no param_groups); nothing was loaded.")
+    mine = [len(g["params"]) for g in optimizer.param_groups]
+    theirs = [len(g["params"]) for g in groups]
+    if mine != theirs:
+        raise CheckpointError(f"{path} does not fit this optimizer: parameter groups of {theirs} parameters in the file, "
+                              f"{mine} here; nothing was loaded.")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -9,9 +9,10 @@ state dict (``backend_checkpoint_state``).
 """
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -124,40 +125,49 @@ class TrainingStateCheckpointer:
                 f"{self.facts.num_processes}: rank {self.facts.process_index} has no RNG state in it. Resume with "
                 f"{meta['world_size']} processes (`lowbit launch --num_processes {meta['world_size']}`).")
         checkpoint.verify_files(directory, meta, required=[rng_file])
+        # Every file is read and checked against its target before anything is loaded, so a file
+        # that does not fit leaves the run as it was.
+        loads: list[Callable[[], Any]] = []
         if meta.get("strategy_checkpoint"):
-            plugins.load_checkpoint(str(directory), *self._strategy_objects())
+            loads.append(functools.partial(plugins.load_checkpoint, str(directory), *self._strategy_objects()))
         else:
             for i, model in enumerate(prepared.models):
-                plain = unwrap(model)
-                state = plugins.decode_checkpoint_state("model", plain, checkpoint.read_tensor_file(directory / f"model_{i}.pt"))
-                try:
-                    plain.load_state_dict(state)
-                except RuntimeError as exc:
-                    raise CheckpointError(f"{directory / f'model_{i}.pt'} does not fit this model: {exc}") from None
+                plain, path = unwrap(model), directory / f"model_{i}.pt"
+                state = plugins.decode_checkpoint_state("model", plain, checkpoint.read_tensor_file(path))
+                checkpoint.check_state_fits(plain, state, path)
+                loads.append(functools.partial(plain.load_state_dict, state))
             for i, opt in enumerate(prepared.optimizers):
-                state = checkpoint.read_tensor_file(directory / f"optimizer_{i}.pt")
-                opt.load_state_dict(plugins.decode_checkpoint_state("optimizer", opt.optimizer, state))
+                path = directory / f"optimizer_{i}.pt"
+                state = plugins.decode_checkpoint_state("optimizer", opt.optimizer, checkpoint.read_tensor_file(path))
+                checkpoint.check_optimizer_state_fits(opt.optimizer, state, path)
+                loads.append(functools.partial(opt.load_state_dict, state))
         for i, model in enumerate(prepared.models):
             if f"fp8_state_{i}.pt" in meta["files"]:
                 path = directory / f"fp8_state_{i}.pt"
-                try:
-                    plugins.load_backend_checkpoint_state(unwrap(model), checkpoint.read_tensor_file(path))
-                except (ValueError, RuntimeError) as exc:
-                    raise CheckpointError(f"{path} does not fit this model: {exc}") from None
+                loads.append(functools.partial(self._load_backend_state, unwrap(model), checkpoint.read_tensor_file(path), path))
         for i, sched in enumerate(prepared.schedulers):
-            sched.load_state_dict(checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt"))
+            loads.append(functools.partial(sched.load_state_dict, checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt")))
         if self.rules.precision.scaler is not None:
-            self.rules.precision.load_state_dict(checkpoint.read_tensor_file(directory / "scaler.pt"))
+            loads.append(functools.partial(self.rules.precision.load_state_dict,
+                                           checkpoint.read_tensor_file(directory / "scaler.pt")))
         for i, obj in enumerate(self.custom_objects):
-            obj.load_state_dict(checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt"))
+            loads.append(functools.partial(obj.load_state_dict, checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt")))
+        rng = checkpoint.read_tensor_file(directory / rng_file)
+        for load in loads:
+            load()
         for loader, epoch in zip(prepared.dataloaders, meta.get("dataloader_epochs", [])):
             loader.set_epoch(epoch)
         self.counters.step = meta["step"]
-        state = checkpoint.read_tensor_file(directory / rng_file)
-        set_rng_state(state, [d.generator for d in prepared.dataloaders])
-        for loader, order in zip(prepared.dataloaders, state.get("epoch_orders", [])):
+        set_rng_state(rng, [d.generator for d in prepared.dataloaders])
+        for loader, order in zip(prepared.dataloaders, rng.get("epoch_orders", [])):
             loader.replay_epoch_order(order)  # saved mid-epoch: the resumed epoch keeps its order
         self._weights_replaced()
+
+    def _load_backend_state(self, model: Any, state: Any, path: Path) -> None:
+        try:
+            self.plugins.load_backend_checkpoint_state(model, state)
+        except (ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{path} does not fit this model: {exc}") from None
 
     def _weights_replaced(self) -> None:
         for opt in self.prepared.optimizers:
