@@ -27,11 +27,13 @@ def test_a_file_written_by_accelerate_config_loads(tmp_path, recwarn):
     config_args.ClusterConfig(
         compute_environment="LOCAL_MACHINE", distributed_type="MULTI_CPU", mixed_precision="bf16", use_cpu=True,
         debug=False, num_processes=4, num_machines=2, machine_rank=1, main_process_ip="10.0.0.1", main_process_port=29511,
-        dynamo_config={"dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune", "dynamo_use_fullgraph": True},
+        dynamo_config={"dynamo_backend": "INDUCTOR", "dynamo_mode": "max-autotune", "dynamo_use_fullgraph": True,
+                       "dynamo_use_regional_compilation": True},
     ).to_yaml_file(path)
     config = validate_config(read_config_file(path))
     assert (config.mixed_precision, config.distributed_type, config.num_processes, config.num_machines) == ("bf16", "MULTI_CPU", 4, 2)
     assert (config.dynamo_backend, config.dynamo_mode, config.dynamo_use_fullgraph) == ("inductor", "max-autotune", True)
+    assert config.dynamo_use_regional_compilation is True  # it was ignored with a note
     note = said(recwarn)
     assert "lowbit: note: " in note and "no effect in lowbit" in note and "compute_environment" in note and "rdzv_backend" in note
 

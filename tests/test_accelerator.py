@@ -253,3 +253,85 @@ def test_fp16_overflowing_at_every_step_is_said_with_the_loss_scale(recwarn):
     acc.backward(model(torch.randn(4, 8)).mean() * 1e-3)
     opt.step()
     assert not opt.step_was_skipped and acc.precision.consecutive_skips == 0
+
+
+def test_regional_compilation_compiles_each_repeated_block_in_place():
+    """TorchDynamoPlugin(use_regional_compilation=True), as Accelerate's FSDP2 + FP8 example asks:
+    it was a TypeError (and ignored in a config file)."""
+    from lowbit.utils import TorchDynamoPlugin
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.inp = nn.Linear(8, 16)
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(3))
+            self.out = nn.Linear(16, 1)
+
+        def forward(self, x):
+            x = self.inp(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.out(x)
+
+    plugin = TorchDynamoPlugin(backend="eager", use_regional_compilation=True)
+    assert plugin.to_kwargs() == {"backend": "eager"}
+    acc = Accelerator(dynamo_plugin=plugin, plugin_manager=no_fp8_manager())
+    eager = Stack()
+    model = acc.prepare(Stack())
+    assert not hasattr(model, "_orig_mod")  # the model itself is not wrapped
+    assert all(block._compiled_call_impl is not None for block in acc.unwrap_model(model).blocks)
+    assert acc.unwrap_model(model).inp._compiled_call_impl is None
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(model(x), eager(x))
+
+
+def test_accelerate_public_api_details_behave_as_in_accelerate(tmp_path):
+    """Each was a difference from Accelerate: a tracker subclass calling super().__init__() with no
+    argument, prepare(..., None), dispatch_batches=False, the docs' fsdp_auto_wrap_policy spelling,
+    FSDP2's set_mixed_precision, on_last_process, and log_with='tensorboard' without a directory."""
+    from lowbit.tracking import GeneralTracker
+    from lowbit.utils import DataLoaderConfiguration, FullyShardedDataParallelPlugin
+
+    class MyTracker(GeneralTracker):
+        name = "mine"
+
+        def __init__(self):
+            super().__init__()
+
+    assert MyTracker().run_name == ""
+    acc = Accelerator(plugin_manager=no_fp8_manager())
+    model = nn.Linear(2, 2)
+    prepared, nothing = acc.prepare(model, None)
+    assert nothing is None and prepared is not None
+    assert DataLoaderConfiguration(dispatch_batches=False).dispatch_batches is False
+    plugin = FullyShardedDataParallelPlugin(fsdp_auto_wrap_policy="transformer_based_wrap")
+    assert plugin.auto_wrap_policy == "transformer_based_wrap"
+    plugin.set_mixed_precision("bf16")
+    plugin.set_mixed_precision("fp16")  # the first one stays unless override=True, as in Accelerate
+    assert plugin.mixed_precision == "bf16"
+    ran = []
+    acc.on_last_process(lambda: ran.append(True))()
+    assert ran == [True]  # one process: it is the last one too
+    with pytest.raises(ConfigError, match="'tensorboard' tracker writes files"):
+        Accelerator(log_with="tensorboard", plugin_manager=no_fp8_manager())
+
+
+def test_automatic_checkpoint_naming_numbers_keeps_total_limit_and_loads_the_newest(tmp_path):
+    """save_state() with no directory was promised by lowbit's docstring and not implemented."""
+    from lowbit.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    acc = Accelerator(project_config=config, plugin_manager=no_fp8_manager())
+    model = acc.prepare(nn.Linear(2, 2))
+    for value in (1.0, 2.0, 3.0):
+        with torch.no_grad():
+            model.weight.fill_(value)
+        acc.save_state(safe_serialization=True)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2"]
+    with torch.no_grad():
+        model.weight.fill_(0.0)
+    acc.load_state()
+    assert torch.all(model.weight == 3.0) and config.iteration == 3
+    with pytest.raises(ConfigError, match="needs a directory, or ProjectConfiguration"):
+        Accelerator(plugin_manager=no_fp8_manager()).save_state()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -153,3 +154,15 @@ def test_ddp_comm_hooks_are_registered_and_train(tmp_path, hook, registered):
     assert all(registered in (r["comm_hook"] or "") for r in results), [r["comm_hook"] for r in results]
     assert_loss_decreases(results[0]["losses"])
 
+
+
+def test_ranks_come_from_a_process_group_the_script_started_itself(tmp_path):
+    """With no RANK variable both processes said they were rank 0 (lowbit read the environment only)."""
+    worker = Path(__file__).parent / "distributed" / "own_group_worker.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(worker), str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert facts == [{"process_index": 0, "num_processes": 2, "is_main_process": True},
+                     {"process_index": 1, "num_processes": 2, "is_main_process": False}]

@@ -106,19 +106,19 @@ def test_rank_variables_are_checked_at_start(monkeypatch, env, message):
 def test_init_process_group_kwargs_reach_torch(monkeypatch):
     import torch.distributed as dist
 
-    from lowbit import state
+    from lowbit import process_group
 
     seen = {}
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: seen.update(backend=backend, **kw))
-    monkeypatch.setattr(state.atexit, "register", lambda fn: None)
+    monkeypatch.setattr(process_group.atexit, "register", lambda fn: None)
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
-    state.init_process_group("cpu", {"backend": None, "timeout": 90, "init_method": None})
+    process_group.init_process_group("cpu", {"backend": None, "timeout": 90, "init_method": None})
     assert seen == {"backend": "gloo", "timeout": datetime.timedelta(seconds=90)}
 
 
 def test_dispatch_batches_names_what_to_do_instead():
     from lowbit.utils import DataLoaderConfiguration
 
-    with pytest.raises(ConfigError, match=r"dispatch_batches.*leave it unset \(or False\)"):
+    with pytest.raises(ConfigError, match=r"dispatch_batches.*leave it unset or False"):
         DataLoaderConfiguration(dispatch_batches=True)

@@ -15,6 +15,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
+from lowbit.checkpoint import automatic as automatic_checkpoint
 from lowbit.checkpoint import files as checkpoint
 from lowbit.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
 from lowbit.checkpoint.training_state import TrainingStateCheckpointer
@@ -169,7 +170,7 @@ class Accelerator(RankFacts):
         self.gradient_state = GradientState(self)
         self.counters = TrainingCounters()
         self.flag_tensor: torch.Tensor | None = None
-        self._trackers = Trackers(log_with, self._registered_trackers() if log_with is not None else {})
+        self._trackers = Trackers(log_with, self._registered_trackers() if log_with is not None else {}, self.logging_dir)
         # The collaborators: each gets what it needs, never the Accelerator.
         self.plugins = ChosenPlugins(self._plugins, self._precision, self._backend, self._strategy, self.context)
         self.prepared = PreparedObjects()
@@ -195,7 +196,8 @@ class Accelerator(RankFacts):
             device=self.device, num_processes=self.num_processes, process_index=self.process_index,
             split_batches=self.split_batches, even_batches=self.dataloader_config.even_batches,
             device_placement=self.device_placement, dynamo_backend=config.dynamo_backend,
-            compile_options={k: v for k, v in given.items() if v is not None})
+            compile_options={k: v for k, v in given.items() if v is not None},
+            regional_compilation=bool(config.dynamo_use_regional_compilation))
 
     # ------------------------------------------------------------------ process facts (one source: lowbit.state)
 
@@ -331,6 +333,12 @@ class Accelerator(RankFacts):
 
     def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         return PartialState().on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return PartialState().on_last_process(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        return PartialState().on_process(function, process_index)
 
     def gather(self, tensor: Any) -> Any:
         """Concatenate tensors (or nests of them) from every process along dim 0."""
@@ -560,15 +568,30 @@ class Accelerator(RankFacts):
         ``save_state``/``load_state``; register them in the same order before loading."""
         self._checkpointer.register(*objects)
 
-    def save_state(self, output_dir: str | os.PathLike) -> Path:
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> Path:
         """Save everything needed to resume: model, optimizer, scheduler, scaler, RNG, counters and
         registered objects. Files go beside any others in ``output_dir``; none of those is touched,
-        and a crash at any point leaves the previous checkpoint (see ``lowbit.checkpoint.files``)."""
+        and a crash at any point leaves the previous checkpoint (see ``lowbit.checkpoint.files``).
+        With no ``output_dir``, ``ProjectConfiguration(automatic_checkpoint_naming=True)`` names it
+        ``<project_dir>/checkpoints/checkpoint_<N>`` and keeps the newest ``total_limit``.
+        ``safe_serialization`` is accepted as in Accelerate; lowbit's files are read back with
+        ``torch.load(weights_only=True)`` either way, so both values write the same safe files."""
+        if save_model_func_kwargs:
+            raise ConfigError(f"save_state got {', '.join(save_model_func_kwargs)}: lowbit's save_state writes its own "
+                              "files and takes no save function options; use save_model(...) for those.")
+        if output_dir is None:
+            output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
         return self._checkpointer.save(output_dir)
 
-    def load_state(self, input_dir: str | os.PathLike) -> None:
+    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> None:
         """Restore what ``save_state`` wrote into the objects already prepared, after checking each
-        file's checksum."""
+        file's checksum. With no ``input_dir``, the newest automatically named checkpoint."""
+        if load_model_func_kwargs:
+            raise ConfigError(f"load_state got {', '.join(load_model_func_kwargs)}: lowbit's load_state takes no load "
+                              "function options.")
+        if input_dir is None:
+            input_dir = automatic_checkpoint.latest_directory(self.project_configuration)
         self._checkpointer.load(input_dir)
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:

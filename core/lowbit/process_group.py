@@ -202,12 +202,17 @@ class ProcessFacts(RankFacts):
 
 
 def process_facts(device_type: str, device_count: int, group_options: dict | None = None) -> ProcessFacts:
-    """Read the ranks torchrun (or ``lowbit launch``) set; this process's device is the
-    ``local_rank``-th of ``device_count`` devices of ``device_type`` (CUDA devices are also made
+    """Read the ranks from the process group when the script (or Accelerate's ``debug_launcher``)
+    started one itself, else from what torchrun (or ``lowbit launch``) set; this process's device is
+    the ``local_rank``-th of ``device_count`` devices of ``device_type`` (CUDA devices are also made
     current). Several processes join the job's process group."""
-    world = _env_int("WORLD_SIZE", 1)
-    local = _env_int("LOCAL_RANK", 0)
-    rank = _env_int("RANK", 0)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        world, rank = dist.get_world_size(), dist.get_rank()
+        local = _env_int("LOCAL_RANK", rank)  # no launcher variable: one machine
+    else:
+        world, local, rank = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0), _env_int("RANK", 0)
     if world < 1 or rank >= world:
         raise ConfigError(f"RANK={rank} and WORLD_SIZE={world} do not fit together: a rank is 0 to WORLD_SIZE - 1 "
                           "(started by hand? `lowbit launch` sets both).")

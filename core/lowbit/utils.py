@@ -43,6 +43,7 @@ from lowbit.training.operations import (  # noqa: F401
 )
 from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs
 from lowbit.state import DistributedType  # noqa: F401
+from lowbit.training.preparation import compile_regions  # noqa: F401
 
 # class name -> (module that defines it, backend whose plugin ships the module)
 PLUGIN_CLASSES = {
@@ -68,7 +69,7 @@ __all__ = [*AVAILABILITY_CHECKS,
     "DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs", "InitProcessGroupKwargs",
     "AutocastKwargs", "ProfileKwargs", "KwargsHandler", "find_executable_batch_size", "release_memory", "gather",
     "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes", "send_to_device",
-    "recursively_apply",
+    "recursively_apply", "compile_regions",
 ]
 
 

@@ -41,7 +41,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 # `accelerate launch` flags that only tune Accelerate's own launcher or other hardware: accepted
 # so that a launch command moves over unchanged, and named in a note.
-ACCELERATE_NOOP_SWITCHES = ("same_network", "downcast_bf16", "enable_cpu_affinity", "dynamo_use_regional_compilation")
+ACCELERATE_NOOP_SWITCHES = ("same_network", "downcast_bf16", "enable_cpu_affinity")
 ACCELERATE_NOOP_FLAGS = ("gpu_ids", "rdzv_backend", "main_training_function", "zero3_init_flag", "zero3_save_16bit_model",
                          *ACCELERATE_NOOP_SWITCHES)
 

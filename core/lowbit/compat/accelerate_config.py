@@ -35,9 +35,9 @@ UNSUPPORTED_DISTRIBUTED_TYPES = {
 # YAML reads an unquoted `no` as false; for these keys it was meant as the word.
 NO_AS_FALSE = {"mixed_precision": "no", "dynamo_backend": "no", "distributed_type": "NO", "fp8_fallback": "no"}
 
-# dynamo_config's other keys (dynamo_backend, dynamo_mode, dynamo_use_fullgraph,
-# dynamo_use_dynamic) are lowbit's own top-level settings, under the same names.
-DYNAMO_IGNORED = {"dynamo_use_regional_compilation": "lowbit compiles the whole model"}
+# dynamo_config's keys (dynamo_backend, dynamo_mode, dynamo_use_fullgraph, dynamo_use_dynamic,
+# dynamo_use_regional_compilation) are lowbit's own top-level settings, under the same names.
+DYNAMO_IGNORED: dict[str, str] = {}
 
 # FSDP keys (fsdp_config in the file; FSDP_<KEY> variables from the launcher).
 FSDP_LOWBIT_KEYS = ("transformer_layer_cls_to_wrap", "reshard_after_forward")
@@ -230,7 +230,8 @@ DEEPSPEED_ENV = {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage",
                  "ACCELERATE_GRADIENT_CLIPPING": "gradient_clipping",
                  "ACCELERATE_DEEPSPEED_CONFIG_FILE": "deepspeed_config_file"}
 DYNAMO_ENV = {"ACCELERATE_DYNAMO_BACKEND": "dynamo_backend", "ACCELERATE_DYNAMO_MODE": "dynamo_mode",
-              "ACCELERATE_DYNAMO_USE_FULLGRAPH": "dynamo_use_fullgraph", "ACCELERATE_DYNAMO_USE_DYNAMIC": "dynamo_use_dynamic"}
+              "ACCELERATE_DYNAMO_USE_FULLGRAPH": "dynamo_use_fullgraph", "ACCELERATE_DYNAMO_USE_DYNAMIC": "dynamo_use_dynamic",
+              "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "dynamo_use_regional_compilation"}
 WHERE_ENV = "ACCELERATE_* environment variables (set by accelerate launch)"
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from lowbit.compat.accelerate_config import note_ignored, translate_fsdp
 from lowbit.errors import ConfigError
+from lowbit.notices import note
 
 
 def refuse_unsupported(obj: Any, unsupported: dict[str, str]) -> None:
@@ -53,11 +54,15 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
     def __post_init__(self) -> None:
-        refuse_unsupported(self, {
-            "dispatch_batches": "every process reads its own batches from its own dataloader; leave it unset (or False): "
-                                "prepare() shards the batches over the processes, as dispatch_batches=False does in Accelerate.",
-            "use_stateful_dataloader": "resume with accelerator.skip_first_batches instead.",
-        })
+        if self.dispatch_batches:  # False is what lowbit does: each process reads its own share
+            raise ConfigError("DataLoaderConfiguration(dispatch_batches=True) is not supported by lowbit: every process "
+                              "reads its own batches from its own dataloader; leave it unset or False (prepare() shards "
+                              "the batches over the processes, as dispatch_batches=False does in Accelerate).")
+        refuse_unsupported(self, {"use_stateful_dataloader": "resume with accelerator.skip_first_batches instead."})
+        if self.use_seedable_sampler:  # transformers' Trainer asks for it by default
+            note("DataLoaderConfiguration(use_seedable_sampler=True): lowbit's prepared dataloaders shuffle that way "
+                 "always (the sampler's generator is seeded from torch's RNG, so set_seed makes the order reproducible, "
+                 "and every process shuffles as the main one); data_seed is not read.")
 
 
 @dataclasses.dataclass
@@ -76,6 +81,13 @@ class TorchDynamoPlugin:
     dynamic: bool | None = None
     options: Any = None
     disable: bool = False
+    use_regional_compilation: bool | None = None  # compile each repeated block, not the whole model
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """``torch.compile``'s keyword arguments this plugin sets (the ones left unset are omitted)."""
+        given = {"backend": str(getattr(self.backend, "value", self.backend)).lower() if self.backend is not None else None,
+                 "mode": self.mode, "fullgraph": self.fullgraph, "dynamic": self.dynamic, "options": self.options}
+        return {k: v for k, v in given.items() if v is not None}
 
 
 @dataclasses.dataclass
@@ -104,6 +116,22 @@ class FullyShardedDataParallelPlugin:
     optim_state_dict_config: Any = None
     limit_all_gathers: Any = None
     param_init_fn: Any = None
+    fsdp_auto_wrap_policy: Any = None  # the spelling of Accelerate's torchao FSDP2 docs, for auto_wrap_policy
+
+    def __post_init__(self) -> None:
+        if self.fsdp_auto_wrap_policy is not None:
+            if self.auto_wrap_policy not in (None, self.fsdp_auto_wrap_policy):
+                raise ConfigError("Give auto_wrap_policy or fsdp_auto_wrap_policy (the same setting), not both.")
+            self.auto_wrap_policy, self.fsdp_auto_wrap_policy = self.fsdp_auto_wrap_policy, None
+        # set_mixed_precision's name ("bf16", "fp8", ...): the run's precision unless the Accelerator names one.
+        self.mixed_precision: str | None = None
+
+    def set_mixed_precision(self, mixed_precision: str, buffer_autocast: bool = False, override: bool = False) -> None:
+        """The precision to train in, as Accelerate's FSDP2 examples set it ("no", "fp16", "bf16",
+        "fp8"): the Accelerator trains in it when its own ``mixed_precision`` is not given.
+        FSDP2's parameter and reduce dtypes then follow from it, as lowbit sets them for every precision."""
+        if self.mixed_precision is None or override:
+            self.mixed_precision = str(getattr(mixed_precision, "value", mixed_precision))
 
     def to_fsdp_config(self) -> dict[str, Any]:
         """Read the way an Accelerate fsdp_config section is, so that what lowbit cannot do
@@ -241,11 +269,14 @@ def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, d
         raise ConfigError("Give fsdp_plugin or deepspeed_plugin, not both: a model is sharded by one strategy.")
     if fsdp is not None:
         out.update(distributed_type="FSDP", fsdp_config=fsdp.to_fsdp_config())
+        if fsdp.mixed_precision is not None and explicit.get("mixed_precision") is None:
+            out["mixed_precision"] = fsdp.mixed_precision
     if deepspeed is not None:
         out.update(distributed_type="DEEPSPEED", deepspeed_config=deepspeed.to_deepspeed_config())
         if deepspeed.gradient_accumulation_steps is not None:
             out["gradient_accumulation_steps"] = deepspeed.gradient_accumulation_steps
     if dynamo is not None and dynamo.backend is not None and not dynamo.disable:
         out["dynamo_backend"] = str(getattr(dynamo.backend, "value", dynamo.backend)).lower()
-        out.update(dynamo_mode=dynamo.mode, dynamo_use_fullgraph=dynamo.fullgraph, dynamo_use_dynamic=dynamo.dynamic)
+        out.update(dynamo_mode=dynamo.mode, dynamo_use_fullgraph=dynamo.fullgraph, dynamo_use_dynamic=dynamo.dynamic,
+                   dynamo_use_regional_compilation=dynamo.use_regional_compilation)
     return out

@@ -87,6 +87,8 @@ class LowbitConfig:
     dynamo_mode: str | None = _setting(str, None, "torch.compile mode, e.g. default, reduce-overhead, max-autotune")
     dynamo_use_fullgraph: bool | None = _setting(bool, None, "torch.compile fullgraph: fail on graph breaks")
     dynamo_use_dynamic: bool | None = _setting(bool, None, "torch.compile dynamic shapes")
+    dynamo_use_regional_compilation: bool | None = _setting(
+        bool, None, "compile each repeated block (the items of the model's ModuleLists) instead of the whole model")
     fp8_fallback: str | None = _setting(str, None, "precision to fall back to when FP8 cannot run", ("no", "fp16", "bf16"))
     debug: bool = _setting(bool, False, "print the launcher's underlying command")
     on_nonfinite_loss: str = _setting(str, "skip", "a NaN/inf loss or gradient: skip that optimizer step (with a warning "

@@ -21,7 +21,8 @@ class GeneralTracker:
     requires_logging_directory = False
     main_process_only = True
 
-    def __init__(self, run_name: str, logging_dir: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, run_name: str = "", logging_dir: str | None = None, **kwargs: Any) -> None:
+        # A subclass written as Accelerate's docs show calls ``super().__init__()`` with nothing.
         self.run_name = run_name
 
     @property
@@ -173,6 +174,12 @@ def build_trackers(log_with: Any, registered: dict[str, type[GeneralTracker]]) -
     return out
 
 
+def _check_logging_dir(name: str, cls: type[GeneralTracker], logging_dir: str | None) -> None:
+    if cls.requires_logging_directory and logging_dir is None:
+        raise ConfigError(f"The {name!r} tracker writes files: give Accelerator(project_dir=...) or "
+                          "project_config=ProjectConfiguration(logging_dir=...).")
+
+
 def start_trackers(requested: list[Any], registered: dict[str, type[GeneralTracker]], project_name: str,
                    logging_dir: str | None, config: dict[str, Any] | None, init_kwargs: dict[str, dict[str, Any]]) -> list[GeneralTracker]:
     trackers = []
@@ -181,9 +188,7 @@ def start_trackers(requested: list[Any], registered: dict[str, type[GeneralTrack
             tracker = item
         else:
             cls = registered[item]
-            if cls.requires_logging_directory and logging_dir is None:
-                raise ConfigError(f"The {item!r} tracker writes files: give Accelerator(project_dir=...) or "
-                                  "project_config=ProjectConfiguration(logging_dir=...).")
+            _check_logging_dir(item, cls, logging_dir)
             tracker = cls(project_name, logging_dir, **init_kwargs.get(item, {}))
         if config is not None:
             tracker.store_init_configuration(config)
@@ -196,10 +201,13 @@ class Trackers:
     on the main process by ``start``, no-ops elsewhere. ``registered`` are the tracker classes the
     plugins offer (the ``register_trackers`` hook)."""
 
-    def __init__(self, log_with: Any, registered: dict[str, type[GeneralTracker]]) -> None:
+    def __init__(self, log_with: Any, registered: dict[str, type[GeneralTracker]], logging_dir: str | None = None) -> None:
         self.registered = registered
         self.requests = build_trackers(log_with, registered) if log_with is not None else []
         self.started: list[GeneralTracker] = []
+        for item in self.requests:  # said when the Accelerator is made, as Accelerate does, not at init_trackers
+            if isinstance(item, str):
+                _check_logging_dir(item, registered[item], logging_dir)
 
     def start(self, project_name: str, logging_dir: str | None, config: dict[str, Any] | None,
               init_kwargs: dict[str, dict[str, Any]]) -> None:

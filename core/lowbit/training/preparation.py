@@ -36,6 +36,7 @@ class PreparationSettings:
     device_placement: bool = True
     dynamo_backend: str | None = None
     compile_options: dict[str, Any] = field(default_factory=dict)  # torch.compile's mode, fullgraph, ... as given
+    regional_compilation: bool = False  # compile each repeated block instead of the whole model
 
 
 def _not_wrapped_already(model: Any) -> Any:
@@ -134,8 +135,10 @@ class Preparation:
             raise ConfigError(f"prepare() argument {index} is already prepared; pass each object once.")
         if isinstance(obj, torch.optim.Optimizer):
             return "optimizer"
-        if isinstance(obj, PreparedDataLoader):
-            return "prepared"  # prepared already (here or by another Accelerator): returned as it is, as Accelerate does
+        if obj is None or isinstance(obj, PreparedDataLoader):
+            # None (an optional object a script leaves out), or a loader prepared already (here or by
+            # another Accelerator): returned as it is, as Accelerate does
+            return "prepared"
         if isinstance(obj, torch.utils.data.DataLoader):
             return "dataloader"
         if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
@@ -184,7 +187,8 @@ class Preparation:
             advice = check_compiler_for(backend, self.context.device.type)
             if advice is not None:
                 raise ConfigError(advice)
-            model = torch.compile(model, backend=backend.lower(), **self.settings.compile_options)
+            options = dict(self.settings.compile_options, backend=backend.lower())
+            model = compile_regions(model, **options) if self.settings.regional_compilation else torch.compile(model, **options)
         outer, inner = self.plugins.autocast_callers()
         if inner is not None:  # a broken context would fail at the first forward, far from its cause
             probe = inner(model=model, context=self.context)
@@ -259,6 +263,33 @@ def mark_wrapper(wrapper: torch.nn.Module, model: torch.nn.Module) -> None:
     so ``unwrap_model`` finds it without knowing the wrapper's class. Kept out of ``_modules``
     (no second copy of the weights in the state dict)."""
     wrapper.__dict__[WRAPPED_MODEL] = model
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: the items of each ModuleList whose items share one class (a
+    transformer's layers), outermost lists only."""
+    found: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside or not isinstance(module, torch.nn.ModuleList) or len(module) < 2:
+            continue
+        if len({type(item) for item in module}) == 1:
+            found.extend(module)
+            inside.update(id(m) for item in module for m in item.modules())
+    return found
+
+
+def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Compile each repeated block in place (``nn.Module.compile``) instead of the whole model, as
+    Accelerate's regional compilation does: one compiled graph serves every block of the same
+    shape, so compiling takes a fraction of the time. A model without repeated blocks is compiled
+    whole. Returns the model (the same object when blocks were compiled)."""
+    blocks = repeated_blocks(model)
+    if not blocks:
+        return torch.compile(model, **compile_kwargs)
+    for block in blocks:
+        block.compile(**compile_kwargs)
+    return model
 
 
 def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
