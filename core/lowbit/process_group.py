@@ -202,13 +202,14 @@ class ProcessFacts(RankFacts):
 
 
 def process_facts(device_type: str, device_count: int, group_options: dict | None = None) -> ProcessFacts:
-    """Read the ranks from the process group when the script (or Accelerate's ``debug_launcher``)
-    started one itself, else from what torchrun (or ``lowbit launch``) set; this process's device is
+    """Read the ranks torchrun (or ``lowbit launch``) set, or, without them, from the process group
+    the script (or Accelerate's ``debug_launcher``) started itself; this process's device is
     the ``local_rank``-th of ``device_count`` devices of ``device_type`` (CUDA devices are also made
     current). Several processes join the job's process group."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ
+    if not launched and dist.is_available() and dist.is_initialized():
         world, rank = dist.get_world_size(), dist.get_rank()
         local = _env_int("LOCAL_RANK", rank)  # no launcher variable: one machine
     else:
