@@ -19,6 +19,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
+from torch import nn
 from helpers import manager_with, mlp, regression_data
 
 from lowbit import Accelerator, hookimpl
@@ -433,3 +434,33 @@ def test_the_checkpoint_hooks_of_the_chosen_fp8_backend_run_and_their_files_load
     assert torch.equal(fresh_backend.restored["scales"]["w"], torch.tensor([2.0]))
     for a, b in zip(model.parameters(), fresh_model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_save_and_load_pre_hooks_let_a_script_save_a_model_its_own_way(tmp_path):
+    """diffusers' training scripts save their models with save_pretrained from a save_state
+    pre-hook, taking those weights out of the list, and load them from a load_state pre-hook."""
+    acc = Accelerator(cpu=True)
+    own, plain = nn.Linear(4, 4), nn.Linear(4, 2)
+    own, plain = acc.prepare(own, plain)
+
+    def save_own(models, weights, output_dir):
+        assert len(models) == len(weights) == 2
+        torch.save(weights.pop(0), f"{output_dir}/own_model.pt")
+
+    def load_own(models, input_dir):
+        models.pop(0).load_state_dict(torch.load(f"{input_dir}/own_model.pt", weights_only=True))
+
+    handles = [acc.register_save_state_pre_hook(save_own), acc.register_load_state_pre_hook(load_own)]
+    acc.save_state(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "own_model.pt").exists() and (tmp_path / "ckpt" / "model_0.pt").exists()
+    assert not (tmp_path / "ckpt" / "model_1.pt").exists()  # the hook saved the first model itself
+    saved = {k: v.clone() for k, v in acc.unwrap_model(own).state_dict().items()}, plain.weight.detach().clone()
+    with torch.no_grad():
+        own.weight.zero_()
+        plain.weight.zero_()
+    acc.load_state(tmp_path / "ckpt")
+    assert torch.equal(acc.unwrap_model(own).weight, saved[0]["weight"]) and torch.equal(plain.weight, saved[1])
+    for handle in handles:
+        handle.remove()
+    acc.save_state(tmp_path / "again")
+    assert (tmp_path / "again" / "model_1.pt").exists()  # removed: lowbit saves both again

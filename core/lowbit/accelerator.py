@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from lowbit.checkpoint import automatic as automatic_checkpoint
 from lowbit.checkpoint import files as checkpoint
@@ -567,6 +568,21 @@ class Accelerator(RankFacts):
         """Carry more objects (anything with ``state_dict``/``load_state_dict``) through
         ``save_state``/``load_state``; register them in the same order before loading."""
         self._checkpointer.register(*objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[[list, list, str], None]) -> RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs at the start of every ``save_state``, on every
+        process; taking a model's weights out of ``weights`` leaves that model to the hook (e.g.
+        ``save_pretrained`` into ``output_dir``, beside lowbit's files). ``handle.remove()`` unregisters it."""
+        handle = RemovableHandle(self._checkpointer.save_pre_hooks)
+        self._checkpointer.save_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[[list, str], None]) -> RemovableHandle:
+        """``hook(models, input_dir)`` runs at the start of every ``load_state``, on every process;
+        taking a model out of ``models`` leaves loading it to the hook."""
+        handle = RemovableHandle(self._checkpointer.load_pre_hooks)
+        self._checkpointer.load_pre_hooks[handle.id] = hook
+        return handle
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
                    **save_model_func_kwargs: Any) -> Path:

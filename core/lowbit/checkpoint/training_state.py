@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,6 +35,10 @@ class TrainingStateCheckpointer:
                  counters: TrainingCounters) -> None:
         self.plugins, self.prepared, self.rules, self.facts, self.counters = plugins, prepared, rules, facts, counters
         self.custom_objects: list[Any] = []
+        # Accelerate's save/load pre-hooks, by handle id (register_save_state_pre_hook, ...); an
+        # OrderedDict, which torch's RemovableHandle can hold a weak reference to.
+        self.save_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self.load_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
 
     def register(self, *objects: Any) -> None:
         """Objects with ``state_dict``/``load_state_dict`` that save_state/load_state carry too."""
@@ -63,11 +68,16 @@ class TrainingStateCheckpointer:
             handled = False
             if prepared.models and plugins.strategy is not None:
                 handled = plugins.save_checkpoint(str(tmp), *self._strategy_objects())
+            # The pre-hooks see the models and their weights, and may take weights out of the list
+            # to save those models their own way (diffusers' save_pretrained into output_dir).
+            models = [unwrap(model) for model in prepared.models]
+            weights = [] if handled else [model.state_dict() for model in models]
+            for hook in self.save_pre_hooks.values():
+                hook(models, weights, str(output_dir))
             if is_main:
                 if not handled:
-                    for i, model in enumerate(prepared.models):
-                        plain = unwrap(model)
-                        checkpoint.write_file_atomically(plugins.encode_checkpoint_state("model", plain, plain.state_dict()),
+                    for i, (plain, state) in enumerate(zip(models, weights)):
+                        checkpoint.write_file_atomically(plugins.encode_checkpoint_state("model", plain, state),
                                                          tmp / f"model_{i}.pt")
                     for i, opt in enumerate(prepared.optimizers):
                         inner = opt.optimizer
@@ -128,11 +138,15 @@ class TrainingStateCheckpointer:
         # Every file is read and checked against its target before anything is loaded, so a file
         # that does not fit leaves the run as it was.
         loads: list[Callable[[], Any]] = []
+        # The pre-hooks may take models out of the list to load those their own way.
+        models = [unwrap(model) for model in prepared.models]
+        for hook in self.load_pre_hooks.values():
+            hook(models, str(directory))
         if meta.get("strategy_checkpoint"):
             loads.append(functools.partial(plugins.load_checkpoint, str(directory), *self._strategy_objects()))
         else:
-            for i, model in enumerate(prepared.models):
-                plain, path = unwrap(model), directory / f"model_{i}.pt"
+            for i, plain in enumerate(models):
+                path = directory / f"model_{i}.pt"
                 state = plugins.decode_checkpoint_state("model", plain, checkpoint.read_tensor_file(path))
                 checkpoint.check_state_fits(plain, state, path)
                 loads.append(functools.partial(plain.load_state_dict, state))
