@@ -335,3 +335,22 @@ def test_automatic_checkpoint_naming_numbers_keeps_total_limit_and_loads_the_new
     assert torch.all(model.weight == 3.0) and config.iteration == 3
     with pytest.raises(ConfigError, match="needs a directory, or ProjectConfiguration"):
         Accelerator(plugin_manager=no_fp8_manager()).save_state()
+
+
+def test_prepare_one_object_at_a_time_as_accelerates_methods():
+    acc = Accelerator(mixed_precision="bf16", plugin_manager=no_fp8_manager())
+    model = acc.prepare_model(nn.Linear(4, 2))
+    optimizer = acc.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    scheduler = acc.prepare_scheduler(torch.optim.lr_scheduler.StepLR(optimizer, 1))
+    loader = acc.prepare_data_loader(torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
+    assert acc.prepared.models == [model] and acc.prepared.optimizers == [optimizer]
+    assert acc.prepared.schedulers == [scheduler] and acc.prepared.dataloaders == [loader]
+
+    class Seen(nn.Linear):
+        def forward(self, x):
+            self.autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")
+            return super().forward(x)
+
+    teacher = acc.prepare_model(Seen(4, 2), evaluation_mode=True)  # a model only evaluated: not distributed
+    teacher(torch.randn(2, 4))
+    assert all(m is not teacher for m in acc.prepared.models) and teacher.autocast == torch.bfloat16

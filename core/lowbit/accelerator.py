@@ -415,6 +415,30 @@ class Accelerator(RankFacts):
         """
         return self._preparation.prepare(*objects)
 
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
+        """``prepare(model)`` alone, as Accelerate's method. ``evaluation_mode=True`` prepares a
+        model only evaluated: put on the device and given the precision's forward, not distributed."""
+        if device_placement is False:
+            raise ConfigError("prepare_model(device_placement=False): lowbit always places a prepared model on its "
+                              "device (the strategy and the backend need it there).")
+        if evaluation_mode:
+            return self._preparation.prepare_for_evaluation(model)
+        return self.prepare(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
+        return self.prepare(optimizer)
+
+    def prepare_scheduler(self, scheduler: Any) -> Any:
+        return self.prepare(scheduler)
+
+    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Any = None) -> Any:
+        if slice_fn_for_dispatch is not None:
+            raise ConfigError("prepare_data_loader(slice_fn_for_dispatch=...) belongs to dispatch_batches, which lowbit "
+                              "does not do: every process reads its own batches.")
+        return self.prepare(data_loader)
+
     # ------------------------------------------------------------------ training loop
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

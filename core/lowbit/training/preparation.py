@@ -181,6 +181,11 @@ class Preparation:
             mark_wrapper(new_model, model)
         return new_model, new_optimizer
 
+    def prepare_for_evaluation(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A model only evaluated (``prepare_model(evaluation_mode=True)``): on the device, its forward
+        in the run's precision context, neither converted nor distributed (no gradients to reduce)."""
+        return self._wrap_forward(_not_wrapped_already(model).to(self.settings.device))
+
     def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         backend = self.settings.dynamo_backend
         if backend not in ("no", "NO", None):
