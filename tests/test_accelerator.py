@@ -354,3 +354,21 @@ def test_prepare_one_object_at_a_time_as_accelerates_methods():
     teacher = acc.prepare_model(Seen(4, 2), evaluation_mode=True)  # a model only evaluated: not distributed
     teacher(torch.randn(2, 4))
     assert all(m is not teacher for m in acc.prepared.models) and teacher.autocast == torch.bfloat16
+
+
+def test_accelerate_tensor_utilities():
+    """utils.listify, concatenate, convert_to_fp32, convert_outputs_to_fp32 and
+    recursively_apply(error_on_other_type=...), as in Accelerate's utils.operations."""
+    from lowbit.utils import concatenate, convert_outputs_to_fp32, convert_to_fp32, listify, recursively_apply
+
+    nest = {"a": torch.tensor([1.0, 2.0], dtype=torch.bfloat16), "b": [torch.tensor([3], dtype=torch.int64)]}
+    assert listify(nest) == {"a": [1.0, 2.0], "b": [[3]]}
+    converted = convert_to_fp32(nest)
+    assert converted["a"].dtype == torch.float32 and converted["b"][0].dtype == torch.int64
+    joined = concatenate([{"x": torch.ones(2, 3)}, {"x": torch.zeros(1, 3)}])
+    assert joined["x"].shape == (3, 3)
+    half = convert_outputs_to_fp32(lambda x: (x.half(), x.half() * 2))
+    assert [t.dtype for t in half(torch.ones(2))] == [torch.float32, torch.float32]
+    assert recursively_apply(lambda t, k: t * k, [torch.ones(2)], 3)[0].tolist() == [3.0, 3.0]
+    with pytest.raises(TypeError, match="Unsupported type str"):
+        recursively_apply(lambda t: t, {"a": "text"}, error_on_other_type=True)

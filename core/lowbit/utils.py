@@ -34,8 +34,12 @@ from lowbit.training.memory import find_executable_batch_size, release_memory  #
 from lowbit.training.operations import (  # noqa: F401
     broadcast,
     broadcast_object_list,
+    concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
     gather,
     gather_object,
+    listify,
     pad_across_processes,
     recursively_apply,
     reduce,
@@ -69,7 +73,7 @@ __all__ = [*AVAILABILITY_CHECKS,
     "DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs", "InitProcessGroupKwargs",
     "AutocastKwargs", "ProfileKwargs", "KwargsHandler", "find_executable_batch_size", "release_memory", "gather",
     "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes", "send_to_device",
-    "recursively_apply", "compile_regions",
+    "recursively_apply", "compile_regions", "listify", "concatenate", "convert_to_fp32", "convert_outputs_to_fp32",
 ]
 
 

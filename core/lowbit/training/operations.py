@@ -6,6 +6,7 @@ from ``lowbit.utils`` under Accelerate's names.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -16,19 +17,64 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def recursively_apply(func: Callable[[torch.Tensor], Any], data: Any) -> Any:
-    """Apply ``func`` to every tensor in a nest of dicts, lists, tuples and namedtuples."""
-    if isinstance(data, torch.Tensor):
-        return func(data)
-    if isinstance(data, dict):
-        return type(data)({k: recursively_apply(func, v) for k, v in data.items()})
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(recursively_apply(func, v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(recursively_apply(func, v) for v in data)
-    if hasattr(data, "keys") and hasattr(data, "__getitem__"):  # transformers' ModelOutput / BatchEncoding
-        return type(data)({k: recursively_apply(func, data[k]) for k in data.keys()})
-    return data
+def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type: Callable[[Any], bool] | None = None,
+                      error_on_other_type: bool = False, **kwargs: Any) -> Any:
+    """Apply ``func(leaf, *args, **kwargs)`` to every leaf that passes ``test_type`` (a tensor, by
+    default) in a nest of dicts, lists, tuples and namedtuples; other leaves are kept, or refused
+    with ``error_on_other_type``."""
+    test = test_type or (lambda x: isinstance(x, torch.Tensor))
+
+    def walk(item: Any) -> Any:
+        if test(item):
+            return func(item, *args, **kwargs)
+        if isinstance(item, dict):
+            return type(item)({k: walk(v) for k, v in item.items()})
+        if isinstance(item, tuple) and hasattr(item, "_fields"):
+            return type(item)(*(walk(v) for v in item))
+        if isinstance(item, (list, tuple)):
+            return type(item)(walk(v) for v in item)
+        if hasattr(item, "keys") and hasattr(item, "__getitem__"):  # transformers' ModelOutput / BatchEncoding
+            return type(item)({k: walk(item[k]) for k in item.keys()})
+        if error_on_other_type:
+            raise TypeError(f"Unsupported type {type(item).__name__} passed to {getattr(func, '__name__', func)}: "
+                            "only nests of lists, tuples and dicts of tensors are supported.")
+        return item
+
+    return walk(data)
+
+
+def listify(data: Any) -> Any:
+    """Tensors in a nest turned into Python numbers and lists (for logging, JSON)."""
+    return recursively_apply(lambda t: t.tolist(), data)
+
+
+def convert_to_fp32(data: Any) -> Any:
+    """fp16 and bf16 tensors in a nest turned into fp32 (other tensors as they are)."""
+    return recursively_apply(lambda t: t.float(), data, test_type=lambda x: isinstance(x, torch.Tensor)
+                             and x.dtype in (torch.float16, torch.bfloat16))
+
+
+def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``model_forward`` with its fp16/bf16 outputs returned as fp32."""
+    @functools.wraps(model_forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return convert_to_fp32(model_forward(*args, **kwargs))
+
+    return forward
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """A list of equally nested structures joined into one: their tensors concatenated along ``dim``."""
+    if not data:
+        raise ValueError("concatenate needs a non-empty list.")
+    first = data[0]
+    if isinstance(first, (tuple, list)):
+        return type(first)(concatenate([d[i] for d in data], dim=dim) for i in range(len(first)))
+    if isinstance(first, dict):
+        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first.keys()})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"concatenate can only join tensors (or nests of them), got {type(first).__name__}.")
+    return torch.cat(data, dim=dim)
 
 
 def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:

@@ -15,6 +15,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from lowbit.training.data_loader import PreparedDataLoader
+from lowbit.training.operations import convert_to_fp32
 from lowbit.errors import ConfigError, PluginError, UnsupportedCombinationError
 from lowbit import notices
 from lowbit.observe.fp8_report import conversion_report, converted_nothing
@@ -208,7 +209,7 @@ class Preparation:
         def forward(*args: Any, **kwargs: Any) -> Any:
             with context_or_null(outer, model, context), context_or_null(inner, model, context):
                 output = original(*args, **kwargs)
-            return _outputs_to_fp32(output)
+            return convert_to_fp32(output)  # the loss is computed outside low precision
 
         forward.__wrapped__ = original  # type: ignore[attr-defined]
         model.forward = forward
@@ -247,17 +248,6 @@ def context_or_null(caller: Callable[..., Any] | None, model: Any, context: Prep
     if caller is None:
         return contextlib.nullcontext()
     return caller(model=model, context=context) or contextlib.nullcontext()
-
-
-def _outputs_to_fp32(output: Any) -> Any:
-    """Return model outputs in fp32 so the loss is computed outside low precision."""
-    if isinstance(output, torch.Tensor):
-        return output.float() if output.dtype in (torch.float16, torch.bfloat16) else output
-    if isinstance(output, dict):
-        return type(output)({k: _outputs_to_fp32(v) for k, v in output.items()})
-    if isinstance(output, (list, tuple)) and not hasattr(output, "_fields"):
-        return type(output)(_outputs_to_fp32(v) for v in output)
-    return output
 
 
 WRAPPED_MODEL = "_lowbit_wrapped_model"
