@@ -37,7 +37,6 @@ NO_AS_FALSE = {"mixed_precision": "no", "dynamo_backend": "no", "distributed_typ
 
 # dynamo_config's keys (dynamo_backend, dynamo_mode, dynamo_use_fullgraph, dynamo_use_dynamic,
 # dynamo_use_regional_compilation) are lowbit's own top-level settings, under the same names.
-DYNAMO_IGNORED: dict[str, str] = {}
 
 # FSDP keys (fsdp_config in the file; FSDP_<KEY> variables from the launcher).
 FSDP_LOWBIT_KEYS = ("transformer_layer_cls_to_wrap", "reshard_after_forward")
@@ -81,7 +80,7 @@ def translate_config_file(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
             if value:
                 raise ConfigError(f"{where}: {UNSUPPORTED_SECTIONS[key]} is not supported by lowbit. Remove the {key} section.")
         elif key == "dynamo_config":
-            out.update(_translate_dynamo(value or {}, ignored))
+            out.update(_translate_dynamo(value or {}))
         elif key == "fsdp_config":
             out[key] = translate_fsdp(value or {}, where, ignored)
         elif key == "deepspeed_config":
@@ -105,13 +104,8 @@ def _check_distributed_type(value: Any, where: str) -> None:
         )
 
 
-def _translate_dynamo(section: Mapping[str, Any], ignored: list[str]) -> dict[str, Any]:
-    out = {}
-    for key, value in section.items():
-        if key in DYNAMO_IGNORED:
-            ignored.append(f"dynamo_config.{key} ({DYNAMO_IGNORED[key]})")
-        else:
-            out[key] = value  # validation names an unknown key
+def _translate_dynamo(section: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(section)  # every key is a top-level setting; validation names an unknown one
     if out.get("dynamo_backend") is False or str(out.get("dynamo_backend", "")).upper() == "NO":
         return {"dynamo_backend": "no"}
     if "dynamo_backend" in out:
@@ -246,7 +240,7 @@ def settings_from_accelerate_env(environ: Mapping[str, str]) -> dict[str, Any]:
         raw["gradient_accumulation_steps"] = environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"]
     if _env_flag(environ, "ACCELERATE_USE_CPU"):
         raw["use_cpu"] = True
-    raw.update(_translate_dynamo({key: environ[env] for env, key in DYNAMO_ENV.items() if environ.get(env)}, []))
+    raw.update(_translate_dynamo({key: environ[env] for env, key in DYNAMO_ENV.items() if environ.get(env)}))
     if _env_flag(environ, "ACCELERATE_USE_FSDP"):
         section = {"fsdp_" + name[len("FSDP_"):].lower(): value for name, value in environ.items()
                    if name.startswith("FSDP_") and value != ""}

@@ -48,10 +48,16 @@ def listify(data: Any) -> Any:
     return recursively_apply(lambda t: t.tolist(), data)
 
 
+def _is_half_precision(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16)
+
+
 def convert_to_fp32(data: Any) -> Any:
-    """fp16 and bf16 tensors in a nest turned into fp32 (other tensors as they are)."""
-    return recursively_apply(lambda t: t.float(), data, test_type=lambda x: isinstance(x, torch.Tensor)
-                             and x.dtype in (torch.float16, torch.bfloat16))
+    """fp16 and bf16 tensors in a nest turned into fp32 (other tensors as they are). Every prepared
+    forward returns through it: a bare tensor, the usual case, takes no walk."""
+    if isinstance(data, torch.Tensor):
+        return data.float() if _is_half_precision(data) else data
+    return recursively_apply(torch.Tensor.float, data, test_type=_is_half_precision)
 
 
 def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:

@@ -248,10 +248,11 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
         mark_converted_layers(model, compute_dtype_for(context.device) if fast else None)
     converted = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
     # Which layers are FP8, why the others are not, and each one's type (for the report's wording).
+    gathered = gathered_in_fp8(model) if config.enable_fsdp_float8_all_gather else None
+    context.plugin_state(Float8Gather).on |= bool(gathered)
     return ConvertedModel(model, ConversionReport(
         converted, skipped, layer_types, options.recipe if options.config is None else "Float8LinearConfig",
-        PADDING_NOTE if converted and config.pad_inner_dim else "",
-        gathered_in_fp8(model) if config.enable_fsdp_float8_all_gather else None))
+        PADDING_NOTE if converted and config.pad_inner_dim else "", gathered))
 
 
 def uneven_shards(model: nn.Module, module_filter: Callable[[nn.Module, str], bool], context: PrepareContext) -> dict[str, int]:
@@ -270,13 +271,20 @@ def gathered_in_fp8(model: nn.Module) -> list[str]:
             and isinstance(getattr(module.weight, "_local_tensor", module.weight), WeightWithDynamicFloat8CastTensor)]
 
 
+@dataclasses.dataclass
+class Float8Gather:
+    """This run's: whether any converted weight is all-gathered in float8 (decided at conversion)."""
+
+    on: bool = False
+
+
 def after_step(model: nn.Module, context: PrepareContext) -> None:
     """torchao's float8 all-gather uses each weight's scale precomputed once per step, together
     (one all-reduce); it runs whoever asked for the all-gather, and after load_state too."""
-    if context.strategy == "fsdp":
+    if context.strategy == "fsdp" and context.plugin_state(Float8Gather).on:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
-        precompute_float8_dynamic_scale_for_fsdp(model)  # does nothing when no weight is gathered in float8
+        precompute_float8_dynamic_scale_for_fsdp(model)
 
 
 def plain_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
