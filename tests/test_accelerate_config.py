@@ -64,12 +64,28 @@ def test_fsdp_section_with_accelerate_key_names(tmp_path, recwarn):
 
 @pytest.mark.parametrize("line, message", [
     ("  fsdp_offload_params: true", "parameter offload"),
-    ("  fsdp_activation_checkpointing: true", "activation checkpointing"),
-    ("  fsdp_sharding_strategy: HYBRID_SHARD", "not supported"),
+    ("  fsdp_sharding_strategy: HYBRID_SHARD", "parallelism_config"),
 ])
 def test_fsdp_features_lowbit_lacks_are_errors(tmp_path, line, message):
     with pytest.raises(ConfigError, match=message):
         config_from(tmp_path, "distributed_type: FSDP\nfsdp_config:\n" + line + "\n")
+
+
+def test_activation_checkpointing_and_the_parallel_layout_are_read(tmp_path):
+    """Accelerate's tp_hsdp.yaml / cp.yaml shape: the layout loses its key prefix; FSDP's
+    activation checkpointing becomes the strategy's option."""
+    config = config_from(tmp_path, """
+        distributed_type: FSDP
+        fsdp_config:
+          fsdp_activation_checkpointing: true
+        parallelism_config:
+          parallelism_config_cp_size: 1
+          parallelism_config_dp_replicate_size: 2
+          parallelism_config_dp_shard_size: 2
+          parallelism_config_tp_size: 2
+    """)
+    assert config.fsdp_config == {"activation_checkpointing": True}
+    assert config.section("parallelism_config") == {"cp_size": 1, "dp_replicate_size": 2, "dp_shard_size": 2, "tp_size": 2}
 
 
 def test_deepspeed_and_fp8_sections(tmp_path):
@@ -91,7 +107,6 @@ def test_deepspeed_and_fp8_sections(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("distributed_type: MULTI_XPU", "not supported by lowbit"),
     ("distributed_type: XLA", "TPUs"),
-    ("parallelism_config:\n  parallelism_config_tp_size: 2", "parallelism"),
     ("num_processes: -1", "total number of processes"),
 ])
 def test_what_lowbit_cannot_do_is_an_error(tmp_path, text, message):

@@ -177,6 +177,7 @@ FOREIGN_PRIVATE = {
     "_exit": "os._exit at a failed rank's exit",
     "_shared": "PartialState's own class state",
     "_reset_state": "PartialState's own class method",
+    "_flatten": "torch's DeviceMesh: the only way to name a joint dimension (dp, dp_shard_cp)",
 }
 
 

@@ -25,6 +25,7 @@ _LAZY = {
     "DistributedType": "lowbit.state",
     "find_executable_batch_size": "lowbit.training.memory",
     "skip_first_batches": "lowbit.training.data_loader",
+    "ParallelismConfig": "lowbit.parallelism_config",
     # The handler classes Accelerate also exports at its top level.
     **{name: "lowbit.compat.handlers" for name in (
         "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin",

@@ -35,11 +35,13 @@ from lowbit.compat.handlers import (
     settings_from_plugin_objects,
 )
 from lowbit.config import LowbitConfig, check_plugin_names, read_config_layer, resolve_config
+from lowbit.config.settings import PARALLELISM_SECTION
 from lowbit.config.recipes import RecipeKwargs
 from lowbit.errors import ConfigError, UnsupportedCombinationError, did_you_mean
 from lowbit.observe.fp8_report import conversion_report
 from lowbit.observe.telemetry import FP8StatsTable, TelemetryRecorder
 from lowbit.observe.tracking import GeneralTracker, Trackers
+from lowbit.parallelism_config import ParallelismConfig, data_parallel_slot, settle_layout
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
 from lowbit.plugins.choice import choose_plugins
 from lowbit.plugins.routing import ChosenPlugins
@@ -91,6 +93,7 @@ class Accelerator(RankFacts):
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
         deepspeed_plugin: DeepSpeedPlugin | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
         rng_types: Any = None,
     ) -> None:
         if kwargs_handlers is not None and kwarg_handlers is not None:
@@ -151,6 +154,7 @@ class Accelerator(RankFacts):
         slow = self.precision.slow_reason()
         if slow:
             note(slow, SlowPrecisionNotice)
+        self._layout = self._settle_layout(parallelism_config)
 
         self.context = PrepareContext(
             hardware=self.hardware,
@@ -166,6 +170,8 @@ class Accelerator(RankFacts):
             gradient_accumulation_steps=self.config.gradient_accumulation_steps,
             compiled=str(self.config.dynamo_backend).lower() != "no",
             autocast_dtype=self.precision.autocast_dtype,
+            device_mesh=self.torch_device_mesh,
+            parallelism=self._layout,
         )
         self.state = AcceleratorState(self)
         self.gradient_state = GradientState(self)
@@ -189,12 +195,20 @@ class Accelerator(RankFacts):
     def _strategy_owns_precision(self) -> bool:
         return self._strategy is not None and self._strategy.chosen.description.owns_precision
 
+    def _settle_layout(self, given: ParallelismConfig | None) -> ParallelismConfig | None:
+        strategy = self._strategy.chosen if self._strategy else None
+        others = {c.name: c.description.mesh_dims for c in self._registry.ranked("strategy")}
+        return settle_layout(given, self.config.section(PARALLELISM_SECTION), "the settings", self.num_processes,
+                             self.device.type, strategy.name if strategy else "none",
+                             strategy.description.mesh_dims if strategy else (), others)
+
     def _preparation_settings(self) -> PreparationSettings:
         config = self.config
+        batches, batch_index = data_parallel_slot(self._layout, self.num_processes, self.process_index)
         given = {"mode": config.dynamo_mode, "fullgraph": config.dynamo_use_fullgraph, "dynamic": config.dynamo_use_dynamic,
                  "options": self.dynamo_plugin.options if self.dynamo_plugin is not None else None}
         return PreparationSettings(
-            device=self.device, num_processes=self.num_processes, process_index=self.process_index,
+            device=self.device, num_processes=batches, process_index=batch_index,
             split_batches=self.split_batches, even_batches=self.dataloader_config.even_batches,
             device_placement=self.device_placement, dynamo_backend=config.dynamo_backend,
             compile_options={k: v for k, v in given.items() if v is not None},
@@ -269,6 +283,58 @@ class Accelerator(RankFacts):
             return DistributedType.NO if self.num_processes == 1 else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
         reported = reported_distributed_type(self._strategy.chosen.description.reports_as, self.device.type)
         return DistributedType(reported) if reported in DistributedType.__members__ else reported
+
+    # ------------------------------------------------------------------ parallel layout
+
+    @property
+    def parallelism_config(self) -> ParallelismConfig | None:
+        """The run's ParallelismConfig (sizes settled against the job), or None."""
+        return self._layout
+
+    @property
+    def torch_device_mesh(self):
+        """The run's DeviceMesh (dimensions named as in ParallelismConfig, with the flattened
+        ``dp``, ``dp_shard_cp`` and ``dp_cp``), or None without a parallel layout."""
+        return self._layout.device_mesh if self._layout is not None else None
+
+    def _mesh_rank(self, dim: str, enabled: bool) -> int:
+        if self._layout is None:
+            raise ConfigError(f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank.")
+        return self.torch_device_mesh.get_local_rank(dim) if enabled else 0
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self._mesh_rank("tp", self._layout is not None and self._layout.tp_enabled)
+
+    @property
+    def context_parallel_rank(self) -> int:
+        return self._mesh_rank("cp", self._layout is not None and self._layout.cp_enabled)
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self._mesh_rank("dp_replicate", self._layout is not None and self._layout.dp_replicate_enabled)
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return self._mesh_rank("dp_shard", self._layout is not None and self._layout.dp_shard_enabled)
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
+                               no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:
+        """Split ``buffers`` (inputs, labels, position ids) along their sequence dimension over the
+        context-parallel ranks for the block (torch's ``context_parallel``); does nothing, with a
+        note, when cp_size is 1. Enter it anew for each step."""
+        if self._layout is None or not self._layout.cp_enabled:
+            note("maybe_context_parallel does nothing: context parallelism is off (cp_size is 1).")
+            yield
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        set_rotate_method(self._layout.cp_handler.cp_comm_strategy)
+        with context_parallel(self.torch_device_mesh["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims,
+                              no_restore_buffers=no_restore_buffers):
+            yield
 
     @property
     def gradient_accumulation_steps(self) -> int:

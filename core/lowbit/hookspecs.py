@@ -155,7 +155,11 @@ def strategy_integration(strategy: str, context: PrepareContext) -> dict[str, An
     to read. Keys the DeepSpeed
     strategy reads: ``"initialize"`` (a drop-in for ``deepspeed.initialize``, e.g.
     ``msamp.deepspeed.initialize``) and ``"config"`` (a dict merged into the DeepSpeed config,
-    e.g. ``{"msamp": {"enabled": True, "opt_level": "O2"}}``). Return None for "nothing to add".
+    e.g. ``{"msamp": {"enabled": True, "opt_level": "O2"}}``). Key the tensor-parallel layout of
+    the built-in strategies reads: ``"tensor_parallel_style"``, a function ``(module, style)`` that
+    returns the torch ``ParallelStyle`` to lay one of the backend's converted modules out with
+    (``style``: a plan's name for it, "colwise", "rowwise", "colwise_gather_output", ...), or None
+    for the plain one. Return None for "nothing to add".
     """
 
 

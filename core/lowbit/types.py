@@ -185,6 +185,9 @@ class StrategyDescription(PluginDescription):
     when the strategy's ``save_checkpoint`` hook writes them (shown by ``lowbit plugins``).
     ``memory``: how it spreads memory, by the name ``lowbit estimate-memory`` shows (its own name,
     or one per variant: "zero1", "zero2", "zero3"); empty: estimate-memory does not offer it.
+    ``mesh_dims``: the dimensions of Accelerate's ``ParallelismConfig`` it lays a model out on
+    ("dp_replicate", "dp_shard", "tp", "cp"), reading ``context.device_mesh``; a size above 1 in
+    any other dimension is refused before ``prepare``, naming a strategy that has it.
     """
 
     ROLE: ClassVar[str] = "strategy"
@@ -197,6 +200,7 @@ class StrategyDescription(PluginDescription):
     launch_flag: str = ""
     checkpoint: str = "lowbit"
     memory: dict[str, StrategyMemory] = field(default_factory=dict)
+    mesh_dims: tuple[str, ...] = ()
 
 
 # The roles a plugin takes, by the name lowbit gives each (``lowbit plugins``, errors).
@@ -254,6 +258,10 @@ class PrepareContext:
     # The native autocast dtype of the forward (None: fp32), as the run's Precision says
     # (lowbit.training.precision): bf16 for bf16 and every low-precision backend's precision.
     autocast_dtype: "torch.dtype | None" = None
+    # The run's DeviceMesh and the ParallelismConfig it was built from (None: no parallel layout
+    # was asked for; the strategy spreads the model over every process its own way).
+    device_mesh: Any = None
+    parallelism: Any = None
     # What the chosen backend's strategy_integration hook returned, for the strategy to use.
     strategy_integration: dict[str, Any] | None = None
     # Each plugin's own per-run state, by its type (see plugin_state); never shared between plugins.

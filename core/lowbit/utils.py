@@ -29,6 +29,7 @@ from lowbit.compat.handlers import (  # noqa: F401 - re-exported under Accelerat
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from lowbit.parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig  # noqa: F401
 from lowbit.training.local_sgd import LocalSGD  # noqa: F401
 from lowbit.training.memory import find_executable_batch_size, release_memory  # noqa: F401
 from lowbit.training.operations import (  # noqa: F401
@@ -70,6 +71,7 @@ __all__ = [*AVAILABILITY_CHECKS,
     "FP8RecipeKwargs", "RecipeKwargs", *PLUGIN_CLASSES, "set_seed", "tqdm", "extract_model_from_parallel",
     "get_grad_scaler", "LocalSGD", "DistributedType", "ProjectConfiguration", "DataLoaderConfiguration",
     "GradientAccumulationPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "TorchDynamoPlugin",
+    "ParallelismConfig", "TorchTensorParallelConfig", "TorchContextParallelConfig",
     "DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs", "InitProcessGroupKwargs",
     "AutocastKwargs", "ProfileKwargs", "KwargsHandler", "find_executable_batch_size", "release_memory", "gather",
     "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes", "send_to_device",

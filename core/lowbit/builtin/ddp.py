@@ -1,6 +1,9 @@
-"""Built-in strategy: DistributedDataParallel over the process group torchrun set up."""
+"""Built-in strategy: DistributedDataParallel over the process group torchrun set up; with a
+ParallelismConfig, tensor parallelism over every process (``tp_size``, each process seeing the same
+batch), or DDP over ``dp_replicate``."""
 from __future__ import annotations
 
+from lowbit.builtin.tensor_parallel import apply_tensor_parallel
 from lowbit.hookspecs import hookimpl
 from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
 
@@ -16,13 +19,17 @@ def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     return StrategyDescription(name=NAME, priority=10, available=True, aliases=("multi_gpu", "multi_cpu"),
                                distributed_types=("NO", "MULTI_CPU", "MULTI_GPU"), reports_as="MULTI_GPU",
                                kwargs_handler="DistributedDataParallelKwargs", launch_flag="multi_gpu",
-                               memory={NAME: MEMORY})
+                               memory={NAME: MEMORY}, mesh_dims=("dp_replicate", "tp"))
 
 
 @hookimpl
 def wrap_for_distribution(model, optimizer, context: PrepareContext):
     if model is None:
         return model, optimizer
+    if context.parallelism is not None and context.parallelism.tp_enabled:
+        # All processes are tensor-parallel ranks (ParallelismConfig refuses DDP replicas of a TP
+        # model): their gradients are whole already, there is nothing for DDP to average.
+        return apply_tensor_parallel(model, context), optimizer
     from torch.nn.parallel import DistributedDataParallel
 
     options = dict(context.strategy_options)

@@ -1,13 +1,18 @@
-"""Built-in strategy: FSDP2 (``torch.distributed.fsdp.fully_shard``).
+"""Built-in strategy: FSDP2 (``torch.distributed.fsdp.fully_shard``), and with a ParallelismConfig
+HSDP (a (dp_replicate, dp_shard) mesh), tensor parallelism and both together.
 
-Blocks are sharded one by one (auto-wrap by module class), then the root, so that all-gathers
-of one block overlap compute of the previous one. Mixed precision uses FSDP2's own
-``MixedPrecisionPolicy``: parameters are gathered in the compute dtype, gradients reduced in fp32.
+The order is torchtitan's: tensor parallelism first (on the mesh's ``tp`` dimension), then
+activation checkpointing of each block, then the blocks are sharded one by one (auto-wrap by
+module class), then the root, so that all-gathers of one block overlap compute of the previous one.
+Mixed precision uses FSDP2's own ``MixedPrecisionPolicy``: parameters are gathered in the compute
+dtype, gradients reduced in fp32.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from lowbit.builtin.activation_checkpointing import MODES as CHECKPOINT_MODES, checkpoint_blocks
+from lowbit.builtin.tensor_parallel import apply_tensor_parallel
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.hookspecs import hookimpl
 from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
@@ -22,6 +27,8 @@ MEMORY = StrategyMemory(shards_weights=True, shards_gradients=True, shards_optim
 OPTIONS = {
     "transformer_layer_cls_to_wrap": "class names to shard as separate units (default: every item of every nn.ModuleList)",
     "reshard_after_forward": "free gathered parameters after forward (default true)",
+    "activation_checkpointing": "recompute each block's activations in backward: false (default), true or 'full', "
+                                "or 'selective' (keep matmul outputs, recompute the rest)",
 }
 
 
@@ -29,7 +36,7 @@ OPTIONS = {
 def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     return StrategyDescription(name=NAME, priority=5, available=True, aliases=("fsdp2",), distributed_types=("FSDP",),
                                reports_as="FSDP", config_section="fsdp_config", launch_flag="use_fsdp", checkpoint="own",
-                               memory={NAME: MEMORY})
+                               memory={NAME: MEMORY}, mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"))
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -60,6 +67,24 @@ def _units_to_shard(model, class_names: list[str] | None):
 @hookimpl
 def check_compatibility(context: PrepareContext) -> None:
     _check_options(context.strategy_options)
+    mode = context.strategy_options.get("activation_checkpointing", False)
+    if mode not in CHECKPOINT_MODES:
+        raise ConfigError(f"fsdp_config.activation_checkpointing {mode!r} is not one of "
+                          f"{', '.join(repr(m) for m in CHECKPOINT_MODES)}.")
+    layout = context.parallelism
+    if layout is not None and not (layout.dp_shard_enabled or layout.cp_enabled):
+        raise ConfigError(
+            "FSDP2 has no dimension to shard over: the ParallelismConfig has dp_shard_size and cp_size 1 (all "
+            f"{context.world_size} processes are {', '.join(layout.active_mesh_dims) or 'one group'}). Give dp_shard_size "
+            "> 1, or train without FSDP (e.g. tensor parallelism alone runs under distributed_type MULTI_GPU/MULTI_CPU).")
+
+
+def _fsdp_mesh(context: PrepareContext):
+    """The mesh FSDP2 shards over: (dp_replicate, dp_shard_cp) for HSDP, else dp_shard_cp; None
+    without a ParallelismConfig (FSDP2's default: every process)."""
+    if context.parallelism is None:
+        return None
+    return context.device_mesh[tuple(context.parallelism.fsdp_dim_names)]
 
 
 @hookimpl
@@ -75,9 +100,13 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     param_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(context.mixed_precision)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     reshard = bool(options.get("reshard_after_forward", True))
-    for unit in _units_to_shard(model, options.get("transformer_layer_cls_to_wrap")):
-        fully_shard(unit, mp_policy=policy, reshard_after_forward=reshard)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+    model = apply_tensor_parallel(model, context)
+    units = _units_to_shard(model, options.get("transformer_layer_cls_to_wrap"))
+    mesh = _fsdp_mesh(context)
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    checkpoint_blocks(model, units, options.get("activation_checkpointing", False))
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     return model, optimizer
 
 

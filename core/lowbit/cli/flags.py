@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowbit.compat.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, note_ignored, translate_fsdp
+from lowbit.compat.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, PARALLELISM_PREFIX, note_ignored, translate_fsdp
 from lowbit.config import TOP_LEVEL
 from lowbit.errors import ConfigError
 
@@ -13,7 +13,7 @@ DISTRIBUTED_FLAGS = {"multi_gpu": "MULTI_GPU", "use_fsdp": "FSDP", "use_deepspee
 # Accelerate's FSDP launcher flags (its fsdp_config key names); lowbit's FSDP2 strategy reads
 # the first three, the others are explained when given (see accelerate_config.py).
 FSDP_FLAGS = ("fsdp_transformer_layer_cls_to_wrap", "fsdp_reshard_after_forward", "fsdp_sharding_strategy",
-              "fsdp_auto_wrap_policy", *FSDP_MUST_BE_OFF, *FSDP_IGNORED)
+              "fsdp_auto_wrap_policy", "fsdp_activation_checkpointing", *FSDP_MUST_BE_OFF, *FSDP_IGNORED)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +36,16 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     fsdp = parser.add_argument_group("FSDP, with --use_fsdp (Accelerate's flag names)")
     for flag in FSDP_FLAGS:
         fsdp.add_argument(f"--{flag}", default=None, metavar="VALUE", help=argparse.SUPPRESS if flag in FSDP_IGNORED else None)
+    layout = parser.add_argument_group("parallel layout (Accelerate's ParallelismConfig)")
+    for key in PARALLELISM_FLAGS:
+        layout.add_argument(f"--{PARALLELISM_PREFIX}{key}", default=None, metavar="VALUE")
     fp8 = parser.add_argument_group("fp8 (any backend)")
     fp8.add_argument("--fp8_backend", default=None, help="the low-precision backend to use (`lowbit plugins` lists them)")
     fp8.add_argument("--fp8_opt_level", default=None, help="MS-AMP optimization level: O1 or O2 (letter O)")
+
+
+# Accelerate's --parallelism_config_* flags, without the prefix (the keys of the parallelism_config section).
+PARALLELISM_FLAGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "cp_comm_strategy")
 
 
 def _strategy_switches() -> dict[str, str]:
@@ -68,6 +75,10 @@ def raw_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         ignored: list[str] = []
         raw["fsdp_config"] = translate_fsdp(fsdp, "the --fsdp_* flags", ignored)
         note_ignored("the --fsdp_* flags", ignored)
+    layout = {key: getattr(args, PARALLELISM_PREFIX + key) for key in PARALLELISM_FLAGS
+              if getattr(args, PARALLELISM_PREFIX + key, None) is not None}
+    if layout:
+        raw["parallelism_config"] = layout
     fp8 = {k: getattr(args, f"fp8_{k}", None) for k in ("backend", "opt_level")}
     fp8 = {k: v for k, v in fp8.items() if v is not None}
     if fp8:

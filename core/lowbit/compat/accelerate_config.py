@@ -25,8 +25,10 @@ IGNORED_TOP_LEVEL = frozenset(
      "enable_cpu_affinity", "gpu_ids", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone",
      "tpu_vm", "command_file", "commands", "use_mps_device", "ipex_config", "mpirun_config", "megatron_lm_config"}
 )
-# Sections for features lowbit does not have: fine when absent or empty, an error when filled in.
-UNSUPPORTED_SECTIONS = {"parallelism_config": "tensor/context/sequence parallelism (parallelism_config)"}
+# Accelerate's parallelism_config section spells each key with this prefix (parallelism_config_tp_size),
+# and its launcher exports each as PARALLELISM_CONFIG_<KEY> with ACCELERATE_USE_PARALLELISM_CONFIG=true.
+PARALLELISM_PREFIX = "parallelism_config_"
+PARALLELISM_ENV_PREFIX = PARALLELISM_PREFIX.upper()
 UNSUPPORTED_DISTRIBUTED_TYPES = {
     "MULTI_XPU": "Intel XPUs", "MULTI_NPU": "Ascend NPUs", "MULTI_MLU": "Cambricon MLUs", "MULTI_SDAA": "SDAA devices",
     "MULTI_MUSA": "Moore Threads GPUs", "MULTI_HPU": "Gaudi HPUs", "MULTI_NEURON": "AWS Neuron devices",
@@ -39,7 +41,7 @@ NO_AS_FALSE = {"mixed_precision": "no", "dynamo_backend": "no", "distributed_typ
 # dynamo_use_regional_compilation) are lowbit's own top-level settings, under the same names.
 
 # FSDP keys (fsdp_config in the file; FSDP_<KEY> variables from the launcher).
-FSDP_LOWBIT_KEYS = ("transformer_layer_cls_to_wrap", "reshard_after_forward")
+FSDP_LOWBIT_KEYS = ("transformer_layer_cls_to_wrap", "reshard_after_forward", "activation_checkpointing")
 FSDP_IGNORED = {
     "fsdp_version": "lowbit always uses FSDP2 (fully_shard)",
     "fsdp_backward_prefetch": "FSDP2 prefetches by itself", "fsdp_forward_prefetch": "FSDP2 prefetches by itself",
@@ -48,10 +50,10 @@ FSDP_IGNORED = {
     "fsdp_cpu_ram_efficient_loading": "models are built on every rank",
     "fsdp_state_dict_type": "save_state writes lowbit's own checkpoint format",
     "fsdp_min_num_params": "lowbit shards by block, not by size",
-    "fsdp_activation_checkpointing_offload": "activation checkpointing is not offered",
+    "fsdp_activation_checkpointing_offload": "checkpointed activations stay on the device",
 }
 # FSDP features lowbit does not offer: fine when off, an error when on.
-FSDP_MUST_BE_OFF = {"fsdp_offload_params": "parameter offload to CPU", "fsdp_activation_checkpointing": "activation checkpointing"}
+FSDP_MUST_BE_OFF = {"fsdp_offload_params": "parameter offload to CPU"}
 # FSDP1 sharding strategies (also accepted as fsdp_reshard_after_forward) as FSDP2's reshard flag.
 SHARDING_TO_RESHARD = {"FULL_SHARD": True, "1": True, "SHARD_GRAD_OP": False, "2": False, "NO_RESHARD": False}
 
@@ -76,9 +78,8 @@ def translate_config_file(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     for key, value in raw.items():
         if key in IGNORED_TOP_LEVEL:
             ignored.append(key)
-        elif key in UNSUPPORTED_SECTIONS:
-            if value:
-                raise ConfigError(f"{where}: {UNSUPPORTED_SECTIONS[key]} is not supported by lowbit. Remove the {key} section.")
+        elif key == "parallelism_config":
+            out[key] = {k.removeprefix(PARALLELISM_PREFIX): v for k, v in (value or {}).items()}
         elif key == "dynamo_config":
             out.update(_translate_dynamo(value or {}))
         elif key == "fsdp_config":
@@ -119,6 +120,8 @@ def translate_fsdp(section: Mapping[str, Any], where: str, ignored: list[str]) -
     for key, value in section.items():
         if key == "fsdp_transformer_layer_cls_to_wrap":
             out["transformer_layer_cls_to_wrap"] = _names(value)
+        elif key == "fsdp_activation_checkpointing":
+            out["activation_checkpointing"] = value if str(value).lower() in ("full", "selective") else _flag(value, key, where)
         elif key == "fsdp_reshard_after_forward":
             out["reshard_after_forward"] = _reshard(value, where)
         elif key in FSDP_IGNORED:
@@ -130,7 +133,8 @@ def translate_fsdp(section: Mapping[str, Any], where: str, ignored: list[str]) -
         elif key == "fsdp_sharding_strategy":
             if str(value).upper() not in SHARDING_TO_RESHARD:
                 raise ConfigError(f"{where}: fsdp_config.fsdp_sharding_strategy {value!r} is not supported by lowbit's FSDP2 "
-                                  "strategy; use FULL_SHARD or SHARD_GRAD_OP (or DDP for NO_SHARD).")
+                                  "strategy; use FULL_SHARD or SHARD_GRAD_OP (or DDP for NO_SHARD). For HYBRID_SHARD (HSDP), give a "
+                                  "parallelism_config with dp_replicate_size and dp_shard_size.")
             out.setdefault("reshard_after_forward", SHARDING_TO_RESHARD[str(value).upper()])
         elif key == "fsdp_auto_wrap_policy":
             if str(value).upper() != "TRANSFORMER_BASED_WRAP":
@@ -139,6 +143,13 @@ def translate_fsdp(section: Mapping[str, Any], where: str, ignored: list[str]) -
         else:
             out[key] = value
     return out
+
+
+def _flag(value: Any, key: str, where: str) -> bool:
+    try:
+        return parse_bool(value)
+    except ValueError:
+        raise ConfigError(f"{where}: fsdp_config.{key} must be true/false, got {value!r}.") from None
 
 
 def _reshard(value: Any, where: str) -> bool:
@@ -248,6 +259,10 @@ def settings_from_accelerate_env(environ: Mapping[str, str]) -> dict[str, Any]:
             section["fsdp_transformer_layer_cls_to_wrap"] = section.pop("fsdp_transformer_cls_to_wrap")
         raw.update(distributed_type="FSDP", fsdp_config=translate_fsdp(section, WHERE_ENV, []))
         raw["fsdp_config"] = {k: v for k, v in raw["fsdp_config"].items() if k in FSDP_LOWBIT_KEYS}
+    if _env_flag(environ, "ACCELERATE_USE_PARALLELISM_CONFIG"):
+        raw["parallelism_config"] = {name[len(PARALLELISM_ENV_PREFIX):].lower(): value for name, value in environ.items()
+                                     if name.startswith(PARALLELISM_ENV_PREFIX) and value != ""
+                                     and not name.startswith(PARALLELISM_ENV_PREFIX + "SP_")}
     if _env_flag(environ, "ACCELERATE_USE_DEEPSPEED"):
         section = {key: environ[env] for env, key in DEEPSPEED_ENV.items() if environ.get(env)}
         raw.update(distributed_type="DEEPSPEED", deepspeed_config=section)

@@ -78,3 +78,7 @@ class DistributedType(str, enum.Enum):
     FSDP = "FSDP"
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
+
+# ParallelismConfig's sp_backend values (Accelerate's default names DeepSpeed's Ulysses); lowbit
+# accepts the name, and refuses sp_size > 1.
+SEQUENCE_PARALLEL_BACKENDS = ("deepspeed",)

@@ -25,6 +25,8 @@ from lowbit.types import NATIVE_PRECISIONS
 
 CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
 FP8_SECTION = "fp8_config"
+# The run's parallel layout (lowbit.parallelism_config reads and checks it when the Accelerator starts).
+PARALLELISM_SECTION = "parallelism_config"
 # Strategy sections (``fsdp_config``, ...) are named by the strategies themselves
 # (StrategyDescription.config_section); before the plugins are known, any ``*_config`` mapping passes.
 SECTION_SUFFIX = "_config"
@@ -180,7 +182,7 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
 def is_section(key: str, sections: tuple[str, ...] | None) -> bool:
     """Whether ``key`` is a config section: fp8_config, or a strategy's (any ``*_config`` while the
     installed strategies are not known yet)."""
-    if key == FP8_SECTION:
+    if key in (FP8_SECTION, PARALLELISM_SECTION):
         return True
     return key in sections if sections is not None else key.endswith(SECTION_SUFFIX)
 
@@ -331,7 +333,7 @@ def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, Op
                           sections: tuple[str, ...] | None = None) -> None:
     """A LOWBIT_* variable lowbit does not read is most likely a typo: say so, once per name."""
     known = {spec.env for spec in TOP_LEVEL.values()} | set(OTHER_ENV_VARS)
-    known |= {section_env_var(section) for section in sections or ()}
+    known |= {section_env_var(section) for section in (*(sections or ()), PARALLELISM_SECTION)}
     fp8_keys = set(DOCUMENTED_FP8_KEYS) | set(fp8_specs or {})
     known |= {fp8_env_var(key) for key in fp8_keys}
     for name in sorted(environ):

@@ -79,6 +79,15 @@ def after_optimizer_step(model, optimizer, context: PrepareContext) -> None:
 
 
 @hookimpl
+def strategy_integration(strategy: str, context: PrepareContext):
+    if context.parallelism is None or not context.parallelism.tp_enabled:
+        return None
+    from lowbit_ao.convert import tensor_parallel_style
+
+    return {"tensor_parallel_style": tensor_parallel_style}
+
+
+@hookimpl
 def enable_fp8_telemetry(model, recorder, context: PrepareContext):
     from lowbit_ao.telemetry import enable
 

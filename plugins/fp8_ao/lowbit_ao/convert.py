@@ -235,7 +235,7 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
         # torchao's float8 all-gather needs every rank's shard the same size (pytorch/ao#3982): these
         # layers train in float8 too, but FSDP2 gathers their weights in high precision.
         note(f"FSDP2 gathers {len(uneven)} layer(s) in high precision, not float8: their weights' first dimension "
-             f"does not divide by the {context.world_size} shards ({', '.join(f'{n} {d}' for n, d in uneven.items())}).")
+             f"does not divide by the number of shards ({', '.join(f'{n} {d}' for n, d in uneven.items())}).")
         plain = dataclasses.replace(config, enable_fsdp_float8_all_gather=False)
         model = convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in uneven, config=plain)
         model = convert_conv1d_layers(model, lambda m, fqn: fqn in uneven, plain)
@@ -257,10 +257,13 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
 
 def uneven_shards(model: nn.Module, module_filter: Callable[[nn.Module, str], bool], context: PrepareContext) -> dict[str, int]:
     """The layers to convert whose weight FSDP2 would shard unevenly (dim 0 not divisible by the
-    ranks), with that dimension."""
+    ranks), with that dimension. Under a ParallelismConfig FSDP2 shards over dp_shard x cp, after
+    tensor parallelism may have split dim 0 by tp already (counted for every layer: a safe side)."""
+    layout = context.parallelism
+    parts = layout.dp_shard_size * layout.cp_size * layout.tp_size if layout is not None else context.world_size
     return {name: module.weight.shape[0] for name, module in model.named_modules()
             if (isinstance(module, nn.Linear) or is_conv1d(module)) and module_filter(module, name)
-            and module.weight.shape[0] % max(context.world_size, 1)}
+            and module.weight.shape[0] % max(parts, 1)}
 
 
 def gathered_in_fp8(model: nn.Module) -> list[str]:
@@ -285,6 +288,26 @@ def after_step(model: nn.Module, context: PrepareContext) -> None:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def tensor_parallel_style(module: nn.Module, style: str) -> Any:
+    """torchao's float8 layout for a converted layer with tensorwise scaling: the input is cast to
+    float8 before the collective, so the all-gather moves float8. None (torch's plain layout) for any
+    other layer; rowwise-scaled layers take the plain one too (torchao's float8 styles scale per tensor,
+    as torchtitan pairs them)."""
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_linear import Float8Linear
+
+    if not isinstance(module, Float8Linear) or module.config.cast_config_input.scaling_granularity != ScalingGranularity.TENSORWISE:
+        return None
+    from torch.distributed.tensor import Replicate
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
+
+    styles = {"colwise": Float8ColwiseParallel, "rowwise": Float8RowwiseParallel,
+              "colwise_gather_output": lambda: Float8ColwiseParallel(output_layouts=Replicate()),
+              "colwise_rep": lambda: Float8ColwiseParallel(output_layouts=Replicate()),
+              "rowwise_rep": lambda: Float8RowwiseParallel(output_layouts=Replicate())}
+    return styles[style]() if style in styles else None
 
 
 def plain_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:

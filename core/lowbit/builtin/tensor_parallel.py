@@ -1,0 +1,104 @@
+"""Tensor parallelism for the built-in strategies: each module a plan names is laid out on the
+mesh's ``tp`` dimension with torch's ``parallelize_module``.
+
+The plan is the one the user gives (``TorchTensorParallelConfig(plan=...)``), else the model's own
+(a transformers model's ``_tp_plan``: module name patterns -> style names such as "colwise").
+A low-precision backend may lay out the modules it converted its own way (torchao's float8 styles
+cast the input to float8 before the collective): its ``tensor_parallel_style`` integration is asked
+first, module by module.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Mapping
+
+from torch import nn
+
+from lowbit.errors import ConfigError
+from lowbit.types import PrepareContext
+
+
+def _plain_styles() -> dict[str, Callable[[], Any]]:
+    """The plan style names lowbit lays out with torch's own styles (transformers' names)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+
+    return {
+        "colwise": ColwiseParallel,
+        "rowwise": RowwiseParallel,
+        # An output layer whose full output every rank needs (the loss): gathered after the GEMM.
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(output_layouts=Replicate()),
+        # The vocabulary is split; each rank's lookups are summed.
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "sequence_parallel": SequenceParallel,
+    }
+
+
+def plan_for(model: nn.Module, context: PrepareContext) -> Mapping[str, Any]:
+    handler = getattr(context.parallelism, "tp_handler", None)
+    plan = getattr(handler, "plan", None) or getattr(model, "_tp_plan", None)
+    if not plan:
+        raise ConfigError(
+            f"tp_size={context.parallelism.tp_size} asks for tensor parallelism, but {type(model).__name__} has no "
+            "tensor-parallel plan (transformers models carry one as `_tp_plan`). Give one: "
+            "ParallelismConfig(tp_size=..., tp_handler=TorchTensorParallelConfig(plan={'layers.*.mlp.up_proj': 'colwise', ...})).")
+    return plan
+
+
+def expand_plan(model: nn.Module, plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan by module name; ``*`` in a pattern matches one part of a name (a block's index)."""
+    names = [name for name, _ in model.named_modules() if name]
+    layout: dict[str, Any] = {}
+    for pattern, style in plan.items():
+        regex = re.compile("^" + re.escape(pattern).replace(r"\*", r"[^.]+") + "$")
+        layout.update({name: style for name in names if regex.match(name)})
+    if not layout:
+        raise ConfigError(f"The tensor-parallel plan names no module of {type(model).__name__} "
+                          f"(patterns: {', '.join(list(plan)[:4])}...); its modules are named like {', '.join(names[:4])}.")
+    return layout
+
+
+def _check_divides(name: str, module: nn.Module, style: str, tp: int) -> None:
+    """A split dimension must divide by the ranks: attention heads and GEMM shapes would not fit
+    otherwise (torch would shard unevenly and the model's reshapes fail mid-forward)."""
+    dim = {"colwise": 0, "colwise_gather_output": 0, "colwise_rep": 0, "rowwise": 1, "rowwise_rep": 1,
+           "embedding_rowwise": 0}.get(style)
+    weight = getattr(module, "weight", None)
+    if dim is not None and weight is not None and weight.ndim == 2 and weight.shape[dim] % tp:
+        raise ConfigError(f"Tensor parallelism splits {name}'s weight {tuple(weight.shape)} along dimension {dim} into "
+                          f"{tp} parts, but {weight.shape[dim]} does not divide by {tp}. Choose a tp_size that divides it.")
+
+
+def apply_tensor_parallel(model: nn.Module, context: PrepareContext) -> nn.Module:
+    """Lay ``model`` out on the ``tp`` dimension of the run's mesh (no-op when tp_size is 1)."""
+    parallelism = context.parallelism
+    if parallelism is None or not parallelism.tp_enabled:
+        return model
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        # Loaded already laid out (transformers' from_pretrained(tp_plan="auto", device_mesh=...)).
+        size = getattr(model, "tp_size", None)
+        if size not in (None, parallelism.tp_size):
+            raise ConfigError(f"The model was loaded tensor-parallel over {size} ranks, but tp_size is {parallelism.tp_size}.")
+        return model
+    modules = dict(model.named_modules())
+    backend_style = (context.strategy_integration or {}).get("tensor_parallel_style")
+    plain = _plain_styles()
+    layout = {}
+    for name, style in expand_plan(model, plan_for(model, context)).items():
+        if not isinstance(style, str):
+            layout[name] = style  # a torch ParallelStyle the user gave
+            continue
+        _check_divides(name, modules[name], style, parallelism.tp_size)
+        chosen = backend_style(modules[name], style) if backend_style else None
+        if chosen is None:
+            if style not in plain:
+                raise ConfigError(f"The tensor-parallel plan lays {name} out as {style!r}, which lowbit does not offer "
+                                  f"(it does: {', '.join(plain)}). Give a plan with those, or torch ParallelStyle objects.")
+            chosen = plain[style]()
+        layout[name] = chosen
+    return parallelize_module(model, context.device_mesh["tp"], layout)
