@@ -216,7 +216,7 @@ class ParallelismConfig:
         fields = [f.name for f in dataclasses.fields(cls) if not f.name.endswith("_handler")] + ["cp_comm_strategy"]
         for key in section:
             if key not in fields:
-                raise ConfigError(f"Unknown key {key!r} in {where}'s parallelism_config.{did_you_mean(key, fields)} "
+                raise ConfigError(f"Unknown key {key!r} in parallelism_config (from {where}).{did_you_mean(key, fields)} "
                                   f"Valid keys: {', '.join(fields)}.")
         values = dict(section)
         comm = values.pop("cp_comm_strategy", None)
@@ -245,11 +245,11 @@ def settle_layout(given: ParallelismConfig | None, section: Mapping[str, Any], w
     layout = given if given is not None else (ParallelismConfig.from_section(section, where) if section else None)
     if layout is None:
         return None
-    layout.fit_to(world_size, strategy, mesh_dims, others)
     if layout.cp_enabled and device_type != "cuda":
         # torch has no sharding rule for the CPU attention kernel (_scaled_dot_product_flash_attention_for_cpu).
         raise ConfigError(f"cp_size={layout.cp_size} asks for context parallelism, which torch runs on CUDA GPUs only "
                           f"(this run is on {device_type}). Set cp_size=1 here.")
+    layout.fit_to(world_size, strategy, mesh_dims, others)
     layout.get_device_mesh(device_type)
     return layout
 

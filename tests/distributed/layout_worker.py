@@ -2,6 +2,7 @@
 plain PyTorch on one process over the global batch, to compare.
 
     lowbit launch --cpu --num_processes N [--use_fsdp] layout_worker.py OUT_DIR dp_shard_size=2 tp_size=2 ...
+    python layout_worker.py OUT_DIR mp=fp8      # one process, no layout: the same run to compare with
 
 Keys after OUT_DIR: the ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``.
 Rank 0 writes ``result.json``: the layout's loss at each step (averaged over the data-parallel
@@ -63,7 +64,7 @@ def main() -> None:
     loader = torch.utils.data.DataLoader(torch.cat(batches()), batch_size=GLOBAL_BATCH // layout.data_parallel_size)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     mesh = accelerator.torch_device_mesh
-    dp_group = mesh["dp"].get_group() if layout.dp_dim_names else None
+    dp_group = mesh["dp"].get_group() if mesh is not None and layout.dp_dim_names else None
     losses = []
     for tokens in loader:
         loss = model(input_ids=tokens, labels=tokens).loss
@@ -75,7 +76,7 @@ def main() -> None:
             dist.all_reduce(mean, op=dist.ReduceOp.AVG, group=dp_group)
         losses.append(mean.item())
     if accelerator.is_main_process:
-        result = {"losses": losses, "reference": reference_losses(reference), "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)),
+        result = {"losses": losses, "reference": reference_losses(reference), "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)) if mesh is not None else {},
                   "distributed_type": str(accelerator.distributed_type), "batches_per_rank": len(loader),
                   "fp8_report": accelerator.fp8_report() if accelerator.fp8_backend else "",
                   "use_cache": getattr(accelerator.unwrap_model(model).config, "use_cache", None)}

@@ -71,6 +71,16 @@ def _check_divides(name: str, module: nn.Module, style: str, tp: int) -> None:
                           f"{tp} parts, but {weight.shape[dim]} does not divide by {tp}. Choose a tp_size that divides it.")
 
 
+def _check_heads(model: nn.Module, tp: int) -> None:
+    """Each rank computes whole attention heads: a transformers config's head counts must divide."""
+    config = getattr(model, "config", None)
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, key, None)
+        if isinstance(heads, int) and heads % tp:
+            raise ConfigError(f"Tensor parallelism gives each of the {tp} ranks whole attention heads, but the model's "
+                              f"{key} is {heads}, which does not divide by {tp}. Choose a tp_size that divides it.")
+
+
 def apply_tensor_parallel(model: nn.Module, context: PrepareContext) -> nn.Module:
     """Lay ``model`` out on the ``tp`` dimension of the run's mesh (no-op when tp_size is 1)."""
     parallelism = context.parallelism
@@ -85,6 +95,7 @@ def apply_tensor_parallel(model: nn.Module, context: PrepareContext) -> nn.Modul
         if size not in (None, parallelism.tp_size):
             raise ConfigError(f"The model was loaded tensor-parallel over {size} ranks, but tp_size is {parallelism.tp_size}.")
         return model
+    _check_heads(model, parallelism.tp_size)
     modules = dict(model.named_modules())
     backend_style = (context.strategy_integration or {}).get("tensor_parallel_style")
     plain = _plain_styles()
