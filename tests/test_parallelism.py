@@ -210,3 +210,32 @@ def test_each_layout_trains_like_one_process_on_the_global_batch(tmp_path, name)
     assert result["losses"] == pytest.approx(result["reference"], **TOLERANCE[precision]), result
     if precision == "fp8":
         assert result["fp8_report"].startswith("fp8 (ao, tensorwise, emulated): 13 of 15 Linear layers"), result["fp8_report"]
+
+
+# ------------------------------------------------------------------ Accelerate's example, import changed
+
+ND_SCRIPT = Path(__file__).parent / "accelerate_style" / "nd_parallel.py"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("world, flags, sizes, steps", [
+    (2, (), ("--tp-size", "2"), 8),  # laid out by transformers at load time; both ranks see every batch of 2
+    (4, ("--use_fsdp",), ("--dp-replicate-size", "2", "--dp-shard-size", "2"), 2),  # HSDP: 16 samples over 4 ranks
+])
+def test_accelerates_nd_parallel_example_trains_checkpoints_and_saves_whole_weights(tmp_path, world, flags, sizes, steps):
+    model_dir = tmp_path / "tiny"
+    tiny_llama(use_cache=False).save_pretrained(model_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
+           str(ND_SCRIPT), str(model_dir), str(tmp_path / "out"), *sizes]
+    proc = run_launch(cmd, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["steps"] == steps and len(result["losses"]) == steps
+    saved = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model")
+    original = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    for name, tensor in original.state_dict().items():  # whole weights, once, trained (SGD moved them)
+        assert saved.state_dict()[name].shape == tensor.shape, name
+    assert not torch.equal(saved.state_dict()["model.layers.0.mlp.up_proj.weight"], original.state_dict()["model.layers.0.mlp.up_proj.weight"])
+    assert (tmp_path / "out" / "checkpoint-1" / "lowbit_state.json").exists()

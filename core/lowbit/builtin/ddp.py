@@ -3,7 +3,7 @@ ParallelismConfig, tensor parallelism over every process (``tp_size``, each proc
 batch), or DDP over ``dp_replicate``."""
 from __future__ import annotations
 
-from lowbit.builtin.tensor_parallel import apply_tensor_parallel
+from lowbit.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
 from lowbit.hookspecs import hookimpl
 from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
 
@@ -29,7 +29,9 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     if context.parallelism is not None and context.parallelism.tp_enabled:
         # All processes are tensor-parallel ranks (ParallelismConfig refuses DDP replicas of a TP
         # model): their gradients are whole already, there is nothing for DDP to average.
-        return apply_tensor_parallel(model, context), optimizer
+        model = apply_tensor_parallel(model, context)
+        tell_transformers_the_layout(model, context)
+        return model, optimizer
     from torch.nn.parallel import DistributedDataParallel
 
     options = dict(context.strategy_options)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from lowbit.builtin.activation_checkpointing import MODES as CHECKPOINT_MODES, checkpoint_blocks
-from lowbit.builtin.tensor_parallel import apply_tensor_parallel
+from lowbit.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.hookspecs import hookimpl
 from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
@@ -107,6 +107,7 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     checkpoint_blocks(model, units, options.get("activation_checkpointing", False))
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    tell_transformers_the_layout(model, context)
     return model, optimizer
 
 

@@ -113,3 +113,21 @@ def apply_tensor_parallel(model: nn.Module, context: PrepareContext) -> nn.Modul
             chosen = plain[style]()
         layout[name] = chosen
     return parallelize_module(model, context.device_mesh["tp"], layout)
+
+
+def tell_transformers_the_layout(model: nn.Module, context: PrepareContext) -> None:
+    """A transformers model's ``save_pretrained`` gathers sharded weights (to rank 0, on the CPU)
+    only when its config says how it is laid out (``config.distributed_config``, which transformers
+    sets itself when it lays the model out at load time). Say it for a layout lowbit made, so that
+    ``model.save_pretrained(...)`` on every rank writes whole weights once. The key is never saved."""
+    layout, config = context.parallelism, getattr(model, "config", None)
+    if layout is None or config is None or getattr(config, "distributed_config", None) is not None:
+        return
+    try:
+        from transformers.distributed.configuration_utils import DistributedConfig
+    except ImportError:  # not a transformers model, or a transformers without distributed saving
+        return
+    sharded = layout.dp_shard_enabled or layout.cp_enabled
+    config.distributed_config = DistributedConfig(
+        tp_size=layout.tp_size, fsdp_size=layout.dp_shard_size * layout.cp_size if sharded else None,
+        dp_replicate_size=layout.dp_replicate_size if sharded else None)

@@ -156,6 +156,7 @@ class Preparation:
         plugins = self.plugins
         if plugins.backend is None:
             return model, optimizer
+        _check_not_laid_out(model, plugin_label(plugins.backend))
         names = _parameter_names(model)
         if plugins.converts_model_and_optimizer_together:
             return plugins.prepare_model_and_optimizer(model, optimizer)
@@ -241,6 +242,19 @@ class Preparation:
         prepared = PreparedScheduler(scheduler, optimizers, self.rules)
         self.prepared.schedulers.append(prepared)
         return prepared
+
+
+def _check_not_laid_out(model: torch.nn.Module, backend: str) -> None:
+    """A backend converts whole layers; one already split over ranks (DTensor weights) would fail
+    mid-forward, mixing its local tensors with the DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        raise ConfigError(
+            f"{type(model).__name__} arrives laid out over several processes already (its weights are DTensors, e.g. "
+            f"from from_pretrained(tp_plan='auto', device_mesh=...)), but {backend} converts whole layers before they are "
+            "laid out. Load the model without tp_plan/device_mesh and give ParallelismConfig(tp_size=...): lowbit lays "
+            "it out with the model's own plan after converting it.")
 
 
 def context_or_null(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:
