@@ -130,6 +130,24 @@ def test_block_formats_under_ddp_and_fsdp2(tmp_path, recipe, precision, strategy
     assert_loss_decreases(results[0]["losses"])
 
 
+@pytest.mark.parametrize("flags", [("--use_fsdp",), ("--use_deepspeed", "--zero_stage", "3", "--mixed_precision", "bf16")],
+                         ids=["fsdp2", "zero3"])
+def test_a_sharded_model_is_gathered_on_the_main_process_only_and_a_tied_weight_saved_once(tmp_path, flags):
+    if "--use_deepspeed" in flags:
+        pytest.importorskip("lowbit_deepspeed")
+        pytest.importorskip("deepspeed")
+    results = launch(tmp_path, "tied-save", *flags)
+    assert results[0]["state_names"] == ["embed.weight", "head.weight", "mid.bias", "mid.weight"]
+    assert results[0]["tied_shared"] is True
+    assert results[1]["state_names"] == []  # the other rank took part in the gather and kept nothing
+    from safetensors.torch import load_file
+
+    written = load_file(tmp_path / "tied-save" / "model" / "model.safetensors")
+    assert sorted(written) == ["embed.weight", "mid.bias", "mid.weight"]  # head.weight: the same tensor, once
+    full = torch.load(tmp_path / "tied-save" / "full_state.pt", weights_only=True)
+    assert torch.equal(written["embed.weight"], full["head.weight"].to(written["embed.weight"].dtype))
+
+
 def test_two_process_checkpoint_resume_matches_uninterrupted_run(tmp_path):
     results = launch(tmp_path, "resume")
     assert all(r["resumed_equals_uninterrupted"] for r in results)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
@@ -701,13 +702,16 @@ class Accelerator(RankFacts):
         self._checkpointer.load(input_dir)
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The full, plain state dict an unconverted model loads, on every rank."""
+        """The full, plain state dict an unconverted model loads, on the CPU. Call it on every
+        process: under a strategy that shards (FSDP2, ZeRO-3) it is gathered into the main process
+        only and the others get ``{}``, as in Accelerate; otherwise every process gets it."""
+        inner = self.unwrap_model(model)
         state = self.plugins.full_state_dict(model)
         if state is None:
-            state = self.unwrap_model(model).state_dict()
-        exported = self.plugins.export_state_dict(self.unwrap_model(model), state)
+            state = inner.state_dict()
+        exported = self.plugins.export_state_dict(inner, state)
         state = exported if exported is not None else state
-        return detached_copy(state)
+        return detached_copy(tied_as_in(inner, state), inner)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> Path:
@@ -726,18 +730,46 @@ class Accelerator(RankFacts):
 # ---------------------------------------------------------------------- helpers
 
 
-def detached_copy(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """A CPU copy of every tensor. Names that share one tensor (tied weights) share one copy, as
-    in the model, so ``save_model`` can write them once, as Accelerate does."""
+def tied_as_in(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each name of a parameter the model ties (one Parameter under two names, e.g.
+    embeddings and the output layer) holding the same tensor: a strategy that gathers each name on
+    its own (FSDP2, ZeRO-3) returns two copies, which would be saved twice."""
+    first: dict[int, str] = {}
+    for name, tensor in itertools.chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)):
+        original = first.setdefault(id(tensor), name)
+        if original != name and name in state and original in state:
+            state[name] = state[original]
+    return state
+
+
+def detached_copy(state: dict[str, Any], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor on the CPU, detached from the model: a tensor that is the model's own storage
+    is copied, one a strategy gathered already is not (a second copy of a whole model on the main
+    process). Names that share one tensor (tied weights) share one copy, as in the model, so
+    ``save_model`` writes them once, as Accelerate does."""
+    live = {ptr for t in model.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor) for ptr in _cpu_storages(t)}
     copies: dict[tuple, torch.Tensor] = {}
     out = {}
     for name, tensor in state.items():
         if isinstance(tensor, torch.Tensor):
             key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
             if key not in copies or not tensor.numel():
-                copies[key] = tensor.detach().cpu().clone()
+                cpu = tensor.detach().cpu()
+                copies[key] = cpu.clone() if cpu.untyped_storage().data_ptr() in live else cpu
             out[name] = copies[key]
     return out
+
+
+def _cpu_storages(tensor: torch.Tensor) -> Iterator[int]:
+    """The CPU memory a model tensor lives in, through tensor subclasses (DTensor, torchao's float8
+    weights) by torch's ``__tensor_flatten__`` protocol."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        for attr in tensor.__tensor_flatten__()[0]:
+            inner = getattr(tensor, attr)
+            if isinstance(inner, torch.Tensor):
+                yield from _cpu_storages(inner)
+    elif tensor.device.type == "cpu":
+        yield tensor.untyped_storage().data_ptr()
 
 
 def _skip_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) -> None:

@@ -253,10 +253,12 @@ def backward(loss: torch.Tensor, model: torch.nn.Module | None, context: Prepare
 
 @hookspec
 def full_state_dict(model: torch.nn.Module, context: PrepareContext) -> dict[str, Any] | None:
-    """Gather the model's complete, unsharded state dict (on every rank; only rank 0 writes it).
+    """Gather the model's complete, unsharded state dict into the main process (rank 0 writes it).
 
-    Called by: ``Accelerator.save_model`` and ``Accelerator.get_state_dict``, on the chosen strategy.
-    Return the full ``{name: tensor}`` dict; None means ``model.state_dict()`` is already full.
+    Called by: ``Accelerator.save_model`` and ``Accelerator.get_state_dict``, on the chosen strategy,
+    on every rank together. Return the full ``{name: tensor}`` dict on the main process; a strategy
+    that shards may return ``{}`` on the others (a whole model on each would need its memory on
+    each). None means ``model.state_dict()`` is already full.
     """
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import mlp, regression_data  # noqa: E402
+from helpers import TiedLM, mlp, regression_data  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
 
@@ -102,6 +102,21 @@ def main() -> None:
         resumed = acc.get_state_dict(model)
         result = {"resumed_equals_uninterrupted": all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted),
                   "fp8_report": acc.fp8_report()}
+    elif scenario == "tied-save":
+        # A head tied to the embedding, under a strategy that shards: the full state dict is built
+        # in the main process only, and the tied weight is written once.
+        acc = Accelerator()
+        model = TiedLM()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, opt = acc.prepare(model, opt)
+        ids = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(acc.process_index))
+        acc.backward(model(ids.to(acc.device)).float().pow(2).mean())
+        opt.step()
+        state = acc.get_state_dict(model)
+        acc.save_model(model, out / "model")
+        result = {"state_names": sorted(state), "tied_shared": state["head.weight"] is state["embed.weight"] if state else None}
+        if state:
+            torch.save(state, out / "full_state.pt")
     elif scenario == "clip":
         # One SGD step at lr 1 after clip_grad_norm_(0.05): the weights move by exactly the
         # clipped norm when clipping took effect, by the full gradient norm when it did not.

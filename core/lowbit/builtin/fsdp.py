@@ -115,8 +115,9 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
 def full_state_dict(model, context: PrepareContext):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    # cpu_offload=True would leave the full dict on rank 0 only; every rank gets it, as documented.
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    # Gathered one parameter at a time into the main process's RAM only (cpu_offload): a model that
+    # needs sharding does not fit whole on each GPU. The other ranks take part and get {}.
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 @hookimpl

@@ -76,7 +76,7 @@ def full_state_dict(model, context: PrepareContext):
     from lowbit_deepspeed.engine import gathered_state_dict, run_pending_step
 
     run_pending_step(context)
-    return gathered_state_dict(model)
+    return gathered_state_dict(model, main=context.rank == 0)
 
 
 @hookimpl

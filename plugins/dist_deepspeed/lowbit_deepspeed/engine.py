@@ -179,20 +179,26 @@ def _clipping_at(engine, max_norm: float) -> Iterator[None]:
             engine.optimizer.clip_grad = saved_copy
 
 
-def gathered_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The full state dict on every rank. Under ZeRO-3 the partitioned parameters are gathered one
-    module at a time and copied to the CPU, so the peak is the largest layer, not the model:
-    gathering every parameter at once needs the whole model on each GPU (out of memory for a
-    model ZeRO-3 was chosen for)."""
+def gathered_state_dict(engine, main: bool) -> dict[str, torch.Tensor]:
+    """The full state dict. Under ZeRO-3 it is consolidated on the main process only (``main``): the
+    partitioned parameters are gathered one module at a time (every rank takes part) and only the main
+    process copies them to the CPU, so the peak is the largest layer on each GPU and one model in the
+    main process's RAM. A parameter two modules share (tied embeddings) is copied once, under both names."""
     import deepspeed
 
     module = engine.module
     if engine.zero_optimization_stage() != 3:
         return module.state_dict()
     full: dict[str, torch.Tensor] = {}
+    copies: dict[int, torch.Tensor] = {}
     for prefix, sub in module.named_modules(remove_duplicate=False):
-        own: dict[str, Any] = {}
         with deepspeed.zero.GatheredParameters(list(sub.parameters(recurse=False)), modifier_rank=None):
-            sub._save_to_state_dict(own, f"{prefix}." if prefix else "", keep_vars=False)
-            full.update({k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v for k, v in own.items()})
+            if not main:
+                continue
+            own: dict[str, Any] = {}
+            sub._save_to_state_dict(own, f"{prefix}." if prefix else "", keep_vars=True)
+            for key, value in own.items():
+                if torch.is_tensor(value) and id(value) not in copies:
+                    copies[id(value)] = value.detach().to("cpu", copy=True)
+                full[key] = copies[id(value)] if torch.is_tensor(value) else value
     return full
