@@ -47,11 +47,23 @@ def single_process_reference(epochs: int = 3) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
+def gathered_states(out: Path, world: int = 2) -> list[dict]:
+    """Each rank's ``get_state_dict``: whole on every rank under DDP; under FSDP2 on the main process
+    only (the others get {}, and there is one sharded copy, so nothing to compare)."""
+    states = [torch.load(out / f"state_rank{r}.pt", weights_only=True) for r in range(world)]
+    assert states[0], "the main process must hold the whole model"
+    return [state for state in states if state]
+
+
+def assert_ranks_agree(states: list[dict]) -> None:
+    for other in states[1:]:
+        for key in states[0]:
+            assert torch.equal(states[0][key], other[key]), f"{key} differs between ranks"
+
+
 def assert_ranks_agree_and_match_reference(tmp_path, scenario, results, atol=1e-5):
-    out = tmp_path / scenario
-    states = [torch.load(out / f"state_rank{r}.pt", weights_only=True) for r in range(2)]
-    for key in states[0]:
-        assert torch.equal(states[0][key], states[1][key]), f"{key} differs between ranks"
+    states = gathered_states(tmp_path / scenario)
+    assert_ranks_agree(states)
     reference = single_process_reference()
     for key, value in reference.items():
         torch.testing.assert_close(states[0][key], value, atol=atol, rtol=1e-4)
@@ -124,9 +136,7 @@ def test_block_formats_under_ddp_and_fsdp2(tmp_path, recipe, precision, strategy
     results = launch(tmp_path, scenario, *flags, "--mixed_precision", precision)
     assert results[0]["strategy"] == strategy and results[0]["fp8_backend"] == "ao"
     assert results[0]["fp8_report"].startswith(f"{precision} (ao, {recipe}, emulated): 2 of 4 Linear layers"), results[0]["fp8_report"]
-    states = [torch.load(tmp_path / scenario / f"state_rank{r}.pt", weights_only=True) for r in range(2)]
-    for key in states[0]:
-        assert torch.equal(states[0][key], states[1][key]), f"{key} differs between ranks"
+    assert_ranks_agree(gathered_states(tmp_path / scenario))
     assert_loss_decreases(results[0]["losses"])
 
 
@@ -162,8 +172,9 @@ def test_fsdp2_checkpoint_resume(tmp_path):
 def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path, strategy):
     results = launch(tmp_path, "nonfinite", *(["--use_fsdp"] if strategy == "fsdp" else []))
     assert [r["skipped"] for r in results] == [[False, False, True, False]] * 2
-    states = [torch.load(tmp_path / "nonfinite" / f"state_rank{r}.pt", weights_only=True) for r in range(2)]
-    assert all(torch.equal(states[0][k], states[1][k]) and torch.isfinite(states[0][k]).all() for k in states[0])
+    states = gathered_states(tmp_path / "nonfinite")
+    assert_ranks_agree(states)
+    assert all(torch.isfinite(value).all() for value in states[0].values())
 
 
 @pytest.mark.parametrize("hook, registered", [("fp16", "fp16_compress_hook"), ("power_sgd", "powerSGD_hook")])

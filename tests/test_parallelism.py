@@ -173,6 +173,7 @@ def test_checkpointed_blocks_give_the_same_gradients(mode, recwarn):
 
 
 def run_layout(tmp_path: Path, world: int, *args: str, flags: tuple[str, ...] = ()) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
@@ -239,3 +240,35 @@ def test_accelerates_nd_parallel_example_trains_checkpoints_and_saves_whole_weig
         assert saved.state_dict()[name].shape == tensor.shape, name
     assert not torch.equal(saved.state_dict()["model.layers.0.mlp.up_proj.weight"], original.state_dict()["model.layers.0.mlp.up_proj.weight"])
     assert (tmp_path / "out" / "checkpoint-1" / "lowbit_state.json").exists()
+
+
+# ------------------------------------------------------------------ resuming on another layout or precision
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("saved_on, resumed_on", [(2, 4), (4, 2)])
+def test_a_checkpoint_saved_on_one_number_of_processes_resumes_on_another(tmp_path, saved_on, resumed_on):
+    """FSDP2's checkpoint (DCP) is resharded: weights and AdamW states. A global step is the same
+    rows on any number of ranks, so the resumed steps equal one process's to fp32 precision."""
+    ckpt = tmp_path / "ckpt"
+    first = run_layout(tmp_path / "first", saved_on, f"dp_shard_size={saved_on}", "steps=2", f"save={ckpt}", flags=("--use_fsdp",))
+    second = run_layout(tmp_path / "second", resumed_on, f"dp_shard_size={resumed_on}", f"resume={ckpt}", flags=("--use_fsdp",))
+    assert first["losses"] == pytest.approx(first["reference"][:2], abs=1e-4)
+    assert second["losses"] == pytest.approx(first["reference"][2:], abs=1e-4), (first, second)
+
+
+@pytest.mark.multiprocess
+def test_an_fp8_run_finishes_in_bf16_when_asked(tmp_path):
+    """torchtitan's late precision switch: the fp8 (ao) state resumes in bf16 with
+    ``allow_precision_change=True``; without it the error says how."""
+    pytest.importorskip("lowbit_ao")
+    ckpt = tmp_path / "ckpt"
+    run_layout(tmp_path / "fp8", 2, "dp_shard_size=2", "mp=fp8", "steps=2", f"save={ckpt}", flags=("--use_fsdp",))
+    finish = run_layout(tmp_path / "bf16", 2, "dp_shard_size=2", "mp=bf16", f"resume={ckpt}", "switch=1", flags=("--use_fsdp",))
+    assert finish["losses"] == pytest.approx(finish["reference"][2:], rel=1e-2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", "--use_fsdp", str(WORKER),
+           str(tmp_path / "refused"), "dp_shard_size=2", "mp=bf16", f"resume={ckpt}"]
+    (tmp_path / "refused").mkdir()
+    proc = run_launch(cmd, env=dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+    assert proc.returncode != 0 and "allow_precision_change=True" in proc.stderr, proc.stderr[-3000:]

@@ -74,8 +74,9 @@ def test_trains_and_ranks_agree(runs, model, strategy, precision):
     first = ranks[0]
     assert first["strategy"] == {"single": "none", "ddp": "ddp", "fsdp2": "fsdp"}.get(strategy, "deepspeed")
     assert first["fp8_backend"] == ("ao" if precision == "fp8" else None)
-    for other in ranks[1:]:
-        assert other["losses"] == first["losses"] and other["digest"] == first["digest"], "ranks disagree"
+    assert first["digest"] is not None  # the main process holds the whole model
+    for other in ranks[1:]:  # under FSDP2 / ZeRO-3 the others hold none of it gathered (digest None)
+        assert other["losses"] == first["losses"] and other["digest"] in (first["digest"], None), "ranks disagree"
     losses = first["losses"]
     assert sum(losses[-4:]) / 4 < 0.95 * sum(losses[:4]) / 4, f"loss did not fall: {losses}"
 

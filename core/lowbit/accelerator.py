@@ -691,15 +691,19 @@ class Accelerator(RankFacts):
             output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
         return self._checkpointer.save(output_dir)
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, **load_model_func_kwargs: Any) -> None:
+    def load_state(self, input_dir: str | os.PathLike | None = None, *, allow_precision_change: bool = False,
+                   **load_model_func_kwargs: Any) -> None:
         """Restore what ``save_state`` wrote into the objects already prepared, after checking each
-        file's checksum. With no ``input_dir``, the newest automatically named checkpoint."""
+        file's checksum. With no ``input_dir``, the newest automatically named checkpoint.
+        ``allow_precision_change=True`` (lowbit's) resumes a run saved in another precision or by
+        another low-precision backend, e.g. an FP8/NVFP4 run finished in bf16: weights, optimizer,
+        scheduler and counters load; the old backend's own state (scales, amax histories) is left out."""
         if load_model_func_kwargs:
             raise ConfigError(f"load_state got {', '.join(load_model_func_kwargs)}: lowbit's load_state takes no load "
                               "function options.")
         if input_dir is None:
             input_dir = automatic_checkpoint.latest_directory(self.project_configuration)
-        self._checkpointer.load(input_dir)
+        self._checkpointer.load(input_dir, allow_precision_change=allow_precision_change)
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full, plain state dict an unconverted model loads, on the CPU. Call it on every

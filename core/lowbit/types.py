@@ -185,6 +185,8 @@ class StrategyDescription(PluginDescription):
     when the strategy's ``save_checkpoint`` hook writes them (shown by ``lowbit plugins``).
     ``memory``: how it spreads memory, by the name ``lowbit estimate-memory`` shows (its own name,
     or one per variant: "zero1", "zero2", "zero3"); empty: estimate-memory does not offer it.
+    ``checkpoint_reshards``: its own checkpoint loads on another number of processes (DCP's
+    resharding); a lowbit-written checkpoint (whole files) always does.
     ``mesh_dims``: the dimensions of Accelerate's ``ParallelismConfig`` it lays a model out on
     ("dp_replicate", "dp_shard", "tp", "cp"), reading ``context.device_mesh``; a size above 1 in
     any other dimension is refused before ``prepare``, naming a strategy that has it.
@@ -200,6 +202,7 @@ class StrategyDescription(PluginDescription):
     launch_flag: str = ""
     checkpoint: str = "lowbit"
     memory: dict[str, StrategyMemory] = field(default_factory=dict)
+    checkpoint_reshards: bool = False
     mesh_dims: tuple[str, ...] = ()
 
 

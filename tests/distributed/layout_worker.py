@@ -4,9 +4,11 @@ plain PyTorch on one process over the global batch, to compare.
     lowbit launch --cpu --num_processes N [--use_fsdp] layout_worker.py OUT_DIR dp_shard_size=2 tp_size=2 ...
     python layout_worker.py OUT_DIR mp=fp8      # one process, no layout: the same run to compare with
 
-Keys after OUT_DIR: the ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``.
-Rank 0 writes ``result.json``: the layout's loss at each step (averaged over the data-parallel
-ranks, as the global batch's mean) and the reference's.
+Keys after OUT_DIR: the ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``;
+``steps=K`` trains the first K steps only, then ``save=DIR`` saves the training state; ``resume=DIR``
+loads one first (``switch=1``: saved in another precision) and trains from where it stopped.
+Rank 0 writes ``result.json``: the layout's loss at each step it ran (averaged over the
+data-parallel ranks, as the global batch's mean) and the reference's for all STEPS.
 """
 from __future__ import annotations
 
@@ -65,16 +67,26 @@ def main() -> None:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     mesh = accelerator.torch_device_mesh
     dp_group = mesh["dp"].get_group() if mesh is not None and layout.dp_dim_names else None
+    batches_to_run = loader
+    if "resume" in args:
+        accelerator.load_state(args["resume"], allow_precision_change=args.get("switch") == "1")
+        # A global step is the same rows on any number of ranks: skip the steps the save had done.
+        batches_to_run = accelerator.skip_first_batches(loader, accelerator.step)
     losses = []
-    for tokens in loader:
+    for tokens in batches_to_run:
+        if len(losses) == int(args.get("steps", STEPS)):
+            break
         loss = model(input_ids=tokens, labels=tokens).loss
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
+        accelerator.step += 1
         mean = loss.detach().clone()
         if dp_group is not None:
             dist.all_reduce(mean, op=dist.ReduceOp.AVG, group=dp_group)
         losses.append(mean.item())
+    if "save" in args:
+        accelerator.save_state(args["save"])
     if accelerator.is_main_process:
         result = {"losses": losses, "reference": reference_losses(reference), "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)) if mesh is not None else {},
                   "distributed_type": str(accelerator.distributed_type), "batches_per_rank": len(loader),

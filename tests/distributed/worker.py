@@ -133,8 +133,9 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
         after = acc.get_state_dict(model)
-        update = sum(((after[k].float() - before[k]) ** 2).sum() for k in before) ** 0.5
-        result = {"norm": float(norm), "update": float(update)}
+        # Under ZeRO-3 / FSDP2 only the main process holds the gathered weights.
+        update = float(sum(((after[k].float() - before[k]) ** 2).sum() for k in before) ** 0.5) if before else None
+        result = {"norm": float(norm), "update": update}
     elif scenario == "nonfinite":
         # Rank 1 alone sees a NaN loss at its third step (its gradients stay finite): every rank
         # must skip that step, or the ranks' weights part ways.

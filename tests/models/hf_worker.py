@@ -86,13 +86,14 @@ def main() -> None:
         losses.append(acc.gather(loss.detach()).mean().item())
         if acc.sync_gradients and not updates:  # the first update is lr x the clipped gradient
             after = {k: v.float() for k, v in acc.get_state_dict(model).items()}
-            updates.append(sum(((after[k] - before[k]) ** 2).sum() for k in before).item() ** 0.5)
+            # Under FSDP2 / ZeRO-3 only the main process holds the gathered weights (others: {}).
+            updates.append(sum(((after[k] - before[k]) ** 2).sum() for k in before).item() ** 0.5 if before else None)
             before = after
     state = acc.get_state_dict(model)
     acc.save_model(model, out / "model")
     result = {
         "strategy": acc.distributed_strategy, "fp8_backend": acc.fp8_backend, "fp8_report": acc.fp8_report(),
-        "losses": losses, "norms": norms, "updates": updates, "lr": LR, "max_norm": MAX_NORM, "digest": digest(state),
+        "losses": losses, "norms": norms, "updates": updates, "lr": LR, "max_norm": MAX_NORM, "digest": digest(state) if state else None,
     }
     (out / f"result_rank{acc.process_index}.json").write_text(json.dumps(result))
     acc.end_training()

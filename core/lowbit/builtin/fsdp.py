@@ -36,7 +36,8 @@ OPTIONS = {
 def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     return StrategyDescription(name=NAME, priority=5, available=True, aliases=("fsdp2",), distributed_types=("FSDP",),
                                reports_as="FSDP", config_section="fsdp_config", launch_flag="use_fsdp", checkpoint="own",
-                               memory={NAME: MEMORY}, mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"))
+                               memory={NAME: MEMORY}, checkpoint_reshards=True,
+                               mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"))
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -126,8 +127,30 @@ def save_checkpoint(directory: str, model, optimizer, context: PrepareContext):
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
+    model_state = {name: _unwrapped(value) for name, value in model_state.items()}
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=f"{directory}/fsdp_sharded")
     return True
+
+
+def _unwrapped(value: Any) -> Any:
+    """A weight a backend wraps in a tensor subclass holding one tensor of its shape (torchao's
+    float8 all-gather weights) is saved as that tensor: the checkpoint then loads without the
+    backend's classes, under another precision or backend too (DCP pickles a subclass's metadata)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    local = value.to_local() if isinstance(value, DTensor) else value
+    if not is_traceable_wrapper_subclass(local):
+        return value
+    names = local.__tensor_flatten__()[0]
+    inner = getattr(local, names[0]) if len(names) == 1 else None
+    if not isinstance(inner, torch.Tensor) or inner.shape != local.shape:
+        return value
+    if isinstance(value, DTensor):
+        return DTensor.from_local(inner, value.device_mesh, value.placements, run_check=False, shape=value.shape,
+                                  stride=value.stride())
+    return inner
 
 
 @hookimpl

@@ -459,8 +459,10 @@ def check_same_setup(metadata: dict[str, Any], expected: dict[str, Any], directo
     """Refuse a checkpoint written with another backend/precision: its state would not fit."""
     for key, value in expected.items():
         if metadata.get(key) != value:
+            switch = (" To finish a run in another precision (e.g. FP8 -> bf16), load it with "
+                      "`accelerator.load_state(dir, allow_precision_change=True)`." if key in ("mixed_precision", "fp8_backend") else "")
             raise CheckpointError(
                 f"Checkpoint {str(directory)!r} was saved with {key}={metadata.get(key)!r}, but this run uses "
                 f"{key}={value!r}. Load it with the same setting, or load only the weights with "
-                "`safetensors.torch.load_file` of the file `accelerator.save_model` writes."
+                f"`safetensors.torch.load_file` of the file `accelerator.save_model` writes.{switch}"
             )

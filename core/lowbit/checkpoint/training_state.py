@@ -20,6 +20,7 @@ import torch
 from lowbit.checkpoint import files as checkpoint
 from lowbit.checkpoint.accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
 from lowbit.errors import CheckpointError, ConfigError
+from lowbit.notices import note
 from lowbit.training.preparation import unwrap
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
 from lowbit.plugins.routing import ChosenPlugins
@@ -110,7 +111,7 @@ class TrainingStateCheckpointer:
                                              tmp / f"rng_state_{self.facts.process_index}.pt")
         return output_dir
 
-    def load(self, input_dir: str | Path) -> None:
+    def load(self, input_dir: str | Path, allow_precision_change: bool = False) -> None:
         prepared, plugins = self.prepared, self.plugins
         directory = Path(input_dir)
         if self.facts.is_main_process and directory.is_dir():
@@ -121,19 +122,22 @@ class TrainingStateCheckpointer:
             self._weights_replaced()
             return
         meta = checkpoint.read_metadata(directory)
-        checkpoint.check_same_setup(meta, self.fingerprint(), directory)
+        expected = self.fingerprint()
+        backend_changed = meta.get("fp8_backend") != expected["fp8_backend"]
+        if allow_precision_change:
+            changed = [f"{key} {meta.get(key)!r} -> {expected.pop(key)!r}" for key in PRECISION_KEYS if meta.get(key) != expected[key]]
+            if changed:
+                note(f"load_state: resuming {str(directory)!r} with another precision ({', '.join(changed)}): weights, "
+                     "optimizer, scheduler and counters load" + ("; the old backend's own state (its scales) is left out."
+                                                                  if backend_changed else "."))
+        checkpoint.check_same_setup(meta, expected, directory)
         if meta.get("custom_objects", 0) != len(self.custom_objects):
             raise CheckpointError(
                 f"Checkpoint {str(directory)!r} holds {meta.get('custom_objects', 0)} object(s) registered for "
                 f"checkpointing, but this run registered {len(self.custom_objects)}. Register the same objects, in the "
                 "same order, before load_state."
             )
-        rng_file = f"rng_state_{self.facts.process_index}.pt"
-        if rng_file not in meta["files"] and meta["world_size"] != self.facts.num_processes:
-            raise CheckpointError(
-                f"Checkpoint {str(directory)!r} was saved by {meta['world_size']} process(es) and this run has "
-                f"{self.facts.num_processes}: rank {self.facts.process_index} has no RNG state in it. Resume with "
-                f"{meta['world_size']} processes (`lowbit launch --num_processes {meta['world_size']}`).")
+        rng_file = self._rng_file(meta, directory)
         checkpoint.verify_files(directory, meta, required=[rng_file])
         # Every file is read and checked against its target before anything is loaded, so a file
         # that does not fit leaves the run as it was.
@@ -156,12 +160,12 @@ class TrainingStateCheckpointer:
                 checkpoint.check_optimizer_state_fits(opt.optimizer, state, path)
                 loads.append(functools.partial(opt.load_state_dict, state))
         for i, model in enumerate(prepared.models):
-            if f"fp8_state_{i}.pt" in meta["files"]:
+            if f"fp8_state_{i}.pt" in meta["files"] and not backend_changed:
                 path = directory / f"fp8_state_{i}.pt"
                 loads.append(functools.partial(self._load_backend_state, unwrap(model), checkpoint.read_tensor_file(path), path))
         for i, sched in enumerate(prepared.schedulers):
             loads.append(functools.partial(sched.load_state_dict, checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt")))
-        if self.rules.precision.scaler is not None:
+        if self.rules.precision.scaler is not None and "scaler.pt" in meta["files"]:
             loads.append(functools.partial(self.rules.precision.load_state_dict,
                                            checkpoint.read_tensor_file(directory / "scaler.pt")))
         for i, obj in enumerate(self.custom_objects):
@@ -177,6 +181,25 @@ class TrainingStateCheckpointer:
             loader.replay_epoch_order(order)  # saved mid-epoch: the resumed epoch keeps its order
         self._weights_replaced()
 
+    def _rng_file(self, meta: dict[str, Any], directory: Path) -> str:
+        """This rank's RNG file. On another number of processes than the save's (resharding): rank
+        r takes saved rank r mod N's, where the strategy's checkpoint reshards (DCP) or lowbit wrote
+        whole files; the data is split anew, so the run goes on but is not the saved run's twin."""
+        saved, now, rank = meta["world_size"], self.facts.num_processes, self.facts.process_index
+        if saved == now:
+            return f"rng_state_{rank}.pt"
+        strategy = self.plugins.strategy
+        if meta.get("strategy_checkpoint") and not strategy.chosen.description.checkpoint_reshards:
+            raise CheckpointError(
+                f"Checkpoint {str(directory)!r} was saved by {saved} process(es) and this run has {now}, but the "
+                f"{strategy.name!r} strategy's checkpoints do not reshard. Resume with {saved} processes "
+                f"(`lowbit launch --num_processes {saved}`).")
+        if self.facts.is_main_process:
+            note(f"load_state: {str(directory)!r} was saved by {saved} process(es), this run has {now}: weights, optimizer "
+                 f"and counters are resharded; each process takes saved rank (rank mod {saved})'s random state, and the "
+                 "data is split anew, so the run continues but does not repeat the saved run's batches.")
+        return f"rng_state_{rank % saved}.pt"
+
     def _load_backend_state(self, model: Any, state: Any, path: Path) -> None:
         try:
             self.plugins.load_backend_checkpoint_state(model, state)
@@ -187,6 +210,10 @@ class TrainingStateCheckpointer:
         for opt in self.prepared.optimizers:
             opt.weights_replaced()
         wait_for_everyone()
+
+
+# What allow_precision_change lets differ between the save and the load.
+PRECISION_KEYS = ("mixed_precision", "fp8_backend")
 
 
 def rng_state(loader_generators: list[Any] = (), epoch_orders: list[Any] = ()) -> dict[str, Any]:

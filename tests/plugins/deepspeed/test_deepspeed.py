@@ -163,9 +163,11 @@ def test_clip_grad_norm_clips_under_deepspeed_as_under_ddp(tmp_path, clip_under_
     ours = launch(tmp_path, "clip", "--use_deepspeed", "--zero_stage", str(stage), "--mixed_precision", precision)
     reference = clip_under_ddp[precision][0]
     assert reference["norm"] > 0.2 and reference["update"] == pytest.approx(0.05, rel=0.05)  # DDP clipped
+    assert ours[0]["update"] is not None  # the main process holds the gathered weights (ZeRO-3: it alone)
     for rank in ours:
         assert rank["norm"] == pytest.approx(reference["norm"], rel=0.02)
-        assert rank["update"] == pytest.approx(0.05, rel=0.05), "the update was not clipped to max_norm"
+        if rank["update"] is not None:
+            assert rank["update"] == pytest.approx(0.05, rel=0.05), "the update was not clipped to max_norm"
 
 
 
