@@ -20,6 +20,7 @@ from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.compat.accelerate_config import settings_from_accelerate_env
 from lowbit.errors import ConfigError
 from lowbit.parallelism_config import ParallelismConfig, TorchTensorParallelConfig
+from lowbit.training.toolchain import find_cxx_compiler
 from lowbit.types import PrepareContext
 
 WORKER = Path(__file__).parent / "distributed" / "layout_worker.py"
@@ -195,6 +196,11 @@ LAYOUTS = {
     "hsdp-selective-ac": (4, ("dp_replicate_size=2", "dp_shard_size=2", "ac=selective"), ("--use_fsdp",)),
     "fp8-fsdp-x-tp-full-ac": (4, ("dp_shard_size=2", "tp_size=2", "mp=fp8", "ac=full"), ("--use_fsdp",)),
     "fp8-tp": (2, ("tp_size=2", "mp=fp8"), ()),
+    # torch.compile (inductor) at scale: each block compiled once under FSDP2 with checkpointing and
+    # fp8, and the whole model under DDP.
+    "fp8-fsdp-selective-ac-regional-compile": (2, ("dp_shard_size=2", "mp=fp8", "ac=selective", "compile=regional"),
+                                               ("--use_fsdp",)),
+    "bf16-ddp-compile": (2, ("dp_replicate_size=2", "mp=bf16", "compile=whole"), ()),
 }
 
 
@@ -204,6 +210,8 @@ def test_each_layout_trains_like_one_process_on_the_global_batch(tmp_path, name)
     world, args, flags = LAYOUTS[name]
     if "mp=fp8" in args:
         pytest.importorskip("lowbit_ao")
+    if any(arg.startswith("compile=") for arg in args) and find_cxx_compiler() is None:
+        pytest.skip("inductor on a CPU needs a C++ compiler")
     result = run_layout(tmp_path, world, *args, flags=flags)
     sizes = dict(arg.split("=") for arg in args if arg.endswith(tuple("0123456789")) and "_size" in arg)
     assert result["mesh"] == {k[: -len("_size")]: int(v) for k, v in sizes.items()}

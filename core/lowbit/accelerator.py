@@ -298,26 +298,27 @@ class Accelerator(RankFacts):
         ``dp``, ``dp_shard_cp`` and ``dp_cp``), or None without a parallel layout."""
         return self._layout.device_mesh if self._layout is not None else None
 
-    def _mesh_rank(self, dim: str, enabled: bool) -> int:
+    def _mesh_rank(self, dim: str) -> int:
+        """This process's index along ``dim`` of the mesh; 0 when that dimension is off."""
         if self._layout is None:
             raise ConfigError(f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank.")
-        return self.torch_device_mesh.get_local_rank(dim) if enabled else 0
+        return self.torch_device_mesh.get_local_rank(dim) if getattr(self._layout, f"{dim}_size") > 1 else 0
 
     @property
     def tensor_parallel_rank(self) -> int:
-        return self._mesh_rank("tp", self._layout is not None and self._layout.tp_enabled)
+        return self._mesh_rank("tp")
 
     @property
     def context_parallel_rank(self) -> int:
-        return self._mesh_rank("cp", self._layout is not None and self._layout.cp_enabled)
+        return self._mesh_rank("cp")
 
     @property
     def data_parallel_rank(self) -> int:
-        return self._mesh_rank("dp_replicate", self._layout is not None and self._layout.dp_replicate_enabled)
+        return self._mesh_rank("dp_replicate")
 
     @property
     def data_parallel_shard_rank(self) -> int:
-        return self._mesh_rank("dp_shard", self._layout is not None and self._layout.dp_shard_enabled)
+        return self._mesh_rank("dp_shard")
 
     @contextlib.contextmanager
     def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,

@@ -4,7 +4,8 @@ plain PyTorch on one process over the global batch, to compare.
     lowbit launch --cpu --num_processes N [--use_fsdp] layout_worker.py OUT_DIR dp_shard_size=2 tp_size=2 ...
     python layout_worker.py OUT_DIR mp=fp8      # one process, no layout: the same run to compare with
 
-Keys after OUT_DIR: the ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``;
+Keys after OUT_DIR: the ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``,
+``compile=<whole|regional>`` (inductor; regional: each decoder block compiled once, as Accelerate's);
 ``steps=K`` trains the first K steps only, then ``save=DIR`` saves the training state; ``resume=DIR``
 loads one first (``switch=1``: saved in another precision) and trains from where it stopped.
 Rank 0 writes ``result.json``: the layout's loss at each step it ran (averaged over the
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lowbit import Accelerator
-from lowbit.utils import FullyShardedDataParallelPlugin, ParallelismConfig
+from lowbit.utils import FullyShardedDataParallelPlugin, ParallelismConfig, TorchDynamoPlugin
 
 STEPS = 4
 GLOBAL_BATCH, SEQUENCE, VOCAB = 8, 16, 128
@@ -58,7 +59,8 @@ def main() -> None:
     sizes = {k: int(v) for k, v in args.items() if k.endswith("_size")}
     layout = ParallelismConfig(**sizes)
     fsdp = FullyShardedDataParallelPlugin(activation_checkpointing=args.get("ac", False)) if "ac" in args else None
-    accelerator = Accelerator(mixed_precision=args.get("mp", "no"), parallelism_config=layout, fsdp_plugin=fsdp)
+    dynamo = TorchDynamoPlugin(backend="inductor", use_regional_compilation=args["compile"] == "regional") if "compile" in args else None
+    accelerator = Accelerator(mixed_precision=args.get("mp", "no"), parallelism_config=layout, fsdp_plugin=fsdp, dynamo_plugin=dynamo)
     model = tiny_llama()
     reference = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
