@@ -286,6 +286,19 @@ def test_regional_compilation_compiles_each_repeated_block_in_place():
     torch.testing.assert_close(model(x), eager(x))
 
 
+def test_unwrap_model_keeps_a_compiled_model_compiled_unless_asked_and_unwraps_data_parallel():
+    """Accelerate's keep_torch_compile (default True); nn.DataParallel was left wrapped."""
+    from lowbit.utils import extract_model_from_parallel
+
+    acc = Accelerator(dynamo_backend="eager", plugin_manager=no_fp8_manager())
+    plain = nn.Linear(4, 4)
+    model = acc.prepare(plain)
+    assert hasattr(acc.unwrap_model(model), "_orig_mod") and acc.unwrap_model(model)._orig_mod is plain
+    assert acc.unwrap_model(model, keep_torch_compile=False) is plain
+    assert sorted(acc.get_state_dict(model)) == ["bias", "weight"]  # the plain model's names, not _orig_mod.*
+    assert extract_model_from_parallel(nn.DataParallel(plain)) is plain
+
+
 def test_accelerate_public_api_details_behave_as_in_accelerate(tmp_path):
     """Each was a difference from Accelerate: a tracker subclass calling super().__init__() with no
     argument, prepare(..., None), dispatch_batches=False, the docs' fsdp_auto_wrap_policy spelling,

@@ -594,9 +594,10 @@ class Accelerator(RankFacts):
 
     clear = free_memory
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        """The model without distributed/compile wrappers (and without the autocast forward if asked)."""
-        return unwrap(model, keep_fp32_wrapper)
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The model without distributed wrappers (and without the autocast forward if asked);
+        compiled when it was compiled itself and ``keep_torch_compile`` (Accelerate's default)."""
+        return unwrap(model, keep_fp32_wrapper, keep_torch_compile)
 
     # ------------------------------------------------------------------ diagnostics
 
@@ -618,7 +619,7 @@ class Accelerator(RankFacts):
         train in FP8 and why the others stay in high precision. None without FP8."""
         if self._backend is None or not (model is not None or self.prepared.models):
             return None
-        record = self.prepared.conversion_reports.get(self.unwrap_model(model if model is not None else self.prepared.models[0]))
+        record = self.prepared.conversion_reports.get(self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False))
         return conversion_report(record, self.fp8_backend,
                                  self.mixed_precision, self.context.recipe_runs)
 
@@ -636,7 +637,7 @@ class Accelerator(RankFacts):
                 raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")
             model = self.prepared.models[0]
         recorder = TelemetryRecorder(every_n_steps, saturation_warning, underflow_warning)
-        if not self.plugins.enable_fp8_telemetry(self.unwrap_model(model), recorder):
+        if not self.plugins.enable_fp8_telemetry(self.unwrap_model(model, keep_torch_compile=False), recorder):
             raise UnsupportedCombinationError(f"FP8 telemetry is not supported by the {self.fp8_backend!r} backend.")
         self.disable_fp8_telemetry()
         self._telemetry = recorder
@@ -710,7 +711,7 @@ class Accelerator(RankFacts):
         """The full, plain state dict an unconverted model loads, on the CPU. Call it on every
         process: under a strategy that shards (FSDP2, ZeRO-3) it is gathered into the main process
         only and the others get ``{}``, as in Accelerate; otherwise every process gets it."""
-        inner = self.unwrap_model(model)
+        inner = self.unwrap_model(model, keep_torch_compile=False)
         state = self.plugins.full_state_dict(model)
         if state is None:
             state = inner.state_dict()

@@ -131,11 +131,13 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     return _tqdm(*args, **kwargs)
 
 
-def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, **_: Any) -> Any:
-    """The model inside DDP / DeepSpeed / torch.compile wrappers."""
+def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+                                recursive: bool = False) -> Any:
+    """The model inside DDP / DataParallel / DeepSpeed wrappers (compiled when it was compiled
+    itself and ``keep_torch_compile``). ``recursive``: accepted; lowbit's wrappers are all at the top."""
     from lowbit.training.preparation import unwrap
 
-    return unwrap(model, keep_fp32_wrapper)
+    return unwrap(model, keep_fp32_wrapper, keep_torch_compile)
 
 
 def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:

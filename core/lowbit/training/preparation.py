@@ -301,20 +301,25 @@ def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.M
     return model
 
 
-def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-    """The model without distributed/compile wrappers (and without the autocast forward if asked)."""
+def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False) -> torch.nn.Module:
+    """The model without distributed/compile wrappers (and without the autocast forward if asked).
+    ``keep_torch_compile``: a compiled model that holds the model itself (one process, no wrapper
+    between) is returned compiled, as Accelerate's ``unwrap_model`` does; with a distributed wrapper
+    between, the model is returned plain (unwrapping inside the compiled one would change the model
+    being trained)."""
     if not keep_fp32_wrapper and hasattr(model, "_lowbit_original_forward"):
         model.forward = model._lowbit_original_forward
         del model._lowbit_original_forward
+    compiled = model if hasattr(model, "_orig_mod") else None
     while True:
         if hasattr(model, "_orig_mod"):  # torch.compile
             model = model._orig_mod
         elif WRAPPED_MODEL in model.__dict__:
             model = model.__dict__[WRAPPED_MODEL]
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):  # wrapped by the user, not by lowbit
+        elif isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):  # the user's own
             model = model.module
         else:
-            return model
+            return compiled if keep_torch_compile and compiled is not None and compiled._orig_mod is model else model
 
 
 def _parameter_names(model: torch.nn.Module) -> dict[int, str]:
