@@ -253,14 +253,24 @@ def test_accelerates_nd_parallel_example_trains_checkpoints_and_saves_whole_weig
 # ------------------------------------------------------------------ resuming on another layout or precision
 
 
+RESHARDS = {  # saved on (processes, sizes), resumed on (processes, sizes), strategy flags
+    "fsdp2-2-to-4": ((2, ("dp_shard_size=2",)), (4, ("dp_shard_size=4",)), ("--use_fsdp",)),
+    "fsdp2-4-to-2": ((4, ("dp_shard_size=4",)), (2, ("dp_shard_size=2",)), ("--use_fsdp",)),
+    "fsdp2xtp-to-fsdp2": ((4, ("dp_shard_size=2", "tp_size=2")), (2, ("dp_shard_size=2",)), ("--use_fsdp",)),
+    "tp-to-tp": ((2, ("tp_size=2",)), (2, ("tp_size=2",)), ()),
+}
+
+
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("saved_on, resumed_on", [(2, 4), (4, 2)])
-def test_a_checkpoint_saved_on_one_number_of_processes_resumes_on_another(tmp_path, saved_on, resumed_on):
-    """FSDP2's checkpoint (DCP) is resharded: weights and AdamW states. A global step is the same
-    rows on any number of ranks, so the resumed steps equal one process's to fp32 precision."""
+@pytest.mark.parametrize("name", RESHARDS)
+def test_a_checkpoint_saved_on_one_layout_resumes_on_another(tmp_path, name):
+    """DCP reshards weights and AdamW states to another number of processes or mesh shape (tensor-
+    parallel checkpoints are DCP too). A global step is the same rows on any layout, so the resumed
+    steps equal one process's to fp32 precision."""
+    (saved_on, saved_sizes), (resumed_on, resumed_sizes), flags = RESHARDS[name]
     ckpt = tmp_path / "ckpt"
-    first = run_layout(tmp_path / "first", saved_on, f"dp_shard_size={saved_on}", "steps=2", f"save={ckpt}", flags=("--use_fsdp",))
-    second = run_layout(tmp_path / "second", resumed_on, f"dp_shard_size={resumed_on}", f"resume={ckpt}", flags=("--use_fsdp",))
+    first = run_layout(tmp_path / "first", saved_on, *saved_sizes, "steps=2", f"save={ckpt}", flags=flags)
+    second = run_layout(tmp_path / "second", resumed_on, *resumed_sizes, f"resume={ckpt}", flags=flags)
     assert first["losses"] == pytest.approx(first["reference"][:2], abs=1e-4)
     assert second["losses"] == pytest.approx(first["reference"][2:], abs=1e-4), (first, second)
 

@@ -3,6 +3,7 @@ ParallelismConfig, tensor parallelism over every process (``tp_size``, each proc
 batch), or DDP over ``dp_replicate``."""
 from __future__ import annotations
 
+from lowbit.builtin import sharded_state
 from lowbit.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
 from lowbit.hookspecs import hookimpl
 from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
@@ -19,14 +20,16 @@ def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     return StrategyDescription(name=NAME, priority=10, available=True, aliases=("multi_gpu", "multi_cpu"),
                                distributed_types=("NO", "MULTI_CPU", "MULTI_GPU"), reports_as="MULTI_GPU",
                                kwargs_handler="DistributedDataParallelKwargs", launch_flag="multi_gpu",
-                               memory={NAME: MEMORY}, mesh_dims=("dp_replicate", "tp"))
+                               memory={NAME: MEMORY}, mesh_dims=("dp_replicate", "tp"),
+                               # its own checkpoint (DCP, tensor-parallel runs only) reshards
+                               checkpoint_reshards=True)
 
 
 @hookimpl
 def wrap_for_distribution(model, optimizer, context: PrepareContext):
     if model is None:
         return model, optimizer
-    if context.parallelism is not None and context.parallelism.tp_enabled:
+    if _tensor_parallel(context):
         # All processes are tensor-parallel ranks (ParallelismConfig refuses DDP replicas of a TP
         # model): their gradients are whole already, there is nothing for DDP to average.
         model = apply_tensor_parallel(model, context)
@@ -41,6 +44,33 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     if hook != "no":
         model.register_comm_hook(*_comm_hook(hook, wrapper, state_option))
     return model, optimizer
+
+
+def _tensor_parallel(context: PrepareContext) -> bool:
+    return context.parallelism is not None and context.parallelism.tp_enabled
+
+
+# A tensor-parallel model's weights are DTensors: gathered and checkpointed as FSDP2's are. Without
+# tensor parallelism every rank holds the whole model, and lowbit writes its own files.
+@hookimpl
+def full_state_dict(model, context: PrepareContext):
+    return sharded_state.full_state_dict(model) if _tensor_parallel(context) else None
+
+
+@hookimpl
+def save_checkpoint(directory: str, model, optimizer, context: PrepareContext):
+    if not _tensor_parallel(context):
+        return None
+    sharded_state.save(directory, model, optimizer)
+    return True
+
+
+@hookimpl
+def load_checkpoint(directory: str, model, optimizer, context: PrepareContext):
+    if not _tensor_parallel(context):
+        return None
+    sharded_state.load(directory, model, optimizer)
+    return True
 
 
 def _comm_hook(hook: str, wrapper: str, state_option: dict):

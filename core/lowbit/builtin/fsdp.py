@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lowbit.builtin import sharded_state
 from lowbit.builtin.activation_checkpointing import MODES as CHECKPOINT_MODES, checkpoint_blocks
 from lowbit.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
 from lowbit.errors import ConfigError, did_you_mean
@@ -114,53 +115,16 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
 
 @hookimpl
 def full_state_dict(model, context: PrepareContext):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    # Gathered one parameter at a time into the main process's RAM only (cpu_offload): a model that
-    # needs sharding does not fit whole on each GPU. The other ranks take part and get {}.
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return sharded_state.full_state_dict(model)
 
 
 @hookimpl
 def save_checkpoint(directory: str, model, optimizer, context: PrepareContext):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
-    model_state = {name: _unwrapped(value) for name, value in model_state.items()}
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=f"{directory}/fsdp_sharded")
+    sharded_state.save(directory, model, optimizer)
     return True
-
-
-def _unwrapped(value: Any) -> Any:
-    """A weight a backend wraps in a tensor subclass holding one tensor of its shape (torchao's
-    float8 all-gather weights) is saved as that tensor: the checkpoint then loads without the
-    backend's classes, under another precision or backend too (DCP pickles a subclass's metadata)."""
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    local = value.to_local() if isinstance(value, DTensor) else value
-    if not is_traceable_wrapper_subclass(local):
-        return value
-    names = local.__tensor_flatten__()[0]
-    inner = getattr(local, names[0]) if len(names) == 1 else None
-    if not isinstance(inner, torch.Tensor) or inner.shape != local.shape:
-        return value
-    if isinstance(value, DTensor):
-        return DTensor.from_local(inner, value.device_mesh, value.placements, run_check=False, shape=value.shape,
-                                  stride=value.stride())
-    return inner
 
 
 @hookimpl
 def load_checkpoint(directory: str, model, optimizer, context: PrepareContext):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    optimizers = [optimizer] if optimizer is not None else []
-    model_state, optim_state = get_state_dict(model, optimizers)
-    state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=f"{directory}/fsdp_sharded")
-    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    sharded_state.load(directory, model, optimizer)
     return True
