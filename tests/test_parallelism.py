@@ -290,3 +290,15 @@ def test_an_fp8_run_finishes_in_bf16_when_asked(tmp_path):
     (tmp_path / "refused").mkdir()
     proc = run_launch(cmd, env=dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     assert proc.returncode != 0 and "allow_precision_change=True" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["lowbit_te", "lowbit_msamp"])
+def test_fp8_backends_without_tensor_parallel_layouts_say_what_to_use(backend):
+    """TE builds its tensor-parallel modules itself and MS-AMP's weights are its own tensors: both
+    refuse tp_size > 1 before anything runs, naming the ao backend."""
+    from lowbit.errors import UnsupportedCombinationError
+
+    plugin = pytest.importorskip(backend)
+    context = tp_context(2)
+    with pytest.raises(UnsupportedCombinationError, match="tp_size=2.*ao backend"):
+        plugin.check_compatibility(context)

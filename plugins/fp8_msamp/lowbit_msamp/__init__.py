@@ -79,6 +79,10 @@ def zero_stage(options: dict) -> int:
 
 @hookimpl
 def check_compatibility(context: PrepareContext) -> None:
+    if context.parallelism is not None and context.parallelism.tp_enabled:
+        raise UnsupportedCombinationError(
+            f"tp_size={context.parallelism.tp_size}: MS-AMP's ScalingTensor weights cannot be split over tensor-parallel "
+            "ranks. Use the ao backend (fp8_config backend: ao) for FP8 with tensor parallelism.")
     if context.strategy == "fsdp":
         raise UnsupportedCombinationError(
             "MS-AMP does not support PyTorch FSDP2 through lowbit. Use DDP, or DeepSpeed ZeRO-1/2 "

@@ -9,6 +9,7 @@ import importlib.util
 
 from lowbit import hookimpl
 from lowbit.config.recipes import recipe_launch_hooks
+from lowbit.errors import UnsupportedCombinationError
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit.version import installed_version, older_than
 from lowbit_te.recipe import RECIPE_NAMES, TERecipeKwargs
@@ -67,6 +68,13 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
 
 @hookimpl
 def check_compatibility(context: PrepareContext) -> None:
+    if context.parallelism is not None and context.parallelism.tp_enabled:
+        # TE splits its modules over ranks itself (te.Linear(parallel_mode=..., tp_group=...)), at
+        # construction; lowbit converts a built model and does not wire those arguments.
+        raise UnsupportedCombinationError(
+            f"tp_size={context.parallelism.tp_size}: lowbit-te does not lay Transformer Engine's modules out over "
+            "tensor-parallel ranks. Use the ao backend (fp8_config backend: ao), whose float8 layers take torchao's "
+            "tensor-parallel styles, or shard with FSDP2 alone (dp_shard_size) under te.")
     from lowbit_te.runtime import check_runtime
 
     check_runtime(context)
