@@ -196,6 +196,8 @@ LAYOUTS = {
     "hsdp-selective-ac": (4, ("dp_replicate_size=2", "dp_shard_size=2", "ac=selective"), ("--use_fsdp",)),
     "fp8-fsdp-x-tp-full-ac": (4, ("dp_shard_size=2", "tp_size=2", "mp=fp8", "ac=full"), ("--use_fsdp",)),
     "fp8-tp": (2, ("tp_size=2", "mp=fp8"), ()),
+    # rowwise scales per row: torch's plain styles lay its float8 layers out (as torchtitan pairs them)
+    "fp8-rowwise-tp": (2, ("tp_size=2", "mp=fp8", "recipe=rowwise"), ()),
     # torch.compile (inductor) at scale: each block compiled once under FSDP2 with checkpointing and
     # fp8, and the whole model under DDP.
     "fp8-fsdp-selective-ac-regional-compile": (2, ("dp_shard_size=2", "mp=fp8", "ac=selective", "compile=regional"),
@@ -218,7 +220,8 @@ def test_each_layout_trains_like_one_process_on_the_global_batch(tmp_path, name)
     precision = next((a.split("=")[1] for a in args if a.startswith("mp=")), "no")
     assert result["losses"] == pytest.approx(result["reference"], **TOLERANCE[precision]), result
     if precision == "fp8":
-        assert result["fp8_report"].startswith("fp8 (ao, tensorwise, emulated): 13 of 15 Linear layers"), result["fp8_report"]
+        recipe = next((a.split("=")[1] for a in args if a.startswith("recipe=")), "tensorwise")
+        assert result["fp8_report"].startswith(f"fp8 (ao, {recipe}, emulated): 13 of 15 Linear layers"), result["fp8_report"]
 
 
 # ------------------------------------------------------------------ Accelerate's example, import changed

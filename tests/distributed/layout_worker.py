@@ -5,7 +5,8 @@ plain PyTorch on one process over the global batch, to compare.
     python layout_worker.py OUT_DIR mp=fp8      # one process, no layout: the same run to compare with
 
 Keys after OUT_DIR: the ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``,
-``compile=<whole|regional>`` (inductor; regional: each decoder block compiled once, as Accelerate's);
+``compile=<whole|regional>`` (inductor; regional: each decoder block compiled once, as Accelerate's),
+``recipe=<ao recipe>``;
 ``steps=K`` trains the first K steps only, then ``save=DIR`` saves the training state; ``resume=DIR``
 loads one first (``switch=1``: saved in another precision) and trains from where it stopped.
 Rank 0 writes ``result.json``: the layout's loss at each step it ran (averaged over the
@@ -60,7 +61,13 @@ def main() -> None:
     layout = ParallelismConfig(**sizes)
     fsdp = FullyShardedDataParallelPlugin(activation_checkpointing=args.get("ac", False)) if "ac" in args else None
     dynamo = TorchDynamoPlugin(backend="inductor", use_regional_compilation=args["compile"] == "regional") if "compile" in args else None
-    accelerator = Accelerator(mixed_precision=args.get("mp", "no"), parallelism_config=layout, fsdp_plugin=fsdp, dynamo_plugin=dynamo)
+    handlers = []
+    if "recipe" in args:
+        from lowbit.utils import AORecipeKwargs
+
+        handlers = [AORecipeKwargs(recipe=args["recipe"])]
+    accelerator = Accelerator(mixed_precision=args.get("mp", "no"), parallelism_config=layout, fsdp_plugin=fsdp,
+                              dynamo_plugin=dynamo, kwargs_handlers=handlers)
     model = tiny_llama()
     reference = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

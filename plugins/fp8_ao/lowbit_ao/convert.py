@@ -155,8 +155,19 @@ def default_module_filter(model: nn.Module, keep_first_last: bool) -> tuple[Call
     return module_filter, skipped
 
 
+class EagerNotice(LowbitNote):
+    """Said once when torchao's float8 trains on a GPU without torch.compile."""
+
+
 def check_compatibility(context: PrepareContext) -> None:
     options = context.backend_options
+    if context.device.type == "cuda" and not context.compiled:
+        # Eager, each cast (amax, scale, convert, transpose) is a kernel of its own and reads the
+        # tensor again; torchao's speedups are measured compiled, where they fuse into the GEMM's neighbours.
+        note("torchao float8 runs without torch.compile here: its casts run as separate kernels, so expect it to be "
+             "no faster than bf16, often slower. Compile for the speedup: dynamo_backend='inductor', or "
+             "TorchDynamoPlugin(backend='inductor', use_regional_compilation=True) to compile each block once.",
+             EagerNotice)
     if options.recipe in BLOCK_RECIPES:
         given = [name for name in FLOAT8_ONLY_OPTIONS if not options.is_default(name) and getattr(options, name)]
         if options.config is not None or given:

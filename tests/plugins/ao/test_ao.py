@@ -148,6 +148,20 @@ def test_non_emulated_fp8_on_a_gpu_without_fp8_is_a_clear_error():
         build_float8_config(context.backend_options, context)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_float8_on_a_gpu_without_compile_says_what_to_expect(compiled, recwarn):
+    """torchao's speedups are measured compiled; eager, its casts are kernels of their own."""
+    from lowbit.types import HardwareInfo, PrepareContext
+    from lowbit_ao.convert import check_compatibility
+
+    h100 = HardwareInfo("cuda", "NVIDIA H100", 1, (9, 0))
+    context = PrepareContext(h100, "fp8", torch.device("cuda"), backend_options=AORecipeKwargs(recipe="tensorwise"),
+                             compiled=compiled)
+    check_compatibility(context)
+    said = " ".join(str(w.message) for w in recwarn)
+    assert ("without torch.compile" in said and "use_regional_compilation=True" in said) is not compiled, said
+
+
 def test_model_without_eligible_linears_warns_and_trains_in_high_precision():
     model = nn.Sequential(nn.Linear(10, 30), nn.ReLU(), nn.Linear(30, 5))
     with pytest.warns(UserWarning, match=r"0 of 2 Linear layers; kept high precision: .*first Linear kept.*Nothing trains"):
