@@ -18,21 +18,22 @@ from lowbit.errors import ConfigError
 from lowbit.types import PrepareContext
 
 
-def _plain_styles() -> dict[str, Callable[[], Any]]:
-    """The plan style names lowbit lays out with torch's own styles (transformers' names)."""
+def _plain_styles() -> dict[str, tuple[Callable[[], Any], int | None]]:
+    """The plan style names lowbit lays out with torch's own styles (transformers' names): each
+    one's maker, and the weight dimension it splits over the ranks."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
     return {
-        "colwise": ColwiseParallel,
-        "rowwise": RowwiseParallel,
+        "colwise": (ColwiseParallel, 0),
+        "rowwise": (RowwiseParallel, 1),
         # An output layer whose full output every rank needs (the loss): gathered after the GEMM.
-        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
-        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
-        "rowwise_rep": lambda: RowwiseParallel(output_layouts=Replicate()),
+        "colwise_gather_output": (lambda: ColwiseParallel(output_layouts=Replicate()), 0),
+        "colwise_rep": (lambda: ColwiseParallel(output_layouts=Replicate()), 0),
+        "rowwise_rep": (lambda: RowwiseParallel(output_layouts=Replicate()), 1),
         # The vocabulary is split; each rank's lookups are summed.
-        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
-        "sequence_parallel": SequenceParallel,
+        "embedding_rowwise": (lambda: RowwiseParallel(input_layouts=Replicate()), 0),
+        "sequence_parallel": (SequenceParallel, None),
     }
 
 
@@ -60,11 +61,9 @@ def expand_plan(model: nn.Module, plan: Mapping[str, Any]) -> dict[str, Any]:
     return layout
 
 
-def _check_divides(name: str, module: nn.Module, style: str, tp: int) -> None:
+def _check_divides(name: str, module: nn.Module, dim: int | None, tp: int) -> None:
     """A split dimension must divide by the ranks: attention heads and GEMM shapes would not fit
     otherwise (torch would shard unevenly and the model's reshapes fail mid-forward)."""
-    dim = {"colwise": 0, "colwise_gather_output": 0, "colwise_rep": 0, "rowwise": 1, "rowwise_rep": 1,
-           "embedding_rowwise": 0}.get(style)
     weight = getattr(module, "weight", None)
     if dim is not None and weight is not None and weight.ndim == 2 and weight.shape[dim] % tp:
         raise ConfigError(f"Tensor parallelism splits {name}'s weight {tuple(weight.shape)} along dimension {dim} into "
@@ -104,14 +103,13 @@ def apply_tensor_parallel(model: nn.Module, context: PrepareContext) -> nn.Modul
         if not isinstance(style, str):
             layout[name] = style  # a torch ParallelStyle the user gave
             continue
-        _check_divides(name, modules[name], style, parallelism.tp_size)
+        if style not in plain:
+            raise ConfigError(f"The tensor-parallel plan lays {name} out as {style!r}, which lowbit does not offer "
+                              f"(it does: {', '.join(plain)}). Give a plan with those, or torch ParallelStyle objects.")
+        make, split_dim = plain[style]
+        _check_divides(name, modules[name], split_dim, parallelism.tp_size)
         chosen = backend_style(modules[name], style) if backend_style else None
-        if chosen is None:
-            if style not in plain:
-                raise ConfigError(f"The tensor-parallel plan lays {name} out as {style!r}, which lowbit does not offer "
-                                  f"(it does: {', '.join(plain)}). Give a plan with those, or torch ParallelStyle objects.")
-            chosen = plain[style]()
-        layout[name] = chosen
+        layout[name] = chosen if chosen is not None else make()
     return parallelize_module(model, context.device_mesh["tp"], layout)
 
 
