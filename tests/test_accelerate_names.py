@@ -47,7 +47,8 @@ def test_listed_name_exists(module, name, accelerator):
         path, attr = name.rsplit(".", 1)
         assert hasattr(importlib.import_module(path), attr), name
     elif name.startswith("accelerator."):
-        assert hasattr(accelerator, name.split(".", 1)[1]), name
+        attr = name.split(".", 1)[1]  # on the class first: a property may refuse on this Accelerator (a mesh rank without a mesh)
+        assert hasattr(Accelerator, attr) or hasattr(accelerator, attr), name
     elif name == "Accelerator":
         assert Accelerator
     else:

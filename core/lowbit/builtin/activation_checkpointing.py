@@ -11,11 +11,12 @@ names, state dicts and FSDP2's sharding of the same block are unchanged.
 """
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from lowbit.notices import note
+
+if TYPE_CHECKING:  # the built-in strategies load at discovery, which imports no torch
+    from torch import nn
 
 MODES = (False, True, "full", "selective")
 

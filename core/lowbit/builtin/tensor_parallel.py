@@ -10,12 +10,13 @@ first, module by module.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from lowbit.errors import ConfigError
 from lowbit.types import PrepareContext
+
+if TYPE_CHECKING:  # the built-in strategies load at discovery, which imports no torch
+    from torch import nn
 
 
 def _plain_styles() -> dict[str, tuple[Callable[[], Any], int | None]]:

@@ -189,10 +189,10 @@ class TrainingStateCheckpointer:
         if saved == now:
             return f"rng_state_{rank}.pt"
         strategy = self.plugins.strategy
-        if meta.get("strategy_checkpoint") and not strategy.chosen.description.checkpoint_reshards:
+        if meta.get("strategy_checkpoint") and not (strategy is not None and strategy.chosen.description.checkpoint_reshards):
             raise CheckpointError(
                 f"Checkpoint {str(directory)!r} was saved by {saved} process(es) and this run has {now}, but the "
-                f"{strategy.name!r} strategy's checkpoints do not reshard. Resume with {saved} processes "
+                f"{meta.get('strategy')!r} strategy's checkpoints do not reshard. Resume with {saved} processes "
                 f"(`lowbit launch --num_processes {saved}`).")
         if self.facts.is_main_process:
             note(f"load_state: {str(directory)!r} was saved by {saved} process(es), this run has {now}: weights, optimizer "
