@@ -26,6 +26,16 @@ _LAZY = {
     "find_executable_batch_size": "lowbit.training.memory",
     "skip_first_batches": "lowbit.training.data_loader",
     "ParallelismConfig": "lowbit.parallelism_config",
+    "debug_launcher": "lowbit.launchers",
+    "notebook_launcher": "lowbit.launchers",
+    "init_empty_weights": "lowbit.big_modeling",
+    "init_on_device": "lowbit.big_modeling",
+    # Big-model inference dispatch: importable, and each raises saying what to use (lowbit trains).
+    **{name: "lowbit.big_modeling" for name in ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
+                                                "infer_auto_device_map", "load_checkpoint_and_dispatch",
+                                                "load_checkpoint_in_model")},
+    "synchronize_rng_states": "lowbit.utils",
+    "is_rich_available": "lowbit.utils",
     # The handler classes Accelerate also exports at its top level.
     **{name: "lowbit.compat.handlers" for name in (
         "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin",
@@ -39,9 +49,20 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
     from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState  # noqa: F401
 
 
+# Accelerate's submodules that lowbit has under the same name (``lowbit.logging``, ...), loaded on first use.
+SUBMODULES = ("accelerator", "state", "utils", "logging", "tracking", "parallelism_config", "big_modeling", "launchers",
+              "data_loader", "optimizer", "scheduler")
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in SUBMODULES:
+        return importlib.import_module(f"lowbit.{name}")
+    from lowbit.compat.accelerate_names import NOT_OFFERED_AT_TOP_LEVEL
+
+    if name in NOT_OFFERED_AT_TOP_LEVEL:
+        from lowbit.errors import UnsupportedCombinationError
+
+        raise UnsupportedCombinationError(f"lowbit.{name}: {NOT_OFFERED_AT_TOP_LEVEL[name]}.")
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")

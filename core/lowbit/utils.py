@@ -71,7 +71,7 @@ __all__ = [*AVAILABILITY_CHECKS,
     "FP8RecipeKwargs", "RecipeKwargs", *PLUGIN_CLASSES, "set_seed", "tqdm", "extract_model_from_parallel",
     "get_grad_scaler", "LocalSGD", "DistributedType", "ProjectConfiguration", "DataLoaderConfiguration",
     "GradientAccumulationPlugin", "FullyShardedDataParallelPlugin", "DeepSpeedPlugin", "TorchDynamoPlugin",
-    "ParallelismConfig", "TorchTensorParallelConfig", "TorchContextParallelConfig",
+    "synchronize_rng_states", "ParallelismConfig", "TorchTensorParallelConfig", "TorchContextParallelConfig",
     "DistributedDataParallelKwargs", "DDPCommunicationHookType", "GradScalerKwargs", "InitProcessGroupKwargs",
     "AutocastKwargs", "ProfileKwargs", "KwargsHandler", "find_executable_batch_size", "release_memory", "gather",
     "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes", "send_to_device",
@@ -120,6 +120,30 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def synchronize_rng_states(rng_types: list[Any], generator: Any = None) -> None:
+    """Give every process the main process's random state for each of ``rng_types`` ("torch",
+    "cuda", "generator": ``generator``'s), so that they draw the same numbers from here on."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for kind in (str(getattr(t, "value", t)).lower() for t in rng_types):
+        if kind == "torch":
+            states = [torch.get_rng_state()]
+        elif kind == "cuda":
+            states = [torch.cuda.get_rng_state()] if torch.cuda.is_available() else []
+        elif kind == "generator":
+            states = [generator.get_state()] if generator is not None else []
+        else:
+            raise ValueError(f"rng_types: {kind!r} is not one of torch, cuda, generator.")
+        if not states:
+            continue
+        dist.broadcast_object_list(states, src=0)
+        {"torch": torch.set_rng_state, "cuda": lambda s: torch.cuda.set_rng_state(s),
+         "generator": lambda s: generator.set_state(s)}[kind](states[0])
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:

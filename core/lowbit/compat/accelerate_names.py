@@ -82,3 +82,16 @@ class DistributedType(str, enum.Enum):
 # ParallelismConfig's sp_backend values (Accelerate's default names DeepSpeed's Ulysses); lowbit
 # accepts the name, and refuses sp_size > 1.
 SEQUENCE_PARALLEL_BACKENDS = ("deepspeed",)
+
+# Accelerate's top-level names for jobs lowbit does not do (``lowbit.<name>`` raises), and what to use.
+NOT_OFFERED_AT_TOP_LEVEL = {
+    "prepare_pippy": "pipeline parallelism (PiPPy) is not offered by lowbit; use FSDP2 or tensor parallelism "
+                     "(ParallelismConfig), or Accelerate for pipelines",
+    "inference": "accelerate.inference (PiPPy pipeline inference) has no lowbit counterpart (lowbit trains); use "
+                 "Accelerate's for pipeline inference",
+    "hooks": "accelerate.hooks (the device hooks of big-model inference) has no lowbit counterpart (lowbit trains); use "
+             "Accelerate's for big-model inference",
+    "commands": "accelerate's CLI commands are lowbit's own CLI here: use `lowbit launch`, `lowbit config`, `lowbit env`",
+    "checkpointing": "accelerate.checkpointing holds the insides of save_state/load_state; call "
+                     "accelerator.save_state / accelerator.load_state",
+}
