@@ -194,6 +194,8 @@ LAYOUTS = {
     "tp": (2, ("tp_size=2",), ()),
     "fsdp-x-tp": (4, ("dp_shard_size=2", "tp_size=2"), ("--use_fsdp",)),
     "hsdp-selective-ac": (4, ("dp_replicate_size=2", "dp_shard_size=2", "ac=selective"), ("--use_fsdp",)),
+    # FSDP2 casts each block's inputs to bf16 in its hooks: outside the checkpointed region
+    "bf16-fsdp-selective-ac": (2, ("dp_shard_size=2", "mp=bf16", "ac=selective"), ("--use_fsdp",)),
     "fp8-fsdp-x-tp-full-ac": (4, ("dp_shard_size=2", "tp_size=2", "mp=fp8", "ac=full"), ("--use_fsdp",)),
     "fp8-tp": (2, ("tp_size=2", "mp=fp8"), ()),
     # rowwise scales per row: torch's plain styles lay its float8 layers out (as torchtitan pairs them)

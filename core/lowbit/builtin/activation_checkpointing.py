@@ -6,8 +6,8 @@ recomputed in backward, so a long sequence fits.
 kept (expensive to redo), the rest is recomputed: norms, activations and low-precision casts (a
 float8 cast is recomputed from the high-precision values, as it would be computed the first time).
 
-torch's composable ``checkpoint`` is used: it hooks the block instead of wrapping it, so parameter
-names, state dicts and FSDP2's sharding of the same block are unchanged.
+Each block's ``forward`` runs under ``torch.utils.checkpoint`` (no wrapper module, so parameter
+names and state dicts are unchanged, and FSDP2's hooks on the block stay outside the region).
 """
 from __future__ import annotations
 
@@ -52,8 +52,6 @@ def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module], mode: Any) -> N
     """Checkpoint each block of ``model`` in ``mode`` (one of ``MODES``; False does nothing)."""
     if mode is False or not blocks:
         return
-    from torch.distributed._composable import checkpoint
-
     config = getattr(model, "config", None)
     if getattr(config, "use_cache", False) is True:
         # A block recomputed in backward would append its keys and values to the cache a second time
@@ -62,9 +60,20 @@ def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module], mode: Any) -> N
         config.use_cache = False
         note(f"{type(model).__name__}.config.use_cache set to False: activation checkpointing recomputes each block, "
              "and a key/value cache would be filled twice. Training needs no cache.")
-
     for block in blocks:
-        if mode == "selective":
-            checkpoint(block, context_fn=_selective_context, early_stop=False)
-        else:
-            checkpoint(block)
+        _checkpoint_forward(block, _selective_context if mode == "selective" else None)
+
+
+def _checkpoint_forward(block: nn.Module, context_fn: Any) -> None:
+    """The block's own ``forward`` runs under ``torch.utils.checkpoint`` (non-reentrant). Its
+    module hooks (FSDP2's gathers and casts) stay outside the checkpointed region, so the recompute
+    meets exactly the forward's ops; names and state dicts are unchanged (no wrapper module)."""
+    from torch.utils.checkpoint import checkpoint
+
+    original = block.forward
+    options = {"context_fn": context_fn} if context_fn is not None else {}
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(original, *args, use_reentrant=False, **options, **kwargs)
+
+    block.forward = forward
