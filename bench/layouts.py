@@ -37,7 +37,8 @@ def run(sizes: list[str], flags: tuple[str, ...], precision: str, checkpointing:
                str(WORKER), str(out), *sizes, f"mp={precision}", *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:80]}
+            errors = [line for line in proc.stderr.splitlines() if "Error" in line] or proc.stderr.splitlines() or ["?"]
+            return {"error": errors[-1].strip()[:120]}
         return json.loads(out.read_text())
 
 
