@@ -59,18 +59,12 @@ def full_state_dict(model, context: PrepareContext):
 
 @hookimpl
 def save_checkpoint(directory: str, model, optimizer, context: PrepareContext):
-    if not _tensor_parallel(context):
-        return None
-    sharded_state.save(directory, model, optimizer)
-    return True
+    return sharded_state.save(directory, model, optimizer) if _tensor_parallel(context) else None
 
 
 @hookimpl
 def load_checkpoint(directory: str, model, optimizer, context: PrepareContext):
-    if not _tensor_parallel(context):
-        return None
-    sharded_state.load(directory, model, optimizer)
-    return True
+    return sharded_state.load(directory, model, optimizer) if _tensor_parallel(context) else None
 
 
 def _comm_hook(hook: str, wrapper: str, state_option: dict):

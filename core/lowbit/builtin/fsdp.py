@@ -120,11 +120,9 @@ def full_state_dict(model, context: PrepareContext):
 
 @hookimpl
 def save_checkpoint(directory: str, model, optimizer, context: PrepareContext):
-    sharded_state.save(directory, model, optimizer)
-    return True
+    return sharded_state.save(directory, model, optimizer)
 
 
 @hookimpl
 def load_checkpoint(directory: str, model, optimizer, context: PrepareContext):
-    sharded_state.load(directory, model, optimizer)
-    return True
+    return sharded_state.load(directory, model, optimizer)

@@ -18,16 +18,19 @@ def full_state_dict(model: Any) -> dict[str, Any]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save(directory: str, model: Any, optimizer: Any) -> None:
+def save(directory: str, model: Any, optimizer: Any) -> bool:
+    """Write the checkpoint; True (a strategy's ``save_checkpoint`` answer: done)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
     model_state = {name: _unwrapped(value) for name, value in model_state.items()}
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=f"{directory}/{FOLDER}")
+    return True
 
 
-def load(directory: str, model: Any, optimizer: Any) -> None:
+def load(directory: str, model: Any, optimizer: Any) -> bool:
+    """Read the checkpoint into the model and optimizer, resharded to this layout; True."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -36,6 +39,7 @@ def load(directory: str, model: Any, optimizer: Any) -> None:
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=f"{directory}/{FOLDER}")
     set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return True
 
 
 def _unwrapped(value: Any) -> Any:
