@@ -159,7 +159,10 @@ def strategy_integration(strategy: str, context: PrepareContext) -> dict[str, An
     the built-in strategies reads: ``"tensor_parallel_style"``, a function ``(module, style)`` that
     returns the torch ``ParallelStyle`` to lay one of the backend's converted modules out with
     (``style``: a plan's name for it, "colwise", "rowwise", "colwise_gather_output", ...), or None
-    for the plain one. Return None for "nothing to add".
+    for the plain one. ``"activation_checkpoint"``: a drop-in for ``torch.utils.checkpoint.checkpoint``
+    (called ``(function, *args, use_reentrant=False, **kwargs)``) that the strategies' activation
+    checkpointing recomputes blocks with, e.g. ``te.distributed.checkpoint``. Return None for
+    "nothing to add".
     """
 
 

@@ -11,8 +11,9 @@ names and state dicts are unchanged, and FSDP2's hooks on the block stay outside
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from lowbit.errors import ConfigError
 from lowbit.notices import note
 
 if TYPE_CHECKING:  # the built-in strategies load at discovery, which imports no torch
@@ -48,10 +49,16 @@ def _selective_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module], mode: Any) -> None:
-    """Checkpoint each block of ``model`` in ``mode`` (one of ``MODES``; False does nothing)."""
+def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module], mode: Any, recompute: Callable | None = None) -> None:
+    """Checkpoint each block of ``model`` in ``mode`` (one of ``MODES``; False does nothing).
+    ``recompute``: the low-precision backend's own drop-in for ``torch.utils.checkpoint.checkpoint``
+    (Transformer Engine's recomputes under the forward's FP8 settings and scales), else torch's."""
     if mode is False or not blocks:
         return
+    if recompute is not None and mode == "selective":
+        raise ConfigError("activation_checkpointing='selective' keeps chosen ops through torch's own checkpoint, but "
+                          "this FP8 backend recomputes through its own (e.g. Transformer Engine's, which restores its "
+                          "FP8 scales). Use activation_checkpointing=True (full).")
     config = getattr(model, "config", None)
     if getattr(config, "use_cache", False) is True:
         # A block recomputed in backward would append its keys and values to the cache a second time
@@ -60,20 +67,20 @@ def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module], mode: Any) -> N
         config.use_cache = False
         note(f"{type(model).__name__}.config.use_cache set to False: activation checkpointing recomputes each block, "
              "and a key/value cache would be filled twice. Training needs no cache.")
+    if recompute is None:
+        from torch.utils.checkpoint import checkpoint as recompute
+    options = {"context_fn": _selective_context} if mode == "selective" else {}
     for block in blocks:
-        _checkpoint_forward(block, _selective_context if mode == "selective" else None)
+        _checkpoint_forward(block, recompute, options)
 
 
-def _checkpoint_forward(block: nn.Module, context_fn: Any) -> None:
-    """The block's own ``forward`` runs under ``torch.utils.checkpoint`` (non-reentrant). Its
-    module hooks (FSDP2's gathers and casts) stay outside the checkpointed region, so the recompute
-    meets exactly the forward's ops; names and state dicts are unchanged (no wrapper module)."""
-    from torch.utils.checkpoint import checkpoint
-
+def _checkpoint_forward(block: nn.Module, recompute: Callable, options: dict[str, Any]) -> None:
+    """The block's own ``forward`` runs under ``recompute`` (non-reentrant). Its module hooks
+    (FSDP2's gathers and casts) stay outside the checkpointed region, so the recompute meets exactly
+    the forward's ops; names and state dicts are unchanged (no wrapper module)."""
     original = block.forward
-    options = {"context_fn": context_fn} if context_fn is not None else {}
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(original, *args, use_reentrant=False, **options, **kwargs)
+        return recompute(original, *args, use_reentrant=False, **options, **kwargs)
 
     block.forward = forward

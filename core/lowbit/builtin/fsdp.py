@@ -104,7 +104,8 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     reshard = bool(options.get("reshard_after_forward", True))
     model = apply_tensor_parallel(model, context)
     units = _units_to_shard(model, options.get("transformer_layer_cls_to_wrap"))
-    checkpoint_blocks(model, units, options.get("activation_checkpointing", False))
+    checkpoint_blocks(model, units, options.get("activation_checkpointing", False),
+                      (context.strategy_integration or {}).get("activation_checkpoint"))
     mesh = _fsdp_mesh(context)
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)

@@ -81,6 +81,15 @@ def check_compatibility(context: PrepareContext) -> None:
 
 
 @hookimpl
+def strategy_integration(strategy: str, context: PrepareContext):
+    # TE's own recompute (te.distributed.checkpoint) runs a checkpointed block again under the
+    # forward's FP8 settings and scales; torch's would recompute it outside te.autocast, in high precision.
+    import transformer_engine.pytorch as te
+
+    return {"activation_checkpoint": te.distributed.checkpoint}
+
+
+@hookimpl
 def convert_model(model, context: PrepareContext):
     from lowbit_te.convert import convert
 

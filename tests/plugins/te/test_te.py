@@ -718,3 +718,34 @@ def test_resume_under_another_te_recipe_loads_and_says_the_histories_are_dropped
         if not name.endswith("_extra_state"):
             assert torch.equal(saved, restored), name
     fresh_acc.backward(fresh(torch.randn(8, 32)).pow(2).mean())  # and trains on under the new recipe
+
+
+# ------------------------------------------------------------------ activation checkpointing
+
+
+@pytest.mark.parametrize("recompute", ["te", "torch"])
+def test_checkpointed_blocks_recompute_in_fp8_through_tes_own_checkpoint(te, monkeypatch, recompute):
+    """The strategies' activation checkpointing recomputes with what the backend gives: lowbit-te
+    gives te.distributed.checkpoint, which runs the recompute (in backward, outside te.autocast)
+    under the forward's FP8 settings; torch's checkpoint would recompute that block in high precision."""
+    from lowbit.builtin.activation_checkpointing import checkpoint_blocks
+
+    import lowbit_te
+
+    acc = te_accelerator(recipe="delayed")
+    torch.manual_seed(0)
+    model = acc.prepare(Net())
+    seen: dict[str, list[bool]] = {"forward": [], "backward": []}
+    phase = ["forward"]
+    forward = standin_te.Linear.forward
+    monkeypatch.setattr(standin_te.Linear, "forward",
+                        lambda self, x: (seen[phase[0]].append(standin_te.FP8_STATE["enabled"]), forward(self, x))[1])
+    given = lowbit_te.strategy_integration(strategy="fsdp", context=acc.context)["activation_checkpoint"]
+    checkpoint_blocks(acc.unwrap_model(model), [acc.unwrap_model(model).block], "full", given if recompute == "te" else None)
+    loss = model(torch.randn(8, 32)).pow(2).mean()
+    phase[0] = "backward"
+    acc.backward(loss)
+    assert seen["forward"] and all(seen["forward"]) and seen["backward"], seen  # the block's TE Linears ran again
+    assert all(seen["backward"]) is (recompute == "te"), seen
+    with pytest.raises(ConfigError, match="selective.*its own"):
+        checkpoint_blocks(model, [acc.unwrap_model(model).block], "selective", given)
