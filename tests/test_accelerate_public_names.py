@@ -58,3 +58,23 @@ def test_the_docs_list_every_name_with_its_status():
     text = DOC.read_text()
     found = re.search(re.escape(TABLE_START) + r"\n\n(?:\|.*\n)+", text)
     assert found is not None and found.group(0).rstrip("\n") == expected, f"write this into {DOC.name}:\n{expected}"
+
+
+def test_accelerates_utils_submodule_paths_import_under_lowbit():
+    """The ``accelerate.utils.<submodule>`` imports of Accelerate's own tests, rewritten to lowbit."""
+    from lowbit.utils.dataclasses import AORecipeKwargs, DataLoaderConfiguration, DistributedType  # noqa: F401
+    from lowbit.utils.imports import is_deepspeed_available, is_transformers_available
+    from lowbit.utils.memory import clear_device_cache, find_executable_batch_size, release_memory  # noqa: F401
+    from lowbit.utils.operations import gather, recursively_apply  # noqa: F401
+    from lowbit.utils.other import extract_model_from_parallel  # noqa: F401
+    from lowbit.utils.random import set_seed
+    from lowbit.utils.versions import compare_versions, is_torch_version
+
+    import random
+
+    set_seed(7)
+    first = random.random()
+    set_seed(7)
+    assert random.random() == first  # lowbit.utils.random (the submodule) does not shadow Python's random
+    assert is_torch_version(">=", "2.0") and not compare_versions("torch", "<", "2.0")
+    assert isinstance(is_transformers_available(), bool) and isinstance(is_deepspeed_available(), bool)

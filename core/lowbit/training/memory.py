@@ -13,15 +13,21 @@ _OUT_OF_MEMORY = ("CUDA out of memory", "out of memory", "DefaultCPUAllocator: c
                   "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED", "CUBLAS_STATUS_ALLOC_FAILED")
 
 
+def clear_device_cache(garbage_collection: bool = False) -> None:
+    """Give the device allocator's cached, unused memory back (CUDA), after collecting garbage if asked."""
+    if garbage_collection:
+        gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def release_memory(*objects: Any) -> list[None]:
     """Drop the given references, collect garbage and empty the CUDA cache; returns Nones to
     assign back: ``model, optimizer = release_memory(model, optimizer)``."""
     objects = list(objects)
     for i in range(len(objects)):
         objects[i] = None
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    clear_device_cache(garbage_collection=True)
     return objects
 
 

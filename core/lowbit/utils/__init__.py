@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import random
+import random as _random  # this package has a submodule named random (Accelerate's path)
 from typing import Any
 
 from lowbit.compat.accelerate_names import install_command
@@ -31,7 +31,7 @@ from lowbit.compat.handlers import (  # noqa: F401 - re-exported under Accelerat
 )
 from lowbit.parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig  # noqa: F401
 from lowbit.training.local_sgd import LocalSGD  # noqa: F401
-from lowbit.training.memory import find_executable_batch_size, release_memory  # noqa: F401
+from lowbit.training.memory import clear_device_cache, find_executable_batch_size, release_memory  # noqa: F401
 from lowbit.training.operations import (  # noqa: F401
     broadcast,
     broadcast_object_list,
@@ -88,12 +88,14 @@ def _missing_plugin_class(name: str, backend: str) -> type:
     return type(name, (), {"__init__": refuse, "backend_name": backend, "__doc__": f"Install the {backend} plugin to use {name}."})
 
 
-def __getattr__(name: str) -> Any:
-    if name in AVAILABILITY_CHECKS:
-        module = AVAILABILITY_CHECKS[name]
-        return lambda: importlib.util.find_spec(module) is not None
-    if name not in PLUGIN_CLASSES:
-        raise AttributeError(f"module 'lowbit.utils' has no attribute {name!r}")
+def availability_check(name: str) -> Any:
+    """``is_<library>_available``: a function answering whether the library can be imported."""
+    module = AVAILABILITY_CHECKS[name]
+    return lambda: importlib.util.find_spec(module) is not None
+
+
+def plugin_class(name: str) -> type:
+    """A backend's recipe class from its plugin, or a placeholder naming the plugin to install."""
     module_name, backend = PLUGIN_CLASSES[name]
     try:
         module = importlib.import_module(module_name)
@@ -104,13 +106,21 @@ def __getattr__(name: str) -> Any:
     return getattr(module, name)
 
 
+def __getattr__(name: str) -> Any:
+    if name in AVAILABILITY_CHECKS:
+        return availability_check(name)
+    if name in PLUGIN_CLASSES:
+        return plugin_class(name)
+    raise AttributeError(f"module 'lowbit.utils' has no attribute {name!r}")
+
+
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
     """Seed Python, NumPy (when installed) and torch; ``device_specific`` adds the process index."""
     import torch
 
     if device_specific:
         seed += int(os.environ.get("RANK", "0"))
-    random.seed(seed)
+    _random.seed(seed)
     try:
         import numpy as np
     except ImportError:
