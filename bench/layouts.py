@@ -46,20 +46,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num_processes", type=int, default=4)
     parser.add_argument("--gpu", action="store_true", help="launch on the GPUs (default: CPU processes over gloo)")
+    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
+                        help="the layouts to run (DDP bf16, the base of the ratios, always runs first)")
     args = parser.parse_args()
     print(f"{'layout':<10} {'AC':<9} {'precision':<9} {'step ms':>8} {'vs DDP bf16':>11} {'tokens/s':>9}  peak MiB per rank")
     base = None
-    for name, (sizes, flags) in LAYOUTS.items():
-        for checkpointing in (("off", "full", "selective") if "--use_fsdp" in flags else ("off",)):
-            for precision in ("bf16", "fp8"):
-                result = run(sizes(args.num_processes), flags, precision, checkpointing, args.num_processes, args.gpu)
-                if "error" in result:
-                    print(f"{name:<10} {checkpointing:<9} {precision:<9} failed: {result['error']}", flush=True)
-                    continue
-                base = base or result["step_s"]
-                peaks = " ".join(f"{p:.0f}" for p in result["peak_mib"])
-                print(f"{name:<10} {checkpointing:<9} {precision:<9} {result['step_s'] * 1e3:>8.0f} "
-                      f"{result['step_s'] / base:>11.2f} {result['tokens_per_s']:>9.0f}  {peaks}", flush=True)
+    rows = [("DDP", "off", "bf16")] + [
+        (name, checkpointing, precision) for name in args.layouts
+        for checkpointing in (("off", "full", "selective") if "--use_fsdp" in LAYOUTS[name][1] else ("off",))
+        for precision in ("bf16", "fp8") if (name, checkpointing, precision) != ("DDP", "off", "bf16")]
+    for name, checkpointing, precision in rows:
+        sizes, flags = LAYOUTS[name]
+        result = run(sizes(args.num_processes), flags, precision, checkpointing, args.num_processes, args.gpu)
+        if "error" in result:
+            print(f"{name:<10} {checkpointing:<9} {precision:<9} failed: {result['error']}", flush=True)
+            continue
+        base = base or result["step_s"]
+        peaks = " ".join(f"{p:.0f}" for p in result["peak_mib"])
+        print(f"{name:<10} {checkpointing:<9} {precision:<9} {result['step_s'] * 1e3:>8.0f} "
+              f"{result['step_s'] / base:>11.2f} {result['tokens_per_s']:>9.0f}  {peaks}", flush=True)
 
 
 if __name__ == "__main__":
