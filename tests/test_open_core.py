@@ -17,7 +17,8 @@ ACCELERATE_NAME_MODULES = {
     "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types",
     "compat/accelerate_config.py": "Accelerate's config file keys (fsdp_*, deepspeed_*)",
     "compat/handlers.py": "Accelerate's handler and plugin classes (FullyShardedDataParallelPlugin, DeepSpeedPlugin)",
-    "utils/__init__.py": "Accelerate's lowbit.utils names (TERecipeKwargs, is_deepspeed_available, ...)",
+    "utils/dataclasses.py": "Accelerate's recipe classes by plugin (TERecipeKwargs, AORecipeKwargs, ...)",
+    "utils/imports.py": "Accelerate's is_<library>_available names (is_deepspeed_available, ...)",
     "cli/flags.py": "Accelerate's launch flags (--use_fsdp, --use_deepspeed, --fsdp_*, --fp8_opt_level)",
 }
 PLUGIN_NAMES = ("te", "ao", "msamp", "ms-amp", "deepspeed", "fsdp", "fsdp2", "ddp", "torchao", "transformer_engine",

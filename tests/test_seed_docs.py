@@ -34,9 +34,9 @@ def test_recipe_classes_import_from_lowbit_utils():
 
 
 def test_a_recipe_class_whose_plugin_is_absent_names_the_pip_package(monkeypatch):
-    import lowbit.utils
+    import lowbit.utils.dataclasses
 
-    monkeypatch.setitem(lowbit.utils.PLUGIN_CLASSES, "TERecipeKwargs", ("lowbit_te_not_here.recipe", "te"))
+    monkeypatch.setitem(lowbit.utils.dataclasses.PLUGIN_CLASSES, "TERecipeKwargs", ("lowbit_te_not_here.recipe", "te"))
     from lowbit.utils import TERecipeKwargs  # imports, as in Accelerate: a script may name it and train on ao
 
     with pytest.raises(ImportError, match=r"TERecipeKwargs comes with the te backend's plugin, which is not installed: `pip install lowbit-te`"):

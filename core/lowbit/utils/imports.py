@@ -1,8 +1,28 @@
 """Accelerate's ``accelerate.utils.imports`` path: ``is_<library>_available()``."""
-from lowbit.utils import AVAILABILITY_CHECKS, availability_check
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+# Accelerate's `is_<name>_available()` helpers that training scripts test before importing an
+# optional library: name -> the module whose presence answers it.
+OPTIONAL_LIBRARIES = {
+    "schedulefree": "schedulefree", "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow",
+    "comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "deepspeed": "deepspeed",
+    "transformer_engine": "transformer_engine", "msamp": "msamp", "torchao": "torchao", "datasets": "datasets",
+    "transformers": "transformers", "rich": "rich", "bnb": "bitsandbytes", "peft": "peft", "timm": "timm",
+}
+AVAILABILITY_CHECKS = {f"is_{name}_available": module for name, module in OPTIONAL_LIBRARIES.items()}
+__all__ = list(AVAILABILITY_CHECKS)
 
 
-def __getattr__(name: str):
+def availability_check(name: str) -> Any:
+    """``is_<library>_available``: a function answering whether the library can be imported."""
+    module = AVAILABILITY_CHECKS[name]
+    return lambda: importlib.util.find_spec(module) is not None
+
+
+def __getattr__(name: str) -> Any:
     if name in AVAILABILITY_CHECKS:
         return availability_check(name)
     raise AttributeError(f"module 'lowbit.utils.imports' has no attribute {name!r}")

@@ -13,3 +13,6 @@ from lowbit.training.operations import (  # noqa: F401 - re-exported under Accel
     reduce,
     send_to_device,
 )
+
+__all__ = ["broadcast", "broadcast_object_list", "concatenate", "convert_outputs_to_fp32", "convert_to_fp32", "gather",
+           "gather_object", "listify", "pad_across_processes", "recursively_apply", "reduce", "send_to_device"]
