@@ -180,7 +180,10 @@ def install_entry_points(site, distribution: str, version: str, entry_points: di
     return info
 
 
-PLUGIN_FIXTURES = Path(__file__).parent / "fixtures" / "plugins"
+# The tests folder and the repository: tests under tests/core/<subpackage>/ find their scripts through these.
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+PLUGIN_FIXTURES = TESTS / "fixtures" / "plugins"
 
 
 def install_plugin_module(site, module: str, source: str | None = None) -> Path:

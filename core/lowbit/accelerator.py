@@ -35,7 +35,7 @@ from lowbit.compat.handlers import (
     TorchDynamoPlugin,
     settings_from_plugin_objects,
 )
-from lowbit.config import LowbitConfig, check_plugin_names, read_config_layer, resolve_config
+from lowbit.config import LowbitConfig, check_plugin_names, read_config_layer, resolve_config, setting_before_plugins
 from lowbit.config.settings import PARALLELISM_SECTION
 from lowbit.config.recipes import RecipeKwargs
 from lowbit.errors import ConfigError, UnsupportedCombinationError, did_you_mean
@@ -125,12 +125,11 @@ class Accelerator(RankFacts):
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(str(project_dir))
-        # Pass 1 settles use_cpu, which hardware detection needs; pass 2 knows the plugins'
-        # option names, so fp8_config keys can be checked against them.
+        # Hardware detection needs use_cpu before the plugins are known; the settings are validated
+        # once the plugins' option names are, so fp8_config keys can be checked against them.
         file_layer = read_config_layer(config_file)
-        early = resolve_config(explicit, check_fp8_keys=False, file_layer=file_layer)
         self._plugins = plugin_manager or make_plugin_manager()
-        self.hardware = self._plugins.detect_hardware(cpu=early.use_cpu)
+        self.hardware = self._plugins.detect_hardware(cpu=setting_before_plugins("use_cpu", explicit, file_layer))
         self._registry = BackendRegistry(self._plugins, self.hardware)
         fp8_specs = {}
         for cand in self._registry.ranked("backend"):

@@ -1,4 +1,4 @@
-"""Measures one training process's peak memory for ``tests/test_estimate_memory.py``: what the
+"""Measures one training process's peak memory for ``tests/core/observe/test_estimate_memory.py``: what the
 process has allocated (glibc's ``mallinfo2``: heap in use plus mmapped blocks), from before the
 model is built to the end of 3 training steps (every step must really step: a skipped one
 allocates no optimizer states); sampled after every tensor operation (a dispatch

@@ -1,5 +1,5 @@
 """Two processes that start their process group themselves, with no RANK or WORLD_SIZE variables
-(as Accelerate's debug_launcher, or a script's own init_process_group): for tests/test_distributed.py.
+(as Accelerate's debug_launcher, or a script's own init_process_group): for tests/core/builtin/test_distributed.py.
 Each rank writes what its Accelerator says about it."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A training loop that saves when the job is preempted (``accelerator.on_preemption``); for
-``tests/test_preemption.py``. Writes its pid, then trains until SIGTERM arrives."""
+``tests/core/training/test_preemption.py``. Writes its pid, then trains until SIGTERM arrives."""
 from __future__ import annotations
 
 import os

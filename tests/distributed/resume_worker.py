@@ -1,5 +1,5 @@
 """Kill-and-resume at given steps, each against an uninterrupted run, in one process group (1 or
-2 processes): for tests/test_exact_resume.py. Writes, per step k, whether the resumed run ended on
+2 processes): for tests/core/checkpoint/test_exact_resume.py. Writes, per step k, whether the resumed run ended on
 bit-identical weights."""
 from __future__ import annotations
 

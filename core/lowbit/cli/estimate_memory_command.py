@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     print(table(estimates))
     print("peak = weights + optimizer states + buffers + max(activations, gradients + one parameter-sized step temporary). "
           "A backend's bytes per parameter are what it declares; measured against real runs: see each strategy's note "
-          "(tests/test_estimate_memory.py).")
+          "(tests/core/observe/test_estimate_memory.py).")
     for name, memory in strategies.items():
         print(f"  {name}: {memory.note or 'not measured'}")
     return 0

@@ -217,26 +217,32 @@ def validate_config(
     ``check_fp8_keys=False`` skips fp8_config (used before the plugins are known).
     ``sections``: the installed strategies' sections; None accepts any ``*_config`` mapping.
     """
+    return _config_from(_parse_layer(raw, fp8_specs, where, check_fp8_keys=check_fp8_keys, sections=sections))
+
+
+def _parse_layer(raw: Mapping[str, Any], fp8_specs: Mapping[str, OptionSpec] | None, where: str, *,
+                 check_fp8_keys: bool, sections: tuple[str, ...] | None) -> dict[str, Any]:
+    """One layer's keys parsed (errors name the layer); sections stay keyed by their name."""
     fp8_specs = dict(DOCUMENTED_FP8_KEYS, **(fp8_specs or {}))
     values: dict[str, Any] = {}
-    strategy_sections: dict[str, dict[str, Any]] = {}
     for key, value in raw.items():
         if is_section(key, sections):
             if value is None:
                 continue
             if not isinstance(value, dict):
                 raise ConfigError(f"{key} in {where} must be a mapping (a YAML section), got {value!r}.")
-            if key != FP8_SECTION:
-                strategy_sections[key] = dict(value)
-            elif check_fp8_keys:
-                values[key] = _validate_section(key, value, fp8_specs, where)
-            else:
-                values[key] = dict(value)
+            checked = key == FP8_SECTION and check_fp8_keys
+            values[key] = _validate_section(key, value, fp8_specs, where) if checked else dict(value)
             continue
         if key not in TOP_LEVEL:
             raise _unknown_key_error(key, where, sections, fp8_specs)
         values[key] = TOP_LEVEL[key].parse(value, where=where)
-    return LowbitConfig(**values, sections=strategy_sections)
+    return values
+
+
+def _config_from(values: Mapping[str, Any]) -> LowbitConfig:
+    top = {key: value for key, value in values.items() if key in TOP_LEVEL or key == FP8_SECTION}
+    return LowbitConfig(**top, sections={key: value for key, value in values.items() if key not in top})
 
 
 def check_plugin_names(config: LowbitConfig, precisions: list[str], distributed_types: list[str], where: str) -> None:
@@ -342,6 +348,26 @@ def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, Op
             notices.warn(f"Environment variable {name} is read by neither lowbit nor an installed plugin, and is ignored.{did_you_mean(name, known)}")
 
 
+def setting_layers(explicit: Mapping[str, Any] | None, environ: Mapping[str, str], file_layer: tuple[dict[str, Any], str],
+                   fp8_specs: Mapping[str, OptionSpec] | None = None) -> list[tuple[dict[str, Any], str]]:
+    """The raw settings and where each came from, lowest precedence first: config file < ACCELERATE_*
+    env vars < LOWBIT_* env vars < explicit arguments. (``accelerate launch`` exports its config file as
+    ACCELERATE_* variables.)"""
+    return [file_layer, (settings_from_accelerate_env(environ), ACCELERATE_ENV),
+            (config_from_env(environ, fp8_specs), "environment variables"),
+            ({k: v for k, v in (explicit or {}).items() if v is not None}, "Accelerator arguments")]
+
+
+def setting_before_plugins(name: str, explicit: Mapping[str, Any] | None, file_layer: tuple[dict[str, Any], str],
+                           environ: Mapping[str, str] | None = None) -> Any:
+    """One top-level setting, read before the plugins are loaded (hardware detection needs ``use_cpu``);
+    the whole config is validated once the plugins' keys are known."""
+    for raw, where in reversed(setting_layers(explicit, os.environ if environ is None else environ, file_layer)):
+        if raw.get(name) is not None:
+            return TOP_LEVEL[name].parse(raw[name], where=where)
+    return TOP_LEVEL[name].default
+
+
 def resolve_config(
     explicit: Mapping[str, Any] | None = None,
     config_file: str | os.PathLike | None = None,
@@ -352,25 +378,17 @@ def resolve_config(
     file_layer: tuple[dict[str, Any], str] | None = None,
     sections: tuple[str, ...] | None = None,
 ) -> LowbitConfig:
-    """Merge default < config file < ACCELERATE_* env vars < LOWBIT_* env vars < explicit arguments,
-    then validate. (``accelerate launch`` exports its config file as ACCELERATE_* variables.)
+    """Merge default < the layers of :func:`setting_layers`, each validated once (errors name its source).
 
     ``file_layer`` is the config file already read by :func:`read_config_layer` (read it once).
     ``sections``: the installed strategies' config sections (None: not known yet)."""
     environ = os.environ if environ is None else environ
-    file_raw, where = file_layer if file_layer is not None else read_config_layer(config_file)
+    file_layer = file_layer if file_layer is not None else read_config_layer(config_file)
     if check_fp8_keys:
         warn_unknown_env_vars(environ, fp8_specs, sections)
-    # Validate each layer on its own so that errors name their source.
-    check = dict(check_fp8_keys=check_fp8_keys, sections=sections)
-    validate_config(file_raw, fp8_specs, where=where, **check)
-    accelerate_raw = settings_from_accelerate_env(environ)
-    validate_config(accelerate_raw, fp8_specs, where=ACCELERATE_ENV, **check)
-    env_raw = config_from_env(environ, fp8_specs)
-    validate_config(env_raw, fp8_specs, where="environment variables", **check)
-    explicit_raw = {k: v for k, v in (explicit or {}).items() if v is not None}
-    validate_config(explicit_raw, fp8_specs, where="Accelerator arguments", **check)
-    return validate_config(merge_raw(file_raw, accelerate_raw, env_raw, explicit_raw), fp8_specs, where=where, **check)
+    parsed = [_parse_layer(raw, fp8_specs, where, check_fp8_keys=check_fp8_keys, sections=sections)
+              for raw, where in setting_layers(explicit, environ, file_layer, fp8_specs)]
+    return _config_from(merge_raw(*parsed))
 
 
 def write_config_file(config: LowbitConfig, path: str | os.PathLike) -> Path:

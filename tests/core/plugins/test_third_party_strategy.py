@@ -9,14 +9,12 @@ import os
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
-from helpers import install_entry_points, run_launch
+from helpers import ROOT, install_entry_points, run_launch
 
 from lowbit.testing import run_strategy_conformance
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "third_party_strategy"
 
 WORKER = ROOT / "tests" / "distributed" / "zero_ddp_worker.py"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import mlp, regression_data, run_launch
+from helpers import TESTS, mlp, regression_data, run_launch
 from torch import nn
 
-WORKER = Path(__file__).parent / "distributed" / "worker.py"
+WORKER = TESTS / "distributed" / "worker.py"
 pytestmark = pytest.mark.multiprocess
 
 
@@ -187,7 +187,7 @@ def test_ddp_comm_hooks_are_registered_and_train(tmp_path, hook, registered):
 
 def test_ranks_come_from_a_process_group_the_script_started_itself(tmp_path):
     """With no RANK variable both processes said they were rank 0 (lowbit read the environment only)."""
-    worker = Path(__file__).parent / "distributed" / "own_group_worker.py"
+    worker = TESTS / "distributed" / "own_group_worker.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, str(worker), str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)

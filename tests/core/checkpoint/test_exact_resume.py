@@ -7,13 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import run_launch
+from helpers import TESTS, run_launch
 
-WORKER = Path(__file__).parent / "distributed" / "resume_worker.py"
+WORKER = TESTS / "distributed" / "resume_worker.py"
 pytestmark = pytest.mark.multiprocess
 
 

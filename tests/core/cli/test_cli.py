@@ -5,14 +5,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from lowbit.cli.main import main
+from helpers import TESTS
 
-SHOW_ENV = str(Path(__file__).parent / "scripts" / "show_env.py")
+SHOW_ENV = str(TESTS / "scripts" / "show_env.py")
 
 LOWBIT = [sys.executable, "-m", "lowbit.cli.main"]
 

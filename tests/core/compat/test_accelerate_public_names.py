@@ -4,18 +4,18 @@ each with its status; this test writes the list it expects when they differ."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 import lowbit
 from lowbit.big_modeling import INFERENCE_DISPATCH
 from lowbit.errors import UnsupportedCombinationError
+from helpers import ROOT
 
 accelerate = pytest.importorskip("accelerate")
 NAMES = sorted(name for name in dir(accelerate) if not name.startswith("_"))
-DOC = Path(__file__).resolve().parents[1] / "docs" / "coming-from-accelerate.md"
-TABLE_START = "<!-- accelerate top-level names: written by tests/test_accelerate_public_names.py -->"
+DOC = ROOT / "docs" / "coming-from-accelerate.md"
+TABLE_START = "<!-- accelerate top-level names: written by tests/core/compat/test_accelerate_public_names.py -->"
 
 
 def status(name: str) -> str:

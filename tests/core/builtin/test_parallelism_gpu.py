@@ -1,5 +1,5 @@
 """Context parallelism on CUDA GPUs (torch's ``context_parallel``; torch has no CPU rule for its
-attention kernel, so CPU runs refuse cp_size > 1): ``pytest -m gpu tests/test_parallelism_gpu.py``.
+attention kernel, so CPU runs refuse cp_size > 1): ``pytest -m gpu tests/core/builtin/test_parallelism_gpu.py``.
 
 Needs 2 CUDA GPUs (NCCL puts one rank on each); skipped otherwise. Not run in this repository's CI
 (it has no GPU); ``bench/gpu_check.sh`` runs it where the machine has two.
@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_launch
+from helpers import TESTS, run_launch
 
-SCRIPT = Path(__file__).parent / "accelerate_style" / "nd_parallel.py"
+SCRIPT = TESTS / "accelerate_style" / "nd_parallel.py"
 transformers = pytest.importorskip("transformers")
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                               reason="context parallelism needs 2 CUDA GPUs (one NCCL rank on each)")

@@ -155,3 +155,18 @@ def test_plugin_options_are_valid_config_keys(tmp_path):
 def test_written_yaml_is_plain(tmp_path):
     path = write_config_file(LowbitConfig(fp8_config={"override_linear_precision": (False, True, False)}), tmp_path / "c.yaml")
     assert yaml.safe_load(path.read_text())["fp8_config"]["override_linear_precision"] == [False, True, False]
+
+
+def test_an_accelerator_validates_each_settings_layer_once(monkeypatch):
+    """File, ACCELERATE_*, LOWBIT_* and arguments: each layer's keys parsed once, the merge not again
+    (it was ten validations per Accelerator: two passes of four layers and their merge)."""
+    from lowbit.config import settings
+
+    layers = []
+    parse = settings._parse_layer
+    monkeypatch.setattr(settings, "_parse_layer", lambda raw, *a, **k: layers.append(k) or parse(raw, *a, **k))
+    monkeypatch.setattr(settings, "validate_config", lambda *a, **k: pytest.fail("the merged settings validated again"))
+    monkeypatch.setenv("LOWBIT_GRADIENT_ACCUMULATION_STEPS", "2")
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True)
+    assert accelerator.config.gradient_accumulation_steps == 2
+    assert len(layers) == 4

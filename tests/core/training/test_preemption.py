@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from lowbit import Accelerator
+from helpers import TESTS
 
-WORKER = Path(__file__).parent / "distributed" / "preemption_worker.py"
+WORKER = TESTS / "distributed" / "preemption_worker.py"
 
 
 def _alive(pid: int) -> bool:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-DOC = (Path(__file__).resolve().parents[1] / "docs" / "coming-from-accelerate.md").read_text()
+DOC = (ROOT / "docs" / "coming-from-accelerate.md").read_text()
 
 
 def same_rows():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_launch, said
+from helpers import TESTS, run_launch, said
 from torch import nn
 
 from lowbit.builtin.activation_checkpointing import checkpoint_blocks
@@ -23,7 +23,7 @@ from lowbit.parallelism_config import ParallelismConfig, TorchTensorParallelConf
 from lowbit.training.toolchain import find_cxx_compiler
 from lowbit.types import PrepareContext
 
-WORKER = Path(__file__).parent / "distributed" / "layout_worker.py"
+WORKER = TESTS / "distributed" / "layout_worker.py"
 transformers = pytest.importorskip("transformers")
 
 
@@ -228,7 +228,7 @@ def test_each_layout_trains_like_one_process_on_the_global_batch(tmp_path, name)
 
 # ------------------------------------------------------------------ Accelerate's example, import changed
 
-ND_SCRIPT = Path(__file__).parent / "accelerate_style" / "nd_parallel.py"
+ND_SCRIPT = TESTS / "accelerate_style" / "nd_parallel.py"
 
 
 @pytest.mark.multiprocess

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import Counter
+from helpers import Counter, TESTS
 
 from lowbit import Accelerator
 from lowbit.errors import CheckpointError
 
-ACCELERATE_RUN = Path(__file__).parent / "scripts" / "accelerate_save_state.py"
+ACCELERATE_RUN = TESTS / "scripts" / "accelerate_save_state.py"
 
 
 @pytest.mark.parametrize("weights", ["safetensors", "bin"])

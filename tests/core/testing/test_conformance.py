@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
-from helpers import FakeBackend, install_entry_points, install_plugin_module
+from helpers import FakeBackend, ROOT, install_entry_points, install_plugin_module
 
 from lowbit import hookimpl
 from lowbit.testing import check_autocast_nests_with_bf16, check_description, check_discovery_is_cheap, run_conformance
 from lowbit.types import BackendDescription
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_ao_backend_passes(tmp_path):

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from helpers import install_entry_points
+from helpers import TESTS, install_entry_points
 
 from lowbit.cli.main import main
 from lowbit.plugins.scaffold import FILL_IN_MARKER
@@ -124,7 +124,7 @@ def test_a_scaffolded_backend_with_its_own_precision_name_trains(tmp_path):
     assert_lints_clean(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(root)]), LOWBIT_MIXED_PRECISION="fp4")
-    out = subprocess.run([sys.executable, str(Path(__file__).parent / "scripts" / "show_settings.py")],
+    out = subprocess.run([sys.executable, str(TESTS / "scripts" / "show_settings.py")],
                          capture_output=True, text=True, env=env, timeout=1500)
     assert out.stdout.split()[3:] == ["fp4", "myfp4", "none", "torch.bfloat16"], out.stdout + out.stderr[-2000:]
 

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from pathlib import Path
 
 import torch
-from helpers import FakeBackend, manager_with, mlp
+from helpers import FakeBackend, TESTS, manager_with, mlp
 from torch import nn
 
 from lowbit import Accelerator, hookimpl
@@ -146,7 +145,7 @@ def test_launcher_hooks_add_flags_and_env(monkeypatch, capfd):
             return {"MY_KNOB": args.my_knob} if args.my_knob else None
 
     monkeypatch.setattr(launch, "_plugin_manager", lambda: manager_with(LaunchPlugin()))
-    show_env = Path(__file__).parent / "scripts" / "show_env.py"
+    show_env = TESTS / "scripts" / "show_env.py"
     assert main(["launch", "--my_knob", "7", str(show_env), "MY_KNOB"]) == 0
     assert json.loads(capfd.readouterr().out.strip().splitlines()[-1])["MY_KNOB"] == "7"
 

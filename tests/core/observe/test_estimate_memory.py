@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_launch
+from helpers import TESTS, run_launch
 from lowbit.cli.estimate_memory_command import backend_memory, strategy_memory
 from lowbit.errors import ConfigError
 from lowbit.observe.memory_estimate import estimate_all
 
-HERE = Path(__file__).parent
+HERE = TESTS
 WORKER = HERE / "distributed" / "memory_worker.py"
 LLAMA = {"model_type": "llama", "vocab_size": 4096, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
          "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 512}

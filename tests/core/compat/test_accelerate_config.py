@@ -4,12 +4,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 import textwrap
 
 import pytest
 
-from helpers import said
+from helpers import TESTS, said
 from lowbit.config import read_config_file, resolve_config, validate_config
 from lowbit.errors import ConfigError
 
@@ -147,7 +146,7 @@ def test_fsdp_and_deepspeed_from_the_launcher():
         resolve_config(environ={"ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true"}, config_file=os.devnull)
 
 
-SHOW_SETTINGS = Path(__file__).parent / "scripts" / "show_settings.py"
+SHOW_SETTINGS = TESTS / "scripts" / "show_settings.py"
 
 
 @pytest.mark.multiprocess
