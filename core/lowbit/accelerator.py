@@ -41,7 +41,7 @@ from lowbit.config.recipes import RecipeKwargs
 from lowbit.errors import ConfigError, UnsupportedCombinationError, did_you_mean
 from lowbit.observe.fp8_report import conversion_report
 from lowbit.observe.telemetry import FP8StatsTable, TelemetryRecorder
-from lowbit.observe.tracking import GeneralTracker, Trackers
+from lowbit.observe.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, Trackers
 from lowbit.parallelism_config import ParallelismConfig, data_parallel_slot, settle_layout
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
 from lowbit.plugins.choice import choose_plugins
@@ -449,7 +449,7 @@ class Accelerator(RankFacts):
         registered: dict[str, type] = {}
         for _plugin, trackers in self._plugins.call_each("register_trackers"):
             registered.update(trackers)
-        return registered
+        return {**registered, **LOGGER_TYPE_TO_CLASS}
 
     @property
     def trackers(self) -> list[GeneralTracker]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from lowbit.errors import UnsupportedCombinationError
+from lowbit.compat.accelerate_names import not_offered
 
 INFERENCE_DISPATCH = ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
                       "load_checkpoint_and_dispatch", "load_checkpoint_in_model")
@@ -44,16 +44,6 @@ def init_empty_weights(include_buffers: bool | None = None) -> contextlib.Abstra
     return init_on_device("meta", include_buffers=include_buffers)
 
 
-def _refuse(name: str):
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        raise UnsupportedCombinationError(
-            f"{name} spreads a model over devices and disk for inference, which lowbit does not do (it trains). Use "
-            f"Accelerate's (`from accelerate import {name}`, `pip install accelerate`) or transformers' "
-            "`from_pretrained(..., device_map='auto')` for that model.")
-
-    refused.__name__ = refused.__qualname__ = name
-    refused.__doc__ = f"Not offered by lowbit (inference dispatch): raises, naming Accelerate's {name}."
-    return refused
-
-
-globals().update({name: _refuse(name) for name in INFERENCE_DISPATCH})
+WHY = "spreads a model over devices and disk for inference, which lowbit does not do (it trains)"
+USE = "Accelerate's (`pip install accelerate`) or transformers' `from_pretrained(..., device_map='auto')`"
+globals().update({name: not_offered(f"accelerate.big_modeling.{name}", WHY, USE) for name in INFERENCE_DISPATCH})

@@ -49,7 +49,37 @@ class TorchContextParallelConfig:
         if self.cp_comm_strategy is None:
             self.cp_comm_strategy = os.environ.get(ENV_PREFIX + "CP_COMM_STRATEGY", "allgather")
         if self.cp_comm_strategy not in ("allgather", "alltoall"):
-            raise ConfigError(f"cp_comm_strategy {self.cp_comm_strategy!r} is not one of allgather, alltoall.")
+            raise ConfigError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy} (the ranks exchange keys and values "
+                              "by allgather or alltoall).")
+
+
+@dataclasses.dataclass
+class DeepSpeedSequenceParallelConfig:
+    """DeepSpeed's sequence-parallel (Ulysses) settings, as Accelerate names them. lowbit checks them
+    and refuses ``sp_size > 1`` at the Accelerator (no strategy of lowbit's lays out Ulysses yet)."""
+
+    sp_seq_length: int | None = None
+    sp_seq_length_is_variable: bool | None = None
+    sp_attn_implementation: str | None = None
+
+    # Attention kernels that can split heads across ranks (a hub kernel id naming flash-attn too).
+    ATTENTION = ("flash_attention_2", "flash_attention_3", "sdpa")
+
+    def __post_init__(self) -> None:
+        if self.sp_seq_length_is_variable is None:
+            self.sp_seq_length_is_variable = os.environ.get(ENV_PREFIX + "SP_SEQ_LENGTH_IS_VARIABLE", "true").lower() == "true"
+        if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
+            length = os.environ.get(ENV_PREFIX + "SP_SEQ_LENGTH")
+            if length is None:
+                raise ConfigError("sp_seq_length_is_variable=False needs the fixed length: sp_seq_length=... or "
+                                  f"{ENV_PREFIX}SP_SEQ_LENGTH.")
+            self.sp_seq_length = None if length == "None" else int(length)
+        self.sp_attn_implementation = self.sp_attn_implementation or os.environ.get(ENV_PREFIX + "SP_ATTN_IMPLEMENTATION")
+        kernel = self.sp_attn_implementation
+        if kernel is not None and kernel not in self.ATTENTION and not ("/" in kernel and "flash-attn" in kernel):
+            raise ConfigError(f"Invalid sp_attn_implementation {kernel!r}: sequence parallelism needs one of "
+                              f"{', '.join(self.ATTENTION)}, or a hub flash-attention kernel such as "
+                              "'kernels-community/flash-attn2' (eager and flex attention cannot split heads).")
 
 
 @dataclasses.dataclass
@@ -83,9 +113,6 @@ class ParallelismConfig:
             raise ConfigError(f"ParallelismConfig cp_backend {self.cp_backend!r} is not one of {', '.join(CP_BACKENDS)}.")
         if self.sp_backend not in SEQUENCE_PARALLEL_BACKENDS:
             raise ConfigError(f"ParallelismConfig sp_backend {self.sp_backend!r} is not one of {', '.join(SEQUENCE_PARALLEL_BACKENDS)}.")
-        if self.sp_size > 1:
-            raise ConfigError(f"ParallelismConfig sp_size={self.sp_size} asks for sequence parallelism (Ulysses), which "
-                              "lowbit does not offer. Use cp_size (context parallelism) instead.")
         if self.tp_size > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
         if self.cp_size > 1 and self.cp_handler is None:
@@ -245,6 +272,9 @@ def settle_layout(given: ParallelismConfig | None, section: Mapping[str, Any], w
     layout = given if given is not None else (ParallelismConfig.from_section(section, where) if section else None)
     if layout is None:
         return None
+    if layout.sp_enabled:
+        raise ConfigError(f"ParallelismConfig sp_size={layout.sp_size} asks for sequence parallelism (Ulysses), which "
+                          "lowbit does not offer. Use cp_size (context parallelism) instead.")
     if layout.cp_enabled and device_type != "cuda":
         # torch has no sharding rule for the CPU attention kernel (_scaled_dot_product_flash_attention_for_cpu).
         raise ConfigError(f"cp_size={layout.cp_size} asks for context parallelism, which torch runs on CUDA GPUs only "

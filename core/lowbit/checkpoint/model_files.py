@@ -38,6 +38,18 @@ def parse_size(size: int | str) -> int:
 def drop_shared_tensors(state: dict[str, Any]) -> dict[str, Any]:
     """safetensors cannot store two names for one storage (tied embeddings): keep the first name
     of each storage, as transformers does, and say which names were left out."""
+    kept, dropped = split_shared_tensors(state)
+    if dropped:
+        note(
+            "save_model left out weights that share memory with another (tied weights; the model "
+            f"ties them again when it loads): {', '.join(dropped)}.",
+        )
+    return kept
+
+
+def split_shared_tensors(state: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The state with the first name of each storage only (contiguous), and the names left out,
+    each with the name it shares memory with."""
     seen: dict[tuple, str] = {}
     kept, dropped = {}, []
     for name, tensor in state.items():
@@ -50,12 +62,7 @@ def drop_shared_tensors(state: dict[str, Any]) -> dict[str, Any]:
             continue
         seen.setdefault(key, name)
         kept[name] = tensor.contiguous()
-    if dropped:
-        note(
-            "save_model left out weights that share memory with another (tied weights; the model "
-            f"ties them again when it loads): {', '.join(dropped)}.",
-        )
-    return kept
+    return kept, dropped
 
 
 def shard(state: dict[str, Any], max_bytes: int) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ plugins describe themselves (``describe_backend``), and the core asks them.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from lowbit.types import normalize_name
 
@@ -78,6 +79,23 @@ class DistributedType(str, enum.Enum):
     FSDP = "FSDP"
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
+
+def not_offered(name: str, why: str, use: str, is_class: bool = False) -> Any:
+    """A stand-in for an Accelerate name whose job lowbit does not do: it imports, and raises
+    UnsupportedCombinationError when called or instantiated, saying what to use."""
+    from lowbit.errors import UnsupportedCombinationError
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedCombinationError(f"{name} {why}. Use {use}.")
+
+    short = name.rpartition(".")[2]
+    doc = f"Not offered by lowbit: {name} {why}."
+    if is_class:
+        return type(short, (), {"__init__": refuse, "__doc__": doc})
+    refuse.__name__ = refuse.__qualname__ = short
+    refuse.__doc__ = doc
+    return refuse
+
 
 # ParallelismConfig's sp_backend values (Accelerate's default names DeepSpeed's Ulysses); lowbit
 # accepts the name, and refuses sp_size > 1.

@@ -7,7 +7,9 @@ built-in ones (TensorBoard, W&B, MLflow) from ``lowbit.builtin.trackers``, other
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
+import warnings
 from typing import Any
 
 from lowbit.errors import ConfigError, did_you_mean
@@ -140,6 +142,49 @@ TRACKER_PACKAGES: dict[str, tuple[str, str]] = {
 }
 
 
+# Accelerate's registry of trackers by name: the built-in ones, and each class given to
+# ``register_tracker_class``. ``log_with`` names any of them (or one a plugin registers).
+LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
+    cls.name: cls for cls in (TensorBoardTracker, WandBTracker, MLflowTracker)}
+
+
+def register_tracker_class(cls: type[GeneralTracker]) -> type[GeneralTracker]:
+    """Make ``cls`` nameable in ``log_with`` by its ``name``. It must subclass GeneralTracker and say
+    its own ``name`` and ``requires_logging_directory``; a name already taken is replaced, with a warning."""
+    if not (isinstance(cls, type) and issubclass(cls, GeneralTracker)):
+        raise ConfigError(f"register_tracker_class takes a GeneralTracker subclass, got {cls!r}.")
+    missing = [attr for attr in ("name", "requires_logging_directory")
+               if not any(attr in vars(k) for k in cls.__mro__ if k is not GeneralTracker)]
+    if missing:
+        raise ConfigError(f"{cls.__name__} must set {' and '.join(missing)} as class attributes to be registered "
+                          "(the name log_with uses, and whether it writes files under the project's logging_dir).")
+    if cls.name in LOGGER_TYPE_TO_CLASS and LOGGER_TYPE_TO_CLASS[cls.name] is not cls:
+        warnings.warn(f"register_tracker_class: {cls.__name__} replaces {LOGGER_TYPE_TO_CLASS[cls.name].__name__} "
+                      f"as the tracker named {cls.name!r}.", UserWarning, stacklevel=2)
+    LOGGER_TYPE_TO_CLASS[cls.name] = cls
+    return cls
+
+
+def _not_built_in(class_name: str, name: str) -> type[GeneralTracker]:
+    """Accelerate's tracker class for a library lowbit has no tracker for yet: it imports, and
+    refuses to start, saying how to log there."""
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise ConfigError(f"{class_name}: lowbit has no built-in {name!r} tracker yet. Subclass GeneralTracker for it "
+                          "(register_tracker_class, or a plugin's register_trackers hook), or log with tensorboard, "
+                          "wandb or mlflow.")
+
+    return type(class_name, (GeneralTracker,), {"name": name, "__init__": refuse, "__doc__": f"Not built in: {name}."})
+
+
+AimTracker = _not_built_in("AimTracker", "aim")
+ClearMLTracker = _not_built_in("ClearMLTracker", "clearml")
+CometMLTracker = _not_built_in("CometMLTracker", "comet_ml")
+DVCLiveTracker = _not_built_in("DVCLiveTracker", "dvclive")
+SwanLabTracker = _not_built_in("SwanLabTracker", "swanlab")
+TrackioTracker = _not_built_in("TrackioTracker", "trackio")
+
+
 def _installed(name: str) -> bool:
     module = TRACKER_PACKAGES.get(name, (None,))[0]
     return module is None or importlib.util.find_spec(module) is not None
@@ -189,7 +234,11 @@ def start_trackers(requested: list[Any], registered: dict[str, type[GeneralTrack
         else:
             cls = registered[item]
             _check_logging_dir(item, cls, logging_dir)
-            tracker = cls(project_name, logging_dir, **init_kwargs.get(item, {}))
+            kwargs = dict(init_kwargs.get(item, {}))
+            # Accelerate's convention: the run name first; the logging directory to a tracker that takes one.
+            if cls.requires_logging_directory or "logging_dir" in inspect.signature(cls).parameters:
+                kwargs.setdefault("logging_dir", logging_dir)
+            tracker = cls(project_name, **kwargs)
         if config is not None:
             tracker.store_init_configuration(config)
         trackers.append(tracker)

@@ -7,6 +7,7 @@ from ``lowbit.utils`` under Accelerate's names.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -70,10 +71,13 @@ def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., 
 
 
 def concatenate(data: list[Any], dim: int = 0) -> Any:
-    """A list of equally nested structures joined into one: their tensors concatenated along ``dim``."""
+    """A list of equally nested structures joined into one: their tensors concatenated along ``dim``.
+    A list of one is returned as its item, whatever it holds."""
     if not data:
         raise ValueError("concatenate needs a non-empty list.")
     first = data[0]
+    if len(data) == 1:
+        return first
     if isinstance(first, (tuple, list)):
         return type(first)(concatenate([d[i] for d in data], dim=dim) for i in range(len(first)))
     if isinstance(first, dict):
@@ -133,9 +137,18 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     return recursively_apply(lambda t: _reduce_one(t, reduction, scale), data)
 
 
+class CannotPadNestedTensorWarning(UserWarning):
+    """pad_across_processes met a nested tensor (its rows have their own lengths): returned as it is."""
+
+
 def _pad_one(tensor: torch.Tensor, dim: int, pad_index: Any, pad_first: bool) -> torch.Tensor:
-    if tensor.dim() == 0 or dim >= tensor.dim() or _world() == 1:
+    if tensor.is_nested:
+        warnings.warn("pad_across_processes leaves a nested tensor as it is: its rows have lengths of their own, "
+                      "so there is no one size to pad to. Pad its rows before nesting them.", CannotPadNestedTensorWarning)
         return tensor
+    if not -tensor.dim() <= dim < tensor.dim() or _world() == 1:
+        return tensor
+    dim = dim % tensor.dim()
     size = torch.tensor([tensor.shape[dim]], device=tensor.device)
     sizes = _gather_one(size)
     longest = int(sizes.max())
@@ -174,3 +187,31 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
         torch.distributed.broadcast_object_list(object_list, src=from_process)
     return object_list
 
+
+
+def find_device(data: Any) -> torch.device | None:
+    """The device of the first tensor in a nest (dicts in key order, lists in order), or None."""
+    if isinstance(data, torch.Tensor):
+        return data.device
+    items = data.values() if isinstance(data, dict) else data if isinstance(data, (list, tuple)) else ()
+    return next((device for device in map(find_device, items) if device is not None), None)
+
+
+def is_namedtuple(data: Any) -> bool:
+    """Whether ``data`` is a namedtuple (a tuple subclass with ``_fields``)."""
+    return isinstance(data, tuple) and isinstance(getattr(data, "_fields", None), tuple)
+
+
+def pad_input_tensors(data: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Each tensor in a nest grown with zero rows along ``dim`` from ``batch_size`` to the next
+    multiple of ``num_processes``, so the batch splits evenly (the caller drops the padding after)."""
+    target = -(-batch_size // num_processes) * num_processes
+
+    def pad(tensor: torch.Tensor) -> torch.Tensor:
+        if target == tensor.shape[dim]:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = target - tensor.shape[dim]
+        return torch.cat([tensor, tensor.new_zeros(shape)], dim=dim)
+
+    return recursively_apply(pad, data, error_on_other_type=True)

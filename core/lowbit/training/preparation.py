@@ -7,6 +7,9 @@ the chosen plugins, the prepared objects and the step rules it is given, not wit
 """
 from __future__ import annotations
 
+import copy
+import types
+
 import contextlib
 import functools
 from dataclasses import dataclass, field
@@ -195,7 +198,8 @@ class Preparation:
             if advice is not None:
                 raise ConfigError(advice)
             options = dict(self.settings.compile_options, backend=backend.lower())
-            model = compile_regions(model, **options) if self.settings.regional_compilation else torch.compile(model, **options)
+            model = (compile_blocks_in_place(model, **options) if self.settings.regional_compilation
+                     else torch.compile(model, **options))
         outer, inner = self.plugins.autocast_callers()
         if inner is not None:  # a broken context would fail at the first forward, far from its cause
             probe = inner(model=model, context=self.context)
@@ -288,11 +292,11 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
-    """Compile each repeated block in place (``nn.Module.compile``) instead of the whole model, as
-    Accelerate's regional compilation does: one compiled graph serves every block of the same
-    shape, so compiling takes a fraction of the time. A model without repeated blocks is compiled
-    whole. Returns the model (the same object when blocks were compiled)."""
+def compile_blocks_in_place(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Regional compilation of a model lowbit prepares: each repeated block compiled in place
+    (``nn.Module.compile``: names, state dicts and the strategy's hooks stay as they are), one
+    compiled graph serving every block of the same shape; a model without repeated blocks is
+    compiled whole."""
     blocks = repeated_blocks(model)
     if not blocks:
         return torch.compile(model, **compile_kwargs)
@@ -301,15 +305,46 @@ def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.M
     return model
 
 
+def compile_regions(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Accelerate's ``compile_regions``: a twin of ``model`` whose repeated blocks are compiled
+    (``torch.compile`` wrappers), sharing the parameters; ``model`` itself is left as it is and is
+    the twin's ``_orig_mod``. Methods bound to a copied module are bound to its twin. A model
+    without repeated blocks is compiled whole."""
+    blocks = {id(block) for block in repeated_blocks(model)}
+    if not blocks:
+        return torch.compile(model, **compile_kwargs)
+
+    def twin_of(module: torch.nn.Module) -> torch.nn.Module:
+        twin = copy.copy(module)  # its own attribute table; parameters and buffers shared
+        twin.__dict__["_modules"] = dict(module._modules)
+        for name, value in module.__dict__.items():
+            if isinstance(value, types.MethodType) and value.__self__ is module:
+                twin.__dict__[name] = types.MethodType(value.__func__, twin)
+        for name, child in module._modules.items():
+            if child is not None and id(child) in blocks:
+                twin._modules[name] = torch.compile(child, **compile_kwargs)
+            elif child is not None and any(id(m) in blocks for m in child.modules()):
+                twin._modules[name] = twin_of(child)
+        return twin
+
+    twin = twin_of(model)
+    twin.__dict__["_orig_mod"] = model  # not a submodule: no second copy of the weights in its state dict
+    return twin
+
+
 def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False) -> torch.nn.Module:
-    """The model without distributed/compile wrappers (and without the autocast forward if asked).
-    ``keep_torch_compile``: a compiled model that holds the model itself (one process, no wrapper
-    between) is returned compiled, as Accelerate's ``unwrap_model`` does; with a distributed wrapper
-    between, the model is returned plain (unwrapping inside the compiled one would change the model
-    being trained)."""
-    if not keep_fp32_wrapper and hasattr(model, "_lowbit_original_forward"):
-        model.forward = model._lowbit_original_forward
-        del model._lowbit_original_forward
+    """The model without distributed/compile wrappers (and without the autocast forward if asked:
+    lowbit's, or one a script put there keeping the old one as ``_original_forward``).
+    ``keep_torch_compile``: a compiled model comes back compiled, as Accelerate's ``unwrap_model``
+    does; with a distributed wrapper inside the compiled one, a new compiled wrapper (same compile
+    settings) over the inner model, so that the model being trained is left as it is."""
+    if not keep_fp32_wrapper:
+        original = model.__dict__.pop("_lowbit_original_forward", None) or model.__dict__.pop("_original_forward", None)
+        if original is not None:
+            if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is type(model).forward:
+                model.__dict__.pop("forward", None)  # the class's own forward again (and the model pickles)
+            else:
+                model.forward = original
     compiled = model if hasattr(model, "_orig_mod") else None
     while True:
         if hasattr(model, "_orig_mod"):  # torch.compile
@@ -318,8 +353,10 @@ def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_co
             model = model.__dict__[WRAPPED_MODEL]
         elif isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):  # the user's own
             model = model.module
+        elif not keep_torch_compile or compiled is None or compiled._orig_mod is model:
+            return compiled if keep_torch_compile and compiled is not None else model
         else:
-            return compiled if keep_torch_compile and compiled is not None and compiled._orig_mod is model else model
+            return type(compiled)(model, compiled.dynamo_ctx)
 
 
 def _parameter_names(model: torch.nn.Module) -> dict[int, str]:

@@ -2,7 +2,7 @@
 
 Each name is defined (or re-exported) in the submodule of Accelerate's path (``utils.dataclasses``,
 ``utils.operations``, ``utils.memory``, ``utils.random``, ``utils.other``, ``utils.imports``,
-``utils.versions``); this package gathers them, as ``accelerate.utils`` does.
+``utils.versions``, ``utils.environment``, ``utils.constants``, ``utils.modeling``); this package gathers them, as ``accelerate.utils`` does.
 """
 from __future__ import annotations
 
@@ -10,15 +10,17 @@ from typing import Any
 
 from lowbit.training.local_sgd import LocalSGD  # noqa: F401
 from lowbit.training.preparation import compile_regions  # noqa: F401
-from lowbit.utils import dataclasses, imports, memory, operations, other, random
+from lowbit.utils.modeling import has_offloaded_params  # noqa: F401
+from lowbit.utils import dataclasses, environment, imports, memory, operations, other, random
 from lowbit.utils.dataclasses import *  # noqa: F401,F403
+from lowbit.utils.environment import *  # noqa: F401,F403
 from lowbit.utils.memory import *  # noqa: F401,F403
 from lowbit.utils.operations import *  # noqa: F401,F403
 from lowbit.utils.other import *  # noqa: F401,F403
 from lowbit.utils.random import *  # noqa: F401,F403
 
-__all__ = [*dataclasses.__all__, *imports.__all__, *memory.__all__, *operations.__all__, *other.__all__, *random.__all__,
-           *dataclasses.PLUGIN_CLASSES, "LocalSGD", "compile_regions"]
+__all__ = [*dataclasses.__all__, *environment.__all__, *imports.__all__, *memory.__all__, *operations.__all__, *other.__all__, *random.__all__,
+           *dataclasses.PLUGIN_CLASSES, "LocalSGD", "compile_regions", "has_offloaded_params"]
 
 
 def __getattr__(name: str) -> Any:

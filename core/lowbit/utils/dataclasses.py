@@ -25,7 +25,12 @@ from lowbit.compat.handlers import (  # noqa: F401 - re-exported under Accelerat
     TorchDynamoPlugin,
 )
 from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs  # noqa: F401
-from lowbit.parallelism_config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig  # noqa: F401
+from lowbit.parallelism_config import (  # noqa: F401
+    DeepSpeedSequenceParallelConfig,
+    ParallelismConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+)
 from lowbit.state import DistributedType  # noqa: F401
 
 # class name -> (module that defines it, backend whose plugin ships the module)
@@ -38,7 +43,7 @@ PLUGIN_CLASSES = {
 __all__ = ["AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin",
            "DistributedDataParallelKwargs", "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "GradScalerKwargs",
            "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs", "ProjectConfiguration", "TorchDynamoPlugin",
-           "FP8RecipeKwargs", "RecipeKwargs", "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig",
+           "FP8RecipeKwargs", "RecipeKwargs", "DeepSpeedSequenceParallelConfig", "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig",
            "DistributedType"]  # the PLUGIN_CLASSES stay lazy (__getattr__): each is looked up when named
 
 

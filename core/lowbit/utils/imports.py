@@ -11,6 +11,7 @@ OPTIONAL_LIBRARIES = {
     "comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "deepspeed": "deepspeed",
     "transformer_engine": "transformer_engine", "msamp": "msamp", "torchao": "torchao", "datasets": "datasets",
     "transformers": "transformers", "rich": "rich", "bnb": "bitsandbytes", "peft": "peft", "timm": "timm",
+    "torch_xla": "torch_xla", "import_timer": "import_timer", "torchdata_stateful_dataloader": "torchdata.stateful_dataloader",
 }
 AVAILABILITY_CHECKS = {f"is_{name}_available": module for name, module in OPTIONAL_LIBRARIES.items()}
 __all__ = list(AVAILABILITY_CHECKS)
@@ -19,7 +20,15 @@ __all__ = list(AVAILABILITY_CHECKS)
 def availability_check(name: str) -> Any:
     """``is_<library>_available``: a function answering whether the library can be imported."""
     module = AVAILABILITY_CHECKS[name]
-    return lambda: importlib.util.find_spec(module) is not None
+
+    def available() -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a dotted name whose parent package is absent
+            return False
+
+    available.__name__ = name
+    return available
 
 
 def __getattr__(name: str) -> Any:

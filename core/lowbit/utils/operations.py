@@ -1,18 +1,23 @@
 """Accelerate's ``accelerate.utils.operations`` path: collectives and nested-structure helpers."""
 from lowbit.training.operations import (  # noqa: F401 - re-exported under Accelerate's path
     broadcast,
+    CannotPadNestedTensorWarning,
     broadcast_object_list,
     concatenate,
     convert_outputs_to_fp32,
     convert_to_fp32,
+    find_device,
     gather,
     gather_object,
+    is_namedtuple,
     listify,
     pad_across_processes,
+    pad_input_tensors,
     recursively_apply,
     reduce,
     send_to_device,
 )
 
-__all__ = ["broadcast", "broadcast_object_list", "concatenate", "convert_outputs_to_fp32", "convert_to_fp32", "gather",
-           "gather_object", "listify", "pad_across_processes", "recursively_apply", "reduce", "send_to_device"]
+__all__ = ["broadcast", "broadcast_object_list", "CannotPadNestedTensorWarning", "concatenate", "convert_outputs_to_fp32",
+           "convert_to_fp32", "find_device", "gather", "gather_object", "is_namedtuple", "listify", "pad_across_processes",
+           "pad_input_tensors", "recursively_apply", "reduce", "send_to_device"]

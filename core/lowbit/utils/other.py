@@ -1,10 +1,17 @@
 """Accelerate's ``accelerate.utils.other`` path (and ``get_grad_scaler``, ``tqdm``)."""
 from __future__ import annotations
 
+import logging
 import os
+import platform
+import re
 from typing import Any
 
-__all__ = ["extract_model_from_parallel", "get_grad_scaler", "tqdm"]
+__all__ = ["check_os_kernel", "extract_model_from_parallel", "get_grad_scaler", "get_model_tp_size", "save", "tqdm"]
+
+logger = logging.getLogger(__name__)
+# Older Linux kernels can hang multi-process jobs (Accelerate warns below this one too).
+MIN_LINUX_KERNEL = "5.5.0"
 
 
 def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
@@ -29,3 +36,49 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     if main_process_only and int(os.environ.get("LOCAL_RANK", "0")) != 0:
         kwargs["disable"] = True
     return _tqdm(*args, **kwargs)
+
+
+def get_model_tp_size(model: Any) -> int | None:
+    """The tensor-parallel degree transformers loaded ``model`` with: ``model.tp_size`` (transformers
+    < 5), else its config's ``distributed_config`` (an object or, read back from JSON, a dict); None
+    when the model was not loaded tensor-parallel."""
+    if getattr(model, "tp_size", None) is not None:
+        return model.tp_size
+    layout = getattr(getattr(model, "config", None), "distributed_config", None)
+    return layout.get("tp_size") if isinstance(layout, dict) else getattr(layout, "tp_size", None)
+
+
+def check_os_kernel() -> None:
+    """Warn (through logging) on Linux kernels older than MIN_LINUX_KERNEL."""
+    from packaging.version import Version
+
+    info = platform.uname()
+    found = re.search(r"\d+\.\d+\.\d+", info.release) if info.system == "Linux" else None
+    if found and Version(found.group()) < Version(MIN_LINUX_KERNEL):
+        logger.warning(f"This Linux kernel is {found.group()}; multi-process jobs can hang on kernels older than "
+                       f"{MIN_LINUX_KERNEL}. Upgrade the kernel if processes stop responding.")
+
+
+def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+    """``torch.save`` (or safetensors' ``save_file`` with ``safe_serialization``) on the main process
+    only, or on each machine's local main process with ``save_on_each_node``. A state dict saved as
+    safetensors keeps one of the tensors that share memory (tied weights), saying which it dropped."""
+    import torch
+
+    from lowbit.state import PartialState
+
+    state = PartialState()
+    if not (state.is_local_main_process if save_on_each_node else state.is_main_process):
+        return
+    if not safe_serialization:
+        torch.save(obj, f)
+        return
+    from safetensors.torch import save_file
+
+    from lowbit.checkpoint.model_files import split_shared_tensors
+
+    kept, dropped = split_shared_tensors(obj)
+    if dropped:
+        logger.warning(f"Removed shared tensor {', '.join(dropped)} while saving to {f}: safetensors stores a storage "
+                       "once; tie the weights again after loading.")
+    save_file(kept, f, metadata={"format": "pt"})

@@ -19,7 +19,7 @@ from lowbit.builtin.tensor_parallel import apply_tensor_parallel, expand_plan
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.compat.accelerate_config import settings_from_accelerate_env
 from lowbit.errors import ConfigError
-from lowbit.parallelism_config import ParallelismConfig, TorchTensorParallelConfig
+from lowbit.parallelism_config import DeepSpeedSequenceParallelConfig, ParallelismConfig, TorchTensorParallelConfig, settle_layout
 from lowbit.training.toolchain import find_cxx_compiler
 from lowbit.types import PrepareContext
 
@@ -50,12 +50,19 @@ def test_sizes_come_from_accelerates_launcher_variables_and_default_to_one(monke
 @pytest.mark.parametrize("kwargs, message", [
     ({"tp_size": 0}, "whole number >= 1"),
     ({"dp_replicate_size": 2, "tp_size": 2}, "needs dp_shard_size > 1"),
-    ({"sp_size": 2}, "sequence parallelism"),
     ({"cp_backend": "ring"}, "cp_backend"),
 ])
 def test_layouts_lowbit_cannot_run_are_refused_when_made(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ParallelismConfig(**kwargs)
+
+
+def test_sequence_parallelism_is_made_as_in_accelerate_and_refused_when_the_run_is_laid_out():
+    layout = ParallelismConfig(sp_size=2, sp_handler=DeepSpeedSequenceParallelConfig())
+    with pytest.raises(ConfigError, match="sequence parallelism"):
+        settle_layout(layout, {}, "the settings", 2, "cpu", "fsdp", ("dp_shard",), {})
+    with pytest.raises(ConfigError, match="sp_attn_implementation 'eager'"):
+        DeepSpeedSequenceParallelConfig(sp_attn_implementation="eager")
 
 
 def test_a_config_section_with_a_misspelt_key_names_the_right_one():
