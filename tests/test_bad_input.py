@@ -80,13 +80,17 @@ def test_an_unknown_lowbit_env_var_is_a_warning_with_a_suggestion():
         resolve_config(environ={"LOWBIT_MIXED_PRECISION": "bf16", "LOWBIT_FP8_BACKEND": "ao", "LOWBIT_PLUGINS": ""})
 
 
-def test_preparing_a_model_twice_is_an_error():
+def test_a_model_prepared_again_comes_back_as_it_is_and_another_accelerator_refuses_it():
     acc = Accelerator(plugin_manager=manager_with())
     model = acc.prepare(mlp())
-    with pytest.raises(ConfigError, match="already prepared"):
-        acc.prepare(model)
-    with pytest.raises(ConfigError, match="already prepared"):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    again, prepared_optimizer = acc.prepare(model, optimizer)  # Accelerate's FSDP docs: model first, then both
+    assert again is model and len(acc.prepared.models) == 1
+    assert acc.prepare(prepared_optimizer) is prepared_optimizer
+    with pytest.raises(ConfigError, match="prepared by another Accelerator"):
         Accelerator(plugin_manager=manager_with()).prepare(model)
+    with pytest.raises(ConfigError, match="prepared by another Accelerator"):
+        Accelerator(plugin_manager=manager_with()).prepare(prepared_optimizer)
 
 
 def test_backward_on_fp8_without_a_prepared_model_is_an_error():

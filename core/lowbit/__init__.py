@@ -24,7 +24,7 @@ _LAZY = {
     "GradientState": "lowbit.state",
     "DistributedType": "lowbit.state",
     "find_executable_batch_size": "lowbit.training.memory",
-    "skip_first_batches": "lowbit.training.data_loader",
+    "skip_first_batches": "lowbit.training.loader_shards",
     "ParallelismConfig": "lowbit.parallelism_config",
     "debug_launcher": "lowbit.launchers",
     "notebook_launcher": "lowbit.launchers",

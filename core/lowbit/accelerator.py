@@ -51,7 +51,8 @@ from lowbit.process_group import ProcessFacts, RankFacts, process_facts, wait_fo
 from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState
 from lowbit.training import operations
 from lowbit.training.precision import Precision, SlowPrecisionNotice
-from lowbit.training.data_loader import PreparedDataLoader, skip_first_batches
+from lowbit.training.data_loader import PreparedDataLoader
+from lowbit.training.loader_shards import skip_first_batches
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
 from lowbit.training.preparation import Preparation, PreparationSettings, context_or_null, unwrap
 from lowbit.types import PrepareContext

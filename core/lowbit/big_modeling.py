@@ -1,17 +1,17 @@
 """Accelerate's ``big_modeling`` names. Building a model without memory (``init_empty_weights``,
 ``init_on_device``) serves training too, and is here; spreading a model over devices and disk for
 inference (``dispatch_model``, ``cpu_offload``, ...) is not lowbit's job: those raise, saying what
-to use instead.
+to use instead. ``load_checkpoint_in_model`` loads saved weights (without placing them): lowbit has it.
 """
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Iterator
 
-from lowbit.compat.accelerate_names import not_offered
+from lowbit.compat.accelerate_names import INFERENCE_USE, INFERENCE_WHY, not_offered
 
 INFERENCE_DISPATCH = ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
-                      "load_checkpoint_and_dispatch", "load_checkpoint_in_model")
+                      "load_checkpoint_and_dispatch")
 
 
 @contextlib.contextmanager
@@ -44,6 +44,13 @@ def init_empty_weights(include_buffers: bool | None = None) -> contextlib.Abstra
     return init_on_device("meta", include_buffers=include_buffers)
 
 
-WHY = "spreads a model over devices and disk for inference, which lowbit does not do (it trains)"
-USE = "Accelerate's (`pip install accelerate`) or transformers' `from_pretrained(..., device_map='auto')`"
-globals().update({name: not_offered(f"accelerate.big_modeling.{name}", WHY, USE) for name in INFERENCE_DISPATCH})
+globals().update({name: not_offered(f"accelerate.big_modeling.{name}", INFERENCE_WHY, INFERENCE_USE)
+                 for name in INFERENCE_DISPATCH})
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load_checkpoint_in_model":  # loading saved weights serves training too: lowbit has it
+        from lowbit.utils.modeling import load_checkpoint_in_model
+
+        return load_checkpoint_in_model
+    raise AttributeError(f"module 'lowbit.big_modeling' has no attribute {name!r}")

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from lowbit.compat.accelerate_names import not_offered
+from lowbit.compat.accelerate_names import INFERENCE_USE, not_offered
 
 WHY = ("moves weights between devices and disk around each forward for big-model inference, which lowbit does not "
        "do (it trains)")
-USE = "Accelerate's (`pip install accelerate`) or transformers' `from_pretrained(..., device_map='auto')`"
 
 
 def __getattr__(name: str) -> Any:
     if name.startswith("_"):
         raise AttributeError(f"module 'lowbit.hooks' has no attribute {name!r}")
-    return not_offered(f"accelerate.hooks.{name}", WHY, USE, is_class=name[:1].isupper())
+    return not_offered(f"accelerate.hooks.{name}", WHY, INFERENCE_USE, is_class=name[:1].isupper())

@@ -201,6 +201,10 @@ class ProcessFacts(RankFacts):
     device: torch.device
 
 
+# Names this process's device outright (Accelerate's variable; e.g. "cuda:3").
+DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"
+
+
 def process_facts(device_type: str, device_count: int, group_options: dict | None = None) -> ProcessFacts:
     """Read the ranks torchrun (or ``lowbit launch``) set, or, without them, from the process group
     the script (or Accelerate's ``debug_launcher``) started itself; this process's device is
@@ -217,7 +221,12 @@ def process_facts(device_type: str, device_count: int, group_options: dict | Non
     if world < 1 or rank >= world:
         raise ConfigError(f"RANK={rank} and WORLD_SIZE={world} do not fit together: a rank is 0 to WORLD_SIZE - 1 "
                           "(started by hand? `lowbit launch` sets both).")
-    if device_type == "cuda":
+    override = os.environ.get(DEVICE_ENV)
+    if override:  # Accelerate's variable naming the device outright
+        device = torch.device(override)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+    elif device_type == "cuda":
         device = torch.device("cuda", local % max(device_count, 1))
         torch.cuda.set_device(device)
     else:

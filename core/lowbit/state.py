@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -163,6 +164,16 @@ def _slice(inputs: Any, start: int, end: int, pad_to: int | None) -> Any:
 # ---------------------------------------------------------------------- AcceleratorState
 
 
+def _no_owner() -> None:
+    return None
+
+
+def _weak(accelerator: Any) -> Any:
+    """A weak reference to the Accelerator a state object describes: the state lives as long as
+    the Accelerator and keeps it alive no longer (no reference cycle to wait for the collector)."""
+    return weakref.ref(accelerator) if accelerator is not None else _no_owner
+
+
 class AcceleratorState:
     """Accelerate's ``AcceleratorState``: process facts plus one Accelerator's settings.
 
@@ -174,8 +185,12 @@ class AcceleratorState:
     """
 
     def __init__(self, accelerator: Any = None, cpu: bool = False, **kwargs: Any) -> None:
-        self._accelerator = accelerator
+        self._owner = _weak(accelerator)
         self._partial = PartialState(cpu=cpu)
+
+    @property
+    def _accelerator(self) -> Any:
+        return self._owner()
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
@@ -217,9 +232,12 @@ class AcceleratorState:
         return self._accelerator.dynamo_plugin if self._accelerator is not None else None
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("__") or name in ("_owner", "_partial"):
             raise AttributeError(name)
-        return getattr(self._partial, name)
+        try:
+            return getattr(self._partial, name)
+        except AttributeError:  # named as this object's, not the process state's it reads through to
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'") from None
 
     def __repr__(self) -> str:
         return f"{self._partial!r}Mixed precision type: {self.mixed_precision}\n"
@@ -241,11 +259,19 @@ class GradientState:
     whether the dataloader being iterated (in this process) just yielded its last batch."""
 
     def __init__(self, accelerator: Any = None, gradient_accumulation_plugin: Any = None) -> None:
-        self._accelerator = accelerator
+        self._owner = _weak(accelerator)
         self.sync_gradients = True
 
     end_of_dataloader = _process_wide("end_of_dataloader")
     remainder = _process_wide("remainder")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a pickled prepared optimizer) keeps the flags, not the Accelerator: it stands alone.
+        return {**self.__dict__, "_owner": _no_owner}
+
+    @property
+    def _accelerator(self) -> Any:
+        return self._owner()
 
     @property
     def num_steps(self) -> int:

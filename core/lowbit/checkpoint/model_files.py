@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from lowbit.notices import note
-from lowbit.checkpoint.files import write_file_atomically, write_json_atomically
-from lowbit.errors import ConfigError
+from lowbit.checkpoint.files import read_safetensors, write_file_atomically, write_json_atomically
+from lowbit.errors import CheckpointError, ConfigError
 
 SAFE_WEIGHTS = "model.safetensors"
 TORCH_WEIGHTS = "pytorch_model.bin"
@@ -125,6 +125,28 @@ def write_model_files(state: dict[str, Any], directory: Path, max_shard_size: in
     shutil.rmtree(directory / PREVIOUS_SET_DIR, ignore_errors=True)
     _remove_stale_shards(directory, stem, suffix, keep=set(names))
     return index_path
+
+
+def read_model_files(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The weights ``write_model_files`` (or Accelerate's or transformers' ``save_pretrained``) wrote:
+    a weights file, a directory holding one, or a directory of shards with their index. Pickled
+    files are read with ``weights_only=True``: reading runs no code."""
+    path = Path(checkpoint)
+    if path.is_dir():
+        found = [path / name for name in (f"{SAFE_WEIGHTS}.index.json", f"{TORCH_WEIGHTS}.index.json", SAFE_WEIGHTS, TORCH_WEIGHTS)
+                 if (path / name).is_file()]
+        if not found:
+            raise CheckpointError(f"{str(path)!r} holds no model weights ({SAFE_WEIGHTS}, {TORCH_WEIGHTS}, or their "
+                                  "sharded index); give the directory save_model wrote, or a weights file.")
+        path = found[0]
+    if not path.is_file():
+        raise CheckpointError(f"{str(path)!r} does not exist; give the directory save_model wrote, or a weights file.")
+    if path.name.endswith(".index.json"):
+        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        return {key: value for name in shards for key, value in read_model_files(path.parent / name).items()}
+    if path.suffix == ".safetensors":
+        return read_safetensors(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 # Where the previous sharded set waits (hard links: no copy) while a new one is written, so that

@@ -43,12 +43,11 @@ class TrainingStateCheckpointer:
 
     def register(self, *objects: Any) -> None:
         """Objects with ``state_dict``/``load_state_dict`` that save_state/load_state carry too."""
-        for obj in objects:
-            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-                raise ConfigError(
-                    f"register_for_checkpointing got a {type(obj).__name__}, which has no state_dict()/load_state_dict(); "
-                    "only such objects can be saved and restored."
-                )
+        bad = [f"- Item at index {i} is a {type(obj).__name__}" for i, obj in enumerate(objects)
+               if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
+        if bad:
+            raise ConfigError("register_for_checkpointing can save and restore only objects with state_dict() and "
+                              "load_state_dict(); nothing was registered. These have neither:\n" + "\n".join(bad))
         self.custom_objects.extend(objects)
 
     def fingerprint(self) -> dict[str, Any]:

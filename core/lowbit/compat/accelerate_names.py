@@ -80,6 +80,11 @@ class DistributedType(str, enum.Enum):
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
 
+# Why big-model inference dispatch (accelerate.big_modeling, .hooks, .utils.modeling) is refused, and what to use.
+INFERENCE_WHY = "places a model over devices and disk for inference, which lowbit does not do (it trains)"
+INFERENCE_USE = "Accelerate's (`pip install accelerate`) or transformers' `from_pretrained(..., device_map='auto')`"
+
+
 def not_offered(name: str, why: str, use: str, is_class: bool = False) -> Any:
     """A stand-in for an Accelerate name whose job lowbit does not do: it imports, and raises
     UnsupportedCombinationError when called or instantiated, saying what to use."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from typing import Any
 
 from lowbit.compat.accelerate_config import note_ignored, translate_fsdp
@@ -82,6 +83,14 @@ class TorchDynamoPlugin:
     options: Any = None
     disable: bool = False
     use_regional_compilation: bool | None = None  # compile each repeated block, not the whole model
+
+    def __post_init__(self) -> None:
+        # Fields left unset come from Accelerate's launcher variables, as in Accelerate.
+        for name, env in (("backend", "BACKEND"), ("mode", "MODE"), ("fullgraph", "USE_FULLGRAPH"), ("dynamic", "USE_DYNAMIC"),
+                          ("use_regional_compilation", "USE_REGIONAL_COMPILATION")):
+            value = os.environ.get("ACCELERATE_DYNAMO_" + env)
+            if getattr(self, name) is None and value:
+                setattr(self, name, value if name in ("backend", "mode") else value.strip().lower() in ("1", "true", "yes"))
 
     def to_kwargs(self) -> dict[str, Any]:
         """``torch.compile``'s keyword arguments this plugin sets (the ones left unset are omitted)."""

@@ -31,6 +31,10 @@ class GeneralTracker:
     def tracker(self) -> Any:
         return self
 
+    def start(self) -> None:
+        """Open the run (files, connections), called by ``init_trackers`` on the process that logs,
+        before ``store_init_configuration``: a tracker made earlier holds nothing open until then."""
+
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         pass
 
@@ -239,6 +243,7 @@ def start_trackers(requested: list[Any], registered: dict[str, type[GeneralTrack
             if cls.requires_logging_directory or "logging_dir" in inspect.signature(cls).parameters:
                 kwargs.setdefault("logging_dir", logging_dir)
             tracker = cls(project_name, **kwargs)
+        tracker.start()
         if config is not None:
             tracker.store_init_configuration(config)
         trackers.append(tracker)

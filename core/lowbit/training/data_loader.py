@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from lowbit.training.loader_shards import BatchSamplerShard
 from lowbit.training.operations import broadcast, send_to_device
 
 
@@ -85,8 +86,10 @@ class PreparedDataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        if hasattr(self.base.sampler, "set_epoch"):
-            self.base.sampler.set_epoch(epoch)
+        batch_sampler = self.base.batch_sampler
+        for target in {id(t): t for t in (self.base.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))}.values():
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
 
     def __len__(self) -> int:
         if not self._sharded:
@@ -116,26 +119,8 @@ class PreparedDataLoader:
 
     def _batch_indices(self) -> list[list[int]]:
         """This process's batches of dataset indices for the current epoch."""
-        batches = [list(b) for b in self.base.batch_sampler]
-        n, size = self.num_processes, self.base.batch_size or 1
-        if self.split_batches:
-            share = size // n
-            full = [b for b in batches if len(b) == size]
-            if batches and len(batches[-1]) < size and not self.base.drop_last and self.even_batches:
-                full.append(_fill(batches[-1], [i for b in batches for i in b], size))
-            return [b[share * self.process_index: share * (self.process_index + 1)] for b in full]
-        rounds = len(batches) // n
-        if rounds and len(batches[rounds * n - 1]) < size:  # a short last batch does not complete a round
-            rounds -= 1
-        mine = [batches[r * n + self.process_index] for r in range(rounds)]
-        leftover = batches[rounds * n:]
-        if leftover and not self.base.drop_last:
-            if self.even_batches:
-                last_round = _fill([i for b in leftover for i in b], [i for b in batches for i in b], size * n)
-                mine.append(last_round[size * self.process_index: size * (self.process_index + 1)])
-            elif self.process_index < len(leftover):
-                mine.append(leftover[self.process_index])
-        return mine
+        sampler = self.base.batch_sampler
+        return list(BatchSamplerShard(sampler, self.num_processes, self.process_index, self.split_batches, self.even_batches))
 
     # ------------------------------------------------------------------ resuming mid-epoch
 
@@ -235,18 +220,3 @@ def _set_rng_state(rng: torch.Generator | None, state: torch.Tensor) -> None:
         rng.set_state(state)
     else:
         torch.set_rng_state(state)
-
-
-def _fill(samples: list[int], epoch_order: list[int], length: int) -> list[int]:
-    """``samples`` topped up to ``length`` with samples from the start of the epoch, cycling."""
-    out = list(samples)
-    while len(out) < length:
-        out.extend(epoch_order[: length - len(out)])
-    return out
-
-
-def skip_first_batches(dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
-    """The prepared ``dataloader``, starting ``num_batches`` batches into its epoch (to resume)."""
-    if not isinstance(dataloader, PreparedDataLoader):
-        raise TypeError("skip_first_batches needs a dataloader returned by accelerator.prepare().")
-    return dataloader.skipping(num_batches)

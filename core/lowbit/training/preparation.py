@@ -126,17 +126,17 @@ class Preparation:
                 self.prepared.dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
 
-    @staticmethod
-    def _kind_of(index: int, obj: Any) -> str:
+    def _kind_of(self, index: int, obj: Any) -> str:
+        mine = any(obj is p for p in (*self.prepared.models, *self.prepared.optimizers))
+        if mine:  # prepared here already (a script preparing the model first, then it and its optimizer):
+            return "prepared"  # returned as it is, as Accelerate does
+        if hasattr(obj, "_lowbit_prepared") or isinstance(obj, PreparedOptimizer):
+            raise ConfigError(
+                f"prepare() argument {index} was prepared by another Accelerator; prepare each model and optimizer "
+                "with one Accelerator (pass the original object, and use what prepare() returned from then on)."
+            )
         if isinstance(obj, torch.nn.Module):
-            if hasattr(obj, "_lowbit_prepared"):
-                raise ConfigError(
-                    f"prepare() argument {index} is a model that was already prepared; prepare each model once "
-                    "(pass the original model, and use what prepare() returned from then on)."
-                )
             return "model"
-        if isinstance(obj, PreparedOptimizer):
-            raise ConfigError(f"prepare() argument {index} is already prepared; pass each object once.")
         if isinstance(obj, torch.optim.Optimizer):
             return "optimizer"
         if obj is None or isinstance(obj, PreparedDataLoader):

@@ -145,7 +145,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
         return self.optimizer.defaults
 
     def __getstate__(self):
-        return self.optimizer.__getstate__()
+        return dict(self.__dict__)  # the wrapper whole (pickle, deepcopy), not Optimizer's own fields
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
     def __getattr__(self, name):
         # Methods of the optimizer it wraps (train()/eval() of schedule-free optimizers, ...).

@@ -1,0 +1,51 @@
+"""Accelerate's own test suite, run against lowbit: every test of Accelerate's public API that
+passes under Accelerate 1.15 passes under lowbit (the record: tests/accelerate_suite/passes.json,
+written by `python tests/accelerate_suite/run_suite.py --record`). The tests come from Accelerate's
+sdist, downloaded from the package registry when this runs; the imports are rewritten as a user
+would (`accelerate` -> `lowbit`)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import TESTS
+
+sys.path.insert(0, str(TESTS / "accelerate_suite"))
+import run_suite  # noqa: E402
+from excluded import EXCLUDED, MODULES  # noqa: E402
+
+
+def test_the_rewrite_renames_the_module_wherever_code_names_it_and_nothing_else():
+    assert run_suite.rewrite("from accelerate.utils import (\n    x,\n)") == "from lowbit.utils import (\n    x,\n)"
+    assert run_suite.rewrite("import accelerate\nimport accelerate.commands.env as e") == "import lowbit\nimport lowbit.commands.env as e"
+    assert run_suite.rewrite('patch("accelerate.utils.memory.torch")') == 'patch("lowbit.utils.memory.torch")'
+    prose = "`accelerate launch` and huggingface/accelerate and path_in_accelerate_package()"
+    assert run_suite.rewrite(prose) == prose
+
+
+def test_every_exclusion_names_a_recorded_test_and_says_why():
+    recorded = run_suite.recorded()["accelerate"]
+    for pattern, reason in EXCLUDED.items():
+        assert pattern.split("::")[0] in MODULES, pattern
+        assert any(t == pattern or t.startswith((pattern + "::", pattern + "[")) for t in recorded), f"stale: {pattern}"
+        assert len(reason) > 30, pattern
+
+
+def test_accelerates_public_api_tests_pass_under_lowbit(tmp_path):
+    try:
+        tests = run_suite.fetch_tests()
+    except subprocess.CalledProcessError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"Accelerate's sdist could not be downloaded here (offline?): {exc}")
+    folder = run_suite.copy_tests(tests, tmp_path / "lowbit", "lowbit")
+    ours = run_suite.run_modules(folder, "lowbit", sys.executable, timeout=1500)
+    print("\n".join(run_suite.table({"lowbit": ours})))
+    unimportable = sorted(t for t, outcome in ours.items() if "::" not in t and outcome == "error")
+    assert not unimportable, f"with imports rewritten, these modules do not import under lowbit: {unimportable}"
+    expected = run_suite.public_passing(run_suite.recorded()["accelerate"])
+    failing = sorted(t for t in expected if ours.get(t) != "passed")
+    assert not failing, (f"{len(failing)} of Accelerate's {len(expected)} public-API tests that pass under Accelerate do "
+                         f"not pass under lowbit (rerun: python tests/accelerate_suite/run_suite.py): {failing}")
