@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
 
 # Accelerate's submodules that lowbit has under the same name (``lowbit.logging``, ...), loaded on first use.
 SUBMODULES = ("accelerator", "state", "utils", "logging", "tracking", "parallelism_config", "big_modeling", "launchers",
-              "data_loader", "optimizer", "scheduler")
+              "data_loader", "optimizer", "scheduler", "hooks", "inference", "test_utils")
 def __getattr__(name: str) -> Any:
     import importlib
 

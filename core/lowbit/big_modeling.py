@@ -11,7 +11,7 @@ from typing import Any, Iterator
 from lowbit.compat.accelerate_names import INFERENCE_USE, INFERENCE_WHY, not_offered
 
 INFERENCE_DISPATCH = ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
-                      "load_checkpoint_and_dispatch")
+                      "load_checkpoint_and_dispatch", "attach_layerwise_casting_hooks")
 
 
 @contextlib.contextmanager

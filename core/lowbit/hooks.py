@@ -8,6 +8,9 @@ from typing import Any
 
 from lowbit.compat.accelerate_names import INFERENCE_USE, not_offered
 
+# Every name of this module refuses when used (the names table in the docs says so).
+REFUSES_EVERY_NAME = True
+
 WHY = ("moves weights between devices and disk around each forward for big-model inference, which lowbit does not "
        "do (it trains)")
 

@@ -96,11 +96,37 @@ def not_offered(name: str, why: str, use: str, is_class: bool = False) -> Any:
     short = name.rpartition(".")[2]
     doc = f"Not offered by lowbit: {name} {why}."
     if is_class:
-        return type(short, (), {"__init__": refuse, "__doc__": doc})
+        return type(short, (), {"__init__": refuse, "__doc__": doc, NOT_OFFERED_MARK: why})
     refuse.__name__ = refuse.__qualname__ = short
     refuse.__doc__ = doc
+    setattr(refuse, NOT_OFFERED_MARK, why)
     return refuse
 
+
+# The attribute a stand-in for a name lowbit does not offer carries: why (the docs' names table reads it).
+NOT_OFFERED_MARK = "__lowbit_not_offered__"
+
+
+def _vocabulary(name: str, members: str, doc: str) -> type[enum.Enum]:
+    """A str enum of Accelerate's ("MEMBER=value MEMBER=value ...", a bare MEMBER is its own value)."""
+    pairs = [m.split("=") if "=" in m else (m, m) for m in members.split()]
+    vocabulary = enum.Enum(name, dict(pairs), type=str, module=__name__)
+    vocabulary.__doc__ = doc
+    return vocabulary
+
+
+# Accelerate's other vocabularies (accelerate.utils), compared equal to their values as its are.
+PrecisionType = _vocabulary("PrecisionType", "NO=no FP8=fp8 FP16=fp16 BF16=bf16", "mixed_precision's values.")
+RNGType = _vocabulary("RNGType", "TORCH=torch CUDA=cuda MLU=mlu SDAA=sdaa MUSA=musa NPU=npu XLA=xla XPU=xpu HPU=hpu "
+                      "NEURON=neuron GENERATOR=generator", "The random generators synchronize_rng_states can set.")
+LoggerType = _vocabulary("LoggerType", "ALL=all AIM=aim TENSORBOARD=tensorboard WANDB=wandb TRACKIO=trackio COMETML=comet_ml "
+                         "MLFLOW=mlflow CLEARML=clearml DVCLIVE=dvclive SWANLAB=swanlab", "log_with's tracker names.")
+DynamoBackend = _vocabulary("DynamoBackend", "NO EAGER AOT_EAGER INDUCTOR AOT_TS_NVFUSER NVPRIMS_NVFUSER CUDAGRAPHS OFI FX2TRT "
+                            "ONNXRT TENSORRT AOT_TORCHXLA_TRACE_ONCE TORCHXLA_TRACE_ONCE TVM HPU_BACKEND NEURON",
+                            "torch.compile backends by Accelerate's names (dynamo_backend).")
+ComputeEnvironment = _vocabulary("ComputeEnvironment", "LOCAL_MACHINE AMAZON_SAGEMAKER", "Where a job runs.")
+SageMakerDistributedType = _vocabulary("SageMakerDistributedType", "NO DATA_PARALLEL MODEL_PARALLEL",
+                                       "SageMaker's kinds of distribution (lowbit launches no SageMaker jobs).")
 
 # ParallelismConfig's sp_backend values (Accelerate's default names DeepSpeed's Ulysses); lowbit
 # accepts the name, and refuses sp_size > 1.
@@ -110,10 +136,6 @@ SEQUENCE_PARALLEL_BACKENDS = ("deepspeed",)
 NOT_OFFERED_AT_TOP_LEVEL = {
     "prepare_pippy": "pipeline parallelism (PiPPy) is not offered by lowbit; use FSDP2 or tensor parallelism "
                      "(ParallelismConfig), or Accelerate for pipelines",
-    "inference": "accelerate.inference (PiPPy pipeline inference) has no lowbit counterpart (lowbit trains); use "
-                 "Accelerate's for pipeline inference",
-    "hooks": "accelerate.hooks (the device hooks of big-model inference) has no lowbit counterpart (lowbit trains); use "
-             "Accelerate's for big-model inference",
     "commands": "accelerate's CLI commands are lowbit's own CLI here: use `lowbit launch`, `lowbit config`, `lowbit env`",
     "checkpointing": "accelerate.checkpointing holds the insides of save_state/load_state; call "
                      "accelerator.save_state / accelerator.load_state",

@@ -12,6 +12,7 @@ import os
 import warnings
 from typing import Any
 
+from lowbit.compat.accelerate_names import NOT_OFFERED_MARK
 from lowbit.errors import ConfigError, did_you_mean
 
 
@@ -174,11 +175,12 @@ def _not_built_in(class_name: str, name: str) -> type[GeneralTracker]:
     refuses to start, saying how to log there."""
 
     def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise ConfigError(f"{class_name}: lowbit has no built-in {name!r} tracker yet. Subclass GeneralTracker for it "
-                          "(register_tracker_class, or a plugin's register_trackers hook), or log with tensorboard, "
-                          "wandb or mlflow.")
+        raise ConfigError(f"{class_name}: lowbit has no built-in {name!r} tracker yet. Use a GeneralTracker subclass "
+                          "for it (register_tracker_class, or a plugin's register_trackers hook), or log with "
+                          "tensorboard, wandb or mlflow.")
 
-    return type(class_name, (GeneralTracker,), {"name": name, "__init__": refuse, "__doc__": f"Not built in: {name}."})
+    return type(class_name, (GeneralTracker,), {"name": name, "__init__": refuse, "__doc__": f"Not built in: {name}.",
+                                                 NOT_OFFERED_MARK: f"has no built-in {name} tracker yet"})
 
 
 AimTracker = _not_built_in("AimTracker", "aim")

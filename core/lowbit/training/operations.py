@@ -215,3 +215,8 @@ def pad_input_tensors(data: Any, batch_size: int, num_processes: int, dim: int =
         return torch.cat([tensor, tensor.new_zeros(shape)], dim=dim)
 
     return recursively_apply(pad, data, error_on_other_type=True)
+
+
+def slice_tensors(data: Any, tensor_slice: Any, process_index: int | None = None, num_processes: int | None = None) -> Any:
+    """Every tensor of a nest cut with ``tensor_slice`` (a slice, or anything a tensor indexes with)."""
+    return recursively_apply(lambda tensor: tensor[tensor_slice], data)

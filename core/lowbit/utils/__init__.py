@@ -10,17 +10,21 @@ from typing import Any
 
 from lowbit.training.local_sgd import LocalSGD  # noqa: F401
 from lowbit.training.preparation import compile_regions  # noqa: F401
-from lowbit.utils.modeling import has_offloaded_params  # noqa: F401
-from lowbit.utils import dataclasses, environment, imports, memory, operations, other, random
+from lowbit.utils.modeling import *  # noqa: F401,F403
+from lowbit.utils.versions import compare_versions, is_torch_version  # noqa: F401
+from lowbit.utils import dataclasses, environment, imports, memory, modeling, operations, other, random
+from lowbit.utils.refused import REFUSED, refused
 from lowbit.utils.dataclasses import *  # noqa: F401,F403
 from lowbit.utils.environment import *  # noqa: F401,F403
+from lowbit.utils.imports import is_bf16_available, is_mps_available, is_npu_available, is_xpu_available  # noqa: F401
 from lowbit.utils.memory import *  # noqa: F401,F403
 from lowbit.utils.operations import *  # noqa: F401,F403
 from lowbit.utils.other import *  # noqa: F401,F403
 from lowbit.utils.random import *  # noqa: F401,F403
 
 __all__ = [*dataclasses.__all__, *environment.__all__, *imports.__all__, *memory.__all__, *operations.__all__, *other.__all__, *random.__all__,
-           *dataclasses.PLUGIN_CLASSES, "LocalSGD", "compile_regions", "has_offloaded_params"]
+           *dataclasses.PLUGIN_CLASSES, *modeling.__all__, "LocalSGD", "compile_regions", "compare_versions",
+           "is_torch_version"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,4 +32,6 @@ def __getattr__(name: str) -> Any:
         return dataclasses.plugin_class(name)
     if name in imports.AVAILABILITY_CHECKS:
         return imports.availability_check(name)
+    if name in REFUSED:  # jobs lowbit does not do: the name imports and refuses when used
+        return refused(name)
     raise AttributeError(f"module 'lowbit.utils' has no attribute {name!r}")

@@ -31,6 +31,14 @@ from lowbit.parallelism_config import (  # noqa: F401
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
 )
+from lowbit.compat.accelerate_names import (  # noqa: F401 - Accelerate's vocabularies
+    ComputeEnvironment,
+    DynamoBackend,
+    LoggerType,
+    PrecisionType,
+    RNGType,
+    SageMakerDistributedType,
+)
 from lowbit.state import DistributedType  # noqa: F401
 
 # class name -> (module that defines it, backend whose plugin ships the module)
@@ -44,7 +52,8 @@ __all__ = ["AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookTyp
            "DistributedDataParallelKwargs", "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "GradScalerKwargs",
            "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs", "ProjectConfiguration", "TorchDynamoPlugin",
            "FP8RecipeKwargs", "RecipeKwargs", "DeepSpeedSequenceParallelConfig", "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig",
-           "DistributedType"]  # the PLUGIN_CLASSES stay lazy (__getattr__): each is looked up when named
+           "DistributedType", "ComputeEnvironment", "DynamoBackend", "LoggerType", "PrecisionType", "RNGType",
+           "SageMakerDistributedType"]  # the PLUGIN_CLASSES stay lazy (__getattr__): each is looked up when named
 
 
 def _missing_plugin_class(name: str, backend: str) -> type:

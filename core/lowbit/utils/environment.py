@@ -12,6 +12,14 @@ from typing import Any, Iterator
 
 __all__ = ["clear_environment", "convert_dict_to_env_variables", "patch_environment", "purge_accelerate_environment"]
 
+
+def __getattr__(name: str) -> Any:
+    if name == "override_numa_affinity":
+        from lowbit.utils.refused import refused
+
+        return refused(name)
+    raise AttributeError(f"module 'lowbit.utils.environment' has no attribute {name!r}")
+
 logger = logging.getLogger(__name__)
 # The variables the launchers set for their processes (lowbit reads both families).
 _LAUNCHER_PREFIXES = ("ACCELERATE_", "LOWBIT_")

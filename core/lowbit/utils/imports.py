@@ -14,7 +14,31 @@ OPTIONAL_LIBRARIES = {
     "torch_xla": "torch_xla", "import_timer": "import_timer", "torchdata_stateful_dataloader": "torchdata.stateful_dataloader",
 }
 AVAILABILITY_CHECKS = {f"is_{name}_available": module for name, module in OPTIONAL_LIBRARIES.items()}
-__all__ = list(AVAILABILITY_CHECKS)
+__all__ = [*AVAILABILITY_CHECKS, "is_bf16_available", "is_mps_available", "is_npu_available", "is_xpu_available"]
+
+
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """Whether this machine's device computes in bf16 (a CUDA GPU that supports it, or the CPU)."""
+    import torch
+
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+
+
+def is_mps_available(min_version: str = "1.12") -> bool:
+    import torch
+
+    return torch.backends.mps.is_available() and torch.backends.mps.is_built()
+
+
+def is_npu_available(check_device: bool = False) -> bool:
+    """Whether Ascend's torch_npu is installed (lowbit trains on CUDA GPUs and CPUs)."""
+    return importlib.util.find_spec("torch_npu") is not None
+
+
+def is_xpu_available(check_device: bool = False) -> bool:
+    import torch
+
+    return hasattr(torch, "xpu") and torch.xpu.is_available()
 
 
 def availability_check(name: str) -> Any:

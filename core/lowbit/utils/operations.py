@@ -16,8 +16,10 @@ from lowbit.training.operations import (  # noqa: F401 - re-exported under Accel
     recursively_apply,
     reduce,
     send_to_device,
+    slice_tensors,
 )
 
-__all__ = ["broadcast", "broadcast_object_list", "CannotPadNestedTensorWarning", "concatenate", "convert_outputs_to_fp32",
+__all__ = ["slice_tensors", "broadcast", "broadcast_object_list", "CannotPadNestedTensorWarning", "concatenate", "convert_outputs_to_fp32",
            "convert_to_fp32", "find_device", "gather", "gather_object", "is_namedtuple", "listify", "pad_across_processes",
            "pad_input_tensors", "recursively_apply", "reduce", "send_to_device"]
+

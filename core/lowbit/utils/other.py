@@ -7,7 +7,8 @@ import platform
 import re
 from typing import Any
 
-__all__ = ["check_os_kernel", "extract_model_from_parallel", "get_grad_scaler", "get_model_tp_size", "save", "tqdm"]
+__all__ = ["check_os_kernel", "extract_model_from_parallel", "get_active_deepspeed_plugin", "get_grad_scaler", "get_model_tp_size",
+           "load", "save", "tqdm", "wait_for_everyone", "write_basic_config"]
 
 logger = logging.getLogger(__name__)
 # Older Linux kernels can hang multi-process jobs (Accelerate warns below this one too).
@@ -82,3 +83,44 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
         logger.warning(f"Removed shared tensor {', '.join(dropped)} while saving to {f}: safetensors stores a storage "
                        "once; tie the weights again after loading.")
     save_file(kept, f, metadata={"format": "pt"})
+
+
+def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """``torch.load`` that runs no pickled code unless asked (``weights_only=True`` by default)."""
+    import torch
+
+    kwargs.setdefault("weights_only", True)
+    return torch.load(f, map_location=map_location, **kwargs)
+
+
+def wait_for_everyone() -> None:
+    """A barrier over the job's processes (nothing to wait for in one)."""
+    from lowbit.process_group import wait_for_everyone as barrier
+
+    barrier()
+
+
+def get_active_deepspeed_plugin(state: Any) -> Any:
+    """The DeepSpeedPlugin of ``state`` (an Accelerator's ``accelerator.state``)."""
+    plugin = getattr(state, "deepspeed_plugin", None)
+    if plugin is None:
+        raise ValueError("No DeepSpeedPlugin on this state: give Accelerator(deepspeed_plugin=...) or use distributed_type "
+                         "deepspeed (lowbit-deepspeed).")
+    return plugin
+
+
+def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None) -> Any:
+    """Write a config file for this machine (every GPU, or the CPU) with ``mixed_precision``, unless
+    one exists there; returns its path, or False when a file was already there (left as it is)."""
+    import torch
+
+    from lowbit.config import LowbitConfig, default_config_path, write_config_file
+
+    path = default_config_path() if save_location is None else save_location
+    if os.path.exists(path):
+        print(f"lowbit: a config file exists at {path}; left as it is (`lowbit config` rewrites it).")
+        return False
+    gpus = torch.cuda.device_count()
+    config = LowbitConfig(mixed_precision=mixed_precision, num_processes=max(gpus, 1), use_cpu=gpus == 0,
+                          distributed_type="MULTI_GPU" if gpus > 1 else "NO")
+    return write_config_file(config, path)

@@ -5,7 +5,7 @@ import os
 import random as _random  # Python's (this module shares its name)
 from typing import Any
 
-__all__ = ["set_seed", "synchronize_rng_states"]
+__all__ = ["set_seed", "synchronize_rng_state", "synchronize_rng_states"]
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -48,3 +48,9 @@ def synchronize_rng_states(rng_types: list[Any], generator: Any = None) -> None:
         dist.broadcast_object_list(states, src=0)
         {"torch": torch.set_rng_state, "cuda": lambda s: torch.cuda.set_rng_state(s),
          "generator": lambda s: generator.set_state(s)}[kind](states[0])
+
+
+def synchronize_rng_state(rng_type: Any = None, generator: Any = None) -> None:
+    """``synchronize_rng_states`` for one generator kind ("torch", "cuda" or "generator")."""
+    if rng_type is not None:
+        synchronize_rng_states([rng_type], generator)
