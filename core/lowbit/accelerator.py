@@ -725,6 +725,7 @@ class Accelerator(RankFacts):
         with ``safe_serialization=False``), sharded with an index above ``max_shard_size``. The
         names and layout are the unconverted model's, whichever backend trained it. Returns the
         file written (the index when sharded)."""
+        _refuse_weights_not_in_memory(unwrap(model))
         state = self.get_state_dict(model)
         path = Path(save_directory) / (SAFE_WEIGHTS if safe_serialization else TORCH_WEIGHTS)
         if self.is_main_process:
@@ -734,6 +735,24 @@ class Accelerator(RankFacts):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _refuse_weights_not_in_memory(model: torch.nn.Module) -> None:
+    """save_model writes the weights it holds: a model whose weights an offloading hook keeps on
+    disk or elsewhere (a device_map dispatch), or left on the meta device, is refused before a file
+    is written."""
+    from lowbit.utils.modeling import has_offloaded_params
+
+    offloaded = [name or type(model).__name__ for name, m in model.named_modules() if has_offloaded_params(m)]
+    empty = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
+    if offloaded or empty:
+        where = (f"{len(offloaded)} module(s) offloaded by a device_map hook (first: {offloaded[0]})" if offloaded
+                 else f"{len(empty)} tensor(s) on the meta device (first: {empty[0]})")
+        raise UnsupportedCombinationError(
+            f"save_model: this model's weights are not all in memory: {where}. lowbit saves the weights it holds and "
+            "does not gather offloaded ones. Load the model without offloading (or materialize it: "
+            "model.to_empty(device=...) and load its weights), or save it with Accelerate's save_model or "
+            "transformers' save_pretrained.")
 
 
 def tied_as_in(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:

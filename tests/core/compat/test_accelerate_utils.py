@@ -110,3 +110,18 @@ def test_purge_accelerate_environment_hides_launcher_variables_and_puts_them_bac
 def test_accelerate_torch_device_names_the_device(monkeypatch):
     monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu")
     assert Accelerator(cpu=True).device == torch.device("cpu")
+
+
+def test_save_model_of_weights_not_in_memory_is_refused_before_a_file_is_written(tmp_path):
+    import types
+
+    from lowbit import init_empty_weights
+
+    with init_empty_weights():
+        empty = mlp()
+    offloaded = mlp()
+    offloaded[0]._hf_hook = types.SimpleNamespace(offload=True)  # as a device_map dispatch leaves it
+    for model, what in ((empty, "meta device"), (offloaded, "offloaded by a device_map hook")):
+        with pytest.raises(UnsupportedCombinationError, match=f"not all in memory.*{what}.*save_pretrained"):
+            Accelerator(cpu=True).save_model(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
