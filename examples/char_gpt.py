@@ -160,8 +160,10 @@ def sized_steps(precisions: list[str], args: argparse.Namespace) -> int:
     if "bf16" in seconds and "fp32" in seconds and seconds["bf16"] > 3 * seconds["fp32"]:
         why = (f" bf16 takes {seconds['bf16'] / seconds['fp32']:.0f}x fp32 here: this CPU has no native bf16, so its "
                "bf16 matmuls take a slow path (fp8 is emulated inside bf16 autocast).")
-    print(f"char_gpt: {steps} steps per precision, sized to about {args.time_budget:.0f} s of training on this machine "
-          f"(measured per step: {measured}; --steps N to choose).{why}", flush=True)
+    # The estimate the chosen steps imply (MIN_STEPS can make it longer than the budget on a slow or busy machine).
+    floor = f", the minimum of {MIN_STEPS} steps makes it longer" if steps * per_step > 1.05 * args.time_budget else ""
+    print(f"char_gpt: {steps} steps per precision, about {steps * per_step:.0f} s of training on this machine (budget "
+          f"{args.time_budget:.0f} s{floor}; measured per step: {measured}; --steps N to choose).{why}", flush=True)
     return steps
 
 def train(precision: str, args: argparse.Namespace) -> dict:
