@@ -41,6 +41,7 @@ from lowbit.config.recipes import RecipeKwargs
 from lowbit.errors import ConfigError, UnsupportedCombinationError, did_you_mean
 from lowbit.observe.fp8_report import conversion_report
 from lowbit.observe.telemetry import FP8StatsTable, TelemetryRecorder
+from lowbit.observe.throughput import ThroughputMeter, meter_is_on
 from lowbit.observe.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, Trackers
 from lowbit.parallelism_config import ParallelismConfig, data_parallel_slot, settle_layout
 from lowbit.plugins import LowbitPluginManager, make_plugin_manager
@@ -189,6 +190,11 @@ class Accelerator(RankFacts):
         self._telemetry: TelemetryRecorder | None = None
         self._preemption = PreemptionWatch(self.num_processes)
         self.step_rules.step_observers.append(self._preemption.after_step)
+        self._throughput = (ThroughputMeter(self.device, self.num_processes, self.mixed_precision, self.is_main_process)
+                            if meter_is_on() else None)
+        self._flop_hook: RemovableHandle | None = None
+        if self._throughput is not None:
+            self.step_rules.step_observers.append(self._throughput.on_step)
         self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
 
     # ------------------------------------------------------------------ choosing
@@ -467,7 +473,26 @@ class Accelerator(RankFacts):
         return self._trackers.get(name, unwrap)
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Log ``values`` to the trackers; the throughput of the last optimizer step goes with them
+        (``throughput/...``, see ``accelerator.throughput``)."""
         self._trackers.log(values, step, log_kwargs or {})
+        if self._throughput is not None and self._throughput.latest:
+            self._trackers.log({k: v for k, v in self._throughput.latest.items() if k not in values}, step, {})
+
+    @property
+    def throughput(self) -> dict[str, float]:
+        """The last optimizer step's figures: ``throughput/tokens_per_s`` (all processes) and
+        ``_per_device``, ``samples_per_s``, ``tflops_per_device``, ``mfu`` (against the device's
+        dense bf16 peak; on a CPU its measured GEMM rate), ``fp8_gemm_share``, ``data_wait_share``,
+        ``peak_memory_mb``, ``step_s`` (lowbit/observe/throughput.py); empty before the first step
+        or with LOWBIT_THROUGHPUT=0."""
+        return dict(self._throughput.latest) if self._throughput is not None else {}
+
+    def set_batch_tokens(self, tokens: int) -> None:
+        """Tell the throughput meter how many tokens the current batch holds (when its shape does
+        not say: packed sequences, padding to leave out)."""
+        if self._throughput is not None:
+            self._throughput.set_batch_tokens(tokens)
 
     def end_training(self) -> None:
         """Close the trackers and wait for every process."""
@@ -481,7 +506,26 @@ class Accelerator(RankFacts):
 
         Returns them in the order given (a single object is returned as itself).
         """
-        return self._preparation.prepare(*objects)
+        result = self._preparation.prepare(*objects)
+        self._meter_what_was_prepared()
+        return result
+
+    def _meter_what_was_prepared(self) -> None:
+        """The throughput meter hears each prepared dataloader's batches, and counts the FLOPs of
+        the first training forward and backward of the first prepared model."""
+        meter = self._throughput
+        if meter is None:
+            return
+        for loader in self.prepared.dataloaders:
+            if loader.observe_batch is None:
+                loader.observe_batch = meter.on_batch
+        if self.prepared.models and self._flop_hook is None and meter.flops_per_unit is None:
+            def count_first_training_forward(module: torch.nn.Module, args: Any) -> None:
+                if module.training and torch.is_grad_enabled():
+                    meter.start_counting()
+                    self._flop_hook.remove()
+
+            self._flop_hook = self.prepared.models[0].register_forward_pre_hook(count_first_training_forward)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
@@ -520,13 +564,17 @@ class Accelerator(RankFacts):
                 "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
                 "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
             )
-        if self.plugins.backward(loss, model):
-            return
-        # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
-        self.step_rules.observe_finite(loss)
-        if self.config.gradient_accumulation_steps > 1:
-            loss = loss / self.config.gradient_accumulation_steps
-        self.precision.backward(loss, **kwargs)
+        try:
+            if self.plugins.backward(loss, model):
+                return
+            # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
+            self.step_rules.observe_finite(loss)
+            if self.config.gradient_accumulation_steps > 1:
+                loss = loss / self.config.gradient_accumulation_steps
+            self.precision.backward(loss, **kwargs)
+        finally:
+            if self._throughput is not None:
+                self._throughput.stop_counting()  # the first micro-batch's FLOPs, forward and backward
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:

@@ -35,7 +35,7 @@ MAX_CONFIG_BYTES = 1 << 20
 # Set by lowbit launch for its ranks: the settings that came from the config file -> where.
 SOURCES_ENV = "LOWBIT_SETTING_SOURCES"
 OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL", "LOWBIT_SAID_NOTES",
-                            "LOWBIT_ARRIVAL_TIMEOUT",
+                            "LOWBIT_ARRIVAL_TIMEOUT", "LOWBIT_THROUGHPUT", "LOWBIT_THROUGHPUT_EVERY",
                             SOURCES_ENV})
 
 

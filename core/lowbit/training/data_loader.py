@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from typing import Any, Iterator
 
 import torch
@@ -36,6 +37,8 @@ class PreparedDataLoader:
         self.even_batches = even_batches
         self.device_placement = device_placement
         self.skip_batches = 0
+        # Told each batch and the seconds spent waiting for it (the Accelerator's throughput meter).
+        self.observe_batch: Any = None
         # The shuffle RNG's state when this epoch's order was drawn ("start"; None between epochs),
         # one to draw the next epoch's order from ("resume", set by load_state mid-epoch), whether
         # the epoch's last batch was handed out ("ended": a save then belongs to the next epoch),
@@ -196,7 +199,9 @@ class PreparedDataLoader:
         self.set_epoch(self.epoch + 1)
 
     def _with_end_marked(self, batches: Iterator[Any], remainder: int) -> Iterator[Any]:
-        """Yield batches, telling the gradient state when the last one comes (one-batch lookahead)."""
+        """Yield batches, telling the gradient state when the last one comes (one-batch lookahead),
+        and ``observe_batch`` each batch with the seconds spent waiting for data."""
+        start = time.perf_counter()
         current = next(batches, _END)
         while current is not _END:
             following = next(batches, _END)
@@ -204,7 +209,10 @@ class PreparedDataLoader:
                 self.gradient_state.end_of_dataloader = True
                 self.gradient_state.remainder = remainder
                 self._replay["ended"] = True
+            if self.observe_batch is not None:
+                self.observe_batch(current, time.perf_counter() - start)
             yield send_to_device(current, self.device) if self.device_placement else current
+            start = time.perf_counter()
             current = following
 
 

@@ -1,0 +1,237 @@
+"""How fast a run trains, measured while it trains, with no code in the script.
+
+Tokens and samples are counted from the batches the prepared dataloaders hand out (``input_ids``,
+else the first 2-D integer tensor; ``accelerator.set_batch_tokens(n)`` tells another count), the
+time between optimizer steps from the clock, and the model's FLOPs once, on the first training
+micro-batch, by torch's ``FlopCounterMode`` (forward and backward as they really run: attention,
+the backend's GEMMs). MFU is against the device's dense bf16 peak (``GPU_PEAKS``, each with its
+source; on a CPU a GEMM peak measured once and cached), also for FP8 runs, whose share of GEMM
+FLOPs that ran as FP8 GEMMs is said beside it: one peak does not describe a mixed run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+# Env: seconds between the progress lines (0: none), and 0 to turn the meter off.
+EVERY_ENV = "LOWBIT_THROUGHPUT_EVERY"
+OFF_ENV = "LOWBIT_THROUGHPUT"
+DEFAULT_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """A device's dense peak: ``tflops`` is a GPU's bf16 tensor-core peak, or a CPU's GEMM rate
+    measured in the run's compute dtype; ``fp8_tflops`` the FP8 peak where there is one."""
+
+    name: str
+    tflops: float
+    fp8_tflops: float | None
+    source: str
+
+
+# Dense tensor-core peaks (the datasheets' figures with sparsity are twice these), matched against
+# torch.cuda.get_device_name() in this order (the more specific name first).
+GPU_PEAKS = (
+    DevicePeak("H100 PCIe", 756.0, 1513.0, "NVIDIA H100 datasheet (PCIe: 1513 bf16 / 3026 fp8 with sparsity)"),
+    DevicePeak("H100 NVL", 835.5, 1670.5, "NVIDIA H100 datasheet (NVL: 1671 bf16 / 3341 fp8 with sparsity)"),
+    DevicePeak("H100", 989.4, 1978.9, "NVIDIA H100 datasheet (SXM: 1979 bf16 / 3958 fp8 with sparsity)"),
+    DevicePeak("H200", 989.4, 1978.9, "NVIDIA H200 datasheet (the H100 SXM's tensor cores)"),
+    DevicePeak("GB200", 2500.0, 5000.0, "NVIDIA GB200 NVL72 datasheet (360 PF bf16 / 720 PF fp8 sparse over 72 GPUs)"),
+    DevicePeak("B200", 2250.0, 4500.0, "NVIDIA HGX B200 datasheet (36 PF bf16 / 72 PF fp8 sparse over 8 GPUs)"),
+    DevicePeak("A100", 312.0, None, "NVIDIA A100 datasheet (no FP8 tensor cores)"),
+    DevicePeak("L40S", 362.05, 733.0, "NVIDIA L40S datasheet (733 bf16 / 1466 fp8 with sparsity)"),
+    DevicePeak("L4", 121.0, 242.5, "NVIDIA L4 datasheet (242 bf16 / 485 fp8 with sparsity)"),
+    DevicePeak("RTX 4090", 165.2, 330.3, "NVIDIA Ada Lovelace architecture whitepaper (FP32 accumulate)"),
+    DevicePeak("MI300X", 1307.4, 2614.9, "AMD Instinct MI300X datasheet"),
+)
+
+
+def gpu_peak(device_name: str) -> DevicePeak | None:
+    return next((peak for peak in GPU_PEAKS if peak.name.lower() in device_name.lower()), None)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_peak(dtype: torch.dtype, cache: Path | None = None) -> DevicePeak:
+    """This CPU's GEMM rate in ``dtype`` (TFLOP/s, best of a few 1024x1024 matmuls on the threads
+    torch uses), measured once per CPU model, thread count and torch version, then cached."""
+    cache = cache or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lowbit" / "cpu_peak.json"
+    key = f"{_cpu_model()}|{torch.get_num_threads()} threads|torch {torch.__version__}|{dtype}"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+        torch.mm(a, b)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+        known[key] = 2 * 1024**3 / best / 1e12
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(known, indent=1))
+        except OSError:
+            pass  # read-only home: measured again next run
+    name = f"{_cpu_model()} ({str(dtype).removeprefix('torch.')} GEMM, measured)"
+    return DevicePeak(name, known[key], None, f"measured here, cached in {cache}")
+
+
+def batch_counts(batch: Any) -> tuple[int, int | None]:
+    """Samples (the first tensor's first dimension) and tokens (``input_ids``' elements, else the
+    first 2-D integer tensor's) of a batch; tokens None when there is no such tensor."""
+    tensors = list(_tensors(batch))
+    if not tensors:
+        return 0, None
+    samples = int(tensors[0].shape[0]) if tensors[0].dim() else 1
+    ids = batch.get("input_ids") if hasattr(batch, "get") else None
+    if not isinstance(ids, torch.Tensor):
+        ids = next((t for t in tensors if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()), None)
+    return samples, (int(ids.numel()) if ids is not None else None)
+
+
+def _tensors(data: Any):
+    if isinstance(data, torch.Tensor):
+        yield data
+    elif isinstance(data, dict) or hasattr(data, "values") and hasattr(data, "keys"):
+        for value in data.values():
+            yield from _tensors(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            yield from _tensors(value)
+
+
+class ThroughputMeter:
+    """Counts a run's work between optimizer steps; ``latest`` holds the stable-named figures of
+    the last step (``throughput/...``), printed every ``every_s`` seconds on the main process."""
+
+    def __init__(self, device: torch.device, num_processes: int, precision: str, is_main: bool,
+                 say: Callable[[str], None] = print):
+        self.device, self.num_processes, self.precision, self.is_main, self.say = device, num_processes, precision, is_main, say
+        self.every_s = float(os.environ.get(EVERY_ENV, DEFAULT_EVERY_S))
+        self.latest: dict[str, float] = {}
+        self.flops_per_unit: float | None = None  # per token, or per sample when batches have no tokens
+        self.fp8_gemm_share: float | None = None
+        self.steps = 0
+        self._peak: DevicePeak | None = None
+        self._counter: Any = None
+        self._batch: tuple[int, int | None] = (0, None)
+        self._since: dict[str, float] = {"samples": 0, "tokens": 0, "wait": 0.0}
+        self._last_step = self._last_said = time.perf_counter()
+
+    # ------------------------------------------------------------------ what the run tells it
+
+    def on_batch(self, batch: Any, wait_s: float) -> None:
+        self._batch = batch_counts(batch)
+        self._since["samples"] += self._batch[0]
+        self._since["tokens"] += self._batch[1] or 0
+        self._since["wait"] += wait_s
+
+    def set_batch_tokens(self, tokens: int) -> None:
+        self._since["tokens"] += int(tokens) - (self._batch[1] or 0)
+        self._batch = (self._batch[0], int(tokens))
+
+    def start_counting(self) -> None:
+        """Count FLOPs from here (the first training forward) to ``stop_counting`` (after its backward)."""
+        if self.flops_per_unit is None and self._counter is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._counter = FlopCounterMode(display=False)
+            self._counter.__enter__()
+
+    def stop_counting(self) -> None:
+        counter, self._counter = self._counter, None
+        if counter is None:
+            return
+        counter.__exit__(None, None, None)
+        units = self._batch[1] or self._batch[0]
+        if units:
+            self.flops_per_unit = counter.get_total_flops() / units
+            ops = {str(op): n for op, n in counter.get_flop_counts().get("Global", {}).items()}
+            gemm = sum(n for op, n in ops.items() if any(k in op for k in ("mm", "matmul", "linear")))
+            self.fp8_gemm_share = (sum(n for op, n in ops.items() if "_scaled_mm" in op) / gemm) if gemm else None
+
+    def on_step(self) -> None:
+        self.stop_counting()  # a script that called loss.backward() itself: its backward ran by now
+        now = time.perf_counter()
+        seconds = max(now - self._last_step, 1e-9)
+        since, self._last_step = self._since, now
+        self._since = {"samples": 0, "tokens": 0, "wait": 0.0}
+        self.steps += 1
+        figures = {"throughput/samples_per_s": since["samples"] / seconds,
+                   "throughput/data_wait_share": min(since["wait"] / seconds, 1.0),
+                   "throughput/step_s": seconds}
+        if since["tokens"]:
+            figures["throughput/tokens_per_s_per_device"] = since["tokens"] / seconds
+            figures["throughput/tokens_per_s"] = since["tokens"] / seconds * self.num_processes
+        units = since["tokens"] or since["samples"]
+        if self.flops_per_unit and units:
+            tflops = self.flops_per_unit * units / seconds / 1e12
+            figures["throughput/tflops_per_device"] = tflops
+            figures["throughput/mfu"] = tflops / self.peak().tflops
+        if self.fp8_gemm_share is not None and self.precision not in ("no", "fp16", "bf16"):
+            figures["throughput/fp8_gemm_share"] = self.fp8_gemm_share
+        figures["throughput/peak_memory_mb"] = self._peak_memory_mb()
+        self.latest = figures
+        if self.is_main and self.every_s > 0 and now - self._last_said >= self.every_s:
+            self._last_said = now
+            self.say(self.progress_line())
+
+    # ------------------------------------------------------------------ what it says
+
+    def peak(self) -> DevicePeak:
+        if self._peak is None:
+            if self.device.type == "cuda":
+                name = torch.cuda.get_device_name(self.device)
+                self._peak = gpu_peak(name) or DevicePeak(name, float("nan"), None, "not in lowbit's table")
+            else:  # FP8 on a CPU is emulated inside bf16 autocast: its GEMMs run in bf16
+                self._peak = cpu_peak(torch.float32 if self.precision == "no" else torch.bfloat16)
+        return self._peak
+
+    def progress_line(self) -> str:
+        f = self.latest
+        parts = [f"step {self.steps}"]
+        if "throughput/tokens_per_s" in f:
+            parts.append(f"{f['throughput/tokens_per_s']:,.0f} tokens/s ({f['throughput/tokens_per_s_per_device']:,.0f}/device)")
+        parts.append(f"{f['throughput/samples_per_s']:,.1f} samples/s")
+        if "throughput/tflops_per_device" in f:
+            share = (f", {100 * f['throughput/fp8_gemm_share']:.0f}% of GEMM FLOPs in FP8"
+                     if "throughput/fp8_gemm_share" in f else "")
+            parts.append(f"{_flops(f['throughput/tflops_per_device'])}/device, MFU {100 * f['throughput/mfu']:.1f}% "
+                         f"of {self.peak().name}'s {_flops(self.peak().tflops)}{share}")
+        parts.append(f"data wait {100 * f['throughput/data_wait_share']:.0f}%")
+        parts.append(f"peak memory {f['throughput/peak_memory_mb']:,.0f} MB")
+        return "lowbit: " + " | ".join(parts)
+
+    def _peak_memory_mb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak RSS (KiB on Linux)
+
+
+def _flops(tflops: float) -> str:
+    return f"{tflops:,.1f} TFLOP/s" if tflops >= 1 else f"{1000 * tflops:,.1f} GFLOP/s"
+
+
+def meter_is_on() -> bool:
+    return os.environ.get(OFF_ENV, "1").strip().lower() not in ("0", "false", "off", "no")

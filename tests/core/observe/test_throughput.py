@@ -1,0 +1,100 @@
+"""The throughput meter: tokens, samples, FLOPs (counted on the first training step), MFU, data
+wait and peak memory of a run, with no code in the script; on the progress line and in trackers."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lowbit import Accelerator
+from lowbit.observe.throughput import ThroughputMeter, batch_counts, gpu_peak
+from lowbit.tracking import GeneralTracker
+
+
+def test_batches_are_counted_from_their_shapes():
+    ids = torch.zeros(4, 16, dtype=torch.long)
+    assert batch_counts({"input_ids": ids, "labels": ids, "attention_mask": ids}) == (4, 64)
+    assert batch_counts((torch.randn(8, 3), torch.randn(8, 1))) == (8, None)  # no tokens in a regression batch
+    assert batch_counts([torch.zeros(2, 5, dtype=torch.int32), torch.randn(2)]) == (2, 10)
+
+
+def test_gpus_are_matched_to_their_own_row():
+    assert gpu_peak("NVIDIA H100 PCIe").tflops == 756.0 and gpu_peak("NVIDIA H100 80GB HBM3").tflops == 989.4
+    assert gpu_peak("NVIDIA L4").name == "L4" and gpu_peak("NVIDIA L40S").name == "L40S"
+    assert gpu_peak("NVIDIA GB200").name == "GB200" and gpu_peak("NVIDIA B200").name == "B200"
+    assert gpu_peak("NVIDIA A100-SXM4-80GB").fp8_tflops is None and gpu_peak("Tesla T4") is None
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2)
+    return LlamaForCausalLM(config)
+
+
+def _batches(n=6, batch=4, seq=32):
+    data = [torch.randint(0, 128, (seq,)) for _ in range(n * batch)]
+    return DataLoader(data, batch_size=batch, collate_fn=lambda b: {"input_ids": torch.stack(b), "labels": torch.stack(b)})
+
+
+class _Recorder(GeneralTracker):
+    name = "recorder"
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str = "", **kwargs):
+        super().__init__()
+        self.logged: list[dict] = []
+
+    def log(self, values, step=None, **kwargs):
+        self.logged.append(dict(values))
+
+
+@pytest.mark.parametrize("own_backward", [False, True])
+def test_a_training_loop_reports_tokens_flops_and_mfu_and_its_trackers_get_them(monkeypatch, capsys, own_backward):
+    monkeypatch.setenv("LOWBIT_THROUGHPUT_EVERY", "0.000001")  # a progress line at every step
+    recorder = _Recorder()
+    accelerator = Accelerator(cpu=True, log_with=recorder)
+    accelerator.init_trackers("run")
+    model = _tiny_llama()
+    params = sum(p.numel() for p in model.parameters())
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), _batches())
+    for step, batch in enumerate(loader):
+        loss = model(**batch).loss
+        loss.backward() if own_backward else accelerator.backward(loss)  # counted either way
+        optimizer.step()
+        optimizer.zero_grad()
+        accelerator.log({"loss": loss.item()}, step=step)
+    figures = accelerator.throughput
+    assert figures["throughput/tokens_per_s"] > 0 and figures["throughput/samples_per_s"] > 0
+    assert figures["throughput/tokens_per_s"] == pytest.approx(32 * figures["throughput/samples_per_s"])
+    # training FLOPs per token, counted by torch: about 6 per parameter (forward 2, backward 4), plus attention
+    per_token = accelerator._throughput.flops_per_unit
+    assert 4 * params < per_token < 10 * params, (per_token, params)
+    assert 0 < figures["throughput/mfu"] < 1.5 and figures["throughput/peak_memory_mb"] > 0
+    assert 0 <= figures["throughput/data_wait_share"] <= 1
+    assert any("throughput/mfu" in logged for logged in recorder.logged)  # the trackers got them too
+    said = capsys.readouterr().out
+    assert "tokens/s" in said and "MFU" in said and "step 6" in said
+
+
+def test_the_meter_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("LOWBIT_THROUGHPUT", "0")
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = accelerator.prepare(torch.nn.Linear(3, 1), None, DataLoader(torch.randn(8, 3), batch_size=4))
+    for batch in loader:
+        accelerator.backward(model(batch).sum())
+    assert accelerator.throughput == {}
+
+
+def test_the_counting_mode_ends_at_the_step_when_the_backward_never_came_through_lowbit():
+    meter = ThroughputMeter(torch.device("cpu"), 1, "no", is_main=False)
+    meter.on_batch(torch.randn(2, 4), 0.0)
+    meter.start_counting()
+    torch.nn.Linear(4, 4)(torch.randn(2, 4)).sum().backward()
+    meter.on_step()
+    assert meter.flops_per_unit == pytest.approx(2 * 2 * 4 * 4 * 2 / 2)  # forward + weight gradient, per sample
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    assert _get_current_dispatch_mode() is None
