@@ -20,6 +20,11 @@ ACCELERATE_NAME_MODULES = {
     "utils/dataclasses.py": "Accelerate's recipe classes by plugin (TERecipeKwargs, AORecipeKwargs, ...)",
     "utils/imports.py": "Accelerate's is_<library>_available names (is_deepspeed_available, ...)",
     "cli/flags.py": "Accelerate's launch flags (--use_fsdp, --use_deepspeed, --fsdp_*, --fp8_opt_level)",
+    "test_utils/testing.py": "Accelerate's require_<library> test decorators (require_deepspeed, require_torchao, ...)",
+    "utils/refused.py": "Accelerate's utils for jobs a plugin does inside prepare (fsdp2_*, TE's convert_model)",
+    "utils/deepspeed.py": "Accelerate's accelerate.utils.deepspeed names (DummyOptim, ...)",
+    "utils/modeling.py": "Accelerate's has_transformer_engine_layers",
+    "utils/other.py": "Accelerate's get_active_deepspeed_plugin and its state's deepspeed_plugin",
 }
 PLUGIN_NAMES = ("te", "ao", "msamp", "ms-amp", "deepspeed", "fsdp", "fsdp2", "ddp", "torchao", "transformer_engine",
                 "transformer-engine", "lowbit-te", "lowbit-ao", "lowbit-msamp", "lowbit-deepspeed")
@@ -171,6 +176,7 @@ FOREIGN_PRIVATE = {
     "_SubParsersAction": "argparse: the subcommands of a parser",
     "_dynamo": "torch._dynamo.list_backends",
     "_orig_mod": "torch.compile's wrapper",
+    "_modules": "a module's child table: compile_regions gives the twin its own (copy.copy would share it)",
     "_step_count": "torch LR schedulers (OneCycleLR's end)",
     "_wrapped_by_lr_sched": "torch's LRScheduler step marker",
     "_opt_called": "torch's LRScheduler step marker",

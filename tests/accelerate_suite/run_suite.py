@@ -38,7 +38,7 @@ PASSES_FILE = HERE / "passes.json"
 CACHE = Path(os.environ.get("LOWBIT_ACCELERATE_SDIST_DIR") or Path(tempfile.gettempdir()) / "lowbit-accelerate-sdist")
 # A module name followed by a dot or ending an import: ``from accelerate.utils import``,
 # ``import accelerate``, ``"accelerate.utils.memory.torch"`` in a mock.patch target.
-_MODULE_NAME = re.compile(r"(?<![\w.\-/])accelerate(?=\.\w|\s+import\b|\s*$|\s+as\b|,)", re.M)
+_MODULE_NAME = re.compile(r"(?<![\w.\-/])accelerate(?=\.\w|\s+import\b|\s*$|\s*#|\s+as\b|,)", re.M)
 
 
 def fetch_tests(version: str = VERSION) -> Path:

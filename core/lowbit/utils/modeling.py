@@ -106,10 +106,8 @@ def set_module_tensor_to_device(module: Any, tensor_name: str, device: Any, valu
     if value is not None and (dtype is not None or old.is_floating_point()):
         new = new.to(dtype or old.dtype)
     new = new.to(device, non_blocking=non_blocking)
-    if name in owner._parameters:
-        owner._parameters[name] = torch.nn.Parameter(new, requires_grad=old.requires_grad)
-    else:
-        owner._buffers[name] = new
+    # setattr keeps a parameter registered as one, and a buffer as a buffer (persistent or not)
+    setattr(owner, name, torch.nn.Parameter(new, requires_grad=old.requires_grad) if isinstance(old, torch.nn.Parameter) else new)
 
 
 def load_state_dict(checkpoint_file: str | os.PathLike, device_map: Any = None) -> dict[str, Any]:
