@@ -103,6 +103,21 @@ def not_offered(name: str, why: str, use: str, is_class: bool = False) -> Any:
     return refuse
 
 
+def refusing_module(module: str, why: Any) -> Any:
+    """A module ``__getattr__`` (PEP 562) for an Accelerate module whose job lowbit does not do:
+    every public name gives a stand-in that refuses when used. ``why``: (what it does, what to
+    use), or a function of the name giving them."""
+    accelerate_path = module.replace("lowbit", "accelerate", 1)
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        does, use = why(name) if callable(why) else why
+        return not_offered(f"{accelerate_path}.{name}", does, use, is_class=name[:1].isupper())
+
+    return __getattr__
+
+
 # The attribute a stand-in for a name lowbit does not offer carries: why (the docs' names table reads it).
 NOT_OFFERED_MARK = "__lowbit_not_offered__"
 

@@ -4,9 +4,7 @@ DeepSpeed integration; lowbit-deepspeed's prepare() returns its own. ``DummyOpti
 does not build: the names import and raise on use, saying what to do."""
 from __future__ import annotations
 
-from typing import Any
-
-from lowbit.compat.accelerate_names import not_offered
+from lowbit.compat.accelerate_names import refusing_module
 
 WHY = {
     "DummyOptim": "stands for an optimizer defined in the DeepSpeed config, which lowbit-deepspeed does not build",
@@ -21,9 +19,5 @@ USE = {
 INSIDE = "is a wrapper inside Accelerate's DeepSpeed integration; lowbit-deepspeed's prepare() returns its own"
 
 
-def __getattr__(name: str) -> Any:
-    if name.startswith("_"):
-        raise AttributeError(f"module 'lowbit.utils.deepspeed' has no attribute {name!r}")
-    return not_offered(f"accelerate.utils.deepspeed.{name}", WHY.get(name, INSIDE),
-                       USE.get(name, "what accelerator.prepare returns under distributed_type deepspeed"),
-                       is_class=name[:1].isupper())
+__getattr__ = refusing_module(__name__, lambda name: (
+    WHY.get(name, INSIDE), USE.get(name, "what accelerator.prepare returns under distributed_type deepspeed")))

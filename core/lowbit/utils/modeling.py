@@ -8,7 +8,7 @@ import contextlib
 import os
 from typing import Any, Iterator
 
-from lowbit.compat.accelerate_names import INFERENCE_USE, INFERENCE_WHY, not_offered
+from lowbit.compat.accelerate_names import INFERENCE_USE, INFERENCE_WHY, not_offered, refusing_module
 
 __all__ = ["align_module_device", "calculate_maximum_sizes", "compute_module_sizes", "get_max_layer_size",
            "get_module_children_bottom_up", "has_offloaded_params", "has_transformer_engine_layers",
@@ -191,7 +191,4 @@ def load_checkpoint_in_model(model: Any, checkpoint: str | os.PathLike, device_m
     model.load_state_dict(state, strict=strict)
 
 
-def __getattr__(name: str) -> Any:
-    if name.startswith("_"):
-        raise AttributeError(f"module 'lowbit.utils.modeling' has no attribute {name!r}")
-    return not_offered(f"accelerate.utils.modeling.{name}", INFERENCE_WHY, INFERENCE_USE, is_class=name[:1].isupper())
+__getattr__ = refusing_module(__name__, (INFERENCE_WHY, INFERENCE_USE))
