@@ -520,6 +520,7 @@ class Accelerator(RankFacts):
             if loader.observe_batch is None:
                 loader.observe_batch = meter.on_batch
         if self.prepared.models and self._flop_hook is None and meter.flops_per_unit is None:
+            meter.parameters = sum(getattr(p, "ds_numel", p.numel()) for p in unwrap(self.prepared.models[0]).parameters())
             def count_first_training_forward(module: torch.nn.Module, args: Any) -> None:
                 if module.training and torch.is_grad_enabled():
                     meter.start_counting()

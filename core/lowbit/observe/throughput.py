@@ -129,6 +129,7 @@ class ThroughputMeter:
         self.every_s = float(os.environ.get(EVERY_ENV, DEFAULT_EVERY_S))
         self.latest: dict[str, float] = {}
         self.flops_per_unit: float | None = None  # per token, or per sample when batches have no tokens
+        self.parameters = 0  # the trained model's, to tell a count that missed the GEMMs
         self.fp8_gemm_share: float | None = None
         self.steps = 0
         self._peak: DevicePeak | None = None
@@ -163,7 +164,15 @@ class ThroughputMeter:
             return
         counter.__exit__(None, None, None)
         units = self._batch[1] or self._batch[0]
-        if units:
+        if units and self._batch[1] and counter.get_total_flops() / units < 2 * self.parameters:
+            # Fewer FLOPs per token than the forward alone takes: the GEMMs ran as ops torch's counter
+            # does not see (Transformer Engine's and MS-AMP's own kernels). Say so, report no FLOPs.
+            from lowbit.notices import note
+
+            note("throughput: the backend's GEMMs are kernels torch's FlopCounterMode does not see, so TFLOP/s and "
+                 "MFU are left out of the figures (tokens/s and samples/s are measured as ever).")
+            self.flops_per_unit = 0.0
+        elif units:
             self.flops_per_unit = counter.get_total_flops() / units
             ops = {str(op): n for op, n in counter.get_flop_counts().get("Global", {}).items()}
             gemm = sum(n for op, n in ops.items() if any(k in op for k in ("mm", "matmul", "linear")))

@@ -98,3 +98,17 @@ def test_the_counting_mode_ends_at_the_step_when_the_backward_never_came_through
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     assert _get_current_dispatch_mode() is None
+
+
+def test_gemms_the_counter_cannot_see_leave_flops_out_instead_of_a_wrong_mfu(recwarn):
+    """Transformer Engine's GEMMs are its own kernels, not aten ops: a count far below the
+    parameters' forward FLOPs means the GEMMs were missed."""
+    meter = ThroughputMeter(torch.device("cpu"), 1, "fp8", is_main=False)
+    meter.parameters = 10**6  # a model whose GEMMs ran outside torch's counter
+    meter.on_batch({"input_ids": torch.zeros(2, 8, dtype=torch.long)}, 0.0)
+    meter.start_counting()
+    torch.randn(4, 4).relu()  # only elementwise work is seen
+    meter.stop_counting()
+    meter.on_step()
+    assert "throughput/tflops_per_device" not in meter.latest and "throughput/tokens_per_s" in meter.latest
+    assert any("does not see" in str(w.message) for w in recwarn)
