@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -192,7 +193,7 @@ class Accelerator(RankFacts):
         self.step_rules.step_observers.append(self._preemption.after_step)
         self._throughput = (ThroughputMeter(self.device, self.num_processes, self.mixed_precision, self.is_main_process)
                             if meter_is_on() else None)
-        self._flop_hook: RemovableHandle | None = None
+        self._flop_hooks: list[RemovableHandle] = []
         if self._throughput is not None:
             self.step_rules.step_observers.append(self._throughput.on_step)
         self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
@@ -519,14 +520,24 @@ class Accelerator(RankFacts):
         for loader in self.prepared.dataloaders:
             if loader.observe_batch is None:
                 loader.observe_batch = meter.on_batch
-        if self.prepared.models and self._flop_hook is None and meter.flops_per_unit is None:
-            meter.parameters = sum(getattr(p, "ds_numel", p.numel()) for p in unwrap(self.prepared.models[0]).parameters())
-            def count_first_training_forward(module: torch.nn.Module, args: Any) -> None:
-                if module.training and torch.is_grad_enabled():
-                    meter.start_counting()
-                    self._flop_hook.remove()
+        if self.prepared.models and not self._flop_hooks and meter.flops_per_unit is None:
+            model = self.prepared.models[0]
+            meter.parameters = sum(getattr(p, "ds_numel", p.numel()) for p in unwrap(model).parameters())
+            span: list[Any] = []
 
-            self._flop_hook = self.prepared.models[0].register_forward_pre_hook(count_first_training_forward)
+            def before_forward(module: torch.nn.Module, args: Any) -> None:
+                if module.training and torch.is_grad_enabled() and not span and meter._forward is None:
+                    span.append(meter.count("forward"))
+                    span[0].__enter__()
+
+            def after_forward(module: torch.nn.Module, args: Any, output: Any) -> None:
+                if span:  # always called, an error in the forward included: the count never outlives it
+                    span.pop().__exit__(*sys.exc_info())
+                    for hook in self._flop_hooks:
+                        hook.remove()
+
+            self._flop_hooks = [model.register_forward_pre_hook(before_forward),
+                                model.register_forward_hook(after_forward, always_call=True)]
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
@@ -565,7 +576,9 @@ class Accelerator(RankFacts):
                 "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
                 "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
             )
-        try:
+        # The first backward's FLOPs complete the throughput meter's one count (after the first forward's).
+        counting = self._throughput.count("backward") if self._throughput is not None else contextlib.nullcontext()
+        with counting:
             if self.plugins.backward(loss, model):
                 return
             # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
@@ -573,9 +586,6 @@ class Accelerator(RankFacts):
             if self.config.gradient_accumulation_steps > 1:
                 loss = loss / self.config.gradient_accumulation_steps
             self.precision.backward(loss, **kwargs)
-        finally:
-            if self._throughput is not None:
-                self._throughput.stop_counting()  # the first micro-batch's FLOPs, forward and backward
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:

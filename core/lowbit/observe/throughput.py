@@ -133,7 +133,7 @@ class ThroughputMeter:
         self.fp8_gemm_share: float | None = None
         self.steps = 0
         self._peak: DevicePeak | None = None
-        self._counter: Any = None
+        self._forward: tuple[float, dict[str, float]] | None = None  # the first training forward's count
         self._batch: tuple[int, int | None] = (0, None)
         self._since: dict[str, float] = {"samples": 0, "tokens": 0, "wait": 0.0}
         self._last_step = self._last_said = time.perf_counter()
@@ -150,36 +150,38 @@ class ThroughputMeter:
         self._since["tokens"] += int(tokens) - (self._batch[1] or 0)
         self._batch = (self._batch[0], int(tokens))
 
-    def start_counting(self) -> None:
-        """Count FLOPs from here (the first training forward) to ``stop_counting`` (after its backward)."""
-        if self.flops_per_unit is None and self._counter is None:
-            from torch.utils.flop_counter import FlopCounterMode
+    def count(self, part: str) -> Any:
+        """A context that counts the FLOPs run inside it into this meter's one measurement:
+        ``part`` "forward" (the first training forward), then "backward" (the backward after it);
+        a no-op for a part already counted, or a backward with no counted forward before it."""
+        import contextlib
 
-            self._counter = FlopCounterMode(display=False)
-            self._counter.__enter__()
+        wanted = self._forward is None if part == "forward" else (self._forward is not None and self.flops_per_unit is None)
+        return _Counting(self) if wanted else contextlib.nullcontext()
 
-    def stop_counting(self) -> None:
-        counter, self._counter = self._counter, None
-        if counter is None:
+    def _counted(self, flops: float, ops: dict[str, float]) -> None:
+        if self._forward is None:
+            self._forward = (flops, ops)
             return
-        counter.__exit__(None, None, None)
+        total = self._forward[0] + flops
+        ops = {op: self._forward[1].get(op, 0) + ops.get(op, 0) for op in {*self._forward[1], *ops}}
         units = self._batch[1] or self._batch[0]
-        if units and self._batch[1] and counter.get_total_flops() / units < 2 * self.parameters:
-            # Fewer FLOPs per token than the forward alone takes: the GEMMs ran as ops torch's counter
-            # does not see (Transformer Engine's and MS-AMP's own kernels). Say so, report no FLOPs.
+        if not units:
+            return
+        if self._batch[1] and total / units < 2 * self.parameters:
+            # Fewer FLOPs per token than the forward alone takes: the GEMMs ran as kernels torch's
+            # counter does not see (Transformer Engine's and MS-AMP's own). Say so, report no FLOPs.
             from lowbit.notices import note
 
             note("throughput: the backend's GEMMs are kernels torch's FlopCounterMode does not see, so TFLOP/s and "
                  "MFU are left out of the figures (tokens/s and samples/s are measured as ever).")
             self.flops_per_unit = 0.0
-        elif units:
-            self.flops_per_unit = counter.get_total_flops() / units
-            ops = {str(op): n for op, n in counter.get_flop_counts().get("Global", {}).items()}
-            gemm = sum(n for op, n in ops.items() if any(k in op for k in ("mm", "matmul", "linear")))
-            self.fp8_gemm_share = (sum(n for op, n in ops.items() if "_scaled_mm" in op) / gemm) if gemm else None
+            return
+        self.flops_per_unit = total / units
+        gemm = sum(n for op, n in ops.items() if any(k in op for k in ("mm", "matmul", "linear")))
+        self.fp8_gemm_share = (sum(n for op, n in ops.items() if "_scaled_mm" in op) / gemm) if gemm else None
 
     def on_step(self) -> None:
-        self.stop_counting()  # a script that called loss.backward() itself: its backward ran by now
         now = time.perf_counter()
         seconds = max(now - self._last_step, 1e-9)
         since, self._last_step = self._since, now
@@ -236,6 +238,25 @@ class ThroughputMeter:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak RSS (KiB on Linux)
+
+
+class _Counting:
+    """One FlopCounterMode span (entered and left by the caller: a hook pair, or a with block)."""
+
+    def __init__(self, meter: ThroughputMeter):
+        from torch.utils.flop_counter import FlopCounterMode
+
+        self.meter, self.mode = meter, FlopCounterMode(display=False)
+
+    def __enter__(self) -> "_Counting":
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *error: Any) -> None:
+        self.mode.__exit__(*error)
+        if error[0] is None:
+            ops = {str(op): n for op, n in self.mode.get_flop_counts().get("Global", {}).items()}
+            self.meter._counted(self.mode.get_total_flops(), ops)
 
 
 def _flops(tflops: float) -> str:
