@@ -526,7 +526,7 @@ class Accelerator(RankFacts):
             span: list[Any] = []
 
             def before_forward(module: torch.nn.Module, args: Any) -> None:
-                if module.training and torch.is_grad_enabled() and not span and meter._forward is None:
+                if module.training and torch.is_grad_enabled() and not span and not meter.forward_counted:
                     span.append(meter.count("forward"))
                     span[0].__enter__()
 

@@ -159,7 +159,12 @@ class ThroughputMeter:
         wanted = self._forward is None if part == "forward" else (self._forward is not None and self.flops_per_unit is None)
         return _Counting(self) if wanted else contextlib.nullcontext()
 
-    def _counted(self, flops: float, ops: dict[str, float]) -> None:
+    @property
+    def forward_counted(self) -> bool:
+        return self._forward is not None
+
+    def counted(self, flops: float, ops: dict[str, float]) -> None:
+        """One span's count (``count``): the forward's, then the backward's, which completes it."""
         if self._forward is None:
             self._forward = (flops, ops)
             return
@@ -256,7 +261,7 @@ class _Counting:
         self.mode.__exit__(*error)
         if error[0] is None:
             ops = {str(op): n for op, n in self.mode.get_flop_counts().get("Global", {}).items()}
-            self.meter._counted(self.mode.get_total_flops(), ops)
+            self.meter.counted(self.mode.get_total_flops(), ops)
 
 
 def _flops(tflops: float) -> str:
