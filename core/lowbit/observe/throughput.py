@@ -156,7 +156,7 @@ class ThroughputMeter:
         a no-op for a part already counted, or a backward with no counted forward before it."""
         import contextlib
 
-        wanted = self._forward is None if part == "forward" else (self._forward is not None and self.flops_per_unit is None)
+        wanted = not self.forward_counted if part == "forward" else (self.forward_counted and self.flops_per_unit is None)
         return _Counting(self) if wanted else contextlib.nullcontext()
 
     @property

@@ -25,21 +25,22 @@ logger = logging.getLogger(__name__)
 _LAUNCHER_PREFIXES = ("ACCELERATE_", "LOWBIT_")
 
 
-def _restore(saved: dict[str, str]) -> None:
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 @contextlib.contextmanager
 def patch_environment(**kwargs: Any) -> Iterator[None]:
-    """Set environment variables for the block (names upper-cased, values as text); the previous
-    values come back after it, also when it raises."""
-    saved = dict(os.environ)
-    os.environ.update({key.upper(): str(value) for key, value in kwargs.items()})
+    """Set environment variables for the block (names upper-cased, values as text); those
+    variables' previous values (or their absence) come back after it, also when it raises. Other
+    variables the block sets are left as they are, as Accelerate's does."""
+    patched = {key.upper(): str(value) for key, value in kwargs.items()}
+    before = {key: os.environ.get(key) for key in patched}
+    os.environ.update(patched)
     try:
         yield
     finally:
-        _restore(saved)
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -50,7 +51,8 @@ def clear_environment() -> Iterator[None]:
     try:
         yield
     finally:
-        _restore(saved)
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _launcher_variables() -> dict[str, str]:
