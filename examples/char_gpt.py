@@ -33,6 +33,8 @@ from torch.nn import functional as F
 from lowbit import Accelerator
 from lowbit.utils import FP8RecipeKwargs
 
+# This job prints its own progress line (speed included); lowbit's throughput line would break into it.
+os.environ.setdefault("LOWBIT_THROUGHPUT_EVERY", "0")
 # Bounds of the sized run: enough steps for the loss curves to mean something, no more than needed.
 MIN_STEPS, MAX_STEPS = 60, 300
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the robot", "a small bird", "the teacher", "our neighbour"]

@@ -192,9 +192,10 @@ class ThroughputMeter:
         since, self._last_step = self._since, now
         self._since = {"samples": 0, "tokens": 0, "wait": 0.0}
         self.steps += 1
-        figures = {"throughput/samples_per_s": since["samples"] / seconds,
-                   "throughput/data_wait_share": min(since["wait"] / seconds, 1.0),
-                   "throughput/step_s": seconds}
+        figures = {"throughput/step_s": seconds}
+        if since["samples"]:  # batches came from a prepared dataloader (a script may feed tensors itself)
+            figures["throughput/samples_per_s"] = since["samples"] / seconds
+            figures["throughput/data_wait_share"] = min(since["wait"] / seconds, 1.0)
         if since["tokens"]:
             figures["throughput/tokens_per_s_per_device"] = since["tokens"] / seconds
             figures["throughput/tokens_per_s"] = since["tokens"] / seconds * self.num_processes
@@ -227,13 +228,16 @@ class ThroughputMeter:
         parts = [f"step {self.steps}"]
         if "throughput/tokens_per_s" in f:
             parts.append(f"{f['throughput/tokens_per_s']:,.0f} tokens/s ({f['throughput/tokens_per_s_per_device']:,.0f}/device)")
-        parts.append(f"{f['throughput/samples_per_s']:,.1f} samples/s")
+        parts.append(f"{1 / f['throughput/step_s']:,.2f} steps/s")
+        if "throughput/samples_per_s" in f:
+            parts.append(f"{f['throughput/samples_per_s']:,.1f} samples/s")
         if "throughput/tflops_per_device" in f:
             share = (f", {100 * f['throughput/fp8_gemm_share']:.0f}% of GEMM FLOPs in FP8"
                      if "throughput/fp8_gemm_share" in f else "")
             parts.append(f"{_flops(f['throughput/tflops_per_device'])}/device, MFU {100 * f['throughput/mfu']:.1f}% "
                          f"of {self.peak().name}'s {_flops(self.peak().tflops)}{share}")
-        parts.append(f"data wait {100 * f['throughput/data_wait_share']:.0f}%")
+        if "throughput/data_wait_share" in f:
+            parts.append(f"data wait {100 * f['throughput/data_wait_share']:.0f}%")
         parts.append(f"peak memory {f['throughput/peak_memory_mb']:,.0f} MB")
         return "lowbit: " + " | ".join(parts)
 
