@@ -85,6 +85,32 @@ class RecipeInfo:
         return ""
 
 
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class RecipeCost:
+    """What a recipe costs a Linear beyond bf16 (lowbit.observe.fp8_payoff predicts with it).
+
+    ``format``: the peak its low-precision GEMMs run at ("fp8", "fp4"); ``low_precision``: which of
+    the (output, grad-input, grad-weight) GEMMs run in it; ``gemm_share``: their speed against a
+    per-tensor-scaled FP8 GEMM of the same shape; ``cast_bytes``: per role ("input", "weight",
+    "grad_output"), the bytes per element each of its cast kernels reads plus writes (bf16 in);
+    ``fusable_read``: under torch.compile the first cast kernel of the input and of the output
+    gradient reads what the op before it just wrote, which saves its bf16 read; ``value_bytes`` and
+    ``block``: bytes per value the GEMM reads, plus one scale byte per ``block`` values (MX, NVFP4);
+    ``source``: where the accounting comes from."""
+
+    format: str
+    cast_bytes: dict[str, tuple[float, ...]]
+    source: str
+    low_precision: tuple[bool, bool, bool] = (True, True, True)
+    gemm_share: float = 1.0
+    value_bytes: float = 1.0
+    block: int | None = None
+    fusable_read: bool = True
+
+
 @dataclass
 class PluginDescription:
     """What every plugin says about itself (the ``describe_backend`` hook); each role's record
@@ -141,6 +167,9 @@ class BackendDescription(PluginDescription):
     # The strategies it cannot run under with what is installed here, by strategy name, and why
     # (MS-AMP under "deepspeed"); the ranking passes over it under those, naming it is an error.
     unusable_under: dict[str, str] = field(default_factory=dict)
+    # What each recipe it runs natively costs a Linear beyond bf16, by recipe name; read by
+    # `lowbit fp8-payoff`, the FP8 report's prediction and layer_filter="auto".
+    recipe_costs: dict[str, "RecipeCost"] = field(default_factory=dict)
 
 
 @dataclass
@@ -227,6 +256,8 @@ class ConversionReport:
     # The converted layers whose weights a sharding strategy all-gathers in the low-precision
     # format (torchao's float8 all-gather under FSDP2); None when the backend does not gather any.
     gathered_low_precision: list[str] | None = None
+    # Filled by the core, not the backend: the predicted step speedup on a GPU lowbit has figures for.
+    predicted: str = ""
 
 
 @dataclass

@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "launch": ("lowbit.cli.launch", "run a training script on one process or many (torchrun)"),
     "test": ("lowbit.cli.test_command", "check this setup end to end with a tiny training run"),
     "estimate-memory": ("lowbit.cli.estimate_memory_command", "estimate per-process memory of training a model, per precision and strategy"),
+    "fp8-payoff": ("lowbit.cli.fp8_payoff_command", "predict whether FP8 speeds up a model's training step on a GPU, per layer"),
     "new-backend": ("lowbit.cli.new_backend_command", "write a ready-to-install backend or strategy distribution to start from"),
 }
 

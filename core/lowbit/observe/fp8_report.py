@@ -28,6 +28,8 @@ def conversion_report(record: ConversionReport | None, backend: str, precision: 
         line += "; " + record.padding
     if record.gathered_low_precision is not None:
         line += f"; weights all-gathered in {precision}: {len(record.gathered_low_precision)} of {len(converted)}"
+    if record.predicted:
+        line += "; " + record.predicted
     if not converted:
         line += (f". Nothing trains in {precision} (FP8 GEMMs need both dims divisible by 16, "
                  "block formats by their block), and the first and last Linear are kept in high precision by default "

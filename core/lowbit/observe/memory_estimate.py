@@ -21,17 +21,13 @@ The model is built on the meta device (no memory, no download): a transformers c
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from lowbit.errors import ConfigError
+from lowbit.observe.model_spec import example_inputs, load_model_on_meta
 from lowbit.types import StrategyMemory
 
 # (weights, gradients, AdamW states) in bytes per parameter: fp32 master weights and fp32 states in every precision.
@@ -67,63 +63,6 @@ class Estimate:
     def peak_low(self) -> float:
         """The peak when the asynchronous buffers are freed as they go (the low end)."""
         return self.weights + self.optimizer + self.buffers + max(self.activations, self.gradients + self.step_temporary)
-
-
-def load_model_on_meta(spec: str) -> nn.Module:
-    """A model from ``spec`` with its parameters on the meta device (nothing allocated)."""
-    return load_model(spec, "meta")
-
-
-def load_model(spec: str, device: str) -> nn.Module:
-    """A model from ``spec`` built on ``device`` (a real one is initialised as its code says,
-    buffers included, which ``to_empty`` on a meta model would leave as garbage)."""
-    path = Path(spec)
-    with torch.device(device):
-        if path.exists():
-            return _transformers_model(path)
-        if ":" in spec:
-            module_name, _, factory = spec.partition(":")
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError as exc:
-                raise ConfigError(f"estimate-memory: cannot import {module_name!r} (from {spec!r}): {exc}") from None
-            if not callable(getattr(module, factory, None)):
-                raise ConfigError(f"estimate-memory: {module_name!r} has no callable {factory!r}.")
-            model = getattr(module, factory)()
-            if not isinstance(model, nn.Module):
-                raise ConfigError(f"estimate-memory: {spec} returned a {type(model).__name__}, not an nn.Module.")
-            return model
-    raise ConfigError(f"estimate-memory: {spec!r} is neither a transformers config (a config.json or a directory "
-                      "holding one) nor a module:factory.")
-
-
-def _transformers_model(path: Path) -> nn.Module:
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError("estimate-memory: a config.json model needs transformers: `pip install transformers`.") from None
-    config_file = path / "config.json" if path.is_dir() else path
-    try:
-        config = transformers.AutoConfig.for_model(**json.loads(config_file.read_text()))
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"estimate-memory: {config_file} is not a transformers config: {exc}") from None
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM, transformers.AutoModel):
-        with contextlib.suppress(ValueError):
-            return auto.from_config(config)
-    raise ConfigError(f"estimate-memory: transformers has no model class for {config.model_type!r}.")
-
-
-def example_inputs(model: nn.Module, batch_size: int, seq_len: int) -> dict[str, torch.Tensor] | torch.Tensor:
-    """Token ids for a transformers model (labels too, so the loss is part of the graph), else a
-    float batch of the first Linear's width."""
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "vocab_size", None):
-        ids = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
-        return {"input_ids": ids, "labels": ids} if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None else {"input_ids": ids}
-    first = next((m for m in model.modules() if isinstance(m, nn.Linear)), None)
-    if first is None:
-        raise ConfigError("estimate-memory: give a model with an nn.Linear (its width sizes the example batch) or a transformers model.")
-    return torch.zeros(batch_size, first.in_features, device="meta")
 
 
 def saved_activation_bytes(model: nn.Module, inputs: Any, low_precision_linears: bool) -> float:

@@ -14,48 +14,17 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from lowbit.observe.gpu_specs import DevicePeak, gpu_peak
+
 # Env: seconds between the progress lines (0: none), and 0 to turn the meter off.
 EVERY_ENV = "LOWBIT_THROUGHPUT_EVERY"
 OFF_ENV = "LOWBIT_THROUGHPUT"
 DEFAULT_EVERY_S = 30.0
-
-
-@dataclass(frozen=True)
-class DevicePeak:
-    """A device's dense peak: ``tflops`` is a GPU's bf16 tensor-core peak, or a CPU's GEMM rate
-    measured in the run's compute dtype; ``fp8_tflops`` the FP8 peak where there is one."""
-
-    name: str
-    tflops: float
-    fp8_tflops: float | None
-    source: str
-
-
-# Dense tensor-core peaks (the datasheets' figures with sparsity are twice these), matched against
-# torch.cuda.get_device_name() in this order (the more specific name first).
-GPU_PEAKS = (
-    DevicePeak("H100 PCIe", 756.0, 1513.0, "NVIDIA H100 datasheet (PCIe: 1513 bf16 / 3026 fp8 with sparsity)"),
-    DevicePeak("H100 NVL", 835.5, 1670.5, "NVIDIA H100 datasheet (NVL: 1671 bf16 / 3341 fp8 with sparsity)"),
-    DevicePeak("H100", 989.4, 1978.9, "NVIDIA H100 datasheet (SXM: 1979 bf16 / 3958 fp8 with sparsity)"),
-    DevicePeak("H200", 989.4, 1978.9, "NVIDIA H200 datasheet (the H100 SXM's tensor cores)"),
-    DevicePeak("GB200", 2500.0, 5000.0, "NVIDIA GB200 NVL72 datasheet (360 PF bf16 / 720 PF fp8 sparse over 72 GPUs)"),
-    DevicePeak("B200", 2250.0, 4500.0, "NVIDIA HGX B200 datasheet (36 PF bf16 / 72 PF fp8 sparse over 8 GPUs)"),
-    DevicePeak("A100", 312.0, None, "NVIDIA A100 datasheet (no FP8 tensor cores)"),
-    DevicePeak("L40S", 362.05, 733.0, "NVIDIA L40S datasheet (733 bf16 / 1466 fp8 with sparsity)"),
-    DevicePeak("L4", 121.0, 242.5, "NVIDIA L4 datasheet (242 bf16 / 485 fp8 with sparsity)"),
-    DevicePeak("RTX 4090", 165.2, 330.3, "NVIDIA Ada Lovelace architecture whitepaper (FP32 accumulate)"),
-    DevicePeak("MI300X", 1307.4, 2614.9, "AMD Instinct MI300X datasheet"),
-)
-
-
-def gpu_peak(device_name: str) -> DevicePeak | None:
-    return next((peak for peak in GPU_PEAKS if peak.name.lower() in device_name.lower()), None)
 
 
 def _cpu_model() -> str:

@@ -21,6 +21,7 @@ from lowbit.training.data_loader import PreparedDataLoader
 from lowbit.training.operations import convert_to_fp32
 from lowbit.errors import ConfigError, PluginError, UnsupportedCombinationError
 from lowbit import notices
+from lowbit.observe.fp8_payoff import report_prediction, report_work
 from lowbit.observe.fp8_report import conversion_report, converted_nothing
 from lowbit.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepRules
 from lowbit.plugins.routing import ChosenPlugins, plugin_label
@@ -163,9 +164,14 @@ class Preparation:
         names = _parameter_names(model)
         if plugins.converts_model_and_optimizer_together:
             return plugins.prepare_model_and_optimizer(model, optimizer)
+        device_name = plugins.context.hardware.device_name
+        work = report_work(model, device_name) if plugins.context.hardware.device_type == "cuda" else None
         converted, report = plugins.convert_model(model)
         model = converted if converted is not None else model
         if report is not None:
+            costs = plugins.backend.chosen.description.recipe_costs
+            report.predicted = report_prediction(work, device_name, report.recipe, costs, report.skipped,
+                                                 plugins.context.compiled)
             self.prepared.conversion_reports[model] = report
         if optimizer is not None:
             _remap_optimizer_params(optimizer, names, model)

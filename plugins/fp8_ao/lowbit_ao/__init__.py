@@ -11,6 +11,7 @@ from lowbit import hookimpl
 from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit.version import installed_version, older_than
+from lowbit_ao.costs import RECIPE_COSTS
 from lowbit_ao.native_kernels import mxfp8_kernels_problem
 from lowbit_ao.recipe import RECIPE_NAMES, AORecipeKwargs
 
@@ -45,6 +46,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
         # fp32 master weights, gradients and AdamW states; AdamWFp8 / AdamW8bit keep 1 byte per
         # state element plus a scale per 256-element block (bench/memory.py: 2.043 bytes per parameter).
         memory_per_parameter={"optimizer_low_bit": 2.043},
+        recipe_costs=RECIPE_COSTS,
     )
 
 

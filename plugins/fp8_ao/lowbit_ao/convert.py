@@ -136,12 +136,33 @@ def default_skips(model: nn.Module, keep_first_last: bool) -> dict[str, str]:
     return skipped
 
 
-def default_module_filter(model: nn.Module, keep_first_last: bool) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
-    """All Linears (and Conv1Ds), but the model's first and last (by module order, at any depth) and
-    those whose dims FP8 GEMMs cannot take. Returns the filter and the reason for each layer it skips."""
+def auto_skips(model: nn.Module, options: Any, context: PrepareContext, skipped: dict[str, str]) -> dict[str, str]:
+    """``layer_filter="auto"``: the layers not yet ``skipped`` that lowbit's FP8 payoff prediction
+    finds no faster in the recipe on this run's GPU, with the prediction as the reason."""
+    if options.layer_filter != "auto":
+        return {}
+    from lowbit.observe.fp8_payoff import slower_layers
+
+    modules = dict(model.named_modules())
+    shapes = {name: linear_dims(modules[name]) for name in linear_layers(model) if name not in skipped}
+    shapes = {name: dims for name, dims in shapes.items() if not (dims[0] % FP8_DIM_MULTIPLE or dims[1] % FP8_DIM_MULTIPLE)}
+    from lowbit_ao.costs import RECIPE_COSTS
+
+    if options.recipe not in RECIPE_COSTS:
+        raise ConfigError(f"layer_filter='auto' has no prediction for recipe={options.recipe!r}: lowbit-ao runs it emulated "
+                          f"on every GPU. Recipes it predicts: {', '.join(RECIPE_COSTS)}; or leave layer_filter at 'default'.")
+    return slower_layers(shapes, options.layer_filter_tokens, context.hardware.device_name, options.recipe,
+                         RECIPE_COSTS[options.recipe], context.compiled)
+
+
+def default_module_filter(model: nn.Module, keep_first_last: bool, also_skip: dict[str, str] | None = None,
+                          ) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
+    """All Linears (and Conv1Ds), but the model's first and last (by module order, at any depth),
+    those whose dims FP8 GEMMs cannot take, and ``also_skip``. Returns the filter and the reason
+    for each layer it skips."""
     layers = linear_layers(model)
     names = list(layers)
-    skipped = default_skips(model, keep_first_last)
+    skipped = default_skips(model, keep_first_last) | (also_skip or {})
     modules = dict(model.named_modules())
     for name in names:
         if name not in skipped:
@@ -214,6 +235,7 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> Converted
         skipped = {n: "module_filter_func said no" for n in layer_types if not options.module_filter_func(modules[n], n)}
     else:
         skipped = default_skips(model, options.keep_first_last_high_precision)
+        skipped |= auto_skips(model, options, context, skipped)
     kernels = _mxfp8_kernels_problem(context) if options.recipe == "mxfp8" else ""
     if context.recipe_runs == "emulated":
         how = ("torchao's emulated MX kernels (values and scales as on the GPU, GEMMs in fp32)" if options.recipe == "mxfp8"
@@ -229,6 +251,9 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> Converted
 
 def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     options = context.backend_options
+    if options.layer_filter == "auto" and (options.config is not None or options.module_filter_func is not None):
+        raise ConfigError("layer_filter='auto' decides which layers convert by the named recipe; it cannot combine with "
+                          f"{'config=' if options.config is not None else 'module_filter_func='}. Give one of the two.")
     if options.recipe in BLOCK_RECIPES and options.config is None:
         return convert_block_recipe(model, context)
     import_torchao()
@@ -239,7 +264,9 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     if options.module_filter_func is not None:
         module_filter, skipped = options.module_filter_func, {}
     else:
-        module_filter, skipped = default_module_filter(model, options.keep_first_last_high_precision)
+        first_last = default_skips(model, options.keep_first_last_high_precision)
+        module_filter, skipped = default_module_filter(model, options.keep_first_last_high_precision,
+                                                       auto_skips(model, options, context, first_last))
     layer_types = linear_layers(model)
     uneven = uneven_shards(model, module_filter, context) if config.enable_fsdp_float8_all_gather else {}
     if uneven:

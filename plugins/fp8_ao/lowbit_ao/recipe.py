@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
+from lowbit.config.options import at_least
 from lowbit.config.recipes import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
 
 # The recipes lowbit-ao offers (lowbit.config.recipe_names), fp8 first: torchao.float8's three,
@@ -18,6 +19,9 @@ RECIPE_NAMES = FLOAT8_RECIPES + BLOCK_RECIPES
 MX_SCALE_ROUNDINGS = ("rceil", "floor")
 OPTIMIZER_STATES = ("default", "fp8", "8bit")
 EMULATIONS = ("fast", "torchao")
+# "auto" also keeps in high precision the layers lowbit's FP8 payoff prediction finds no faster in
+# the recipe on the run's GPU (lowbit.observe.fp8_payoff; docs/fp8-payoff.md).
+LAYER_FILTERS = ("default", "auto")
 
 
 @dataclass
@@ -43,6 +47,12 @@ class AORecipeKwargs(FP4RecipeOptions, RecipeKwargs):
     enable_fsdp_float8_all_gather: bool | None = recipe_option(
         None, type=bool, help="FSDP2 all-gathers weights in float8 (default: on under FSDP2 with recipe tensorwise)")
     force_recompute_fp8_weight_in_bwd: bool | None = recipe_option(False, type=bool, help="recompute the fp8 weight in backward")
+    layer_filter: str | None = recipe_option(
+        "default", choices=LAYER_FILTERS,
+        help="default (first/last Linear and dims not divisible by 16 stay high precision) or auto "
+             "(also the layers predicted no faster in the recipe on this GPU)")
+    layer_filter_tokens: int | None = recipe_option(8192, type=int, normalize=at_least(1),
+                                                    help="tokens per micro-batch the auto layer filter assumes (default 8192)")
     keep_first_last_high_precision: bool | None = recipe_option(True, type=bool, help="keep the first and last Linear in high precision")
     emulate: bool | None = recipe_option(None, type=bool, help="emulate FP8 GEMMs (default: only where hardware lacks them)")
     emulation: str | None = recipe_option(

@@ -12,6 +12,7 @@ from lowbit.config.recipes import recipe_launch_hooks
 from lowbit.errors import UnsupportedCombinationError
 from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
 from lowbit.version import installed_version, older_than
+from lowbit_te.costs import RECIPE_COSTS
 from lowbit_te.recipe import RECIPE_NAMES, TERecipeKwargs
 
 NAME = "te"
@@ -63,6 +64,7 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
         name=NAME, priority=PRIORITY, available=not reason, reason=reason,
         options_class=TERecipeKwargs, aliases=("transformer_engine", "transformerengine", "transformersengine"),
         libraries=("transformer-engine",), precisions=("fp8", "fp4"), recipes=RECIPE_NAMES,
+        recipe_costs=RECIPE_COSTS,
     )
 
 
