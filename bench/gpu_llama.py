@@ -25,9 +25,6 @@ import subprocess
 import sys
 import time
 
-# Dense bf16 tensor-core peak (TFLOP/s) by device-name fragment, from the vendors' data sheets.
-DENSE_BF16_TFLOPS = [("GB200", 2500), ("B200", 2250), ("H200", 989), ("H100 PCIe", 756), ("H100", 989), ("H800", 989),
-                     ("A100", 312), ("L40S", 362), ("L4", 121), ("RTX 4090", 165), ("RTX 6000 Ada", 364)]
 # (label, kind, fp8 backend, its recipe option) for the FP8 rows.
 FP8_ROWS = [("fp8 ao tensorwise", "lowbit", "ao", {"recipe": "tensorwise"}),
             ("fp8 ao rowwise", "lowbit", "ao", {"recipe": "rowwise"}),
@@ -36,6 +33,9 @@ FP8_ROWS = [("fp8 ao tensorwise", "lowbit", "ao", {"recipe": "tensorwise"}),
             ("fp8 msamp O2", "lowbit", "msamp", {"opt_level": "O2"}),
             ("raw torchao tensorwise", "raw_torchao", "ao", {"recipe": "tensorwise"}),
             ("accelerate fp8 (ao)", "accelerate", "ao", {})]
+# Each FP8 row's recipe in lowbit's vocabulary (the FP8 payoff prediction costs it); MS-AMP declares no cost.
+ROW_RECIPES = {"fp8 ao tensorwise": "tensorwise", "fp8 ao rowwise": "rowwise", "fp8 te delayed": "delayed",
+               "fp8 te current": "current", "raw torchao tensorwise": "tensorwise", "accelerate fp8 (ao)": "tensorwise"}
 
 
 def model_config(seq: int, tiny: bool):
@@ -144,13 +144,42 @@ def run_one(row: dict, args: argparse.Namespace) -> dict:
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")}
 
 
-def dense_peak_tflops(device: str) -> float | None:
+def device_peak(device: str):
+    """lowbit's figures for this GPU (lowbit.observe.gpu_specs), or None (a CPU, an unknown GPU)."""
     import torch
+
+    from lowbit.observe.gpu_specs import gpu_peak
 
     if device != "cuda" or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    return next((peak for fragment, peak in DENSE_BF16_TFLOPS if fragment in name), None)
+    return gpu_peak(torch.cuda.get_device_name())
+
+
+def predicted_speedups(args: argparse.Namespace, labels: list[str], gpu) -> dict[str, float]:
+    """lowbit's FP8 payoff prediction for each FP8 row whose recipe a backend declares a cost for,
+    on this GPU (on a CPU, for an H100: the smoke run checks the code, the figures mean nothing)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from lowbit.cli.fp8_payoff_command import installed_costs
+    from lowbit.observe.fp8_payoff import count_work, first_last, known_gpu, predict
+
+    gpu = gpu if gpu is not None and gpu.memory_tbps else known_gpu("H100")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(model_config(args.seq, args.tiny))
+    work = count_work(model, args.batch, args.seq)
+    predicted = {}
+    for label, _, backend, options in FP8_ROWS:
+        recipe = ROW_RECIPES.get(label)
+        cost = installed_costs(backend).get(recipe)
+        if label in labels and cost is not None and gpu_format(gpu, cost[1]):
+            compiled = args.compile and backend != "te"
+            predicted[label] = predict(work, gpu, recipe, cost[1], first_last(work), compiled=compiled).speedup
+    return predicted
+
+
+def gpu_format(gpu, cost) -> bool:
+    return {"fp8": gpu.fp8_tflops, "fp4": gpu.fp4_tflops}.get(cost.format) is not None
 
 
 def rows_to_run(args: argparse.Namespace) -> list[dict]:
@@ -172,19 +201,25 @@ def rows_to_run(args: argparse.Namespace) -> list[dict]:
 def print_table(results: list[dict], args: argparse.Namespace) -> None:
     base = results[0]
     raw = next((r for r in results if r["label"].startswith("raw torchao")), None)
-    peak = dense_peak_tflops(args.device)
+    gpu = device_peak(args.device)
+    peak = gpu.tflops if gpu else None
+    predicted = predicted_speedups(args, [r["label"] for r in results], gpu)
     print(f"Llama-shaped model, {base['params'] / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} tokens, AdamW, "
           f"median of {args.steps} steps after {args.warmup}, {'compiled' if args.compile else 'eager'}"
           + ("" if peak else "; MFU: dense peak of this device unknown"))
-    print(f"{'row':<24}{'step ms':>9}{'tok/s':>10}{'vs bf16':>9}{'peak GiB':>10}{'vs bf16':>9}{'vs raw ao':>11}{'MFU':>7}{'loss':>9}")
+    print(f"{'row':<24}{'step ms':>9}{'tok/s':>10}{'vs bf16':>9}{'predicted':>10}{'peak GiB':>10}{'vs bf16':>9}"
+          f"{'vs raw ao':>11}{'MFU':>7}{'loss':>9}")
     for r in results:
         vs_raw = f"{r['step_ms'] / raw['step_ms']:>10.2f}x" if raw else f"{'-':>11}"
         mfu = f"{100 * r['tflops'] / peak:>6.1f}%" if peak else f"{'-':>7}"
+        guess = f"{predicted[r['label']]:>9.2f}x" if r["label"] in predicted else f"{'-':>10}"
         print(f"{r['label'] + ('' if r['compiled'] or not args.compile else ' (eager)'):<24}{r['step_ms']:>9.1f}"
-              f"{r['tokens_per_s']:>10.0f}{base['step_ms'] / r['step_ms']:>8.2f}x{r['peak_gib']:>10.2f}"
+              f"{r['tokens_per_s']:>10.0f}{base['step_ms'] / r['step_ms']:>8.2f}x{guess}{r['peak_gib']:>10.2f}"
               f"{r['peak_gib'] / base['peak_gib']:>8.2f}x{vs_raw}{mfu}{r['final_loss']:>9.4f}")
-    print("vs bf16: speed-up (bf16 step time / this one) and memory ratio; vs raw ao: step time / raw torchao's "
-          "(lowbit's overhead on the same conversion); MFU against the dense bf16 peak.")
+    print("vs bf16: speed-up (bf16 step time / this one) and memory ratio; predicted: lowbit's FP8 payoff prediction "
+          f"of that speed-up{'' if gpu and gpu.memory_tbps else ' (for an H100: this device has no figures)'} "
+          "(docs/fp8-payoff.md); vs raw ao: step time / raw torchao's (lowbit's overhead on the same conversion); "
+          "MFU against the dense bf16 peak.")
 
 
 def main() -> None:

@@ -397,6 +397,7 @@ def table(prediction: StepPrediction) -> str:
         bf16 = sum(p.bf16_s for p in group) * 1e3
         low = "bf16: " + kept if kept else f"{sum(p.low_s for p in group) * 1e3:.3f}"
         speed = f"{bf16 / float(low):.2f}x" if not kept else "-"
+        name = group[0].layer.name if len(group) == 1 else name
         lines.append(f"{name:<40} {len(group):>5} {f'{m}x{k}x{n}':>22} {bf16:>9.3f} {low:>14} {speed:>8}")
     for part, seconds in prediction.other_s.items():
         if seconds:
