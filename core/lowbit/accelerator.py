@@ -682,6 +682,29 @@ class Accelerator(RankFacts):
         return conversion_report(record, self.fp8_backend,
                                  self.mixed_precision, self.context.recipe_runs)
 
+    def fp8_payoff(self, model: torch.nn.Module | None = None, tokens: int = 8192, seq_len: int | None = None,
+                   gpu: str | None = None, activation_checkpointing: str = "none", shards: int = 1) -> Any:
+        """``lowbit fp8-payoff`` for a prepared model (the first one by default): the predicted time
+        of each Linear in bf16 and in this run's recipe, and of the step, at ``tokens`` per
+        micro-batch on ``gpu`` (default: this device, when lowbit has its figures). Returns a
+        :class:`~lowbit.observe.fp8_payoff.StepPrediction` (``.speedup``; ``table()`` prints it)."""
+        from lowbit.observe import fp8_payoff
+
+        if self._backend is None or not (model is not None or self.prepared.models):
+            raise ConfigError("fp8_payoff() predicts for a model prepared with a low-precision backend "
+                              f"(mixed_precision='fp8' or 'fp4'); this Accelerator uses {self.mixed_precision!r}"
+                              f"{'' if self.prepared.models else ' and has prepared no model'}.")
+        raw = self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False)
+        record = self.prepared.conversion_reports.get(raw)
+        cost = self.plugins.backend.chosen.description.recipe_costs.get(record.recipe if record else "")
+        if cost is None:
+            raise ConfigError(f"The {self.fp8_backend!r} backend declares no cost for this run's recipe "
+                              f"({record.recipe if record else 'none reported'}), so there is nothing to predict with.")
+        work = fp8_payoff.count_work(raw, max(tokens // (seq_len or tokens), 1), seq_len or tokens)
+        return fp8_payoff.predict(work, fp8_payoff.known_gpu(gpu or self.context.hardware.device_name), record.recipe, cost,
+                                  record.skipped, compiled=self.context.compiled, recompute=activation_checkpointing,
+                                  shards=shards)
+
     def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
                              saturation_warning: float = 0.001, underflow_warning: float = 0.01) -> None:
         """Collect per-layer FP8 numerics (amax, scale, saturated and flushed fractions) every

@@ -149,3 +149,22 @@ def test_the_fp8_report_predicts_on_a_known_gpu_and_says_nothing_elsewhere():
 def test_unknown_recomputation_is_refused():
     with pytest.raises(ConfigError, match="activation checkpointing"):
         predict(ModelWork([]), known_gpu("H100"), "tensorwise", cost(), recompute="some")
+
+
+def test_a_prepared_model_is_predicted_from_code_with_its_own_recipe_and_kept_layers():
+    """``accelerator.fp8_payoff()``: the run's recipe (rowwise here), the layers the FP8 report
+    kept, the GPU named (a CPU has no figures: refused, naming the table)."""
+    from lowbit import Accelerator
+    from lowbit.utils import AORecipeKwargs
+
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(recipe="rowwise")])
+    model = accelerator.prepare(_tiny_llama())
+    prediction = accelerator.fp8_payoff(tokens=8192, seq_len=64, gpu="H100")
+    assert prediction.recipe == "rowwise" and prediction.gpu.name == "H100"
+    kept = {p.layer.name for p in prediction.layers if p.low_s is None}
+    assert kept == set(accelerator.prepared.conversion_reports[model].skipped)
+    assert {p.layer.tokens for p in prediction.layers} == {8192}
+    with pytest.raises(ConfigError, match="no figures for GPU"):
+        accelerator.fp8_payoff()
+    with pytest.raises(ConfigError, match="low-precision backend"):
+        Accelerator(mixed_precision="bf16").fp8_payoff(_tiny_llama())
