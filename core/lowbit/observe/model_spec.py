@@ -34,7 +34,11 @@ def load_model(spec: str, device: str) -> nn.Module:
                 raise ConfigError(f"cannot import {module_name!r} (from {spec!r}): {exc}") from None
             if not callable(getattr(module, factory, None)):
                 raise ConfigError(f"{module_name!r} has no callable {factory!r}.")
-            model = getattr(module, factory)()
+            try:
+                model = getattr(module, factory)()
+            except TypeError as exc:  # it wants arguments: say so instead of a traceback
+                raise ConfigError(f"{spec}: a factory is called with no arguments, and this one needs some ({exc}). "
+                                  "Point at a function that builds the model.") from None
             if not isinstance(model, nn.Module):
                 raise ConfigError(f"{spec} returned a {type(model).__name__}, not an nn.Module.")
             return model

@@ -95,3 +95,5 @@ def test_a_model_that_is_neither_config_nor_factory_is_a_clear_error():
         estimate_all("not_a_model", ["no"], strategy_memory("ddp"), 2, 1, 1, {})
     with pytest.raises(ConfigError, match="has no callable 'nope'"):
         estimate_all("json:nope", ["no"], strategy_memory("ddp"), 2, 1, 1, {})
+    with pytest.raises(ConfigError, match="called with no arguments, and this one needs some"):
+        estimate_all("torch.nn:Linear", ["no"], strategy_memory("ddp"), 2, 1, 1, {})
