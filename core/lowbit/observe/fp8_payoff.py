@@ -362,7 +362,15 @@ def count_work(model: nn.Module, batch_size: int, seq_len: int, causal: bool | N
     try:
         with fake, counter, tracer, torch.no_grad():
             inputs = example_inputs(model, batch_size, seq_len, "meta" if on_meta else parameter.device.type)
-            out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+            try:
+                out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+            except Exception as exc:  # noqa: BLE001 - any model may refuse the example batch; say what was tried
+                tried = f"input_ids of shape ({batch_size}, {seq_len})" if isinstance(inputs, dict) else \
+                    f"one float tensor of shape {tuple(inputs.shape)}"
+                raise ConfigError(f"{type(model).__name__} did not run on an example batch ({tried}): "
+                                  f"{type(exc).__name__}: {exc}. Counting a model's work needs a forward that takes "
+                                  "token ids (a transformers LM) or one tensor: give a module:factory returning a "
+                                  "wrapper that builds its other inputs.") from None
             values = out.values() if hasattr(out, "values") else out
             outputs = [t for t in _flat(tuple(values)) if isinstance(t, torch.Tensor)]
             pointwise = tracer.fused_bytes(outputs)

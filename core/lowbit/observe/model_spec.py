@@ -56,7 +56,10 @@ def _transformers_model(path: Path) -> nn.Module:
         config = transformers.AutoConfig.for_model(**json.loads(config_file.read_text()))
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"{config_file} is not a transformers config: {exc}") from None
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM, transformers.AutoModel):
+    # An LM head where the model has one (the loss is part of a training step); encoder-decoders
+    # as sequence-to-sequence LMs (their labels make the decoder's inputs).
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM, transformers.AutoModelForSeq2SeqLM,
+                 transformers.AutoModel):
         with contextlib.suppress(ValueError):
             return auto.from_config(config)
     raise ConfigError(f"transformers has no model class for {config.model_type!r}.")

@@ -168,3 +168,13 @@ def test_a_prepared_model_is_predicted_from_code_with_its_own_recipe_and_kept_la
         accelerator.fp8_payoff()
     with pytest.raises(ConfigError, match="low-precision backend"):
         Accelerator(mixed_precision="bf16").fp8_payoff(_tiny_llama())
+
+
+def test_a_model_that_refuses_the_example_batch_is_a_clear_error(tmp_path, capsys):
+    """A vision model takes pixels, not token ids: the error says what was tried and what to do."""
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, '
+                      '"intermediate_size": 128}')
+    assert main(["fp8-payoff", str(config), "--tokens", "64", "--gpu", "H100"]) == 2
+    err = capsys.readouterr().err
+    assert "ViTModel did not run on an example batch" in err and "module:factory" in err
