@@ -33,9 +33,6 @@ FP8_ROWS = [("fp8 ao tensorwise", "lowbit", "ao", {"recipe": "tensorwise"}),
             ("fp8 msamp O2", "lowbit", "msamp", {"opt_level": "O2"}),
             ("raw torchao tensorwise", "raw_torchao", "ao", {"recipe": "tensorwise"}),
             ("accelerate fp8 (ao)", "accelerate", "ao", {})]
-# Each FP8 row's recipe in lowbit's vocabulary (the FP8 payoff prediction costs it); MS-AMP declares no cost.
-ROW_RECIPES = {"fp8 ao tensorwise": "tensorwise", "fp8 ao rowwise": "rowwise", "fp8 te delayed": "delayed",
-               "fp8 te current": "current", "raw torchao tensorwise": "tensorwise", "accelerate fp8 (ao)": "tensorwise"}
 
 
 def model_config(seq: int, tiny: bool):
@@ -169,8 +166,9 @@ def predicted_speedups(args: argparse.Namespace, labels: list[str], gpu) -> dict
         model = LlamaForCausalLM(model_config(args.seq, args.tiny))
     work = count_work(model, args.batch, args.seq)
     predicted = {}
-    for label, _, backend, options in FP8_ROWS:
-        recipe = ROW_RECIPES.get(label)
+    for label, kind, backend, options in FP8_ROWS:
+        # the row's recipe in lowbit's vocabulary (Accelerate's AORecipeKwargs defaults to tensorwise); MS-AMP has none
+        recipe = options.get("recipe") or options.get("scaling") or ("tensorwise" if kind == "accelerate" else None)
         cost = installed_costs(backend).get(recipe)
         if label in labels and cost is not None and gpu_format(gpu, cost[1]):
             compiled = args.compile and backend != "te"
