@@ -187,7 +187,8 @@ def check_compatibility(context: PrepareContext) -> None:
         # tensor again; torchao's speedups are measured compiled, where they fuse into the GEMM's neighbours.
         note("torchao float8 runs without torch.compile here: its casts run as separate kernels, so expect it to be "
              "no faster than bf16, often slower. Compile for the speedup: dynamo_backend='inductor', or "
-             "TorchDynamoPlugin(backend='inductor', use_regional_compilation=True) to compile each block once.",
+             "TorchDynamoPlugin(backend='inductor', use_regional_compilation=True) to compile each block once "
+             "(`lowbit fp8-payoff MODEL ... --eager` predicts both ways).",
              EagerNotice)
     if options.recipe in BLOCK_RECIPES:
         given = [name for name in FLOAT8_ONLY_OPTIONS if not options.is_default(name) and getattr(options, name)]
