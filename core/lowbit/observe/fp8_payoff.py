@@ -20,7 +20,6 @@ Calibration and validation, with sources: docs/fp8-payoff.md.
 """
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -331,16 +330,13 @@ def _flat(*trees: Any):
 def count_work(model: nn.Module, batch_size: int, seq_len: int, causal: bool | None = None) -> ModelWork:
     """Count the work of one forward of ``model`` on a ``batch_size`` x ``seq_len`` example batch:
     each Linear's shape, attention FLOPs, other matmuls, and the pointwise bytes. Nothing runs:
-    a meta model is traced as it is, a real one under a fake-tensor mode (its weights untouched).
+    the forward is traced on the meta device with meta stand-ins for every weight and buffer, so
+    the model's own tensors are neither read nor written (a BatchNorm's running statistics stay).
     ``causal``: count attention as causal (None: when the model is a transformers causal LM)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from lowbit.observe.model_spec import example_inputs
 
     if causal is None:
         causal = type(model).__name__.endswith("ForCausalLM")
-    parameter = next(model.parameters(), None)
-    on_meta = parameter is None or parameter.is_meta
     tracer = _PointwiseTracer()
     counter = _WorkCounter(tracer, causal)
     linears: list[LinearShape] = []
@@ -358,12 +354,14 @@ def count_work(model: nn.Module, batch_size: int, seq_len: int, causal: bool | N
     for module in names:
         if _is_linear(module):
             handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
-    fake = contextlib.nullcontext() if on_meta else FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with fake, counter, tracer, torch.no_grad():
-            inputs = example_inputs(model, batch_size, seq_len, "meta" if on_meta else parameter.device.type)
+        with counter, tracer, torch.no_grad():
+            inputs = example_inputs(model, batch_size, seq_len, "meta")
+            args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), {})
             try:
-                out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+                stand_ins = {name: torch.empty_like(tensor, device="meta")
+                             for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
+                out = torch.func.functional_call(model, stand_ins, args, kwargs)
             except Exception as exc:  # noqa: BLE001 - any model may refuse the example batch; say what was tried
                 tried = f"input_ids of shape ({batch_size}, {seq_len})" if isinstance(inputs, dict) else \
                     f"one float tensor of shape {tuple(inputs.shape)}"
@@ -371,8 +369,7 @@ def count_work(model: nn.Module, batch_size: int, seq_len: int, causal: bool | N
                                   f"{type(exc).__name__}: {exc}. Counting a model's work needs a forward that takes "
                                   "token ids (a transformers LM) or one tensor: give a module:factory returning a "
                                   "wrapper that builds its other inputs.") from None
-            values = out.values() if hasattr(out, "values") else out
-            outputs = [t for t in _flat(tuple(values)) if isinstance(t, torch.Tensor)]
+            outputs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]
             pointwise = tracer.fused_bytes(outputs)
     finally:
         for handle in handles:
@@ -464,7 +461,7 @@ def report_work(model: nn.Module, device_name: str) -> ModelWork | None:
     seq_len = min(REPORT_TOKENS, limit)
     try:
         return count_work(model, max(REPORT_TOKENS // seq_len, 1), seq_len)
-    except Exception:  # noqa: BLE001 - any model's forward may refuse an example batch; the Linears still tell
+    except ConfigError:  # the model refused the example batch: its Linears still tell
         names = [(name, m) for name, m in model.named_modules() if _is_linear(m)]
         return ModelWork([LinearShape(name, REPORT_TOKENS, *_dims(m)) for name, m in names],
                          parameters=sum(p.numel() for p in model.parameters()))

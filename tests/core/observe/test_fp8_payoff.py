@@ -85,8 +85,8 @@ def test_bad_input_gets_a_clear_error(argv, message, capsys):
 
 
 def test_counting_reads_the_model_without_touching_it_and_attention_matches_torchs_flop_counter():
-    """The Linear shapes and attention FLOPs of a real (CPU) model, traced under a fake-tensor
-    mode: its weights stay where and what they were; torch's own FlopCounterMode on a real
+    """The Linear shapes and attention FLOPs of a real (CPU) model, traced on the meta device with
+    stand-ins: its weights stay where and what they were; torch's own FlopCounterMode on a real
     forward of a non-causal model counts the same attention and Linear FLOPs."""
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -178,3 +178,21 @@ def test_a_model_that_refuses_the_example_batch_is_a_clear_error(tmp_path, capsy
     assert main(["fp8-payoff", str(config), "--tokens", "64", "--gpu", "H100"]) == 2
     err = capsys.readouterr().err
     assert "ViTModel did not run on an example batch" in err and "module:factory" in err
+
+
+def test_counting_a_plain_module_in_training_mode_leaves_its_running_statistics_alone():
+    """A model returning a bare tensor, in train mode with a BatchNorm: its buffers are not updated."""
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 8)).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    work = count_work(model, 4, 16)
+    assert [(layer.tokens, layer.in_features, layer.out_features) for layer in work.linears] == [(4, 32, 64), (4, 64, 8)]
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and model.training
+
+
+def test_the_report_falls_back_to_the_linear_layers_when_the_forward_cannot_be_traced():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 30 * 30, 4096),
+                                torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 10))
+    work = report_work(model, H100)
+    assert [layer.tokens for layer in work.linears] == [8192] * 3 and work.attention_flops == 0
+    clause = report_prediction(work, H100, "tensorwise", {"tensorwise": cost()}, {}, True)
+    assert clause.startswith("predicted Linear layers (a forward could not be traced)"), clause
