@@ -251,12 +251,12 @@ class _PointwiseTracer(TorchDispatchMode):
         self.eager_bytes = 0
         self.other_gemm_flops = 0.0
         self.in_linear = 0
-        self.keep: list[Any] = []  # holds every tensor seen, so that ids are never reused
+        self.seen: list[Any] = []  # holds every tensor seen, so that ids are never reused
 
     def _root(self, tensor: torch.Tensor) -> int:
         key = id(tensor)
         if key not in self.level:
-            self.keep.append(tensor)
+            self.seen.append(tensor)
             self.level[key], self.region_of[key] = 0, None
             # Activations as the bf16 run has them, whatever dtype the counted copy is in.
             width = BF16_BYTES if tensor.is_floating_point() else tensor.element_size()
