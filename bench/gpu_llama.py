@@ -19,6 +19,7 @@ Needs ``transformers`` (the model is built from a config, random weights, nothin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -159,6 +160,7 @@ def predicted_speedups(args: argparse.Namespace, labels: list[str], gpu) -> dict
     from transformers import LlamaForCausalLM
 
     from lowbit.cli.fp8_payoff_command import installed_costs
+    from lowbit.errors import ConfigError
     from lowbit.observe.fp8_payoff import count_work, first_last, known_gpu, predict
 
     gpu = gpu if gpu is not None and gpu.memory_tbps else known_gpu("H100")
@@ -170,14 +172,11 @@ def predicted_speedups(args: argparse.Namespace, labels: list[str], gpu) -> dict
         # the row's recipe in lowbit's vocabulary (Accelerate's AORecipeKwargs defaults to tensorwise); MS-AMP has none
         recipe = options.get("recipe") or options.get("scaling") or ("tensorwise" if kind == "accelerate" else None)
         cost = installed_costs(backend).get(recipe)
-        if label in labels and cost is not None and gpu_format(gpu, cost[1]):
+        if label in labels and cost is not None:
             compiled = args.compile and backend != "te"
-            predicted[label] = predict(work, gpu, recipe, cost[1], first_last(work), compiled=compiled).speedup
+            with contextlib.suppress(ConfigError):  # this GPU has no tensor cores for the recipe's format
+                predicted[label] = predict(work, gpu, recipe, cost[1], first_last(work), compiled=compiled).speedup
     return predicted
-
-
-def gpu_format(gpu, cost) -> bool:
-    return {"fp8": gpu.fp8_tflops, "fp4": gpu.fp4_tflops}.get(cost.format) is not None
 
 
 def rows_to_run(args: argparse.Namespace) -> list[dict]:
