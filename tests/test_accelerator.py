@@ -178,7 +178,7 @@ class RecordingContextBackend(FakeBackend):
             yield
             backend.events.append(("exit", torch.is_autocast_enabled("cpu")))
 
-        return recording()
+        return recording
 
 
 def test_autocast_nests_the_fp8_context_inside_bf16_autocast():

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import itertools
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -30,6 +29,7 @@ from lowbit.compat.handlers import (
     DeepSpeedPlugin,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
+    AutocastKwargs,
     GradScalerKwargs,
     ProfileKwargs,
     ProjectConfiguration,
@@ -56,7 +56,7 @@ from lowbit.training.precision import Precision, SlowPrecisionNotice
 from lowbit.training.data_loader import PreparedDataLoader
 from lowbit.training.loader_shards import skip_first_batches
 from lowbit.training.prepared import PreparedObjects, StepRules, TrainingCounters
-from lowbit.training.preparation import Preparation, PreparationSettings, context_or_null, unwrap
+from lowbit.training.preparation import Preparation, PreparationSettings, unwrap
 from lowbit.types import PrepareContext
 
 
@@ -153,7 +153,9 @@ class Accelerator(RankFacts):
         self._precision, self._backend, self._strategy = choice.precision, choice.backend, choice.strategy
         self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers
         scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
-        self.precision = Precision.for_run(self.mixed_precision, self.device, self._strategy_owns_precision(), scaler_kwargs)
+        autocast_kwargs = self.handlers[AutocastKwargs].to_kwargs() if AutocastKwargs in self.handlers else {}
+        self.precision = Precision.for_run(self.mixed_precision, self.device, self._strategy_owns_precision(),
+                                           scaler_kwargs, autocast_kwargs)
         slow = self.precision.slow_reason()
         if slow:
             note(slow, SlowPrecisionNotice)
@@ -191,9 +193,9 @@ class Accelerator(RankFacts):
         self._telemetry: TelemetryRecorder | None = None
         self._preemption = PreemptionWatch(self.num_processes)
         self.step_rules.step_observers.append(self._preemption.after_step)
-        self._throughput = (ThroughputMeter(self.device, self.num_processes, self.mixed_precision, self.is_main_process)
+        data_parallel = data_parallel_slot(self._layout, self.num_processes, self.process_index)[0]
+        self._throughput = (ThroughputMeter(self.device, data_parallel, self.mixed_precision, self.is_main_process)
                             if meter_is_on() else None)
-        self._flop_hooks: list[RemovableHandle] = []
         if self._throughput is not None:
             self.step_rules.step_observers.append(self._throughput.on_step)
         self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
@@ -513,31 +515,17 @@ class Accelerator(RankFacts):
 
     def _meter_what_was_prepared(self) -> None:
         """The throughput meter hears each prepared dataloader's batches, and counts the FLOPs of
-        the first training forward and backward of the first prepared model."""
+        the first prepared model once, after the first optimizer step (nothing in its forward)."""
         meter = self._throughput
         if meter is None:
             return
         for loader in self.prepared.dataloaders:
             if loader.observe_batch is None:
                 loader.observe_batch = meter.on_batch
-        if self.prepared.models and not self._flop_hooks and meter.flops_per_unit is None:
-            model = self.prepared.models[0]
-            meter.parameters = sum(getattr(p, "ds_numel", p.numel()) for p in unwrap(model).parameters())
-            span: list[Any] = []
-
-            def before_forward(module: torch.nn.Module, args: Any) -> None:
-                if module.training and torch.is_grad_enabled() and not span and not meter.forward_counted:
-                    span.append(meter.count("forward"))
-                    span[0].__enter__()
-
-            def after_forward(module: torch.nn.Module, args: Any, output: Any) -> None:
-                if span:  # always called, an error in the forward included: the count never outlives it
-                    span.pop().__exit__(*sys.exc_info())
-                    for hook in self._flop_hooks:
-                        hook.remove()
-
-            self._flop_hooks = [model.register_forward_pre_hook(before_forward),
-                                model.register_forward_hook(after_forward, always_call=True)]
+        if self.prepared.models:
+            model = unwrap(self.prepared.models[0])
+            report = self.prepared.conversion_reports.get(model)
+            meter.watch(model, report.converted if report is not None else ())
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
@@ -576,16 +564,13 @@ class Accelerator(RankFacts):
                 "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
                 "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
             )
-        # The first backward's FLOPs complete the throughput meter's one count (after the first forward's).
-        counting = self._throughput.count("backward") if self._throughput is not None else contextlib.nullcontext()
-        with counting:
-            if self.plugins.backward(loss, model):
-                return
-            # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
-            self.step_rules.observe_finite(loss)
-            if self.config.gradient_accumulation_steps > 1:
-                loss = loss / self.config.gradient_accumulation_steps
-            self.precision.backward(loss, **kwargs)
+        if self.plugins.backward(loss, model):
+            return
+        # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
+        self.step_rules.observe_finite(loss)
+        if self.config.gradient_accumulation_steps > 1:
+            loss = loss / self.config.gradient_accumulation_steps
+        self.precision.backward(loss, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -601,10 +586,15 @@ class Accelerator(RankFacts):
             yield
 
     @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
-        """The same contexts a prepared model's forward runs in, for code outside ``forward``."""
-        outer, inner = self.plugins.autocast_callers()
-        with context_or_null(outer, None, self.context), context_or_null(inner, None, self.context):
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
+        """The same contexts a prepared model's forward runs in, for code outside ``forward``;
+        ``autocast_handler`` replaces the run's ``AutocastKwargs`` inside this block (as Accelerate's)."""
+        settings = autocast_handler.to_kwargs() if autocast_handler is not None else None
+        factories = [self.precision.autocast_factory(settings), self.plugins.backend_context_factory(None)]
+        with contextlib.ExitStack() as stack:
+            for factory in factories:
+                if factory is not None:
+                    stack.enter_context(factory())
             yield
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

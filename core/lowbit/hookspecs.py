@@ -14,7 +14,7 @@ Importing this module must never import torch or any backend library.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import pluggy
 
@@ -113,24 +113,29 @@ def prepare_model_and_optimizer(
 
 
 @hookspec
-def autocast_context(model: torch.nn.Module, context: PrepareContext) -> ContextManager | None:
-    """Give the context manager every forward pass of ``model`` runs in.
+def autocast_context(model: torch.nn.Module | None, context: PrepareContext) -> Callable[[], ContextManager] | None:
+    """Give the backend's forward context (e.g. TE's ``autocast``) as a *context factory*: a
+    function of no arguments that returns a fresh context manager.
 
-    Called by: ``Accelerator.prepare`` and ``Accelerator.autocast``, on the chosen precision
-    plugin (the outer context: native autocast) and then on the chosen low-precision backend (the inner
-    context, e.g. TE's ``fp8_autocast``). The context is entered on every forward call, so
-    check ``model.training`` inside it if it must behave differently in eval.
+    Called by: ``Accelerator.prepare``, once per model, on the chosen low-precision backend (and by
+    ``Accelerator.autocast``, once per block, with ``model=None``). Decide everything here; the
+    returned function is called on every forward, inside the run's native autocast (built by
+    lowbit's ``Precision``), so keep it plain torch: no plugin lookups, no host syncs, nothing
+    ``torch.compile`` cannot trace. Read ``model.training`` inside it if eval must differ.
     Return None for "no context".
     """
 
 
 @hookspec
-def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, context: PrepareContext) -> None:
-    """Do per-step bookkeeping after a real (not skipped) optimizer step.
+def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, context: PrepareContext) -> Callable[[], None] | None:
+    """Give the per-step bookkeeping to run after each real (not skipped) optimizer step, as a
+    function of no arguments.
 
-    Called by: the prepared optimizer's ``step``, on the chosen low-precision backend, e.g. for torchao's
-    ``precompute_float8_dynamic_scale_for_fsdp``; and once more after ``load_state`` replaced the
-    weights (on every rank), so that nothing derived from the old weights survives. Return None.
+    Called by: ``Accelerator.prepare``, once per optimizer, on the chosen low-precision backend.
+    The returned function runs after every real step (e.g. torchao's
+    ``precompute_float8_dynamic_scale_for_fsdp``), and once more after ``load_state`` replaced the
+    weights (on every rank), so that nothing derived from the old weights survives. Return None
+    when this run has no such work (decided now: the step then pays nothing).
     """
 
 

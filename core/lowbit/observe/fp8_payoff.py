@@ -328,13 +328,33 @@ def _flat(*trees: Any):
 
 
 def count_work(model: nn.Module, batch_size: int, seq_len: int, causal: bool | None = None) -> ModelWork:
-    """Count the work of one forward of ``model`` on a ``batch_size`` x ``seq_len`` example batch:
-    each Linear's shape, attention FLOPs, other matmuls, and the pointwise bytes. Nothing runs:
-    the forward is traced on the meta device with meta stand-ins for every weight and buffer, so
-    the model's own tensors are neither read nor written (a BatchNorm's running statistics stay).
-    ``causal``: count attention as causal (None: when the model is a transformers causal LM)."""
+    """Count the work of one forward of ``model`` on a ``batch_size`` x ``seq_len`` example batch
+    (:func:`trace_work`). ``causal``: count attention as causal (None: when the model is a
+    transformers causal LM)."""
     from lowbit.observe.model_spec import example_inputs
 
+    inputs = example_inputs(model, batch_size, seq_len, "meta")
+    args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), {})
+    try:
+        return trace_work(model, args, kwargs, causal)
+    except Exception as exc:  # noqa: BLE001 - any model may refuse the example batch; say what was tried
+        tried = f"input_ids of shape ({batch_size}, {seq_len})" if isinstance(inputs, dict) else \
+            f"one float tensor of shape {tuple(inputs.shape)}"
+        raise ConfigError(f"{type(model).__name__} did not run on an example batch ({tried}): "
+                          f"{type(exc).__name__}: {exc}. Counting a model's work needs a forward that takes "
+                          "token ids (a transformers LM) or one tensor: give a module:factory returning a "
+                          "wrapper that builds its other inputs.") from None
+
+
+def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bool | None = None) -> ModelWork:
+    """The work of one forward of ``model(*args, **kwargs)`` (meta tensors): each Linear's shape,
+    attention FLOPs (grouped-query shapes included), other matmuls, and the pointwise bytes.
+    Nothing runs: the forward is traced on the meta device with meta stand-ins for every weight
+    and buffer (a parameter split over ranks stands in as its local part), so the model's own
+    tensors are neither read nor written (a BatchNorm's running statistics stay). A compiled model
+    (or compiled blocks) is traced eagerly, its compiled code untouched: dynamo never meets a frame
+    under the tracer, which would mark it to be skipped for good."""
+    model = getattr(model, "_orig_mod", model)
     if causal is None:
         causal = type(model).__name__.endswith("ForCausalLM")
     tracer = _PointwiseTracer()
@@ -355,27 +375,39 @@ def count_work(model: nn.Module, batch_size: int, seq_len: int, causal: bool | N
         if _is_linear(module):
             handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
-        with counter, tracer, torch.no_grad():
-            inputs = example_inputs(model, batch_size, seq_len, "meta")
-            args, kwargs = ((), inputs) if isinstance(inputs, dict) else ((inputs,), {})
-            try:
-                stand_ins = {name: torch.empty_like(tensor, device="meta")
-                             for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
-                out = torch.func.functional_call(model, stand_ins, args, kwargs)
-            except Exception as exc:  # noqa: BLE001 - any model may refuse the example batch; say what was tried
-                tried = f"input_ids of shape ({batch_size}, {seq_len})" if isinstance(inputs, dict) else \
-                    f"one float tensor of shape {tuple(inputs.shape)}"
-                raise ConfigError(f"{type(model).__name__} did not run on an example batch ({tried}): "
-                                  f"{type(exc).__name__}: {exc}. Counting a model's work needs a forward that takes "
-                                  "token ids (a transformers LM) or one tensor: give a module:factory returning a "
-                                  "wrapper that builds its other inputs.") from None
+        with _eager(), counter, tracer, torch.no_grad():
+            stand_ins = {name: _meta_like(tensor)
+                         for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
+            out = torch.func.functional_call(model, stand_ins, args, kwargs)
             outputs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]
             pointwise = tracer.fused_bytes(outputs)
     finally:
         for handle in handles:
             handle.remove()
     return ModelWork(linears, counter.attention_flops, tracer.other_gemm_flops, pointwise,
-                     tracer.eager_bytes, sum(p.numel() for p in model.parameters()))
+                     tracer.eager_bytes, sum(_meta_like(p).numel() for p in model.parameters()))
+
+
+def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of the shape ``tensor`` has on one device: a sharded parameter (FSDP2) at its
+    whole shape, as every rank's forward gathers it; one split by tensor parallelism (a mesh
+    dimension named "tp") at its local part."""
+    shape = list(tensor.shape)
+    placements, mesh = getattr(tensor, "placements", None), getattr(tensor, "device_mesh", None)
+    if placements is not None and mesh is not None:
+        names = mesh.mesh_dim_names or ()
+        for mesh_dim, placement in enumerate(placements):
+            if placement.is_shard() and mesh_dim < len(names) and names[mesh_dim] == "tp":
+                shape[placement.dim] //= mesh.size(mesh_dim)
+    return torch.empty(shape, dtype=tensor.dtype, device="meta")
+
+
+def _eager() -> Any:
+    """Compiled code runs as plain eager code inside (torch >= 2.6: ``set_stance("force_eager")``)."""
+    import contextlib
+
+    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def first_last(work: ModelWork) -> dict[str, str]:

@@ -2,11 +2,14 @@
 
 Tokens and samples are counted from the batches the prepared dataloaders hand out (``input_ids``,
 else the first 2-D integer tensor; ``accelerator.set_batch_tokens(n)`` tells another count), the
-time between optimizer steps from the clock, and the model's FLOPs once, on the first training
-micro-batch, by torch's ``FlopCounterMode`` (forward and backward as they really run: attention,
-the backend's GEMMs). MFU is against the device's dense bf16 peak (``GPU_PEAKS``, each with its
-source; on a CPU a GEMM peak measured once and cached), also for FP8 runs, whose share of GEMM
-FLOPs that ran as FP8 GEMMs is said beside it: one peak does not describe a mixed run.
+time between optimizer steps from the clock, and the model's FLOPs once, after the first optimizer
+step and outside it: one forward of the prepared model traced on meta stand-ins at the first
+batch's shapes, by the work counter ``lowbit fp8-payoff`` uses (:func:`~lowbit.observe.fp8_payoff.trace_work`),
+never inside the user's forward or a compiled region. A training step counts three times the
+forward's GEMM and attention FLOPs (forward, grad-input, grad-weight). MFU is against the device's
+dense bf16 peak (``GPU_PEAKS``, each with its source; on a CPU a GEMM peak measured once and
+cached), also for FP8 runs, whose share of GEMM FLOPs in layers the backend converted is said
+beside it: one peak does not describe a mixed run. Nothing here reads the device (no host sync).
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -90,7 +93,9 @@ def _tensors(data: Any):
 
 class ThroughputMeter:
     """Counts a run's work between optimizer steps; ``latest`` holds the stable-named figures of
-    the last step (``throughput/...``), printed every ``every_s`` seconds on the main process."""
+    the last step (``throughput/...``), printed every ``every_s`` seconds on the main process.
+    ``num_processes``: how many processes read different batches (data parallel; tensor-parallel
+    ranks share theirs)."""
 
     def __init__(self, device: torch.device, num_processes: int, precision: str, is_main: bool,
                  say: Callable[[str], None] = print):
@@ -98,62 +103,66 @@ class ThroughputMeter:
         self.every_s = float(os.environ.get(EVERY_ENV, DEFAULT_EVERY_S))
         self.latest: dict[str, float] = {}
         self.flops_per_unit: float | None = None  # per token, or per sample when batches have no tokens
-        self.parameters = 0  # the trained model's, to tell a count that missed the GEMMs
         self.fp8_gemm_share: float | None = None
         self.steps = 0
         self._peak: DevicePeak | None = None
-        self._forward: tuple[float, dict[str, float]] | None = None  # the first training forward's count
+        self._model: Any = None  # weakref to the (unwrapped) model whose FLOPs are counted
+        self._low_precision_layers: set[str] = set()
+        self._first_batch: Any = None  # meta stand-ins of the first batch, until the count
+        self.counted_as: str | None = None  # how the batch was fed to the counted forward
         self._batch: tuple[int, int | None] = (0, None)
         self._since: dict[str, float] = {"samples": 0, "tokens": 0, "wait": 0.0}
         self._last_step = self._last_said = time.perf_counter()
 
     # ------------------------------------------------------------------ what the run tells it
 
+    def watch(self, model: torch.nn.Module, low_precision_layers: Iterable[str] = ()) -> None:
+        """Count ``model``'s FLOPs (unwrapped: no strategy or compile wrapper) after the first step;
+        ``low_precision_layers``: the layers the backend converted (their GEMMs count as FP8)."""
+        import weakref
+
+        if self._model is None:
+            self._model = weakref.ref(model)
+            self._low_precision_layers = set(low_precision_layers)
+
     def on_batch(self, batch: Any, wait_s: float) -> None:
         self._batch = batch_counts(batch)
         self._since["samples"] += self._batch[0]
         self._since["tokens"] += self._batch[1] or 0
         self._since["wait"] += wait_s
+        if self._first_batch is None and self.flops_per_unit is None:
+            self._first_batch = (_meta_tree(batch), self._batch)
 
     def set_batch_tokens(self, tokens: int) -> None:
         self._since["tokens"] += int(tokens) - (self._batch[1] or 0)
         self._batch = (self._batch[0], int(tokens))
 
-    def count(self, part: str) -> Any:
-        """A context that counts the FLOPs run inside it into this meter's one measurement:
-        ``part`` "forward" (the first training forward), then "backward" (the backward after it);
-        a no-op for a part already counted, or a backward with no counted forward before it."""
-        import contextlib
-
-        wanted = not self.forward_counted if part == "forward" else (self.forward_counted and self.flops_per_unit is None)
-        return _Counting(self) if wanted else contextlib.nullcontext()
-
-    @property
-    def forward_counted(self) -> bool:
-        return self._forward is not None
-
-    def counted(self, flops: float, ops: dict[str, float]) -> None:
-        """One span's count (``count``): the forward's, then the backward's, which completes it."""
-        if self._forward is None:
-            self._forward = (flops, ops)
+    def count_flops(self) -> None:
+        """The one FLOP count (after the first step): the watched model's forward traced on the
+        first batch's shapes. A count that fails leaves TFLOP/s and MFU out, with one note."""
+        model = self._model() if self._model is not None else None
+        if model is None or self._first_batch is None or self.flops_per_unit is not None:
             return
-        total = self._forward[0] + flops
-        ops = {op: self._forward[1].get(op, 0) + ops.get(op, 0) for op in {*self._forward[1], *ops}}
-        units = self._batch[1] or self._batch[0]
-        if not units:
-            return
-        if self._batch[1] and total / units < 2 * self.parameters:
-            # Fewer FLOPs per token than the forward alone takes: the GEMMs ran as kernels torch's
-            # counter does not see (Transformer Engine's and MS-AMP's own). Say so, report no FLOPs.
+        (batch, (samples, tokens)), self._first_batch = self._first_batch, None
+        self.flops_per_unit = 0.0  # until counted: a failed count is not tried again
+        try:
+            work, call = _trace_first_batch(model, batch)
+        except Exception as exc:  # noqa: BLE001 - an instrument never breaks the run
             from lowbit.notices import note
 
-            note("throughput: the backend's GEMMs are kernels torch's FlopCounterMode does not see, so TFLOP/s and "
-                 "MFU are left out of the figures (tokens/s and samples/s are measured as ever).")
-            self.flops_per_unit = 0.0
+            note(f"throughput: the model's FLOPs were not counted, so TFLOP/s and MFU are left out (tokens/s and "
+                 f"samples/s are measured as ever): its forward did not run on the first batch's shapes "
+                 f"({_calls_tried(batch)}): {type(exc).__name__}: {str(exc)[:200]}")
             return
-        self.flops_per_unit = total / units
-        gemm = sum(n for op, n in ops.items() if any(k in op for k in ("mm", "matmul", "linear")))
-        self.fp8_gemm_share = (sum(n for op, n in ops.items() if "_scaled_mm" in op) / gemm) if gemm else None
+        units = tokens or samples
+        linear = {layer.name: 2 * layer.tokens * layer.in_features * layer.out_features for layer in work.linears}
+        gemm = sum(linear.values()) + work.other_gemm_flops + work.attention_flops
+        if not units or not gemm:
+            return
+        self.flops_per_unit = 3 * gemm / units  # forward, grad-input and grad-weight
+        low = sum(flops for name, flops in linear.items() if name in self._low_precision_layers)
+        self.fp8_gemm_share = low / gemm
+        self.counted_as = call  # how the batch was fed to the counted forward
 
     def on_step(self) -> None:
         now = time.perf_counter()
@@ -161,6 +170,8 @@ class ThroughputMeter:
         since, self._last_step = self._since, now
         self._since = {"samples": 0, "tokens": 0, "wait": 0.0}
         self.steps += 1
+        if self.steps == 1:
+            self.count_flops()
         figures = {"throughput/step_s": seconds}
         if since["samples"]:  # batches came from a prepared dataloader (a script may feed tensors itself)
             figures["throughput/samples_per_s"] = since["samples"] / seconds
@@ -218,23 +229,42 @@ class ThroughputMeter:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's peak RSS (KiB on Linux)
 
 
-class _Counting:
-    """One FlopCounterMode span (entered and left by the caller: a hook pair, or a with block)."""
+def _meta_tree(data: Any) -> Any:
+    """``data`` with each tensor replaced by a meta tensor of its shape and dtype (no copy, no sync)."""
+    if isinstance(data, torch.Tensor):
+        return torch.empty(data.shape, dtype=data.dtype, device="meta")
+    if isinstance(data, dict) or hasattr(data, "keys") and hasattr(data, "values") and hasattr(data, "items"):
+        return {key: _meta_tree(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_meta_tree(value) for value in data]
+    return data
 
-    def __init__(self, meter: ThroughputMeter):
-        from torch.utils.flop_counter import FlopCounterMode
 
-        self.meter, self.mode = meter, FlopCounterMode(display=False)
+def _calls(batch: Any) -> list[tuple[str, tuple, dict]]:
+    """The ways a training loop usually feeds a batch to the model, most likely first."""
+    if isinstance(batch, dict):
+        tensors = [(key, value) for key, value in batch.items() if isinstance(value, torch.Tensor)]
+        return [("model(**batch)", (), batch)] + [(f"model(batch[{key!r}])", (value,), {}) for key, value in tensors]
+    if isinstance(batch, list):
+        return [("model(batch[0])", (batch[0],), {}), ("model(*batch)", tuple(batch), {})] if batch else []
+    return [("model(batch)", (batch,), {})]
 
-    def __enter__(self) -> "_Counting":
-        self.mode.__enter__()
-        return self
 
-    def __exit__(self, *error: Any) -> None:
-        self.mode.__exit__(*error)
-        if error[0] is None:
-            ops = {str(op): n for op, n in self.mode.get_flop_counts().get("Global", {}).items()}
-            self.meter.counted(self.mode.get_total_flops(), ops)
+def _calls_tried(batch: Any) -> str:
+    return ", ".join(name for name, _, _ in _calls(batch)) or "an empty batch"
+
+
+def _trace_first_batch(model: torch.nn.Module, batch: Any) -> tuple[Any, str]:
+    """The work of the first call convention that runs, and which one; the first one's error if none does."""
+    from lowbit.observe.fp8_payoff import trace_work
+
+    first_error: Exception | None = None
+    for name, args, kwargs in _calls(batch):
+        try:
+            return trace_work(model, args, kwargs), name
+        except Exception as exc:  # noqa: BLE001 - try the next convention
+            first_error = first_error or exc
+    raise first_error or ValueError("the batch holds no tensor")
 
 
 def _flops(tflops: float) -> str:

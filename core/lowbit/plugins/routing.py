@@ -1,14 +1,14 @@
 """The plugins one Accelerator chose, with one typed method per routed hook.
 
-pluggy calls every implementation of a hook; lowbit calls only the chosen plugin's. Each method
-here routes to the plugin chosen for its role (the precision plugin, the low-precision backend,
+pluggy calls every implementation of a hook; lowbit calls only the chosen plugin's, found once
+and then called as a plain function. Each method here routes to the plugin chosen for its role (the precision plugin, the low-precision backend,
 the distributed strategy), passes the run's context, and checks what the plugin returns, so that
 a wrong result names the plugin and the hook instead of failing far away. Collaborators of the
 Accelerator (preparation, checkpoints) receive this object, not the Accelerator.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from lowbit.errors import PluginError
 from lowbit.types import ConversionReport, ConvertedModel, PrepareContext
@@ -42,7 +42,7 @@ class ChosenPlugins:
         self.manager = manager
         self.precision, self.backend, self.strategy = precision, backend, strategy
         self.context = context
-        self._callers: dict[tuple[int, str], tuple[Any, Callable[..., Any]]] = {}
+        self._callers: dict[tuple[int, str], Callable[..., Any] | None] = {}
 
     # ------------------------------------------------------------------ what was chosen
 
@@ -53,33 +53,29 @@ class ChosenPlugins:
 
     # ------------------------------------------------------------------ routing
 
-    def _routed(self, selection: "Selection | None", hook: str) -> tuple[Any, Callable[..., Any]] | None:
-        """pluggy's caller of ``hook`` on the chosen plugin alone, and a function returning its one
-        answer (cached: forward calls it every step)."""
+    def _routed(self, selection: "Selection | None", hook: str) -> Callable[..., Any] | None:
+        """The chosen plugin's own implementation of ``hook`` as a plain function taking keyword
+        arguments (None: no plugin chosen, or it does not implement the hook). Looked up once:
+        a routed hook reaches one plugin, so calling its implementation directly is what pluggy
+        would do, without pluggy's per-call filtering of every registered plugin (which dynamo
+        cannot trace, and which every step would pay)."""
         if selection is None or selection.chosen is None:
             return None
         plugin = selection.chosen.plugin
         key = (id(plugin), hook)
         if key not in self._callers:
-            others = [p for p in self.manager.get_plugins() if p is not plugin]
-            subset = self.manager.subset_hook_caller(hook, remove_plugins=others)
-
-            def answer(**kwargs: Any) -> Any:
-                # A routed hook reaches one plugin, so it has one answer or none (no firstresult needed).
-                results = subset(**kwargs)
-                return results[0] if results else None
-
-            self._callers[key] = (subset, answer)
+            caller = getattr(self.manager.hook, hook)
+            impls = [impl for impl in caller.get_hookimpls() if impl.plugin is plugin]
+            self._callers[key] = _direct(impls[-1]) if impls else None
         return self._callers[key]
 
     def caller(self, selection: "Selection | None", hook: str) -> Callable[..., Any] | None:
-        """A function calling ``hook`` on the chosen plugin alone and returning its answer (None: no answer)."""
-        routed = self._routed(selection, hook)
-        return None if routed is None else routed[1]
+        """A function calling ``hook`` on the chosen plugin alone and returning its answer (None:
+        the plugin does not implement it)."""
+        return self._routed(selection, hook)
 
     def implements(self, selection: "Selection | None", hook: str) -> bool:
-        routed = self._routed(selection, hook)
-        return routed is not None and bool(routed[0].get_hookimpls())
+        return self._routed(selection, hook) is not None
 
     def _call(self, selection: "Selection | None", hook: str, **kwargs: Any) -> Any:
         caller = self.caller(selection, hook)
@@ -125,14 +121,33 @@ class ChosenPlugins:
     def wrap_for_distribution(self, model: Any, optimizer: Any) -> tuple[Any, Any] | None:
         return self._call(self.strategy, "wrap_for_distribution", model=model, optimizer=optimizer)
 
-    def autocast_callers(self) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
-        """The precision plugin's context (outer, native autocast) and the backend's (inner)."""
-        outer = self.caller(self.precision, "autocast_context") if self.context.autocast_dtype is not None else None
-        inner = self.caller(self.backend, "autocast_context") if self.implements(self.backend, "autocast_context") else None
-        return outer, inner
+    def backend_context_factory(self, model: Any) -> "Callable[[], ContextManager] | None":
+        """The backend's forward context for ``model`` (TE's autocast), as the function its
+        ``autocast_context`` hook returned once: called on every forward, it returns a fresh context
+        manager. None: the backend has no forward context."""
+        factory = self._call(self.backend, "autocast_context", model=model)
+        if factory is None:
+            return None
+        if not callable(factory) or (hasattr(factory, "__enter__") and not isinstance(factory, type)):
+            raise PluginError(
+                f"{plugin_label(self.backend)}: autocast_context returned {type(factory).__name__} {factory!r:.60}, "
+                "expected a function of no arguments that returns a context manager (or None). The hook is called once, "
+                "at prepare(); its function runs on every forward (e.g. `return functools.partial(te.autocast, "
+                "recipe=recipe)`).")
+        probe = factory()  # a broken factory would fail at the first forward, far from its cause
+        if probe is not None and not (hasattr(probe, "__enter__") and hasattr(probe, "__exit__")):
+            raise PluginError(f"{plugin_label(self.backend)}: autocast_context's function returned "
+                              f"{type(probe).__name__} {probe!r:.60}, expected a context manager.")
+        return factory
 
-    def after_optimizer_step_caller(self) -> Callable[..., Any] | None:
-        return self.caller(self.backend, "after_optimizer_step") if self.implements(self.backend, "after_optimizer_step") else None
+    def after_step_work(self, model: Any, optimizer: Any) -> Callable[[], None] | None:
+        """What the backend runs after each real optimizer step, as the function its
+        ``after_optimizer_step`` hook returned once (None: nothing)."""
+        work = self._call(self.backend, "after_optimizer_step", model=model, optimizer=optimizer)
+        if work is not None and not callable(work):
+            raise PluginError(f"{plugin_label(self.backend)}: after_optimizer_step returned {type(work).__name__} "
+                              f"{work!r:.60}, expected a function of no arguments (or None: no work after a step).")
+        return work
 
     # ------------------------------------------------------------------ training loop
 
@@ -179,3 +194,14 @@ class ChosenPlugins:
 
     def load_backend_checkpoint_state(self, model: Any, state: dict[str, Any]) -> None:
         self._call(self.backend, "load_backend_checkpoint_state", model=model, state=state)
+
+
+def _direct(impl: Any) -> Callable[..., Any]:
+    """A pluggy ``HookImpl``'s function called with the keyword arguments it names, as pluggy
+    passes them (an implementation may take fewer arguments than the spec)."""
+    function, names = impl.function, tuple(impl.argnames)
+
+    def call(**kwargs: Any) -> Any:
+        return function(**{name: kwargs[name] for name in names if name in kwargs})
+
+    return call

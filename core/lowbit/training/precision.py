@@ -5,14 +5,16 @@ backward, unscaling before clipping, the optimizer step (skipped when fp16 overf
 scaler's state in checkpoints, and whether this machine runs the precision slowly. The Accelerator
 builds one :class:`Precision` per run; its ``backward`` and ``clip_grad_norm_``, the prepared
 optimizer's ``step`` and the checkpointer call it, and ``PrepareContext.autocast_dtype`` carries
-its dtype to the plugins (the built-in native-amp plugin opens that autocast). A low-precision
-backend ("fp8", "fp4", or a third party's name) composes with it: its GEMMs run inside the bf16
-autocast, its own context inside that.
+its dtype to the plugins. It builds the forward's ``torch.autocast`` once, at ``prepare()``
+(``autocast_factory``, honouring ``AutocastKwargs``). A low-precision backend ("fp8", "fp4", or a
+third party's name) composes with it: its GEMMs run inside the bf16 autocast, its own context
+inside that.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -43,13 +45,25 @@ class Precision:
     # The optimizers whose gradients were unscaled this step (clip_grad_norm_ before step).
     _unscaled: set[int] = field(default_factory=set, repr=False)
     consecutive_skips: int = 0  # fp16 steps skipped in a row, up to the last one
+    # AutocastKwargs' settings (Accelerate's handler): enabled, cache_enabled.
+    autocast_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def for_run(cls, name: str, device: torch.device, strategy_scales_loss: bool = False,
-                scaler_kwargs: dict[str, Any] | None = None) -> "Precision":
+                scaler_kwargs: dict[str, Any] | None = None, autocast_kwargs: dict[str, Any] | None = None) -> "Precision":
         scaler = (torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
                   if name == "fp16" and not strategy_scales_loss else None)
-        return cls(name, device, scaler)
+        return cls(name, device, scaler, autocast_kwargs=dict(autocast_kwargs or {}))
+
+    def autocast_factory(self, autocast_kwargs: dict[str, Any] | None = None) -> Callable[[], ContextManager] | None:
+        """The forward's autocast as a function returning a fresh ``torch.autocast`` each call, its
+        arguments decided now (None: fp32, no autocast). ``autocast_kwargs`` (an ``AutocastKwargs``'
+        settings) override the run's, as ``accelerator.autocast(autocast_handler=...)`` does."""
+        if self.autocast_dtype is None:
+            return None
+        given = {k: v for k, v in (self.autocast_kwargs if autocast_kwargs is None else autocast_kwargs).items()
+                 if v is not None}
+        return functools.partial(torch.autocast, device_type=self.device.type, dtype=self.autocast_dtype, **given)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

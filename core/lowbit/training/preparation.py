@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import types
 
-import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
@@ -19,7 +18,7 @@ import torch
 
 from lowbit.training.data_loader import PreparedDataLoader
 from lowbit.training.operations import convert_to_fp32
-from lowbit.errors import ConfigError, PluginError, UnsupportedCombinationError
+from lowbit.errors import ConfigError, UnsupportedCombinationError
 from lowbit import notices
 from lowbit.observe.fp8_payoff import report_prediction, report_work
 from lowbit.observe.fp8_report import conversion_report, converted_nothing
@@ -206,22 +205,12 @@ class Preparation:
             options = dict(self.settings.compile_options, backend=backend.lower())
             model = (compile_blocks_in_place(model, **options) if self.settings.regional_compilation
                      else torch.compile(model, **options))
-        outer, inner = self.plugins.autocast_callers()
-        if inner is not None:  # a broken context would fail at the first forward, far from its cause
-            probe = inner(model=model, context=self.context)
-            if probe is not None and not (hasattr(probe, "__enter__") and hasattr(probe, "__exit__")):
-                raise PluginError(f"{plugin_label(self.plugins.backend)}: autocast_context returned {type(probe).__name__} "
-                                  f"{probe!r:.60}, expected a context manager (or None).")
-        if outer is None and inner is None:
+        contexts = [f for f in (self.rules.precision.autocast_factory(), self.plugins.backend_context_factory(model))
+                    if f is not None]
+        if not contexts:
             return model
         original = model.forward
-        context = self.context
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            with context_or_null(outer, model, context), context_or_null(inner, model, context):
-                output = original(*args, **kwargs)
-            return convert_to_fp32(output)  # the loss is computed outside low precision
-
+        forward = forward_in_contexts(original, *contexts)
         forward.__wrapped__ = original  # type: ignore[attr-defined]
         model.forward = forward
         model._lowbit_original_forward = original  # type: ignore[assignment]
@@ -231,13 +220,7 @@ class Preparation:
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
         model = self.prepared.models[-1] if self.prepared.models else None
-        backend_step = self.plugins.after_optimizer_step_caller()
-        context = self.context
-
-        def after_step() -> None:
-            backend_step(model=model, optimizer=optimizer, context=context)
-
-        prepared = PreparedOptimizer(optimizer, self.rules, after_step if backend_step is not None else None)
+        prepared = PreparedOptimizer(optimizer, self.rules, self.plugins.after_step_work(model, optimizer))
         self.prepared.optimizers.append(prepared)
         return prepared
 
@@ -267,11 +250,22 @@ def _check_not_laid_out(model: torch.nn.Module, backend: str) -> None:
             "it out with the model's own plan after converting it.")
 
 
-def context_or_null(caller: Callable[..., Any] | None, model: Any, context: PrepareContext) -> ContextManager:
-    """The context a routed ``autocast_context`` hook returns, or a no-op one when there is none."""
-    if caller is None:
-        return contextlib.nullcontext()
-    return caller(model=model, context=context) or contextlib.nullcontext()
+def forward_in_contexts(forward: Callable[..., Any], outer: Callable[[], ContextManager],
+                        inner: Callable[[], ContextManager] | None = None) -> Callable[..., Any]:
+    """``forward`` run inside the contexts the factories make (the precision's autocast, then the
+    backend's), its fp16/bf16 outputs returned in fp32 (the loss is computed outside low precision).
+    Plain torch on every call: what each context is was decided when the factories were made."""
+    if inner is None:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with outer():
+                output = forward(*args, **kwargs)
+            return convert_to_fp32(output)
+    else:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with outer(), inner():
+                output = forward(*args, **kwargs)
+            return convert_to_fp32(output)
+    return run
 
 
 WRAPPED_MODEL = "_lowbit_wrapped_model"

@@ -74,10 +74,10 @@ def wrap_optimizer(optimizer, model, context: PrepareContext):
 
 
 @hookimpl
-def after_optimizer_step(model, optimizer, context: PrepareContext) -> None:
-    from lowbit_ao.convert import after_step
+def after_optimizer_step(model, optimizer, context: PrepareContext):
+    from lowbit_ao.convert import after_step_work
 
-    after_step(model, context)
+    return after_step_work(model, context)
 
 
 @hookimpl

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from typing import Any, Callable
 
@@ -320,13 +321,15 @@ class Float8Gather:
     on: bool = False
 
 
-def after_step(model: nn.Module, context: PrepareContext) -> None:
+def after_step_work(model: nn.Module, context: PrepareContext) -> Callable[[], None] | None:
     """torchao's float8 all-gather uses each weight's scale precomputed once per step, together
-    (one all-reduce); it runs whoever asked for the all-gather, and after load_state too."""
+    (one all-reduce): that runs after every step (and after load_state) when the all-gather is in
+    float8; no other run has work after a step."""
     if context.strategy == "fsdp" and context.plugin_state(Float8Gather).on:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
-        precompute_float8_dynamic_scale_for_fsdp(model)
+        return functools.partial(precompute_float8_dynamic_scale_for_fsdp, model)
+    return None
 
 
 def tensor_parallel_style(module: nn.Module, style: str) -> Any:

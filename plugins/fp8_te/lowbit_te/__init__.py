@@ -100,9 +100,9 @@ def convert_model(model, context: PrepareContext):
 
 @hookimpl
 def autocast_context(model, context: PrepareContext):
-    from lowbit_te.runtime import fp8_autocast
+    from lowbit_te.runtime import fp8_autocast_factory
 
-    return fp8_autocast(model, context)
+    return fp8_autocast_factory(model, context)
 
 
 @hookimpl

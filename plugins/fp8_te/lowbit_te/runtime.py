@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 from contextlib import nullcontext
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
 from lowbit.notices import note
@@ -157,17 +158,19 @@ def _te_version() -> str:
     return "transformer-engine " + (installed_version("transformer-engine") or "of unknown version")
 
 
-def fp8_autocast(model: Any, context: PrepareContext) -> ContextManager:
-    """TE's autocast (``te.autocast``, TE >= 2.9), off in eval unless ``use_autocast_during_eval``;
-    amax is reduced over the data-parallel group."""
+def fp8_autocast_factory(model: Any, context: PrepareContext) -> Callable[[], ContextManager]:
+    """TE's autocast (``te.autocast``, TE >= 2.9) as a factory, its recipe and amax reduction group
+    (the data-parallel group) decided once; off in eval unless ``use_autocast_during_eval``."""
     te, _ = import_te()
-    options = context.backend_options
-    enabled = model is None or model.training or options.use_autocast_during_eval
-    if not enabled:
-        return nullcontext()
     recipe = run_recipe(context)
-    group = _data_parallel_group(context)
-    return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
+    on = functools.partial(te.autocast, enabled=True, recipe=recipe, amax_reduction_group=_data_parallel_group(context))
+    if model is None or context.backend_options.use_autocast_during_eval:
+        return on
+
+    def in_training() -> ContextManager:
+        return on() if model.training else nullcontext()
+
+    return in_training
 
 
 @dataclasses.dataclass

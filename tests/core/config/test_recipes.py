@@ -45,7 +45,7 @@ class Offering:
 
     @hookimpl
     def autocast_context(self, model, context):
-        return contextlib.nullcontext()
+        return contextlib.nullcontext
 
 
 def accelerator(hardware, *handlers, precision="fp8", **kwargs):

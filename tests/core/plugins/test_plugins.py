@@ -71,8 +71,8 @@ def test_calls_are_routed_to_the_chosen_backend_only():
     model, opt = acc.prepare(model, opt)
     model(torch.randn(2, 16))
     assert acc.fp8_backend == "chosen"
-    # autocast_context: once at prepare (its result is checked there), once for the forward
-    assert chosen.calls == ["convert_model", "wrap_optimizer", "autocast_context", "autocast_context"]
+    # autocast_context: once, at prepare (it gives the factory every forward calls)
+    assert chosen.calls == ["convert_model", "wrap_optimizer", "autocast_context"]
     assert other.calls == []
 
 

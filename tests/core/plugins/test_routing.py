@@ -22,6 +22,7 @@ class RecordingBackend(FakeBackend):
     @hookimpl
     def after_optimizer_step(self, model, optimizer, context):
         self.calls.append("after_optimizer_step")
+        return lambda: self.calls.append("after-step work")
 
     @hookimpl
     def clip_grad_norm(self, parameters, max_norm, norm_type, context):
@@ -110,11 +111,11 @@ def test_every_routed_hook_reaches_the_chosen_plugins_only(tmp_path, monkeypatch
     chosen, other, strategy = RecordingBackend("chosen", 300), RecordingBackend("other", 100), RecordingStrategy()
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(chosen, other, strategy))
     run_everything(acc, tmp_path)
-    assert chosen.calls == [  # autocast_context: probed at prepare (its result is checked there), then the forward;
-        # after_optimizer_step after the step, and again after load_state replaced the weights
+    assert chosen.calls == [  # autocast_context and after_optimizer_step: once each, at prepare (they give
+        # functions); the after-step work after the step, and again after load_state replaced the weights
         "check_compatibility", "convert_model", "wrap_optimizer", "strategy_integration:deepspeed",
-        "autocast_context", "autocast_context", "clip_grad_norm", "after_optimizer_step", "export_state_dict",
-        "after_optimizer_step",
+        "autocast_context", "after_optimizer_step", "clip_grad_norm", "after-step work", "export_state_dict",
+        "after-step work",
     ]
     assert strategy.calls == ["check_compatibility", "wrap_for_distribution", "backward", "full_state_dict",
                               "save_checkpoint", "load_checkpoint"]
@@ -161,7 +162,7 @@ def test_autocast_context_of_the_precision_plugin_wraps_the_fp8_one():
                 order.append(("fp8 enter", torch.is_autocast_enabled("cpu")))
                 yield
 
-            return ctx()
+            return ctx
 
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(Outer("x", 100)))
     acc.prepare(nn.Linear(4, 4))(torch.randn(1, 4))

@@ -45,7 +45,7 @@ def test_a_backend_that_breaks_nesting_fails():
         def autocast_context(self, model, context):
             import torch
 
-            return torch.autocast("cpu", enabled=False)  # switches the outer bf16 autocast off
+            return lambda: torch.autocast("cpu", enabled=False)  # switches the outer bf16 autocast off
 
     with pytest.raises(AssertionError, match="expected bf16 autocast"):
         check_autocast_nests_with_bf16("rude", plugin=NoAutocast("rude", 400))

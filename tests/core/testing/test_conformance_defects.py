@@ -69,7 +69,7 @@ class TinyFP8:
     def autocast_context(self, model, context):
         import contextlib
 
-        return 42 if self.defect == "autocast_returns_42" else contextlib.nullcontext()
+        return 42 if self.defect == "autocast_returns_42" else contextlib.nullcontext
 
 
 def test_the_working_backend_passes(tmp_path):
@@ -105,7 +105,7 @@ def test_an_autocast_context_that_is_not_a_context_manager_fails_at_prepare():
 
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
                       plugin_manager=make_plugin_manager(extra_plugins=[TinyFP8("autocast_returns_42")]))
-    with pytest.raises(PluginError, match=r"low-precision backend 'tinyfp8'.*autocast_context returned int 42, expected a context manager"):
+    with pytest.raises(PluginError, match=r"low-precision backend 'tinyfp8'.*autocast_context returned int 42, expected a function of no arguments that returns a context manager"):
         acc.prepare(nn.Sequential(nn.Linear(16, 16)))
 
 

@@ -574,13 +574,13 @@ def test_gpu_one_step_loss_matches_bf16(tmp_path):
 def test_amax_reduction_group_is_the_data_parallel_group(te):
     import torch.distributed as dist
 
-    from lowbit_te.runtime import fp8_autocast
+    from lowbit_te.runtime import fp8_autocast_factory
 
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     acc = te_accelerator()
     acc.context.world_size = 2  # as under a 2-process launch
-    with fp8_autocast(None, acc.context):
+    with fp8_autocast_factory(None, acc.context)():
         pass
     assert standin_te.AUTOCAST_CALLS[-1]["amax_reduction_group"] is dist.group.WORLD
 
