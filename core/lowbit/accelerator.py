@@ -194,8 +194,10 @@ class Accelerator(RankFacts):
         self._preemption = PreemptionWatch(self.num_processes)
         self.step_rules.step_observers.append(self._preemption.after_step)
         data_parallel = data_parallel_slot(self._layout, self.num_processes, self.process_index)[0]
-        self._throughput = (ThroughputMeter(self.device, data_parallel, self.mixed_precision, self.is_main_process)
+        self._throughput = (ThroughputMeter(self.device, data_parallel, self.mixed_precision, self.is_main_process,
+                                            model_parallel=max(self.num_processes // data_parallel, 1))
                             if meter_is_on() else None)
+        self._preparation.before_conversion = self._throughput.copy_structure if self._throughput is not None else None
         if self._throughput is not None:
             self.step_rules.step_observers.append(self._throughput.on_step)
         self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
@@ -523,9 +525,8 @@ class Accelerator(RankFacts):
             if loader.observe_batch is None:
                 loader.observe_batch = meter.on_batch
         if self.prepared.models:
-            model = unwrap(self.prepared.models[0])
-            report = self.prepared.conversion_reports.get(model)
-            meter.watch(model, report.converted if report is not None else ())
+            report = self.prepared.conversion_reports.get(unwrap(self.prepared.models[0]))
+            meter.converted(report.converted if report is not None else ())
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:

@@ -350,7 +350,7 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
     """The work of one forward of ``model(*args, **kwargs)`` (meta tensors): each Linear's shape,
     attention FLOPs (grouped-query shapes included), other matmuls, and the pointwise bytes.
     Nothing runs: the forward is traced on the meta device with meta stand-ins for every weight
-    and buffer (a parameter split over ranks stands in as its local part), so the model's own
+    and buffer, so the model's own
     tensors are neither read nor written (a BatchNorm's running statistics stay). A compiled model
     (or compiled blocks) is traced eagerly, its compiled code untouched: dynamo never meets a frame
     under the tracer, which would mark it to be skipped for good."""
@@ -389,17 +389,21 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
 
 
 def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
-    """A meta tensor of the shape ``tensor`` has on one device: a sharded parameter (FSDP2) at its
-    whole shape, as every rank's forward gathers it; one split by tensor parallelism (a mesh
-    dimension named "tp") at its local part."""
-    shape = list(tensor.shape)
-    placements, mesh = getattr(tensor, "placements", None), getattr(tensor, "device_mesh", None)
-    if placements is not None and mesh is not None:
-        names = mesh.mesh_dim_names or ()
-        for mesh_dim, placement in enumerate(placements):
-            if placement.is_shard() and mesh_dim < len(names) and names[mesh_dim] == "tp":
-                shape[placement.dim] //= mesh.size(mesh_dim)
-    return torch.empty(shape, dtype=tensor.dtype, device="meta")
+    """A meta tensor of ``tensor``'s whole shape and dtype (a DeepSpeed ZeRO-3 partition's ``ds_shape``)."""
+    return torch.empty(getattr(tensor, "ds_shape", None) or tensor.shape, dtype=tensor.dtype, device="meta")
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s structure whose weights and buffers are meta tensors: no memory, and
+    tracing it touches nothing of the model (no strategy hook, no compiled code, no state)."""
+    import copy
+
+    model = getattr(model, "_orig_mod", model)
+    memo: dict[int, Any] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        meta = _meta_like(tensor)
+        memo[id(tensor)] = nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
 
 
 def _eager() -> Any:

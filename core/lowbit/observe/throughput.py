@@ -98,15 +98,16 @@ class ThroughputMeter:
     ranks share theirs)."""
 
     def __init__(self, device: torch.device, num_processes: int, precision: str, is_main: bool,
-                 say: Callable[[str], None] = print):
+                 say: Callable[[str], None] = print, model_parallel: int = 1):
         self.device, self.num_processes, self.precision, self.is_main, self.say = device, num_processes, precision, is_main, say
+        self.model_parallel = model_parallel  # processes sharing one batch's work (tensor/context parallel)
         self.every_s = float(os.environ.get(EVERY_ENV, DEFAULT_EVERY_S))
         self.latest: dict[str, float] = {}
         self.flops_per_unit: float | None = None  # per token, or per sample when batches have no tokens
         self.fp8_gemm_share: float | None = None
         self.steps = 0
         self._peak: DevicePeak | None = None
-        self._model: Any = None  # weakref to the (unwrapped) model whose FLOPs are counted
+        self._model: Any = None  # the meta copy whose FLOPs are counted (an exception: it could not be made)
         self._low_precision_layers: set[str] = set()
         self._first_batch: Any = None  # meta stand-ins of the first batch, until the count
         self.counted_as: str | None = None  # how the batch was fed to the counted forward
@@ -116,14 +117,22 @@ class ThroughputMeter:
 
     # ------------------------------------------------------------------ what the run tells it
 
-    def watch(self, model: torch.nn.Module, low_precision_layers: Iterable[str] = ()) -> None:
-        """Count ``model``'s FLOPs (unwrapped: no strategy or compile wrapper) after the first step;
-        ``low_precision_layers``: the layers the backend converted (their GEMMs count as FP8)."""
-        import weakref
+    def copy_structure(self, model: torch.nn.Module) -> None:
+        """At prepare(), before the backend converts ``model`` and the strategy spreads it: a meta
+        copy of its structure (no memory) is what the count traces, after the first step. A model
+        that cannot be copied is counted never (one note then)."""
+        if self._model is not None:
+            return
+        from lowbit.observe.fp8_payoff import meta_copy
 
-        if self._model is None:
-            self._model = weakref.ref(model)
-            self._low_precision_layers = set(low_precision_layers)
+        try:
+            self._model = meta_copy(model)
+        except Exception as exc:  # noqa: BLE001 - an instrument never breaks the run
+            self._model = exc
+
+    def converted(self, low_precision_layers: Iterable[str]) -> None:
+        """The layers the backend converted (names in the model as prepare() got it): their GEMMs count as FP8."""
+        self._low_precision_layers = set(low_precision_layers)
 
     def on_batch(self, batch: Any, wait_s: float) -> None:
         self._batch = batch_counts(batch)
@@ -140,12 +149,14 @@ class ThroughputMeter:
     def count_flops(self) -> None:
         """The one FLOP count (after the first step): the watched model's forward traced on the
         first batch's shapes. A count that fails leaves TFLOP/s and MFU out, with one note."""
-        model = self._model() if self._model is not None else None
+        model, self._model = self._model, None  # counted once; the copy is not kept
         if model is None or self._first_batch is None or self.flops_per_unit is not None:
             return
         (batch, (samples, tokens)), self._first_batch = self._first_batch, None
         self.flops_per_unit = 0.0  # until counted: a failed count is not tried again
         try:
+            if isinstance(model, Exception):
+                raise model
             work, call = _trace_first_batch(model, batch)
         except Exception as exc:  # noqa: BLE001 - an instrument never breaks the run
             from lowbit.notices import note
@@ -159,7 +170,8 @@ class ThroughputMeter:
         gemm = sum(linear.values()) + work.other_gemm_flops + work.attention_flops
         if not units or not gemm:
             return
-        self.flops_per_unit = 3 * gemm / units  # forward, grad-input and grad-weight
+        # forward, grad-input and grad-weight; a batch's work split over model-parallel ranks
+        self.flops_per_unit = 3 * gemm / units / self.model_parallel
         low = sum(flops for name, flops in linear.items() if name in self._low_precision_layers)
         self.fp8_gemm_share = low / gemm
         self.counted_as = call  # how the batch was fed to the counted forward

@@ -68,6 +68,8 @@ class Preparation:
                  settings: PreparationSettings) -> None:
         self.plugins, self.prepared, self.rules, self.settings = plugins, prepared, rules, settings
         self.context: PrepareContext = plugins.context
+        # Told each model as prepare() got it, before conversion (the throughput meter copies its structure).
+        self.before_conversion: Callable[[torch.nn.Module], None] | None = None
 
     def prepare(self, *objects: Any) -> Any:
         """Prepare models, optimizers, dataloaders and LR schedulers, in any order.
@@ -89,7 +91,10 @@ class Preparation:
             )
 
         for m_index in model_positions:
-            model = _not_wrapped_already(result[m_index]).to(self.settings.device)
+            model = _not_wrapped_already(result[m_index])
+            if self.before_conversion is not None:
+                self.before_conversion(model)
+            model = model.to(self.settings.device)
             optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
             model, optimizer = self._prepare_fp8(model, optimizer)
             if paired_optimizer is not None:

@@ -131,8 +131,8 @@ def test_the_meter_runs_nothing_inside_the_users_forward():
     for batch in loader:
         accelerator.backward(prepared(batch).sum())
         optimizer.step()
-    # three real forwards, none under a mode; the meter's one traced forward (on meta, between steps) ran under its own
-    assert model.modes[:1] == [False] and model.modes[2:] == [False, False] and model.modes[1] is True
+    # three forwards, none under a mode (the meter traced a meta copy, between steps)
+    assert model.modes == [False, False, False]
     assert accelerator._throughput.flops_per_unit == 3 * 2 * 16
 
 

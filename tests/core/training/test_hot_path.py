@@ -1,0 +1,206 @@
+"""The hot path: decided once at prepare(), plain torch after.
+
+A steady-state step makes no plugin call; torch.compile of a prepared model compiles, once, with
+no graph break (every default on, the throughput meter included); AutocastKwargs is honoured.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lowbit import Accelerator
+from lowbit.utils import AORecipeKwargs, AutocastKwargs, TorchDynamoPlugin
+
+PRECISIONS = ["no", "bf16", "fp16", "fp8-tensorwise", "fp8-rowwise"]
+
+
+def accelerator_for(precision: str, **kwargs) -> Accelerator:
+    if precision.startswith("fp8"):
+        pytest.importorskip("torchao")
+        recipe = precision.split("-")[1]
+        # every layer in FP8 (the default keeps the first and last in bf16)
+        options = AORecipeKwargs(recipe=recipe, keep_first_last_high_precision=False)
+        return Accelerator(mixed_precision="fp8", cpu=True, kwargs_handlers=[options, *kwargs.pop("handlers", [])], **kwargs)
+    return Accelerator(mixed_precision=precision, cpu=True, kwargs_handlers=kwargs.pop("handlers", []), **kwargs)
+
+
+class BlockMLP(nn.Module):
+    """An input Linear, repeated blocks in a ModuleList (what regional compilation compiles), a head."""
+
+    def __init__(self, width: int, blocks: int):
+        super().__init__()
+        self.inp = nn.Linear(32, width)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks))
+        self.head = nn.Linear(width, 16)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def model_and_data(width: int = 64, blocks: int = 2):
+    torch.manual_seed(0)
+    data = [(torch.randn(32), torch.randn(16)) for _ in range(16 * 12)]
+    return BlockMLP(width, blocks), DataLoader(data, batch_size=16)
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16", "fp8-tensorwise"])
+def test_a_steady_state_step_makes_no_plugin_call(precision):
+    accelerator = accelerator_for(precision)
+    model, loader = model_and_data()
+    calls: list[str] = []
+    manager = accelerator._plugins
+    real = manager._inner_hookexec
+
+    def counting(hook_name, *args, **kwargs):
+        calls.append(hook_name)
+        return real(hook_name, *args, **kwargs)
+
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3), loader)
+    batches = iter(loader)
+
+    def step():
+        x, y = next(batches)
+        accelerator.backward(nn.functional.mse_loss(model(x), y))
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for _ in range(2):  # the first step counts the FLOPs, once
+        step()
+    manager._inner_hookexec = counting
+    try:
+        for _ in range(10):
+            step()
+    finally:
+        manager._inner_hookexec = real
+    assert calls == []
+
+
+def test_autocast_kwargs_are_honoured():
+    seen = []
+
+    class Probe(nn.Linear):
+        def forward(self, x):
+            seen.append(torch.is_autocast_enabled("cpu"))
+            return super().forward(x)
+
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True, kwargs_handlers=[AutocastKwargs(enabled=False)])
+    model = accelerator.prepare(Probe(4, 4))
+    assert model(torch.randn(2, 4)).dtype == torch.float32 and seen == [False]
+    on = Accelerator(mixed_precision="bf16", cpu=True)
+    model = on.prepare(Probe(4, 4))
+    model(torch.randn(2, 4))
+    assert seen == [False, True]
+    with on.autocast(autocast_handler=AutocastKwargs(enabled=False)):
+        assert not torch.is_autocast_enabled("cpu")
+    with on.autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+@pytest.fixture
+def fresh_dynamo():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def _compiles_once(run_steps) -> None:
+    """``run_steps(n)`` trains n steps; after the first, no new graph and never a graph break."""
+    run_steps(1)
+    graphs, breaks = _dynamo_counts()
+    assert graphs >= 1 and breaks == 0, (graphs, breaks)
+    run_steps(9)
+    assert _dynamo_counts() == (graphs, 0)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_torch_compile_of_a_prepared_model_compiles_once_with_fullgraph(precision, fresh_dynamo):
+    """With every default on (the meter included), torch.compile(prepared, fullgraph=True):
+    graphs compiled, no recompile after the first step, no graph break."""
+    accelerator = accelerator_for(precision)
+    model, loader = model_and_data()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    batches = iter(loader)
+
+    def run_steps(n):
+        for _ in range(n):
+            x, y = next(batches)
+            accelerator.backward(nn.functional.mse_loss(compiled(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    _compiles_once(run_steps)
+    assert accelerator.throughput.get("throughput/tflops_per_device", 0) > 0  # the meter measured all the same
+
+
+@pytest.mark.parametrize("regional", [False, True])
+def test_dynamo_backend_and_regional_compilation_compile_once(regional, fresh_dynamo):
+    plugin = TorchDynamoPlugin(backend="aot_eager", fullgraph=True, use_regional_compilation=regional)
+    accelerator = accelerator_for("fp8-tensorwise", dynamo_plugin=plugin)
+    model, loader = model_and_data()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    batches = iter(loader)
+
+    def run_steps(n):
+        for _ in range(n):
+            x, y = next(batches)
+            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    _compiles_once(run_steps)
+
+
+def test_dynamo_backend_inductor_compiles(fresh_dynamo):
+    """The real compiler once (C++ code generated on this CPU), bf16."""
+    accelerator = Accelerator(mixed_precision="bf16", cpu=True, dynamo_backend="inductor")
+    model, loader = model_and_data(width=32, blocks=1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    batches = iter(loader)
+
+    def run_steps(n):
+        for _ in range(n):
+            x, y = next(batches)
+            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    _compiles_once(run_steps)
+
+
+def test_a_model_compiled_before_prepare_stays_compiled(fresh_dynamo):
+    accelerator = accelerator_for("bf16")
+    model, loader = model_and_data()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    compiled, optimizer, loader = accelerator.prepare(compiled, optimizer, loader)
+    batches = iter(loader)
+
+    def run_steps(n):
+        for _ in range(n):
+            x, y = next(batches)
+            accelerator.backward(nn.functional.mse_loss(compiled(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    _compiles_once(run_steps)
