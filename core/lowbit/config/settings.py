@@ -94,7 +94,8 @@ class LowbitConfig:
     fp8_fallback: str | None = _setting(str, None, "precision to fall back to when FP8 cannot run", ("no", "fp16", "bf16"))
     debug: bool = _setting(bool, False, "print the launcher's underlying command")
     on_nonfinite_loss: str = _setting(str, "skip", "a NaN/inf loss or gradient: skip that optimizer step (with a warning "
-                                                   "naming it), raise, or continue", ("skip", "raise", "continue"))
+                                                   "naming it; one host read per step), raise, or continue (Accelerate's behaviour: no check, no host "
+                                                   "read)", ("skip", "raise", "continue"))
     fp8_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The strategies' sections, by their YAML key ("fsdp_config": {...}); ``config.fsdp_config``
     # reads one (empty when absent).

@@ -27,7 +27,7 @@ from lowbit.training.operations import broadcast, send_to_device
 class PreparedDataLoader:
     def __init__(self, dataloader: DataLoader, device: torch.device, num_processes: int, process_index: int,
                  gradient_state: Any, *, split_batches: bool = False, even_batches: bool = True,
-                 device_placement: bool = True) -> None:
+                 device_placement: bool = True, non_blocking: bool = False) -> None:
         self.base = dataloader
         self.device = device
         self.num_processes = num_processes
@@ -36,6 +36,8 @@ class PreparedDataLoader:
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.device_placement = device_placement
+        # Copies to the device overlap with compute where the loader pins its batches (or when asked).
+        self.non_blocking = non_blocking or bool(getattr(dataloader, "pin_memory", False))
         self.skip_batches = 0
         # Told each batch and the seconds spent waiting for it (the Accelerator's throughput meter).
         self.observe_batch: Any = None
@@ -211,7 +213,7 @@ class PreparedDataLoader:
                 self._replay["ended"] = True
             if self.observe_batch is not None:
                 self.observe_batch(current, time.perf_counter() - start)
-            yield send_to_device(current, self.device) if self.device_placement else current
+            yield send_to_device(current, self.device, self.non_blocking) if self.device_placement else current
             start = time.perf_counter()
             current = following
 

@@ -45,6 +45,8 @@ class Precision:
     # The optimizers whose gradients were unscaled this step (clip_grad_norm_ before step).
     _unscaled: set[int] = field(default_factory=set, repr=False)
     consecutive_skips: int = 0  # fp16 steps skipped in a row, up to the last one
+    _watched: set[int] = field(default_factory=set, repr=False)  # optimizers with the step post-hook
+    _stepped: set[int] = field(default_factory=set, repr=False)  # optimizers whose last step ran
     # AutocastKwargs' settings (Accelerate's handler): enabled, cache_enabled.
     autocast_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -115,11 +117,14 @@ class Precision:
         scaler skips a step with inf/nan gradients, and lowers the scale exactly then."""
         if self.scaler is None:
             return (optimizer.step(closure) if closure is not None else optimizer.step()), False
-        scale_before = self.scaler.get_scale()
+        self._watch_steps(optimizer)
+        self._stepped.discard(id(optimizer))
         result = self.scaler.step(optimizer, closure) if closure is not None else self.scaler.step(optimizer)
         self.scaler.update()
         self._unscaled.discard(id(optimizer))
-        skipped = self.scaler.get_scale() < scale_before
+        # Skipped: the scaler did not call optimizer.step (known without reading the scale: no host sync
+        # beyond the scaler's own read of its inf check).
+        skipped = id(optimizer) not in self._stepped
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
         run = self.consecutive_skips
         if run >= FP16_SKIP_RUN and run & (run - 1) == 0:  # 8, 16, 32, ...: said while it goes on
@@ -127,6 +132,12 @@ class Precision:
                  f"and the loss scale fell to {self.scaler.get_scale():.3g}: the model is not training. Train in bf16 "
                  "(fp16's speed, fp32's range), lower the learning rate, or clip gradients (accelerator.clip_grad_norm_).")
         return result, skipped
+
+    def _watch_steps(self, optimizer: torch.optim.Optimizer) -> None:
+        """Note each real step of ``optimizer`` (a step post-hook, registered once)."""
+        if id(optimizer) not in self._watched:
+            self._watched.add(id(optimizer))
+            optimizer.register_step_post_hook(lambda opt, args, kwargs: self._stepped.add(id(opt)))
 
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of it: the fp16 scaler's state (None without one)."""

@@ -12,12 +12,18 @@ flag every rank reads is the maximum over the ranks (one small all-reduce per re
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Callable
 
 import torch
 
+
+# Several processes poll the stop signal together this often (in optimizer steps): the all-reduce
+# it takes is a host sync. lowbit launch's grace period (60 s) covers 10 steps of up to 6 s; a
+# scheduler's shorter grace or longer steps: lower it (LOWBIT_PREEMPTION_POLL_STEPS).
+POLL_EVERY_STEPS = int(os.environ.get("LOWBIT_PREEMPTION_POLL_STEPS", "10"))
 
 class PreemptionWatch:
     """One per Accelerator: the SIGTERM flag, the callbacks, and the agreement between ranks."""
@@ -28,6 +34,7 @@ class PreemptionWatch:
         self.callbacks: list[Callable[[], None]] = []
         self._installed = False
         self._handled = False
+        self.steps = 0
 
     def listen(self) -> None:
         """Take over SIGTERM (from the main thread; elsewhere Python cannot install handlers)."""
@@ -58,8 +65,15 @@ class PreemptionWatch:
         return flag
 
     def after_step(self) -> None:
-        """Run the callbacks once, at the first optimizer step after the signal, then exit."""
-        if self._handled or not self.callbacks or not self.requested():
+        """Run the callbacks once, at the first optimizer step after the signal, then exit. Several
+        processes agree on the signal every ``POLL_EVERY_STEPS`` steps (one small all-reduce and
+        host read then; none in between), one process at every step (a flag, no device read)."""
+        self.steps += 1
+        if self._handled or not self.callbacks:
+            return
+        if self.num_processes > 1 and self.steps % POLL_EVERY_STEPS:
+            return
+        if not self.requested():
             return
         self._handled = True
         for callback in self.callbacks:

@@ -41,6 +41,7 @@ class PreparationSettings:
     dynamo_backend: str | None = None
     compile_options: dict[str, Any] = field(default_factory=dict)  # torch.compile's mode, fullgraph, ... as given
     regional_compilation: bool = False  # compile each repeated block instead of the whole model
+    non_blocking: bool = False  # DataLoaderConfiguration(non_blocking=True): batches copied without a host wait
 
 
 def _not_wrapped_already(model: Any) -> Any:
@@ -127,7 +128,7 @@ class Preparation:
                 result[index] = PreparedDataLoader(
                     objects[index], settings.device, settings.num_processes, settings.process_index, self.rules.gradient_state,
                     split_batches=settings.split_batches, even_batches=settings.even_batches,
-                    device_placement=settings.device_placement)
+                    device_placement=settings.device_placement, non_blocking=settings.non_blocking)
                 self.prepared.dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
 

@@ -59,6 +59,8 @@ class StepRules:
     on_nonfinite_loss: str = "skip"
     # Whether the step reads the gradients themselves (False where the strategy owns them: DeepSpeed).
     check_gradients: bool = True
+    # Whether every rank holds the same, averaged gradients at the step (DDP, or one process).
+    replicated_gradients: bool = False
     # Whether every loss (and gradient) since the last optimizer step was finite: one bool tensor,
     # folded on the device and read once, at the step (None: nothing seen yet).
     finite_since_step: Any = None
@@ -66,8 +68,18 @@ class StepRules:
     gradients_observed: bool = False
     optimizer_steps: int = 0
 
+    @property
+    def checks_nonfinite(self) -> bool:
+        """Whether steps look for NaN/inf at all: not with on_nonfinite_loss="continue" (Accelerate's
+        behaviour: no check, so no host sync), nor where the loss scaler or the strategy does."""
+        return self.on_nonfinite_loss != "continue" and not self.precision.skips_nonfinite_steps
+
     def observe_finite(self, value: torch.Tensor, gradients: bool = False) -> None:
         """Fold a loss or gradient norm into the flag the next optimizer step reads (no host sync)."""
+        if not self.checks_nonfinite or (self.replicated_gradients and not gradients):
+            # Replicated gradients (DDP) carry a NaN loss of any rank into every rank's gradients,
+            # which the step reads: the loss adds nothing, and ranks agree without a collective.
+            return
         flag = torch.isfinite(value.detach()).all()
         if self.finite_since_step is None:
             self.finite_since_step = flag
@@ -78,25 +90,30 @@ class StepRules:
     def observe_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Fold whether the gradients this step applies are finite, unless clip_grad_norm_ already did.
 
-        A NaN/inf gradient can come from a finite loss (an overflow in backward). One sum per
-        gradient (NaN and inf survive a sum; 1.5% of a training step, ``bench/nonfinite_check.py``)
-        and no host sync; each rank reads its own shard, and the step's all-reduce makes the ranks agree."""
-        if self.check_gradients and not self.gradients_observed:
-            sums = [_local(p.grad).sum() for group in optimizer.param_groups for p in group["params"]
-                    if isinstance(getattr(p, "grad", None), torch.Tensor) and p.grad.is_floating_point()]
-            if sums:
-                device = sums[0].device
-                self.observe_finite(torch.stack([s if s.dtype == torch.float32 and s.device == device
-                                                 else s.float().to(device) for s in sums]))
+        A NaN/inf gradient can come from a finite loss (an overflow in backward). One fused
+        reduction per device (``torch._foreach_norm`` with the max norm, which NaN and inf survive
+        and no finite value overflows) and no host sync; each rank reads its own shard."""
+        if self.check_gradients and self.checks_nonfinite and not self.gradients_observed:
+            by_device: dict[torch.device, list[torch.Tensor]] = {}
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    grad = getattr(p, "grad", None)
+                    if isinstance(grad, torch.Tensor) and grad.is_floating_point():
+                        local = _local(grad)
+                        by_device.setdefault(local.device, []).append(local)
+            for grads in by_device.values():
+                norms = torch._foreach_norm(grads, float("inf"))
+                self.observe_finite(torch.stack([n.float() for n in norms]), gradients=True)
         self.gradients_observed = False
 
     def nonfinite_before_step(self) -> bool:
-        """Whether a loss or gradient since the last step was NaN/inf (one host sync per step, none per micro-batch)."""
+        """Whether a loss or gradient since the last step was NaN/inf: the one host sync of a step
+        (none per micro-batch); sharded gradients add one all-reduce so that every rank agrees."""
         if self.finite_since_step is None:
             return False
         finite = self.finite_since_step.to(torch.int32)
         self.finite_since_step = None
-        if self.num_processes > 1:  # every rank skips or steps together (their gradients are averaged)
+        if self.num_processes > 1 and not self.replicated_gradients:
             import torch.distributed as dist
 
             if dist.is_initialized():
@@ -177,9 +194,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
             return None
         rules = self._rules
         rules.optimizer_steps += 1
-        if rules.precision.skips_nonfinite_steps:
-            rules.finite_since_step = None  # fp16: the loss scaler skips steps with inf/nan gradients itself
-        else:
+        if rules.checks_nonfinite:
             rules.observe_gradients(self.optimizer)
             if rules.nonfinite_before_step() and not self._nonfinite_continues(rules):
                 self.step_was_skipped = True
@@ -204,9 +219,6 @@ class PreparedOptimizer(torch.optim.Optimizer):
         what = f"the loss or a gradient of optimizer step {rules.optimizer_steps} is NaN or inf"
         if rules.on_nonfinite_loss == "raise":
             raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
-        if rules.on_nonfinite_loss == "continue":
-            notices.warn(f"{what}; the step runs anyway (on_nonfinite_loss='continue'): the weights may turn NaN.")
-            return True
         notices.warn(f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
                      "accelerator.optimizer_step_was_skipped is True).")
         return False

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
 from lowbit.observe.gpu_specs import gpu_peak
-from lowbit.observe.throughput import ThroughputMeter, batch_counts
+from lowbit.observe.throughput import batch_counts
 from lowbit.tracking import GeneralTracker
 
 

@@ -204,3 +204,52 @@ def test_a_model_compiled_before_prepare_stays_compiled(fresh_dynamo):
             optimizer.zero_grad()
 
     _compiles_once(run_steps)
+
+
+class _HostReads:
+    """Counts what reads a device value on the host (``.item()``, ``bool()`` of a tensor: both run
+    ``aten._local_scalar_dense``, a host sync on a GPU) and collectives, inside the block."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts = self.counts = {"reads": 0, "collectives": 0}
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    counts["reads"] += 1
+                if func.namespace == "c10d":
+                    counts["collectives"] += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("precision, on_nonfinite_loss, reads", [
+    ("bf16", "continue", 0),  # Accelerate's behaviour: nothing read
+    ("bf16", "skip", 1),  # lowbit's default: the one read of the step's finite verdict
+    ("no", "skip", 1),
+    ("fp16", "skip", 1),  # the loss scaler's own read of its inf check, nothing of lowbit's
+    ("fp8-tensorwise", "continue", 0),
+])
+def test_a_steady_state_step_reads_the_device_only_where_asked(precision, on_nonfinite_loss, reads):
+    accelerator = accelerator_for(precision, on_nonfinite_loss=on_nonfinite_loss)
+    accelerator.on_preemption(lambda: None)  # the preemption poll is on, too
+    model, loader = model_and_data()
+    # SGD: AdamW on a CPU reads each parameter's step count (.item()) itself
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), loader)
+    batches = iter(loader)
+    for step in range(4):
+        x, y = next(batches)
+        with _HostReads() as seen:
+            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+        if step >= 2:  # the first step also counts the FLOPs (on meta, no device read)
+            assert seen.counts == {"reads": reads, "collectives": 0}, (step, seen.counts)
