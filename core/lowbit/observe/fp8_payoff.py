@@ -273,6 +273,10 @@ class _PointwiseTracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default:
+            # A value read on the host (a model's data-dependent check, e.g. transformers' test for
+            # packed sequences) has no value on meta: taken as 1 (true), the plain path.
+            return True if args[0].dtype == torch.bool else 1
         out = func(*args, **kwargs)
         inputs = [t for t in _flat(args, kwargs) if isinstance(t, torch.Tensor)]
         outputs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]

@@ -84,6 +84,24 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
     return dataclasses.replace(config, **overrides)
 
 
+# torchao's named float8 recipes (Float8LinearConfig.from_recipe_name), by the name lowbit's report gives them.
+FLOAT8_RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+
+def recipe_of_config(config: Any) -> str:
+    """The named recipe a user's Float8LinearConfig scales as (Accelerate's way of asking for
+    rowwise: ``Float8LinearConfig.from_recipe_name("rowwise")``): the one whose six cast settings
+    it shares; "Float8LinearConfig" when it matches none (its own mix of scalings)."""
+    Float8LinearConfig, _, _ = _float8_types()
+    casts = [f.name for f in dataclasses.fields(Float8LinearConfig) if f.name.startswith("cast_config")]
+
+    def scaling(c: Any) -> tuple:
+        return tuple(getattr(c, name) for name in casts)
+
+    return next((name for name in FLOAT8_RECIPE_NAMES
+                 if scaling(Float8LinearConfig.from_recipe_name(name)) == scaling(config)), "Float8LinearConfig")
+
+
 def gathers_in_fp8(options: Any, config: Any, context: PrepareContext) -> bool:
     """Whether FSDP2 all-gathers the converted weights in float8: as asked, else (unset) on under
     FSDP2 when the weights are scaled per tensor (a user's Float8LinearConfig keeps its own value)."""
@@ -291,7 +309,7 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     gathered = gathered_in_fp8(model) if config.enable_fsdp_float8_all_gather else None
     context.plugin_state(Float8Gather).on |= bool(gathered)
     return ConvertedModel(model, ConversionReport(
-        converted, skipped, layer_types, options.recipe if options.config is None else "Float8LinearConfig",
+        converted, skipped, layer_types, options.recipe if options.config is None else recipe_of_config(options.config),
         PADDING_NOTE if converted and config.pad_inner_dim else "", gathered))
 
 

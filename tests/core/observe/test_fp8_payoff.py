@@ -172,6 +172,25 @@ def test_a_prepared_model_is_predicted_from_code_with_its_own_recipe_and_kept_la
         Accelerator(mixed_precision="bf16").fp8_payoff(_tiny_llama())
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])  # rowwise_with_gw_hp: refused on a CPU
+def test_a_recipe_given_accelerates_way_is_predicted_as_its_name(recipe):
+    """AORecipeKwargs(config=Float8LinearConfig.from_recipe_name(...)), as Accelerate's docs build it."""
+    pytest.importorskip("torchao")
+    from torchao.float8 import Float8LinearConfig
+
+    from lowbit import Accelerator
+    from lowbit.utils import AORecipeKwargs
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(config=config)])
+    accelerator.prepare(_tiny_llama())
+    named = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(recipe=recipe)])
+    named.prepare(_tiny_llama())
+    prediction = accelerator.fp8_payoff(tokens=8192, seq_len=64, gpu="H100")
+    assert prediction.recipe == recipe
+    assert prediction.speedup == named.fp8_payoff(tokens=8192, seq_len=64, gpu="H100").speedup
+
+
 def test_a_model_that_refuses_the_example_batch_is_a_clear_error(tmp_path, capsys):
     """A vision model takes pixels, not token ids: the error says what was tried and what to do."""
     config = tmp_path / "config.json"

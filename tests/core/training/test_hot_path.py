@@ -253,3 +253,29 @@ def test_a_steady_state_step_reads_the_device_only_where_asked(precision, on_non
             optimizer.zero_grad()
         if step >= 2:  # the first step also counts the FLOPs (on meta, no device read)
             assert seen.counts == {"reads": reads, "collectives": 0}, (step, seen.counts)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8-tensorwise"])
+def test_a_transformers_llama_compiled_after_prepare_compiles_once(precision, fresh_dynamo):
+    """The GPU run's setup, small: a grouped-query Llama, torch.compile after prepare, every default on."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    model = LlamaForCausalLM(config)
+    ids = [torch.randint(0, 256, (32,)) for _ in range(4 * 12)]
+    loader = DataLoader(ids, batch_size=4, collate_fn=lambda b: {"input_ids": torch.stack(b), "labels": torch.stack(b)})
+    accelerator = accelerator_for(precision)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-3), loader)
+    compiled = torch.compile(model, backend="aot_eager")
+    batches = iter(loader)
+
+    def run_steps(n):
+        for _ in range(n):
+            accelerator.backward(compiled(**next(batches)).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    _compiles_once(run_steps)
+    assert accelerator.throughput["throughput/tflops_per_device"] > 0  # grouped-query attention counted
