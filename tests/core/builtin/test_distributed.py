@@ -195,3 +195,28 @@ def test_ranks_come_from_a_process_group_the_script_started_itself(tmp_path):
     facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert facts == [{"process_index": 0, "num_processes": 2, "is_main_process": True},
                      {"process_index": 1, "num_processes": 2, "is_main_process": False}]
+
+
+@pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp2"])
+def test_torch_compile_of_a_prepared_model_adds_nothing_to_what_torch_compiles(tmp_path, flags):
+    """torch.compile of a prepared model under DDP and FSDP2 (every default on, the meter included;
+    a shuffled loader) against the same model wrapped by torch itself, compiled the same way: lowbit
+    adds no graph break, and no precision recompiles after the first step. (Torch's own DDP and
+    FSDP2 wrappers break the graph on a CPU over gloo; that is torch's, measured beside it.)"""
+    out = tmp_path / "compile"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    precisions = "no,bf16,fp16,fp8-tensorwise,fp8-rowwise"
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *flags,
+           str(TESTS / "distributed" / "compile_worker.py"), str(out), precisions]
+    proc = run_launch(cmd, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for rank in range(2):
+        results = json.loads((out / f"result_rank{rank}.json").read_text())
+        assert results.pop("strategy") == ("FSDP" if flags else "MULTI_CPU")
+        plain = results.pop("torch")
+        for precision, seen in results.items():
+            assert seen["graph_breaks"] <= plain["graph_breaks"], (precision, seen, plain)
+            assert seen["graphs"] == seen["graphs_after_first_step"] >= plain["graphs"], (precision, seen, plain)
+            assert seen["finite"] and seen["steps"] == 11, (precision, seen)
