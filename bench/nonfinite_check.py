@@ -2,7 +2,7 @@
 
     python bench/nonfinite_check.py
 
-lowbit reads every gradient once per optimizer step (one sum each) to catch a NaN/inf gradient
+lowbit reads every gradient once per optimizer step (one fused max-norm per device) to catch a NaN/inf gradient
 under a finite loss, unless ``clip_grad_norm_`` already computed their norm that step. Both loops
 are lowbit's, side by side in one process; only the check differs.
 """

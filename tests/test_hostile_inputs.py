@@ -134,10 +134,11 @@ def test_a_nan_loss_is_reported_on_its_step_and_handled_as_asked(mode, recwarn):
     before = model.weight.detach().clone()
     opt.step()
     messages = [str(w.message) for w in recwarn]
-    assert any("of optimizer step 2 is NaN or inf" in m for m in messages), messages
     if mode == "skip":
+        assert any("of optimizer step 2 is NaN or inf" in m for m in messages), messages
         assert acc.optimizer_step_was_skipped and torch.equal(model.weight, before)
-    else:
+    else:  # Accelerate's behaviour: nothing checked (no host read), the step runs
+        assert not any("NaN or inf" in m for m in messages), messages
         assert not acc.optimizer_step_was_skipped and not torch.isfinite(model.weight).all()
 
 

@@ -8,6 +8,12 @@ import importlib.metadata
 from packaging.version import InvalidVersion, Version
 
 
+# The torch versions lowbit's CI runs its tests under (.ci/run's lanes; the oldest is every
+# distribution's floor in its pyproject.toml): the CPU build of the newest, and the version the
+# GPU image ships (its registry build, which runs on a CPU).
+TESTED_TORCH = ("2.13.0", "2.11.0")
+
+
 def installed_version(distribution: str) -> str | None:
     """The installed version of ``distribution`` from its metadata (nothing is imported), or None."""
     try:

@@ -33,6 +33,14 @@ def _memory() -> str:
             return "unknown"
 
 
+def _tested(version: str) -> str:
+    from lowbit.version import TESTED_TORCH
+
+    tested = ", ".join(TESTED_TORCH)
+    same = version.split("+")[0] in TESTED_TORCH
+    return f" ({'one of ' if same else 'not one of '}the versions lowbit's CI tests: {tested})"
+
+
 def _cpu() -> str:
     """What decides CPU speed for low precision: the vector ISA torch uses and native bf16."""
     import torch
@@ -56,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     lines = [
         "- lowbit: " + _version("lowbit"),
         f"- Python: {sys.version.split()[0]} ({platform.platform()})",
-        "- torch: " + _version("torch"),
+        "- torch: " + _version("torch") + _tested(_version("torch")),
         "- pluggy: " + _version("pluggy"),
         "- numpy: " + _version("numpy"),
         "- RAM: " + _memory(),

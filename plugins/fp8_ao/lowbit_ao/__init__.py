@@ -18,6 +18,10 @@ from lowbit_ao.recipe import RECIPE_NAMES, AORecipeKwargs
 NAME = "ao"
 PRIORITY = 100
 MIN_TORCHAO = "0.12"
+# The oldest torch each torchao release loads its kernels with, as that release's own
+# torchao/__init__.py checks it (0.18.0: "2.11.0"; 0.15.0: "2.9.1", pytorch/ao#3455). Releases
+# not listed are not checked.
+TORCH_FOR_TORCHAO = {"0.18": "2.11", "0.15": "2.9.1"}
 
 
 def unavailable_reason() -> str:
@@ -27,6 +31,11 @@ def unavailable_reason() -> str:
     version = installed_version("torchao")  # None: importable from a source tree, trusted
     if version and older_than(version, MIN_TORCHAO):
         return f"torchao {version} is too old; lowbit-ao needs torchao >= {MIN_TORCHAO}: `pip install -U torchao`"
+    needs = TORCH_FOR_TORCHAO.get(".".join((version or "").split(".")[:2]))
+    torch_version = installed_version("torch")
+    if needs and torch_version and older_than(torch_version, needs):
+        return (f"torchao {version} needs torch >= {needs} (found torch {torch_version}): `pip install 'torch>={needs}'`, "
+                f"or the torchao built for your torch (`pip install 'torchao<{version}'`)")
     return ""
 
 

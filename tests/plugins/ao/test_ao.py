@@ -346,6 +346,17 @@ def test_torchao_missing_or_too_old_makes_ao_unavailable_with_the_reason(monkeyp
     assert lowbit_ao.unavailable_reason() == "torchao not installed: `pip install torchao`"
 
 
+def test_a_torch_older_than_the_torchao_release_needs_makes_ao_unavailable_with_what_to_install(monkeypatch):
+    """torchao 0.18 loads its kernels with torch >= 2.11 only (its own __init__ checks it); found at discovery."""
+    versions = {"torchao": "0.18.0", "torch": "2.10.0+cu128"}
+    monkeypatch.setattr(lowbit_ao.importlib.metadata, "version", lambda name: versions[name])
+    assert lowbit_ao.unavailable_reason() == (
+        "torchao 0.18.0 needs torch >= 2.11 (found torch 2.10.0+cu128): `pip install 'torch>=2.11'`, "
+        "or the torchao built for your torch (`pip install 'torchao<0.18.0'`)")
+    versions["torch"] = "2.11.0+cu130"
+    assert lowbit_ao.unavailable_reason() == ""
+
+
 def test_torchao_start_up_noise_is_dropped_and_nothing_else():
     """torchao's GPU-kernel load failures and torch's Enum notices are harmless on a CPU machine;
     lowbit drops exactly those lines while it imports torchao, and keeps everything else."""
