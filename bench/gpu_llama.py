@@ -1,15 +1,19 @@
 """FP8 against BF16 on a ~1B-parameter Llama-shaped model, one GPU: what a user wants to know.
 
     python bench/gpu_llama.py                      # compiled; every FP8 backend and recipe that runs here
+    python bench/gpu_llama.py --shape llama3-8b-4l # Llama-3-8B's layer shapes, 4 layers, seq 8192, batch 1
     python bench/gpu_llama.py --steps 20 --seq 2048 --no-compile
     python bench/gpu_llama.py --device cpu --tiny --steps 2 --no-compile   # a smoke run (CI): no figures
 
-Rows: bf16; lowbit with each available FP8 backend and recipe (torchao tensorwise and rowwise,
-Transformer Engine delayed and current scaling, MS-AMP O2); torchao applied by hand to the same
-model (``convert_to_float8_training`` on the same layers, bf16 autocast, the same AdamW), which
-measures lowbit's own overhead; and Hugging Face Accelerate's FP8 (torchao) where Accelerate is
-installed. Columns: median step time, tokens per second, peak allocated memory, each against
-bf16; the ratio to raw torchao; model FLOPs utilisation against the GPU's dense bf16 peak.
+Rows: lowbit bf16; raw PyTorch bf16 (the same loop by hand, bf16 autocast); lowbit with each
+available FP8 backend and recipe (torchao tensorwise and rowwise, Transformer Engine delayed and
+current scaling, MS-AMP O2); torchao applied by hand to the same model (``convert_to_float8_training``
+on the same layers, bf16 autocast, the same AdamW), tensorwise and rowwise, which measures lowbit's
+own overhead; and Hugging Face Accelerate's FP8 (torchao) where Accelerate is installed. Columns:
+median step time, tokens per second, peak allocated memory, each against bf16; the ratio to the
+raw row of the same work (raw bf16 for bf16, raw torchao of the same recipe for torchao rows);
+model FLOPs utilisation against the GPU's dense bf16 peak; the graphs dynamo compiled and the
+graph breaks it met (a compiled row with 0 graphs ran eager). AdamW is fused on a GPU.
 
 Each row runs in its own process (clean memory peak), same seed, batch and AdamW, compiled with
 ``torch.compile`` unless ``--no-compile`` (torchao's speed-up depends on it; Transformer Engine
@@ -33,17 +37,27 @@ FP8_ROWS = [("fp8 ao tensorwise", "lowbit", "ao", {"recipe": "tensorwise"}),
             ("fp8 te current", "lowbit", "te", {"scaling": "current"}),
             ("fp8 msamp O2", "lowbit", "msamp", {"opt_level": "O2"}),
             ("raw torchao tensorwise", "raw_torchao", "ao", {"recipe": "tensorwise"}),
+            ("raw torchao rowwise", "raw_torchao", "ao", {"recipe": "rowwise"}),
             ("accelerate fp8 (ao)", "accelerate", "ao", {})]
 
+# Model shapes (LlamaConfig fields), and the sequence length and batch each is run at by default.
+SHAPES = {
+    # ~1B parameters, multi-head attention
+    "llama-1b": (dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
+                      num_key_value_heads=16, vocab_size=32000), 1024, 4),
+    # Llama-3-8B's layers (grouped-query attention, 8 key/value heads), 4 of them: 1.92 B parameters
+    "llama3-8b-4l": (dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
+                          num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0), 8192, 1),
+    # checks the script, measures nothing (grouped-query, as Llama 3)
+    "tiny": (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256), 32, 2),
+}
 
-def model_config(seq: int, tiny: bool):
+
+def model_config(seq: int, shape: str):
     from transformers import LlamaConfig
 
-    if tiny:
-        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=4, vocab_size=256, max_position_embeddings=seq)
-    return LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                       num_key_value_heads=16, vocab_size=32000, max_position_embeddings=seq)
+    return LlamaConfig(**SHAPES[shape][0], max_position_embeddings=seq, use_cache=False)
 
 
 def _lowbit(model, optimizer, precision: str, backend: str | None, options: dict):
@@ -87,6 +101,24 @@ def _raw_torchao(model, optimizer, device, options: dict):
     return Autocast(model), optimizer, lambda loss: loss.backward(), device
 
 
+def _raw_bf16(model, optimizer, device):
+    """Plain PyTorch: the model on the device, its forward in bf16 autocast."""
+    import torch
+
+    model.to(device)
+
+    class Autocast(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args, **kwargs):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                return self.inner(*args, **kwargs)
+
+    return Autocast(model), optimizer, lambda loss: loss.backward(), device
+
+
 def _accelerate(model, optimizer, device):
     from accelerate import Accelerator
     from accelerate.utils import AORecipeKwargs
@@ -100,17 +132,22 @@ def run_one(row: dict, args: argparse.Namespace) -> dict:
     import torch
     from transformers import LlamaForCausalLM
 
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
     device = torch.device(args.device)
-    config = model_config(args.seq, args.tiny)
+    config = model_config(args.seq, args.shape)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     if device.type == "cuda":
         model.cuda()
     params = sum(p.numel() for p in model.parameters())
     non_embedding = params - model.get_input_embeddings().weight.numel()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     if row["kind"] == "raw_torchao":
         model, optimizer, backward, device = _raw_torchao(model, optimizer, device, row["options"])
+    elif row["kind"] == "raw_bf16":
+        model, optimizer, backward, device = _raw_bf16(model, optimizer, device)
     elif row["kind"] == "accelerate":
         model, optimizer, backward, device = _accelerate(model, optimizer, device)
     else:
@@ -135,10 +172,11 @@ def run_one(row: dict, args: argparse.Namespace) -> dict:
         losses.append(loss.item())
     step_s = statistics.median(times)
     token_count = args.batch * args.seq
-    # 6 N T for the weights (forward and backward) plus the attention scores (12 L H S T).
     flops = 6 * non_embedding * token_count + 12 * config.num_hidden_layers * config.hidden_size * args.seq * token_count
+    # 6 N T for the weights (forward and backward) plus the attention scores (12 L H S T).
     return {"label": row["label"], "params": params, "step_ms": 1000 * step_s, "tokens_per_s": token_count / step_s,
             "tflops": flops / step_s / 1e12, "compiled": compiled, "final_loss": losses[-1],
+            "graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")}
 
 
@@ -165,7 +203,7 @@ def predicted_speedups(args: argparse.Namespace, labels: list[str], gpu) -> dict
 
     gpu = gpu if gpu is not None and gpu.memory_tbps else known_gpu("H100")
     with torch.device("meta"):
-        model = LlamaForCausalLM(model_config(args.seq, args.tiny))
+        model = LlamaForCausalLM(model_config(args.seq, args.shape))
     work = count_work(model, args.batch, args.seq)
     predicted = {}
     for label, kind, backend, options in FP8_ROWS:
@@ -187,7 +225,8 @@ def rows_to_run(args: argparse.Namespace) -> list[dict]:
     available = {r["name"] for r in collect()["plugins"] if r["role"] == "backend" and r["status"] == "available"}
     if args.device == "cpu":
         available.add("ao")  # emulated: a smoke run of the script, not a figure
-    rows = [{"label": "bf16", "kind": "lowbit", "precision": "bf16", "backend": None, "options": {}}]
+    rows = [{"label": "bf16", "kind": "lowbit", "precision": "bf16", "backend": None, "options": {}},
+            {"label": "raw bf16", "kind": "raw_bf16", "precision": "bf16", "backend": None, "options": {}}]
     for label, kind, backend, options in FP8_ROWS:
         if backend not in available or (kind == "accelerate" and importlib.util.find_spec("accelerate") is None):
             continue
@@ -195,27 +234,44 @@ def rows_to_run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def raw_counterpart(row: dict, results: list[dict]) -> dict | None:
+    """The hand-written row doing the same work: raw bf16 for bf16 rows, raw torchao of the same
+    recipe for torchao rows (Accelerate's default recipe: tensorwise); None for the others."""
+    by_label = {r["label"]: r for r in results}
+    if row["label"].startswith("raw "):
+        return None
+    if row["label"] == "bf16":
+        return by_label.get("raw bf16")
+    if " ao " in f" {row['label']} " or row["label"].startswith("accelerate"):
+        recipe = row["label"].rsplit(" ", 1)[-1] if " ao " in f" {row['label']} " else "tensorwise"
+        return by_label.get(f"raw torchao {recipe}")
+    return None
+
+
 def print_table(results: list[dict], args: argparse.Namespace) -> None:
     base = results[0]
-    raw = next((r for r in results if r["label"].startswith("raw torchao")), None)
     gpu = device_peak(args.device)
     peak = gpu.tflops if gpu else None
     predicted = predicted_speedups(args, [r["label"] for r in results], gpu)
-    print(f"Llama-shaped model, {base['params'] / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} tokens, AdamW, "
+    print(f"Llama-shaped model ({args.shape}), {base['params'] / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} "
+          f"tokens, AdamW, "
           f"median of {args.steps} steps after {args.warmup}, {'compiled' if args.compile else 'eager'}"
           + ("" if peak else "; MFU: dense peak of this device unknown"))
     print(f"{'row':<24}{'step ms':>9}{'tok/s':>10}{'vs bf16':>9}{'predicted':>10}{'peak GiB':>10}{'vs bf16':>9}"
-          f"{'vs raw ao':>11}{'MFU':>7}{'loss':>9}")
+          f"{'vs raw':>9}{'MFU':>7}{'loss':>9}  compiled")
     for r in results:
-        vs_raw = f"{r['step_ms'] / raw['step_ms']:>10.2f}x" if raw else f"{'-':>11}"
+        raw = raw_counterpart(r, results)
+        vs_raw = f"{r['step_ms'] / raw['step_ms']:>8.3f}x" if raw else f"{'-':>9}"
+        graphs = f"  {r['graphs']} graphs, {r['graph_breaks']} breaks" if r["compiled"] else "  eager"
         mfu = f"{100 * r['tflops'] / peak:>6.1f}%" if peak else f"{'-':>7}"
         guess = f"{predicted[r['label']]:>9.2f}x" if r["label"] in predicted else f"{'-':>10}"
         print(f"{r['label'] + ('' if r['compiled'] or not args.compile else ' (eager)'):<24}{r['step_ms']:>9.1f}"
               f"{r['tokens_per_s']:>10.0f}{base['step_ms'] / r['step_ms']:>8.2f}x{guess}{r['peak_gib']:>10.2f}"
-              f"{r['peak_gib'] / base['peak_gib']:>8.2f}x{vs_raw}{mfu}{r['final_loss']:>9.4f}")
+              f"{r['peak_gib'] / base['peak_gib']:>8.2f}x{vs_raw}{mfu}{r['final_loss']:>9.4f}{graphs}")
     print("vs bf16: speed-up (bf16 step time / this one) and memory ratio; predicted: lowbit's FP8 payoff prediction "
           f"of that speed-up{'' if gpu and gpu.memory_tbps else ' (for an H100: this device has no figures)'} "
-          "(docs/fp8-payoff.md); vs raw ao: step time / raw torchao's (lowbit's overhead on the same conversion); "
+          "(docs/fp8-payoff.md); vs raw: step time / the hand-written row doing the same work (raw bf16, raw torchao "
+          "of the same recipe): lowbit's and Accelerate's overhead; "
           "MFU against the dense bf16 peak.")
 
 
@@ -223,21 +279,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-1b", help="model shape (default: llama-1b)")
+    parser.add_argument("--seq", type=int, help="tokens per row (default: the shape's)")
+    parser.add_argument("--batch", type=int, help="rows per step (default: the shape's)")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer model: checks the script, measures nothing")
+    parser.add_argument("--tiny", action="store_true", help="--shape tiny: checks the script, measures nothing")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.shape = "tiny" if args.tiny else args.shape
+    args.seq = args.seq or SHAPES[args.shape][1]
+    args.batch = args.batch or SHAPES[args.shape][2]
     if args.one:
         print(json.dumps(run_one(json.loads(args.one), args)))
         return
     results = []
     for row in rows_to_run(args):
         cmd = [sys.executable, __file__, "--one", json.dumps(row), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device,
-               *(["--tiny"] if args.tiny else []), *([] if args.compile else ["--no-compile"])]
+               "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device, "--shape", args.shape,
+               *([] if args.compile else ["--no-compile"])]
         print(f"running {row['label']} ...", file=sys.stderr, flush=True)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

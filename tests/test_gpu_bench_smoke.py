@@ -19,7 +19,7 @@ def test_the_gpu_benchmark_runs_every_row_it_can_and_prints_its_table():
                           capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout
-    for row in ("bf16", "fp8 ao tensorwise", "fp8 ao rowwise", "raw torchao tensorwise"):
+    for row in ("bf16", "raw bf16", "fp8 ao tensorwise", "fp8 ao rowwise", "raw torchao tensorwise", "raw torchao rowwise"):
         assert f"\n{row} " in table, table
     assert "failed" not in proc.stderr, proc.stderr[-3000:]
 

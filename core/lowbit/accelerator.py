@@ -188,8 +188,7 @@ class Accelerator(RankFacts):
         self.prepared = PreparedObjects()
         self.step_rules = StepRules(self.gradient_state, self.precision, self.num_processes, self.split_batches,
                                     self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss,
-                                    check_gradients=not self._strategy_owns_precision(),
-                                    replicated_gradients=self._gradients_replicated())
+                                    check_gradients=not self._strategy_owns_precision())
         self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings())
         self._telemetry: TelemetryRecorder | None = None
         self._preemption = PreemptionWatch(self.num_processes)
@@ -207,16 +206,6 @@ class Accelerator(RankFacts):
 
     def _strategy_owns_precision(self) -> bool:
         return self._strategy is not None and self._strategy.chosen.description.owns_precision
-
-    def _gradients_replicated(self) -> bool:
-        """Whether every rank holds the same gradients at the step (one process, or a strategy that
-        replicates them with no tensor- or context-parallel split)."""
-        if self.num_processes == 1:
-            return True
-        if self._strategy is None or not self._strategy.chosen.description.replicates_gradients:
-            return False
-        layout = self._layout
-        return layout is None or (getattr(layout, "tp_size", 1) == 1 and getattr(layout, "cp_size", 1) == 1)
 
     def _settle_layout(self, given: ParallelismConfig | None) -> ParallelismConfig | None:
         strategy = self._strategy.chosen if self._strategy else None

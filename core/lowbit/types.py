@@ -219,8 +219,6 @@ class StrategyDescription(PluginDescription):
     ``mesh_dims``: the dimensions of Accelerate's ``ParallelismConfig`` it lays a model out on
     ("dp_replicate", "dp_shard", "tp", "cp"), reading ``context.device_mesh``; a size above 1 in
     any other dimension is refused before ``prepare``, naming a strategy that has it.
-    ``replicates_gradients``: every rank holds the same averaged gradients at the optimizer step
-    (DDP without a tensor-parallel layout), so ranks agree on a NaN check without a collective.
     """
 
     ROLE: ClassVar[str] = "strategy"
@@ -235,7 +233,6 @@ class StrategyDescription(PluginDescription):
     memory: dict[str, StrategyMemory] = field(default_factory=dict)
     checkpoint_reshards: bool = False
     mesh_dims: tuple[str, ...] = ()
-    replicates_gradients: bool = False
 
 
 # The roles a plugin takes, by the name lowbit gives each (``lowbit plugins``, errors).

@@ -20,7 +20,7 @@ def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     return StrategyDescription(name=NAME, priority=10, available=True, aliases=("multi_gpu", "multi_cpu"),
                                distributed_types=("NO", "MULTI_CPU", "MULTI_GPU"), reports_as="MULTI_GPU",
                                kwargs_handler="DistributedDataParallelKwargs", launch_flag="multi_gpu",
-                               memory={NAME: MEMORY}, mesh_dims=("dp_replicate", "tp"), replicates_gradients=True,
+                               memory={NAME: MEMORY}, mesh_dims=("dp_replicate", "tp"),
                                # its own checkpoint (DCP, tensor-parallel runs only) reshards
                                checkpoint_reshards=True)
 

@@ -59,8 +59,6 @@ class StepRules:
     on_nonfinite_loss: str = "skip"
     # Whether the step reads the gradients themselves (False where the strategy owns them: DeepSpeed).
     check_gradients: bool = True
-    # Whether every rank holds the same, averaged gradients at the step (DDP, or one process).
-    replicated_gradients: bool = False
     # Whether every loss (and gradient) since the last optimizer step was finite: one bool tensor,
     # folded on the device and read once, at the step (None: nothing seen yet).
     finite_since_step: Any = None
@@ -76,9 +74,7 @@ class StepRules:
 
     def observe_finite(self, value: torch.Tensor, gradients: bool = False) -> None:
         """Fold a loss or gradient norm into the flag the next optimizer step reads (no host sync)."""
-        if not self.checks_nonfinite or (self.replicated_gradients and not gradients):
-            # Replicated gradients (DDP) carry a NaN loss of any rank into every rank's gradients,
-            # which the step reads: the loss adds nothing, and ranks agree without a collective.
+        if not self.checks_nonfinite:
             return
         flag = torch.isfinite(value.detach()).all()
         if self.finite_since_step is None:
@@ -108,12 +104,13 @@ class StepRules:
 
     def nonfinite_before_step(self) -> bool:
         """Whether a loss or gradient since the last step was NaN/inf: the one host sync of a step
-        (none per micro-batch); sharded gradients add one all-reduce so that every rank agrees."""
+        (none per micro-batch); several processes agree first, by one all-reduce of the flag (a NaN
+        loss on one rank can leave every gradient finite: it must still skip everywhere)."""
         if self.finite_since_step is None:
             return False
         finite = self.finite_since_step.to(torch.int32)
         self.finite_since_step = None
-        if self.num_processes > 1 and not self.replicated_gradients:
+        if self.num_processes > 1:
             import torch.distributed as dist
 
             if dist.is_initialized():
