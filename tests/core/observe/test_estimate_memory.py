@@ -74,6 +74,7 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, 
 
 def test_the_command_prints_a_row_per_precision_backend_and_strategy(tmp_path, capsys):
     pytest.importorskip("transformers")
+    pytest.importorskip("lowbit_deepspeed")  # zero3 is lowbit-deepspeed's (CI's torch 2.11 lane goes without it)
     from lowbit.cli.main import main
 
     spec, _, _ = _spec(tmp_path, "llama")
