@@ -721,6 +721,7 @@ class Accelerator(RankFacts):
         """The latest sampled FP8 numerics, one row per layer and tensor (prints as a table)."""
         if self._telemetry is None:
             raise ConfigError("Call accelerator.enable_fp8_telemetry() first (it is off by default).")
+        self._telemetry.read_pending()
         return FP8StatsTable(sorted(self._telemetry.layers.values(), key=lambda s: s.layer))
 
     def disable_fp8_telemetry(self) -> None:

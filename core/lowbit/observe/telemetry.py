@@ -44,8 +44,9 @@ class UnderflowWarning(LowbitWarning):
     """The fraction of a tensor's non-zero values that its FP8 cast flushes to zero passed the threshold."""
 
 
-def cast_stats(x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor") -> TensorStats:
-    """What casting ``x * scale`` to ``fp8_dtype`` does to ``x`` (``scale`` broadcasts: scalar or row-wise)."""
+def cast_stats(x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor") -> "PendingStats":
+    """What casting ``x * scale`` to ``fp8_dtype`` does to ``x`` (``scale`` broadcasts: scalar or
+    row-wise), computed on ``x``'s device and read later (no host sync here)."""
     import torch
 
     x = x.detach().float()
@@ -56,20 +57,23 @@ def cast_stats(x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor
     # beyond max + half the spacing of the top binade. Values just above max by a float ulp of
     # the scale computation round to max and are not counted.
     top_spacing = 2.0 ** math.floor(math.log2(fp8_max)) * info.eps
-    saturated = (scaled.abs() > fp8_max + top_spacing / 2).float().mean().item()
+    saturated = (scaled.abs() > fp8_max + top_spacing / 2).float().mean()
     quantized = scaled.clamp(-fp8_max, fp8_max).to(fp8_dtype).float()
     nonzero = x != 0
-    flushed = ((quantized == 0) & nonzero).float().sum().item() / max(x.numel(), 1)
-    return TensorStats(amax=x.abs().max().item(), scale=scale.float().min().item(), saturated=saturated, flushed=flushed)
+    flushed = ((quantized == 0) & nonzero).float().sum() / max(x.numel(), 1)
+    return PendingStats(torch.stack([x.abs().max(), scale.float().min(), saturated, flushed]))
 
 
 def block_cast_stats(x: "torch.Tensor", block: int, wanted_scale: "Callable[[torch.Tensor], torch.Tensor]",
-                     smallest: float, largest: float) -> TensorStats:
-    """What a block-scaled cast does to ``x`` (blocks of ``block`` along its last dim).
+                     smallest: float, largest: float) -> "PendingStats":
+    """What a block-scaled cast does to ``x`` (blocks of ``block`` along its last dim), computed on
+    ``x``'s device and read later.
 
     ``wanted_scale`` maps each block's amax to the scale the format would store for it, before
     it is clamped to the scale format's range [``smallest``, ``largest``]. A block beyond it
     saturates (its values clip), a non-zero block below it underflows (its values flush)."""
+    import torch
+
     x = x.detach().float().reshape(-1, x.shape[-1])
     blocks = x.reshape(x.shape[0], -1, block)
     block_amax = blocks.abs().amax(dim=-1)
@@ -78,13 +82,25 @@ def block_cast_stats(x: "torch.Tensor", block: int, wanted_scale: "Callable[[tor
     underflow_blocks = (block_amax > 0) & (wanted < smallest)
     count = max(block_amax.numel(), 1)
     nonzero = (blocks != 0).float()
-    return TensorStats(
-        amax=x.abs().max().item(), scale=wanted[block_amax > 0].min().item() if (block_amax > 0).any() else 0.0,
-        saturated=(saturated_blocks.float().sum() * block).item() / max(x.numel(), 1),
-        flushed=(nonzero * underflow_blocks.unsqueeze(-1)).sum().item() / max(x.numel(), 1),
-        blocks_saturated=saturated_blocks.float().sum().item() / count,
-        blocks_underflow=underflow_blocks.float().sum().item() / count,
-    )
+    smallest_used = torch.where(block_amax > 0, wanted, torch.full_like(wanted, float("inf"))).min()
+    return PendingStats(torch.stack([
+        x.abs().max(), torch.where(torch.isfinite(smallest_used), smallest_used, torch.zeros_like(smallest_used)),
+        saturated_blocks.float().sum() * block / max(x.numel(), 1),
+        (nonzero * underflow_blocks.unsqueeze(-1)).sum() / max(x.numel(), 1),
+        saturated_blocks.float().sum() / count, underflow_blocks.float().sum() / count]), blocks=True)
+
+
+@dataclass
+class PendingStats:
+    """A cast's figures still on the device (amax, scale, saturated, flushed[, blocks saturated,
+    blocks underflow]): read with the step's others, in one host read."""
+
+    figures: "torch.Tensor"
+    blocks: bool = False
+
+    def read(self, values: list[float] | None = None) -> TensorStats:
+        values = self.figures.tolist() if values is None else values
+        return TensorStats(*values[:4], *(values[4:6] if self.blocks else ()))
 
 
 class TelemetryRecorder:
@@ -99,6 +115,7 @@ class TelemetryRecorder:
         self.step = 0
         self.layers: dict[str, LayerStats] = {}
         self.removers: list[Any] = []
+        self._pending: list[tuple[str, str, PendingStats]] = []  # this step's figures, read together
 
     @property
     def active(self) -> bool:
@@ -109,10 +126,31 @@ class TelemetryRecorder:
         if self.active:
             self.record_stats(layer, role, cast_stats(x, fp8_dtype, scale))
 
-    def record_stats(self, layer: str, role: str, stats: TensorStats) -> None:
-        """Keep ``stats`` (from ``cast_stats`` or ``block_cast_stats``) for this step, and warn."""
+    def record_stats(self, layer: str, role: str, stats: "TensorStats | PendingStats") -> None:
+        """Keep ``stats`` (from ``cast_stats`` or ``block_cast_stats``) for this step; figures still
+        on the device are read, all together, when the step ends (``next_step``) or when asked."""
         if not self.active:
             return
+        if isinstance(stats, PendingStats):
+            self._pending.append((layer, role, stats))
+            return
+        self._keep(layer, role, stats)
+
+    def read_pending(self) -> None:
+        """Read this step's figures from the device: one host read for all of them."""
+        if not self._pending:
+            return
+        import torch
+
+        pending, self._pending = self._pending, []
+        flat = torch.cat([stats.figures.reshape(-1).float() for _, _, stats in pending]).tolist()
+        at = 0
+        for layer, role, stats in pending:
+            width = stats.figures.numel()
+            self._keep(layer, role, stats.read(flat[at:at + width]))
+            at += width
+
+    def _keep(self, layer: str, role: str, stats: TensorStats) -> None:
         entry = self.layers.setdefault(layer, LayerStats(layer, self.step))
         if entry.step != self.step:
             entry.step, entry.tensors = self.step, {}
@@ -133,6 +171,7 @@ class TelemetryRecorder:
                  UnderflowWarning)
 
     def next_step(self) -> None:
+        self.read_pending()
         self.step += 1
 
     def remove(self) -> None:

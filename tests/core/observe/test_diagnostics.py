@@ -98,12 +98,12 @@ def test_saturation_and_flush_fractions_match_a_hand_computation():
     # (2**-9 / 2 = 9.8e-4): all 1000 flush to zero. Nothing exceeds the range.
     x = torch.full((1001,), 1e-3)
     x[0] = 1000.0
-    stats = cast_stats(x, torch.float8_e4m3fn, torch.tensor(448.0 / 1000.0))
+    stats = cast_stats(x, torch.float8_e4m3fn, torch.tensor(448.0 / 1000.0)).read()
     assert stats.amax == 1000.0
     assert abs(stats.flushed - 1000 / 1001) < 1e-6
     assert abs(stats.saturated - 0.0) < 1e-6
     # With a scale taken from the tiny values instead (a stale, delayed scale), the outlier saturates.
-    stale = cast_stats(x, torch.float8_e4m3fn, torch.tensor(448.0 / 1e-3))
+    stale = cast_stats(x, torch.float8_e4m3fn, torch.tensor(448.0 / 1e-3)).read()
     assert abs(stale.saturated - 1 / 1001) < 1e-6 and stale.flushed == 0.0
 
 
@@ -136,6 +136,7 @@ def test_saturation_warning_fires_past_the_threshold():
     x = torch.ones(100)
     with pytest.warns(SaturationWarning, match=r"layer1's input exceeds the format's range"):
         recorder.record("layer1", "input", x, torch.float8_e4m3fn, torch.tensor(1000.0))
+        recorder.next_step()  # the step's figures are read (and judged) when it ends
 
 
 def test_underflow_is_said_like_saturation():
@@ -149,10 +150,14 @@ def test_underflow_is_said_like_saturation():
     scale = torch.tensor(448.0 / 1e6)
     with pytest.warns(UnderflowWarning, match=r"FP8 underflow: 99.00% of layer1's input flushes to zero at step 0 "
                                               r"\(threshold 1.00%\)"):
-        TelemetryRecorder().record("layer1", "input", x, torch.float8_e4m3fn, scale)
+        recorder = TelemetryRecorder()
+        recorder.record("layer1", "input", x, torch.float8_e4m3fn, scale)
+        recorder.next_step()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        TelemetryRecorder(underflow_warning=0.995).record("layer2", "input", x, torch.float8_e4m3fn, scale)
+        quiet = TelemetryRecorder(underflow_warning=0.995)
+        quiet.record("layer2", "input", x, torch.float8_e4m3fn, scale)
+        quiet.next_step()
 
 
 def test_telemetry_flags_a_non_finite_amax():
@@ -161,6 +166,7 @@ def test_telemetry_flags_a_non_finite_amax():
     x[3] = float("nan")
     with pytest.warns(SaturationWarning, match=r"layer1's grad_output holds NaN or inf at step 0"):
         recorder.record("layer1", "grad_output", x, torch.float8_e5m2, torch.tensor(1.0))
+        recorder.next_step()
 
 
 def test_telemetry_off_by_default_and_unsupported_backends_say_so():
@@ -185,3 +191,35 @@ def test_profile_under_two_processes_writes_one_trace_per_rank(tmp_path):
     for rank in (0, 1):
         assert json.loads((out / f"trace_rank{rank}.json").read_text())["traceEvents"]
     assert (out / "summary.txt").exists()  # written by the main process only, once
+
+
+def test_telemetry_reads_the_device_once_per_sampled_step():
+    """The figures of every layer and tensor stay on the device until the step ends, then one read."""
+    pytest.importorskip("lowbit_ao")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    acc = Accelerator(mixed_precision="fp8")
+    model = mlp()
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    acc.enable_fp8_telemetry(every_n_steps=2)
+    reads = []
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x, y = torch.randn(32, 32), torch.randn(32, 8)
+    per_step = []
+    for _ in range(4):
+        reads.clear()
+        with Reads():
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+        per_step.append(len(reads))
+    # the step's finite verdict (1) every step, and nothing per layer: the telemetry reads its figures
+    # with one .tolist() at the step's end (it read 12 scalars per layer, each a host sync on a GPU)
+    assert per_step == [1, 1, 1, 1], per_step
+    assert acc.fp8_stats() and all(layer.step == 2 for layer in acc.fp8_stats())
