@@ -279,3 +279,16 @@ def test_a_transformers_llama_compiled_after_prepare_compiles_once(precision, fr
 
     _compiles_once(run_steps)
     assert accelerator.throughput["throughput/tflops_per_device"] > 0  # grouped-query attention counted
+
+
+def test_counting_a_compiled_models_work_leaves_it_compiling(fresh_dynamo):
+    """prepare() on a GPU counts the model's work for the FP8 report (report_work); a model compiled
+    before prepare() must still compile afterwards (dynamo marked the frames it met under the
+    tracer's modes to be skipped for good)."""
+    from lowbit.observe.fp8_payoff import count_work
+
+    model, _ = model_and_data()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    count_work(compiled, 2, 32)
+    compiled(torch.randn(4, 32)).sum().backward()
+    assert _dynamo_counts() == (1, 0)
