@@ -273,7 +273,7 @@ class _PointwiseTracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.ops.aten._local_scalar_dense.default:
+        if func.name() == "aten::_local_scalar_dense":
             # A value read on the host (a model's data-dependent check, e.g. transformers' test for
             # packed sequences) has no value on meta: taken as 1 (true), the plain path.
             return True if args[0].dtype == torch.bool else 1

@@ -132,7 +132,7 @@ class ChosenPlugins:
             raise PluginError(
                 f"{plugin_label(self.backend)}: autocast_context returned {type(factory).__name__} {factory!r:.60}, "
                 "expected a function of no arguments that returns a context manager (or None). The hook is called once, "
-                "at prepare(); its function runs on every forward (e.g. `return functools.partial(te.autocast, "
+                "at prepare(); its function runs on every forward (e.g. `return functools.partial(my_library.autocast, "
                 "recipe=recipe)`).")
         probe = factory()  # a broken factory would fail at the first forward, far from its cause
         if probe is not None and not (hasattr(probe, "__enter__") and hasattr(probe, "__exit__")):

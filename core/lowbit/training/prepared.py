@@ -87,19 +87,13 @@ class StepRules:
         """Fold whether the gradients this step applies are finite, unless clip_grad_norm_ already did.
 
         A NaN/inf gradient can come from a finite loss (an overflow in backward). One fused
-        reduction per device (``torch._foreach_norm`` with the max norm, which NaN and inf survive
-        and no finite value overflows) and no host sync; each rank reads its own shard."""
+        reduction (``get_total_norm`` with the max norm, which NaN and inf survive and no finite
+        value overflows; foreach kernels per device) and no host sync; each rank reads its own shard."""
         if self.check_gradients and self.checks_nonfinite and not self.gradients_observed:
-            by_device: dict[torch.device, list[torch.Tensor]] = {}
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    grad = getattr(p, "grad", None)
-                    if isinstance(grad, torch.Tensor) and grad.is_floating_point():
-                        local = _local(grad)
-                        by_device.setdefault(local.device, []).append(local)
-            for grads in by_device.values():
-                norms = torch._foreach_norm(grads, float("inf"))
-                self.observe_finite(torch.stack([n.float() for n in norms]), gradients=True)
+            grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"]
+                     if isinstance(getattr(p, "grad", None), torch.Tensor) and p.grad.is_floating_point()]
+            if grads:
+                self.observe_finite(torch.nn.utils.get_total_norm(grads, float("inf")), gradients=True)
         self.gradients_observed = False
 
     def nonfinite_before_step(self) -> bool:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import os
 from contextlib import nullcontext
@@ -162,8 +161,11 @@ def fp8_autocast_factory(model: Any, context: PrepareContext) -> Callable[[], Co
     """TE's autocast (``te.autocast``, TE >= 2.9) as a factory, its recipe and amax reduction group
     (the data-parallel group) decided once; off in eval unless ``use_autocast_during_eval``."""
     te, _ = import_te()
-    recipe = run_recipe(context)
-    on = functools.partial(te.autocast, enabled=True, recipe=recipe, amax_reduction_group=_data_parallel_group(context))
+    recipe, group = run_recipe(context), _data_parallel_group(context)
+
+    def on() -> ContextManager:
+        return te.autocast(enabled=True, recipe=recipe, amax_reduction_group=group)
+
     if model is None or context.backend_options.use_autocast_during_eval:
         return on
 
