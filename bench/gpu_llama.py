@@ -88,21 +88,11 @@ def _raw_torchao(model, optimizer, device, options: dict):
     config = dataclasses.replace(Float8LinearConfig.from_recipe_name(options["recipe"]), pad_inner_dim=True,
                                  emulate=device.type != "cuda")
     convert_to_float8_training(model, module_filter_fn=eligible, config=config)
-
-    class Autocast(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, *args, **kwargs):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                return self.inner(*args, **kwargs)
-
-    return Autocast(model), optimizer, lambda loss: loss.backward(), device
+    return _raw_bf16(model, optimizer, device)
 
 
 def _raw_bf16(model, optimizer, device):
-    """Plain PyTorch: the model on the device, its forward in bf16 autocast."""
+    """Plain PyTorch: the model on the device, its forward in bf16 autocast, written by hand."""
     import torch
 
     model.to(device)

@@ -32,6 +32,19 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16))
 
 
+def train_loop(batches, forward, backward, optimizer, after_first_step) -> list[float]:
+    losses = []
+    for x, y in batches:
+        loss = nn.functional.mse_loss(forward(x).float(), y)
+        backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        if len(losses) == 1:
+            after_first_step()
+    return losses
+
+
 def counted(train) -> dict:
     """What dynamo compiled over ``train(after_first_step)``: graphs after the first step and at the end, breaks."""
     import torch._dynamo
@@ -54,16 +67,7 @@ def lowbit_run(precision: str):
         model = make_model()
         model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-2), loader)
         compiled = torch.compile(model, backend="aot_eager")
-        losses = []
-        for x, y in loader:
-            loss = nn.functional.mse_loss(compiled(x).float(), y)
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
-            if len(losses) == 1:
-                after_first_step()
-        return losses
+        return train_loop(loader, compiled, accelerator.backward, optimizer, after_first_step)
 
     return train
 
@@ -80,20 +84,14 @@ def torch_run(sharded: bool):
         else:
             wrapped = nn.parallel.DistributedDataParallel(model)
         compiled = torch.compile(wrapped, backend="aot_eager")
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-        losses = []
-        for _ in range(11):
-            x, y = torch.randn(16, 32), torch.randn(16, 16)
+
+        def forward(x):
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                out = compiled(x)
-            loss = nn.functional.mse_loss(out.float(), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
-            if len(losses) == 1:
-                after_first_step()
-        return losses
+                return compiled(x)
+
+        batches = [(torch.randn(16, 32), torch.randn(16, 16)) for _ in range(11)]
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+        return train_loop(batches, forward, lambda loss: loss.backward(), optimizer, after_first_step)
 
     return train
 

@@ -48,6 +48,20 @@ def model_and_data(width: int = 64, blocks: int = 2):
     return BlockMLP(width, blocks), DataLoader(data, batch_size=16)
 
 
+def stepper(accelerator: Accelerator, run, optimizer, loader):
+    """``run_steps(n)``: n training steps of ``run`` (the prepared model, or a compiled one) on the loader's batches."""
+    batches = iter(loader)
+
+    def run_steps(n):
+        for _ in range(n):
+            x, y = next(batches)
+            accelerator.backward(nn.functional.mse_loss(run(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+
+    return run_steps
+
+
 @pytest.mark.parametrize("precision", ["no", "bf16", "fp8-tensorwise"])
 def test_a_steady_state_step_makes_no_plugin_call(precision):
     accelerator = accelerator_for(precision)
@@ -138,16 +152,7 @@ def test_torch_compile_of_a_prepared_model_compiles_once_with_fullgraph(precisio
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    batches = iter(loader)
-
-    def run_steps(n):
-        for _ in range(n):
-            x, y = next(batches)
-            accelerator.backward(nn.functional.mse_loss(compiled(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
-
-    _compiles_once(run_steps)
+    _compiles_once(stepper(accelerator, compiled, optimizer, loader))
     assert accelerator.throughput.get("throughput/tflops_per_device", 0) > 0  # the meter measured all the same
 
 
@@ -158,16 +163,7 @@ def test_dynamo_backend_and_regional_compilation_compile_once(regional, fresh_dy
     model, loader = model_and_data()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    batches = iter(loader)
-
-    def run_steps(n):
-        for _ in range(n):
-            x, y = next(batches)
-            accelerator.backward(nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
-
-    _compiles_once(run_steps)
+    _compiles_once(stepper(accelerator, model, optimizer, loader))
 
 
 def test_dynamo_backend_inductor_compiles(fresh_dynamo):
@@ -176,16 +172,7 @@ def test_dynamo_backend_inductor_compiles(fresh_dynamo):
     model, loader = model_and_data(width=32, blocks=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    batches = iter(loader)
-
-    def run_steps(n):
-        for _ in range(n):
-            x, y = next(batches)
-            accelerator.backward(nn.functional.mse_loss(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
-
-    _compiles_once(run_steps)
+    _compiles_once(stepper(accelerator, model, optimizer, loader))
 
 
 def test_a_model_compiled_before_prepare_stays_compiled(fresh_dynamo):
@@ -194,16 +181,7 @@ def test_a_model_compiled_before_prepare_stays_compiled(fresh_dynamo):
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     compiled, optimizer, loader = accelerator.prepare(compiled, optimizer, loader)
-    batches = iter(loader)
-
-    def run_steps(n):
-        for _ in range(n):
-            x, y = next(batches)
-            accelerator.backward(nn.functional.mse_loss(compiled(x), y))
-            optimizer.step()
-            optimizer.zero_grad()
-
-    _compiles_once(run_steps)
+    _compiles_once(stepper(accelerator, compiled, optimizer, loader))
 
 
 class _HostReads:
