@@ -18,6 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# A lent GPU comes for minutes: each part stops at its limit and the rest still runs.
+TESTS_TIMEOUT_S = 240
+ROW_TIMEOUT_S = 120
+
+
 def gpu_test_files() -> list[str]:
     """The test files that hold `gpu` tests (collecting only those: the others may need packages
     a GPU image lacks, which is no verdict on the GPU)."""
@@ -53,12 +58,19 @@ def main() -> int:
     print(f"GPU check: {gpu_description()}")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "gpu.xml"
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                               f"--junitxml={report}", *gpu_test_files()], cwd=ROOT, capture_output=True, text=True)
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                                   f"--junitxml={report}", *gpu_test_files()], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=TESTS_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"the gpu tests ran past {TESTS_TIMEOUT_S} s; stopped (the benchmark still runs)")
+            proc = None
         if not report.exists():
-            print(f"pytest did not run (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-            return 1
-        rows = test_outcomes(report)
+            if proc is not None:
+                print(f"pytest did not run (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+            rows = []
+        else:
+            rows = test_outcomes(report)
     width = max(len(r[0]) for r in rows) if rows else 10
     print(f"\n{'gpu test':<{width}}  {'outcome':<8}  why")
     for name, outcome, detail in rows:
@@ -69,10 +81,12 @@ def main() -> int:
 
     if torch.cuda.is_available():
         print()
-        subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_llama.py")], cwd=ROOT)
+        # the hot path's configuration (issue 45): Llama-3-8B's layers, 4 of them, seq 8192, batch 1, compiled
+        subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_llama.py"), "--shape", "llama3-8b-4l",
+                        "--row-timeout", str(ROW_TIMEOUT_S)], cwd=ROOT)
     else:
         print("benchmark: skipped (bench/gpu_llama.py needs a CUDA GPU)")
-    return 1 if counts["FAILED"] or counts["ERROR"] else 0
+    return 1 if counts["FAILED"] or counts["ERROR"] or not rows else 0
 
 
 if __name__ == "__main__":

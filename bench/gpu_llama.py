@@ -275,6 +275,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="--shape tiny: checks the script, measures nothing")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
+    parser.add_argument("--row-timeout", type=float, default=1800, help="seconds a row may take (default 1800)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.shape = "tiny" if args.tiny else args.shape
@@ -289,7 +290,11 @@ def main() -> None:
                "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device, "--shape", args.shape,
                *([] if args.compile else ["--no-compile"])]
         print(f"running {row['label']} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{row['label']}: stopped after {args.row_timeout:.0f} s", file=sys.stderr)
+            continue
         if proc.returncode != 0:
             print(f"{row['label']}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
             continue
