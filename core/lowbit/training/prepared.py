@@ -87,13 +87,16 @@ class StepRules:
         """Fold whether the gradients this step applies are finite, unless clip_grad_norm_ already did.
 
         A NaN/inf gradient can come from a finite loss (an overflow in backward). One fused
-        reduction (``get_total_norm`` with the max norm, which NaN and inf survive and no finite
-        value overflows; foreach kernels per device) and no host sync; each rank reads its own shard."""
+        reduction, the gradients' total 2-norm (``get_total_norm``: foreach kernels per device;
+        NaN and inf survive it), as ``clip_grad_norm_`` computes it, so a norm past fp32's range
+        (about 1e19) counts as inf there too; no host sync; each rank reads its own shard. (The
+        max norm would never overflow, but its CPU kernel is about 25x slower: ``python
+        bench/nonfinite_check.py`` times both.)"""
         if self.check_gradients and self.checks_nonfinite and not self.gradients_observed:
             grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"]
                      if isinstance(getattr(p, "grad", None), torch.Tensor) and p.grad.is_floating_point()]
             if grads:
-                self.observe_finite(torch.nn.utils.get_total_norm(grads, float("inf")), gradients=True)
+                self.observe_finite(torch.nn.utils.get_total_norm(grads, 2.0), gradients=True)
         self.gradients_observed = False
 
     def nonfinite_before_step(self) -> bool:
