@@ -167,3 +167,22 @@ def test_fp8_gemm_share_counts_the_layers_the_backend_converted():
     converted = [m for m in accelerator.unwrap_model(model).modules() if type(m).__name__ == "Float8Linear"]
     assert 0 < len(converted) < 3  # the first and last Linear stay in bf16 by default
     assert accelerator._throughput.fp8_gemm_share == pytest.approx(len(converted) / 3)
+
+
+def test_under_model_parallelism_the_count_is_per_device_and_tokens_per_data_parallel_batch():
+    """Tensor parallel over 2 of 4 processes: each device does half a batch's GEMMs, and the 4
+    processes read 2 different batches (tokens/s counts those, not 4)."""
+    from lowbit.observe.throughput import ThroughputMeter
+
+    def metered(data_parallel: int, model_parallel: int) -> ThroughputMeter:
+        meter = ThroughputMeter(torch.device("cpu"), data_parallel, "bf16", is_main=False, model_parallel=model_parallel)
+        meter.copy_structure(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 8)))
+        meter.on_batch({"input_ids": torch.zeros(4, 16, dtype=torch.long), "x": torch.randn(4, 16, 32)}, 0.0)
+        meter.on_step()
+        return meter
+
+    whole, split = metered(4, 1), metered(2, 2)
+    assert whole.counted_as == "model(batch['x'])"
+    assert whole.flops_per_unit == 3 * 2 * 16 * (32 * 64 + 64 * 8) * 4 / 64  # per token of the 4 x 16 batch
+    assert split.flops_per_unit == whole.flops_per_unit / 2
+    assert split.latest["throughput/tokens_per_s"] == pytest.approx(split.latest["throughput/tokens_per_s_per_device"] * 2)
