@@ -149,9 +149,9 @@ class ThroughputMeter:
     def count_flops(self) -> None:
         """The one FLOP count (after the first step): the watched model's forward traced on the
         first batch's shapes. A count that fails leaves TFLOP/s and MFU out, with one note."""
-        model, self._model = self._model, None  # counted once; the copy is not kept
-        if model is None or self._first_batch is None or self.flops_per_unit is not None:
+        if self._model is None or self._first_batch is None or self.flops_per_unit is not None:
             return
+        model, self._model = self._model, None  # counted once; the copy is not kept
         (batch, (samples, tokens)), self._first_batch = self._first_batch, None
         self.flops_per_unit = 0.0  # until counted: a failed count is not tried again
         try:
@@ -182,8 +182,8 @@ class ThroughputMeter:
         since, self._last_step = self._since, now
         self._since = {"samples": 0, "tokens": 0, "wait": 0.0}
         self.steps += 1
-        if self.steps == 1:
-            self.count_flops()
+        if self.flops_per_unit is None and self._first_batch is not None:
+            self.count_flops()  # once: after the first step a prepared dataloader fed
         figures = {"throughput/step_s": seconds}
         if since["samples"]:  # batches came from a prepared dataloader (a script may feed tensors itself)
             figures["throughput/samples_per_s"] = since["samples"] / seconds
