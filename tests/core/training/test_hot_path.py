@@ -270,3 +270,15 @@ def test_counting_a_compiled_models_work_leaves_it_compiling(fresh_dynamo):
     count_work(compiled, 2, 32)
     compiled(torch.randn(4, 32)).sum().backward()
     assert _dynamo_counts() == (1, 0)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # the reduction each device gets (computed here on CPU tensors)
+def test_the_gradient_verdict_catches_nan_and_inf_either_way(device):
+    from lowbit.training.prepared import finite_reduction
+
+    grads = [torch.randn(64, 64), torch.randn(64).bfloat16()]
+    assert torch.isfinite(finite_reduction(grads, torch.device(device))).all()
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        poisoned = [g.clone() for g in grads]
+        poisoned[1][3] = bad
+        assert not torch.isfinite(finite_reduction(poisoned, torch.device(device))).all(), bad
