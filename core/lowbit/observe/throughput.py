@@ -102,7 +102,7 @@ class ThroughputMeter:
         self.device, self.num_processes, self.precision, self.is_main, self.say = device, num_processes, precision, is_main, say
         self.model_parallel = model_parallel  # processes sharing one batch's work (tensor/context parallel)
         self.every_s = float(os.environ.get(EVERY_ENV, DEFAULT_EVERY_S))
-        self.latest: dict[str, float] = {}
+        self._last: tuple[float, dict[str, float]] | None = None  # the last step's seconds and counts
         self.flops_per_unit: float | None = None  # per token, or per sample when batches have no tokens
         self.fp8_gemm_share: float | None = None
         self.steps = 0
@@ -184,6 +184,17 @@ class ThroughputMeter:
         self.steps += 1
         if self.flops_per_unit is None and self._first_batch is not None:
             self.count_flops()  # once: after the first step a prepared dataloader fed
+        self._last = (seconds, since)  # the figures are worked out when read, not every step
+        if self.is_main and self.every_s > 0 and now - self._last_said >= self.every_s:
+            self._last_said = now
+            self.say(self.progress_line())
+
+    @property
+    def latest(self) -> dict[str, float]:
+        """The last optimizer step's figures (empty before the first step)."""
+        if self._last is None:
+            return {}
+        seconds, since = self._last
         figures = {"throughput/step_s": seconds}
         if since["samples"]:  # batches came from a prepared dataloader (a script may feed tensors itself)
             figures["throughput/samples_per_s"] = since["samples"] / seconds
@@ -199,10 +210,7 @@ class ThroughputMeter:
         if self.fp8_gemm_share is not None and self.precision not in ("no", "fp16", "bf16"):
             figures["throughput/fp8_gemm_share"] = self.fp8_gemm_share
         figures["throughput/peak_memory_mb"] = self._peak_memory_mb()
-        self.latest = figures
-        if self.is_main and self.every_s > 0 and now - self._last_said >= self.every_s:
-            self._last_said = now
-            self.say(self.progress_line())
+        return figures
 
     # ------------------------------------------------------------------ what it says
 
