@@ -354,8 +354,8 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
     """The work of one forward of ``model(*args, **kwargs)`` (meta tensors): each Linear's shape,
     attention FLOPs (grouped-query shapes included), other matmuls, and the pointwise bytes.
     Nothing runs: the forward is traced on the meta device with meta stand-ins for every weight
-    and buffer, so the model's own
-    tensors are neither read nor written (a BatchNorm's running statistics stay). A compiled model
+    and buffer, so the model's own tensors are neither read nor written (a BatchNorm's running
+    statistics stay). A compiled model
     (or compiled blocks) is traced eagerly, its compiled code untouched: dynamo never meets a frame
     under the tracer, which would mark it to be skipped for good."""
     model = getattr(model, "_orig_mod", model)
@@ -379,7 +379,8 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
         if _is_linear(module):
             handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
-        with _eager(), counter, tracer, torch.no_grad():
+        # compiled code (a compiled model or blocks) runs as plain eager code inside
+        with torch.compiler.set_stance("force_eager"), counter, tracer, torch.no_grad():
             stand_ins = {name: _meta_like(tensor)
                          for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
             out = torch.func.functional_call(model, stand_ins, args, kwargs)
@@ -408,14 +409,6 @@ def meta_copy(model: nn.Module) -> nn.Module:
         meta = _meta_like(tensor)
         memo[id(tensor)] = nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
     return copy.deepcopy(model, memo)
-
-
-def _eager() -> Any:
-    """Compiled code runs as plain eager code inside (torch >= 2.6: ``set_stance("force_eager")``)."""
-    import contextlib
-
-    set_stance = getattr(getattr(torch, "compiler", None), "set_stance", None)
-    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def first_last(work: ModelWork) -> dict[str, str]:

@@ -182,8 +182,8 @@ class ThroughputMeter:
         since, self._last_step = self._since, now
         self._since = {"samples": 0, "tokens": 0, "wait": 0.0}
         self.steps += 1
-        if self.flops_per_unit is None and self._first_batch is not None:
-            self.count_flops()  # once: after the first step a prepared dataloader fed
+        if self._first_batch is not None:
+            self.count_flops()  # once: after the first step a prepared dataloader fed (then None again)
         self._last = (seconds, since)  # the figures are worked out when read, not every step
         if self.is_main and self.every_s > 0 and now - self._last_said >= self.every_s:
             self._last_said = now

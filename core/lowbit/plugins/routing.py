@@ -1,8 +1,8 @@
 """The plugins one Accelerator chose, with one typed method per routed hook.
 
 pluggy calls every implementation of a hook; lowbit calls only the chosen plugin's, found once
-and then called as a plain function. Each method here routes to the plugin chosen for its role (the precision plugin, the low-precision backend,
-the distributed strategy), passes the run's context, and checks what the plugin returns, so that
+and then called as a plain function. Each method here routes to the plugin chosen for its role
+(the precision plugin, the low-precision backend, the distributed strategy), passes the run's context, and checks what the plugin returns, so that
 a wrong result names the plugin and the hook instead of failing far away. Collaborators of the
 Accelerator (preparation, checkpoints) receive this object, not the Accelerator.
 """
@@ -53,12 +53,12 @@ class ChosenPlugins:
 
     # ------------------------------------------------------------------ routing
 
-    def _routed(self, selection: "Selection | None", hook: str) -> Callable[..., Any] | None:
+    def caller(self, selection: "Selection | None", hook: str) -> Callable[..., Any] | None:
         """The chosen plugin's own implementation of ``hook`` as a plain function taking keyword
-        arguments (None: no plugin chosen, or it does not implement the hook). Looked up once:
-        a routed hook reaches one plugin, so calling its implementation directly is what pluggy
-        would do, without pluggy's per-call filtering of every registered plugin (which dynamo
-        cannot trace, and which every step would pay)."""
+        arguments and returning its answer (None: no plugin chosen, or it does not implement the
+        hook). Looked up once: a routed hook reaches one plugin, so calling its implementation
+        directly is what pluggy would do, without pluggy's per-call filtering of every registered
+        plugin (which dynamo cannot trace, and which every step would pay)."""
         if selection is None or selection.chosen is None:
             return None
         plugin = selection.chosen.plugin
@@ -69,13 +69,8 @@ class ChosenPlugins:
             self._callers[key] = _direct(impls[-1]) if impls else None
         return self._callers[key]
 
-    def caller(self, selection: "Selection | None", hook: str) -> Callable[..., Any] | None:
-        """A function calling ``hook`` on the chosen plugin alone and returning its answer (None:
-        the plugin does not implement it)."""
-        return self._routed(selection, hook)
-
     def implements(self, selection: "Selection | None", hook: str) -> bool:
-        return self._routed(selection, hook) is not None
+        return self.caller(selection, hook) is not None
 
     def _call(self, selection: "Selection | None", hook: str, **kwargs: Any) -> Any:
         caller = self.caller(selection, hook)
