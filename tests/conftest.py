@@ -18,6 +18,8 @@ def clean_lowbit_env(monkeypatch, tmp_path):
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    # Processes a test starts hold lowbit's collectives to NCCL's device rule (collective_device.py).
+    monkeypatch.setenv("LOWBIT_SIMULATE_NCCL", "1")
     yield
 
 

@@ -157,11 +157,15 @@ def needs_fp8_gpu_with(module: str, label: str):
 
 
 def run_launch(cmd, *, env, cwd=None, timeout=1500):
-    """Run a (multi-process) launch once. PYTHONFAULTHANDLER is on so that a crash of any rank,
+    """Run a (multi-process) launch once, under NCCL's device rule. PYTHONFAULTHANDLER is on so that a crash of any rank,
     including an abort in interpreter shutdown, prints every thread's Python stack in the failure."""
     import subprocess
 
-    return subprocess.run(cmd, capture_output=True, text=True, env={**env, "PYTHONFAULTHANDLER": "1"}, cwd=cwd, timeout=timeout)
+    from lowbit.collective_device import SIMULATE_ENV
+
+    # Every multi-process test holds lowbit's collectives to NCCL's device rule (see collective_device.py).
+    env = {**env, "PYTHONFAULTHANDLER": "1", SIMULATE_ENV: env.get(SIMULATE_ENV, "1")}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
 def install_entry_points(site, distribution: str, version: str, entry_points: dict[str, str], requires: tuple[str, ...] = ()):

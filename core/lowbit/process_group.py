@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from lowbit.collective_device import hold_to_nccl_rules
 from lowbit.errors import ConfigError, LowbitError
 
 
@@ -233,6 +234,7 @@ def process_facts(device_type: str, device_count: int, group_options: dict | Non
         device = torch.device(device_type)
     if world > 1:
         init_process_group(device.type, group_options)
+        hold_to_nccl_rules()
     return ProcessFacts(world, rank, local, device)
 
 

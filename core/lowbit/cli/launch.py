@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lowbit import notices
+from lowbit.collective_device import SIMULATE_ENV
 from lowbit.compat.accelerate_config import note_ignored
 from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES, first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
@@ -52,6 +53,9 @@ def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num_cpu_threads_per_process", type=int, default=None, help="OMP_NUM_THREADS for each process")
     group.add_argument("--monitor_interval", type=float, default=None, help="seconds between torchrun's checks of the workers")
     group.add_argument("--max_restarts", type=int, default=None, help="torchrun restarts of a failed job (default 0)")
+    group.add_argument("--simulate_nccl", action="store_true",
+                       help="on CPU processes, refuse what NCCL refuses: a lowbit collective on a tensor not put on the "
+                            "group's device fails as it would on GPUs (sets LOWBIT_SIMULATE_NCCL=1)")
     for flag in ACCELERATE_NOOP_FLAGS:
         switch = flag in ACCELERATE_NOOP_SWITCHES
         group.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS, **({"action": "store_true"} if switch else {}))
@@ -149,6 +153,8 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
 
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    if getattr(args, "simulate_nccl", False):
+        env[SIMULATE_ENV] = "1"
     target = ["-m", args.training_script] if module else [str(script)]
     if config.num_processes == 1 and config.distributed_type.upper() in SINGLE_PROCESS_TYPES:
         return [sys.executable, *target, *args.training_script_args], env, config

@@ -8,7 +8,10 @@ steps; ``gather_for_metrics`` drops exactly those repeated samples again. With `
 each batch is cut into N equal slices instead. Shuffling follows Accelerate too, so that a script
 sees the same samples in the same order under both: the sampler gets a generator seeded from the
 global torch RNG at prepare time, and at the start of each epoch every process takes the main
-process's generator state.
+process's generator state (broadcast on the process group's device: NCCL takes no CPU tensor).
+The batches are loaded by a DataLoader built once with the user's loading settings
+(``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ``worker_init_fn``),
+drawing from this process's share of the batch indices, as Accelerate's sharded loader does.
 """
 from __future__ import annotations
 
@@ -51,6 +54,11 @@ class PreparedDataLoader:
                 f"split_batches=True needs a batch size divisible by the {num_processes} processes, got {dataloader.batch_size}."
             )
         self.generator = self._shuffle_generator() if self._sharded else None
+        # Several processes: this process's share of each epoch's batches, loaded by a DataLoader
+        # with the user's own loading settings (workers, pinning, prefetching), built once so that
+        # persistent workers persist.
+        self._shard_batches = _ShardBatches()
+        self._shard_loader = _loader_like(dataloader, self._shard_batches) if self._sharded else None
 
     def _shuffle_generator(self) -> torch.Generator | None:
         """The shuffling sampler's generator, created (seeded from the global RNG) when it has none."""
@@ -169,19 +177,20 @@ class PreparedDataLoader:
         rng, resume = self._order_rng(), self._replay["resume"]
         self._replay["resume"], self._replay["ended"] = None, False
         if self._sharded:
-            if resume is None:
-                # torch's DataLoader iterator draws its workers' base seed here, from the global RNG;
-                # Accelerate iterates one per epoch, so the same draw keeps dropout's RNG stream on
-                # Accelerate's (resuming, it was drawn before the checkpoint already).
-                torch.empty((), dtype=torch.int64).random_(generator=self.base.generator)
             if self.generator is not None:  # every process shuffles as the main one does
                 if resume is not None:
                     self.generator.set_state(resume)
                 self.generator.set_state(broadcast(self.generator.get_state()))
             self._replay["start"] = _rng_state(rng)
-            collate = self.base.collate_fn
-            dataset = self.base.dataset
-            batches = (collate([dataset[i] for i in indices]) for indices in self._batch_indices()[self.skip_batches:])
+            self._shard_batches.source = self
+            # Iterating draws the workers' base seed (from the loader's generator, or torch's global
+            # RNG), as a DataLoader does once per epoch in Accelerate too; a resumed epoch drew it
+            # before the checkpoint, so its draw is put back to keep dropout's RNG stream unchanged.
+            seed_rng = self.base.generator
+            before = _rng_state(seed_rng) if resume is not None else None
+            batches = iter(self._shard_loader)
+            if before is not None:
+                _set_rng_state(seed_rng, before)
             # Padding to drop in gather_for_metrics: only the last round's, when it was filled up
             # (drop_last drops that round instead, so nothing gathered is padding).
             padded = self.even_batches and not self.base.drop_last
@@ -219,6 +228,33 @@ class PreparedDataLoader:
 
 
 _END = object()
+
+
+class _ShardBatches:
+    """The batch sampler of a multi-process loader: the iterating PreparedDataLoader's batches of
+    dataset indices for this epoch, drawn when the first batch is asked for (after the DataLoader
+    drew its workers' seed, as Accelerate's sharded sampler is)."""
+
+    source: PreparedDataLoader | None = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        source = self.source
+        return iter(source._batch_indices()[source.skip_batches:]) if source is not None else iter(())
+
+    def __len__(self) -> int:
+        return len(self.source) if self.source is not None else 0
+
+
+# What a DataLoader keeps of how it loads (not what it loads: dataset and sampling are the shard's).
+_LOADING_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+                     "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
+
+
+def _loader_like(dataloader: DataLoader, batch_sampler: _ShardBatches) -> DataLoader:
+    """A DataLoader over ``dataloader``'s dataset that loads as it does (its workers, pinning,
+    prefetching, worker_init_fn, collate_fn) and draws its batches from ``batch_sampler``."""
+    settings = {name: getattr(dataloader, name) for name in _LOADING_SETTINGS if hasattr(dataloader, name)}
+    return DataLoader(dataloader.dataset, batch_sampler=batch_sampler, **settings)
 
 
 def _rng_state(rng: torch.Generator | None) -> torch.Tensor:

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from lowbit.collective_device import on_group_device
+
 
 def _world() -> int:
     dist = torch.distributed
@@ -92,10 +94,10 @@ def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = F
 
 
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
-    tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor.contiguous()
-    parts = [torch.empty_like(tensor) for _ in range(_world())]
-    torch.distributed.all_gather(parts, tensor)
-    return torch.cat(parts, dim=0)
+    sent = on_group_device(tensor.reshape(1) if tensor.dim() == 0 else tensor.contiguous())
+    parts = [torch.empty_like(sent) for _ in range(_world())]
+    torch.distributed.all_gather(parts, sent)
+    return torch.cat(parts, dim=0).to(tensor.device)
 
 
 def gather(data: Any) -> Any:
@@ -120,9 +122,12 @@ def gather_object(obj: Any) -> list[Any]:
 
 
 def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float) -> torch.Tensor:
-    out = tensor.clone()
     if _world() > 1:
+        out = on_group_device(tensor, copy=True)
         torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
+        out = out.to(tensor.device)
+    else:
+        out = tensor.clone()
     if reduction == "mean":
         out = out / _world()
     return out * scale if scale != 1.0 else out
@@ -175,9 +180,9 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
         return data
 
     def one(tensor: torch.Tensor) -> torch.Tensor:
-        out = tensor.contiguous().clone()
+        out = on_group_device(tensor.contiguous(), copy=True)
         torch.distributed.broadcast(out, src=from_process)
-        return out
+        return out.to(tensor.device)
 
     return recursively_apply(one, data)
 

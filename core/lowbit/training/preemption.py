@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from lowbit.collective_device import on_group_device
+
 
 # Several processes poll the stop signal together this often (in optimizer steps): the all-reduce
 # it takes is a host sync. lowbit launch's grace period (60 s) covers 10 steps of up to 6 s; a
@@ -58,8 +60,7 @@ class PreemptionWatch:
             import torch.distributed as dist
 
             if dist.is_initialized():
-                device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-                agreed = torch.tensor([int(flag)], device=device)
+                agreed = on_group_device(torch.tensor([int(flag)]))
                 dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
                 flag = bool(agreed.item())
         return flag

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from lowbit import notices
+from lowbit.collective_device import on_group_device
 
 from lowbit.state import GradientState
 from lowbit.training.precision import Precision
@@ -108,6 +109,7 @@ class StepRules:
             import torch.distributed as dist
 
             if dist.is_initialized():
+                finite = on_group_device(finite)
                 dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return not bool(finite)
 

@@ -1,0 +1,84 @@
+"""What several GPUs under NCCL require of lowbit, checked on CPU processes (issue #46): the device
+rule of NCCL's collectives (held by LOWBIT_SIMULATE_NCCL, which every launched test sets), and the
+prepared DataLoader loading in the user's workers."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import TESTS, run_launch
+
+from lowbit import collective_device
+
+WORKER = TESTS / "distributed" / "loader_worker.py"
+
+
+def launch(tmp_path: Path, scenario: str, *flags: str) -> tuple[list[dict], str]:
+    out = tmp_path / scenario
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *flags,
+           str(WORKER), scenario, str(out)]
+    proc = run_launch(cmd, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], proc.stderr
+
+
+@pytest.mark.multiprocess
+def test_the_simulated_nccl_rule_catches_a_host_tensor_in_a_lowbit_collective(tmp_path):
+    """With the device hop taken out of broadcast (item 1 of #46 as it was: the sampler's CPU
+    generator state broadcast as it is), the simulated group refuses the collective on both
+    ranks, as NCCL did on GPUs; with the hop the same loader shuffles the same order everywhere."""
+    reverted, _ = launch(tmp_path, "hop-reverted")
+    for rank in reverted:
+        assert "NcclRuleError" in rank["error"] and "broadcast" in rank["error"], rank
+        assert "lowbit.training.operations" in rank["error"]
+
+    fixed, _ = launch(tmp_path, "plain")
+    for epoch in ("epoch0", "epoch1"):
+        items = [rank[epoch]["items"] for rank in fixed]
+        assert sorted(items[0] + items[1]) == list(range(32)), "the ranks' shards must cover the dataset once"
+    assert fixed[0]["epoch0"]["items"] != fixed[0]["epoch1"]["items"], "each epoch draws a new order"
+
+
+@pytest.mark.multiprocess
+def test_the_loader_of_several_processes_loads_in_the_users_workers(tmp_path):
+    """num_workers=2 with pin_memory and persistent workers: each rank's items are read by two
+    worker processes (before, by the training process itself), and every item once per epoch."""
+    ranks, _ = launch(tmp_path, "workers")
+    for rank in ranks:
+        for epoch in ("epoch0", "epoch1"):
+            pids = rank[epoch]["pids"]
+            assert rank["pid"] not in pids and len(pids) == 2, rank
+        assert rank["epoch0"]["pids"] == rank["epoch1"]["pids"], "persistent workers are kept between epochs"
+    for epoch in ("epoch0", "epoch1"):
+        assert sorted(ranks[0][epoch]["items"] + ranks[1][epoch]["items"]) == list(range(32))
+
+
+@pytest.mark.multiprocess
+def test_a_scripts_cpu_tensors_gather_and_reduce_and_come_back_on_the_cpu(tmp_path):
+    ranks, _ = launch(tmp_path, "user-gather")
+    for rank in ranks:
+        assert rank["gathered"] == [0.0, 0.0, 1.0, 1.0] and rank["reduced"] == [1.0, 1.0]
+        assert rank["device"] == "cpu"
+
+
+def test_a_tensor_of_a_device_type_the_group_does_not_serve_moves_to_the_accelerator(monkeypatch):
+    """Under NCCL (serves "cuda" only) a CPU tensor is copied to the process's accelerator (here
+    the meta device stands in for it); a served type stays where it is, copied only when asked."""
+    monkeypatch.delenv(collective_device.SIMULATE_ENV, raising=False)
+    monkeypatch.setattr(collective_device, "_served_device_types",
+                        lambda: (frozenset({"cuda"}), torch.device("meta")))
+    moved = collective_device.on_group_device(torch.ones(3))
+    assert moved.device.type == "meta"
+    monkeypatch.setattr(collective_device, "_served_device_types",
+                        lambda: (frozenset({"cpu", "cuda"}), None))
+    tensor = torch.ones(3)
+    assert collective_device.on_group_device(tensor) is tensor
+    copied = collective_device.on_group_device(tensor, copy=True)
+    assert copied is not tensor and torch.equal(copied, tensor)

@@ -1,0 +1,70 @@
+"""A shuffled DataLoader with the user's loading settings, prepared for several processes and read
+for one epoch; each rank writes what it saw. For tests/core/training/test_multi_gpu_rules.py.
+
+    lowbit launch --cpu --num_processes 2 [--use_fsdp] loader_worker.py SCENARIO OUT_DIR
+
+SCENARIO: ``workers`` (num_workers=2, pin_memory, persistent workers, a worker_init_fn),
+``hop-reverted`` (the shuffle order's broadcast without the device hop: what item 1 of #46 was),
+``user-gather`` (a script gathers and reduces CPU tensors of its own).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lowbit import Accelerator
+
+LENGTH = 32
+
+
+class WhoLoads(Dataset):
+    """Item i: (i, the pid of the process that read it)."""
+
+    def __len__(self) -> int:
+        return LENGTH
+
+    def __getitem__(self, index: int):
+        return torch.tensor(index), torch.tensor(os.getpid())
+
+
+def mark_worker(worker_id: int) -> None:
+    os.environ["LOADER_WORKER_STARTED"] = str(worker_id)
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    accelerator = Accelerator()
+    result: dict = {"pid": os.getpid()}
+    if scenario == "hop-reverted":
+        import lowbit.training.operations as operations
+
+        operations.on_group_device = lambda tensor, copy=False: tensor.clone() if copy else tensor
+    if scenario == "user-gather":
+        mine = torch.full((2,), float(accelerator.process_index))
+        result["gathered"] = accelerator.gather(mine).tolist()
+        result["reduced"] = accelerator.reduce(mine, "sum").tolist()
+        result["device"] = str(accelerator.gather(mine).device)
+    else:
+        workers = 2 if scenario == "workers" else 0
+        loader = DataLoader(WhoLoads(), batch_size=4, shuffle=True, num_workers=workers, pin_memory=workers > 0,
+                            persistent_workers=workers > 0, worker_init_fn=mark_worker if workers else None)
+        loader = accelerator.prepare(loader)
+        try:
+            for epoch in range(2):
+                seen, pids = [], set()
+                for indices, loaded_by in loader:
+                    seen += indices.tolist()
+                    pids |= set(loaded_by.tolist())
+                result[f"epoch{epoch}"] = {"items": seen, "pids": sorted(pids)}
+        except RuntimeError as error:
+            result["error"] = f"{type(error).__name__}: {error}"
+    (out / f"rank{accelerator.process_index}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
