@@ -119,7 +119,7 @@ class Accelerator(RankFacts):
         )
         explicit.update(settings_from_plugin_objects(gradient_accumulation_plugin, fsdp_plugin, deepspeed_plugin, dynamo_plugin, explicit))
         self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin = fsdp_plugin, deepspeed_plugin, dynamo_plugin
-        self.gradient_accumulation_plugin = gradient_accumulation_plugin
+        self.gradient_accumulation_plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(
             split_batches=bool(split_batches), even_batches=True if even_batches is None else even_batches)
         self.split_batches = self.dataloader_config.split_batches
@@ -579,10 +579,13 @@ class Accelerator(RankFacts):
         """Run one micro-batch; gradients sync and optimizers step every N-th call, and on the
         last batch of a prepared dataloader (so an epoch never ends with gradients left over)."""
         self.step += 1
-        self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0 or self.gradient_state.end_of_dataloader
+        plugin = self.gradient_accumulation_plugin
+        at_end = plugin.sync_with_dataloader and self.gradient_state.end_of_dataloader
+        self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0 or at_end
         with contextlib.ExitStack() as stack:
-            # A strategy that owns backward (DeepSpeed) counts micro-batches itself.
-            if not self.sync_gradients and not self.plugins.strategy_owns_backward:
+            # A strategy that owns backward (DeepSpeed) counts micro-batches itself; sync_each_batch
+            # reduces every micro-batch's gradients (under FSDP2 no unsharded gradients pile up).
+            if not (self.sync_gradients or plugin.sync_each_batch or self.plugins.strategy_owns_backward):
                 for model in models:
                     _skip_gradient_sync(model, stack)
             yield

@@ -219,6 +219,9 @@ class StrategyDescription(PluginDescription):
     ``mesh_dims``: the dimensions of Accelerate's ``ParallelismConfig`` it lays a model out on
     ("dp_replicate", "dp_shard", "tp", "cp"), reading ``context.device_mesh``; a size above 1 in
     any other dimension is refused before ``prepare``, naming a strategy that has it.
+    ``places_model``: it moves the model to the device itself, a block at a time (FSDP2's
+    ``fully_shard``), so ``prepare()`` does not first put the whole unsharded model there: a model
+    that fits only sharded never sits whole on one device.
     """
 
     ROLE: ClassVar[str] = "strategy"
@@ -233,6 +236,7 @@ class StrategyDescription(PluginDescription):
     memory: dict[str, StrategyMemory] = field(default_factory=dict)
     checkpoint_reshards: bool = False
     mesh_dims: tuple[str, ...] = ()
+    places_model: bool = False
 
 
 # The roles a plugin takes, by the name lowbit gives each (``lowbit plugins``, errors).

@@ -5,7 +5,8 @@ The order is torchtitan's: tensor parallelism first (on the mesh's ``tp`` dimens
 activation checkpointing of each block, then the blocks are sharded one by one (auto-wrap by
 module class), then the root, so that all-gathers of one block overlap compute of the previous one.
 Mixed precision uses FSDP2's own ``MixedPrecisionPolicy``: parameters are gathered in the compute
-dtype, gradients reduced in fp32.
+dtype, gradients reduced in fp32. ``fully_shard`` moves each unit to the device as it shards it,
+so the whole unsharded model is never on the device (``places_model``).
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ MEMORY = StrategyMemory(shards_weights=True, shards_gradients=True, shards_optim
                              "running asynchronously, so buffers and peak are a range (none of them alive to all of "
                              "them); measured on CPU within 15% of the range in fp32")
 OPTIONS = {
-    "transformer_layer_cls_to_wrap": "class names to shard as separate units (default: every item of every nn.ModuleList)",
+    "transformer_layer_cls_to_wrap": "class names to shard as separate units (default: every item of each outermost "
+                                     "nn.ModuleList, the blocks; lists inside a block, e.g. an MoE's experts, stay in it)",
     "reshard_after_forward": "free gathered parameters after forward (default true)",
     "activation_checkpointing": "recompute each block's activations in backward: false (default), true or 'full', "
                                 "or 'selective' (keep matmul outputs, recompute the rest)",
@@ -38,7 +40,7 @@ def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     return StrategyDescription(name=NAME, priority=5, available=True, aliases=("fsdp2",), distributed_types=("FSDP",),
                                reports_as="FSDP", config_section="fsdp_config", launch_flag="use_fsdp", checkpoint="own",
                                memory={NAME: MEMORY}, checkpoint_reshards=True,
-                               mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"))
+                               mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"), places_model=True)
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -63,7 +65,16 @@ def _units_to_shard(model, class_names: list[str] | None):
                 f"{did_you_mean(name, present)} Module classes in the model: {', '.join(present)}."
             )
         return units
-    return [block for m in model.modules() if isinstance(m, nn.ModuleList) for block in m]
+    # The blocks: items of the outermost lists only. A block's own lists (an MoE's experts) stay in
+    # its unit: an expert no token reached on one rank runs no forward there, and as a unit of its
+    # own it would leave that rank's collectives out of step with the others'.
+    blocks: list[nn.Module] = []
+    inside: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(prefix) for prefix in inside):
+            blocks.extend(module)
+            inside.append(f"{name}.")
+    return blocks
 
 
 @hookimpl
@@ -97,9 +108,10 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     options = context.strategy_options
-    # FP8 runs its own casts inside bf16 autocast; gathering params in bf16 as well would make
-    # torchao's float8 all-gather see bf16 weights, so FP8 keeps fp32 params here.
-    param_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(context.mixed_precision)
+    # Weights are gathered in the forward's compute dtype (bf16 for FP8 too, whose GEMMs run inside
+    # bf16 autocast: half the bytes of fp32); torchao's float8 all-gather casts from the fp32 shard
+    # whatever this says. Gradients are reduced in fp32.
+    param_dtype = context.autocast_dtype
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     reshard = bool(options.get("reshard_after_forward", True))
     model = apply_tensor_parallel(model, context)

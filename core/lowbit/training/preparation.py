@@ -95,7 +95,8 @@ class Preparation:
             model = _not_wrapped_already(result[m_index])
             if self.before_conversion is not None:
                 self.before_conversion(model)
-            model = model.to(self.settings.device)
+            if not self._strategy_places_model:
+                model = model.to(self.settings.device)
             optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
             model, optimizer = self._prepare_fp8(model, optimizer)
             if paired_optimizer is not None:
@@ -131,6 +132,11 @@ class Preparation:
                     device_placement=settings.device_placement, non_blocking=settings.non_blocking)
                 self.prepared.dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
+
+    @property
+    def _strategy_places_model(self) -> bool:
+        strategy = self.plugins.strategy
+        return strategy is not None and strategy.chosen.description.places_model
 
     def _kind_of(self, index: int, obj: Any) -> str:
         mine = any(obj is p for p in (*self.prepared.models, *self.prepared.optimizers))

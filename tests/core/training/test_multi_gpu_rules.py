@@ -15,15 +15,16 @@ from helpers import TESTS, run_launch
 from lowbit import collective_device
 
 WORKER = TESTS / "distributed" / "loader_worker.py"
+FSDP_WORKER = TESTS / "distributed" / "fsdp_worker.py"
 
 
-def launch(tmp_path: Path, scenario: str, *flags: str) -> tuple[list[dict], str]:
+def launch(tmp_path: Path, scenario: str, *flags: str, worker: Path = WORKER) -> tuple[list[dict], str]:
     out = tmp_path / scenario
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *flags,
-           str(WORKER), scenario, str(out)]
+           str(worker), scenario, str(out)]
     proc = run_launch(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], proc.stderr
@@ -82,3 +83,45 @@ def test_a_tensor_of_a_device_type_the_group_does_not_serve_moves_to_the_acceler
     assert collective_device.on_group_device(tensor) is tensor
     copied = collective_device.on_group_device(tensor, copy=True)
     assert copied is not tensor and torch.equal(copied, tensor)
+
+
+# ---------------------------------------------------------------------- FSDP2
+
+
+@pytest.mark.multiprocess
+def test_fsdp2_prepare_never_puts_the_whole_unsharded_model_on_the_device(tmp_path):
+    """fully_shard moves each unit as it shards it; before, prepare() moved the whole model first
+    (on a GPU: a model that fits only sharded ran out of memory there)."""
+    ranks, _ = launch(tmp_path, "placement", "--use_fsdp", worker=FSDP_WORKER)
+    for rank in ranks:
+        assert rank["events"][0].startswith("fully_shard"), rank["events"]
+        assert "whole model .to()" not in rank["events"], rank["events"]
+
+
+@pytest.mark.multiprocess
+def test_fsdp2_with_fp8_gathers_high_precision_weights_in_bf16(tmp_path):
+    """Rowwise FP8 gathers no weight in float8: every weight comes gathered in bf16 (was fp32:
+    twice the bytes); the shards the optimizer updates stay fp32."""
+    ranks, _ = launch(tmp_path, "gather-dtype", "--use_fsdp", "--mixed_precision", "fp8", worker=FSDP_WORKER)
+    for rank in ranks:
+        assert set(rank["weight_dtypes"].values()) == {"torch.bfloat16"}, rank["weight_dtypes"]
+        assert rank["shard_dtypes"] == ["torch.float32"]
+
+
+@pytest.mark.multiprocess
+def test_sync_each_batch_reduces_the_gradients_of_a_micro_batch_that_does_not_step(tmp_path):
+    """GradientAccumulationPlugin(sync_each_batch=True) under FSDP2: the first of two micro-batches
+    reduce-scatters its gradients (before, they waited unsharded for the stepping micro-batch)."""
+    ranks, _ = launch(tmp_path, "sync-each-batch", "--use_fsdp", worker=FSDP_WORKER)
+    for rank in ranks:
+        assert rank["stepping"] is False and rank["reduced"] is True, rank
+
+
+@pytest.mark.multiprocess
+def test_fsdp2_shards_blocks_not_the_experts_inside_them(tmp_path):
+    """An MoE block's experts stay in the block's unit, so a rank whose tokens reach no token to an
+    expert still joins the same collectives as the others (each rank routes to its own expert)."""
+    ranks, _ = launch(tmp_path, "moe", "--use_fsdp", worker=FSDP_WORKER)
+    for rank in ranks:
+        assert rank["units"] == ["<root>", "layers.0", "layers.1"], rank["units"]
+        assert len(rank["losses"]) == 3

@@ -1,0 +1,125 @@
+"""FSDP2 preparation as several GPUs meet it, one scenario per run; each rank writes what it saw.
+For tests/core/training/test_multi_gpu_rules.py.
+
+    lowbit launch --cpu --num_processes 2 --use_fsdp [--mixed_precision fp8] fsdp_worker.py SCENARIO OUT_DIR
+
+SCENARIO: ``placement`` (where prepare() moves the model, in order with fully_shard),
+``gather-dtype`` (the dtype each linear layer's weight has when its forward runs),
+``sync-each-batch`` (gradients after a micro-batch that does not step, with sync_each_batch),
+``moe`` (which modules become FSDP units, and training with experts that no token reaches on a rank).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed.fsdp as fsdp_module
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import mlp  # noqa: E402
+
+from lowbit import Accelerator  # noqa: E402
+from lowbit.utils import AORecipeKwargs, GradientAccumulationPlugin  # noqa: E402
+
+
+class Experts(nn.Module):
+    """A block with two experts; ``route`` picks the expert every token goes to."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(width, width) for _ in range(2))
+        self.route = 0
+
+    def forward(self, x):
+        return x + self.experts[self.route](x)
+
+
+class MoE(nn.Module):
+    def __init__(self, width: int = 32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Experts(width) for _ in range(2))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def placement(out: dict) -> None:
+    """Record each Module.to of the whole model, and each fully_shard, in the order they come."""
+    events: list[str] = []
+    model = mlp(seed=0, width=64)
+    original_to, original_shard = nn.Module.to, fsdp_module.fully_shard
+
+    def recording_to(self, *args, **kwargs):
+        if self is model:
+            events.append("whole model .to()")
+        return original_to(self, *args, **kwargs)
+
+    def recording_shard(module, **kwargs):
+        events.append(f"fully_shard {type(module).__name__}")
+        return original_shard(module, **kwargs)
+
+    nn.Module.to, fsdp_module.fully_shard = recording_to, recording_shard
+    accelerator = Accelerator()
+    accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    out.update(events=events, process_index=accelerator.process_index)
+
+
+def gather_dtype(out: dict) -> None:
+    accelerator = Accelerator(kwargs_handlers=[AORecipeKwargs(recipe="rowwise")])
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    seen: dict[str, str] = {}
+    for name, module in accelerator.unwrap_model(model).named_modules():
+        if hasattr(module, "weight") and isinstance(module.weight, torch.Tensor):
+            module.register_forward_pre_hook(lambda m, args, name=name: seen.__setitem__(name, str(m.weight.dtype)))
+    accelerator.backward(model(torch.randn(16, 64, device=accelerator.device)).float().pow(2).mean())
+    optimizer.step()
+    out.update(weight_dtypes=seen, shard_dtypes=sorted({str(p.dtype) for p in model.parameters()}),
+               process_index=accelerator.process_index)
+
+
+def sync_each_batch(out: dict) -> None:
+    accelerator = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=True))
+    model = mlp(seed=0, width=64)
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    with accelerator.accumulate(model):
+        accelerator.backward(model(torch.randn(8, 32, device=accelerator.device)).pow(2).mean())
+    out.update(stepping=accelerator.sync_gradients,
+               reduced=all(p.grad is not None for p in model.parameters()),
+               process_index=accelerator.process_index)
+
+
+def moe(out: dict) -> None:
+    accelerator = Accelerator()
+    model = MoE()
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    units = sorted(name or "<root>" for name, m in accelerator.unwrap_model(model).named_modules()
+                   if isinstance(m, fsdp_module.FSDPModule))
+    for layer in accelerator.unwrap_model(model).layers:
+        layer.route = accelerator.process_index  # rank 0's tokens reach expert 0 only, rank 1's expert 1
+    losses = []
+    for _ in range(3):
+        loss = model(torch.randn(8, 32, device=accelerator.device)).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    out.update(units=units, losses=losses, process_index=accelerator.process_index)
+
+
+def main() -> None:
+    scenario, out_dir = sys.argv[1], Path(sys.argv[2])
+    out: dict = {}
+    {"placement": placement, "gather-dtype": gather_dtype, "sync-each-batch": sync_each_batch, "moe": moe}[scenario](out)
+    (out_dir / f"rank{out['process_index']}.json").write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
