@@ -26,12 +26,21 @@ def _run_one(rank: int, function: Callable, args: tuple, world: int, env: dict[s
 
 
 def _start(function: Callable, args: tuple, processes: int, env: dict[str, str]) -> None:
+    import torch
     import torch.multiprocessing as mp
 
     if processes < 1:
         raise ConfigError(f"num_processes must be at least 1, got {processes}.")
-    # spawn, not fork: a forked child inherits the parent's threads and CUDA state, and may hang
-    mp.start_processes(_run_one, args=(function, tuple(args), processes, env), nprocs=processes, start_method="spawn")
+    # fork, as Accelerate: a function defined in a notebook cell (or a script read from stdin) lives
+    # in a __main__ that a spawned process cannot import. A forked child cannot use CUDA once the
+    # parent started it, so that is refused here, before any process starts.
+    if torch.cuda.is_initialized():
+        raise ConfigError(
+            "CUDA is already in use in this process (a tensor or model was put on a GPU, or a torch.cuda call "
+            "made, before the launcher), so the processes it forks could not use the GPUs. Restart the notebook's "
+            "kernel and call the launcher before anything touches CUDA: create the model and move it to the "
+            "device inside the training function.")
+    mp.start_processes(_run_one, args=(function, tuple(args), processes, env), nprocs=processes, start_method="fork")
 
 
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> None:

@@ -206,11 +206,13 @@ class ProcessFacts(RankFacts):
 DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"
 
 
-def process_facts(device_type: str, device_count: int, group_options: dict | None = None) -> ProcessFacts:
+def process_facts(device_type: str, device_count: int, group_options: dict | None = None,
+                  group_of_one: bool = False) -> ProcessFacts:
     """Read the ranks torchrun (or ``lowbit launch``) set, or, without them, from the process group
     the script (or Accelerate's ``debug_launcher``) started itself; this process's device is
     the ``local_rank``-th of ``device_count`` devices of ``device_type`` (CUDA devices are also made
-    current). Several processes join the job's process group."""
+    current). Several processes join the job's process group; so does one started by a launcher
+    with ``group_of_one`` (``--multi_gpu --num_processes 1``: DDP on one GPU, as in Accelerate)."""
     import torch.distributed as dist
 
     launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ
@@ -232,7 +234,7 @@ def process_facts(device_type: str, device_count: int, group_options: dict | Non
         torch.cuda.set_device(device)
     else:
         device = torch.device(device_type)
-    if world > 1:
+    if world > 1 or (group_of_one and launched):
         init_process_group(device.type, group_options)
         hold_to_nccl_rules()
     return ProcessFacts(world, rank, local, device)

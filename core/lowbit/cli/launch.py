@@ -43,7 +43,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 # `accelerate launch` flags that only tune Accelerate's own launcher or other hardware: accepted
 # so that a launch command moves over unchanged, and named in a note.
 ACCELERATE_NOOP_SWITCHES = ("same_network", "downcast_bf16", "enable_cpu_affinity")
-ACCELERATE_NOOP_FLAGS = ("gpu_ids", "rdzv_backend", "main_training_function", "zero3_init_flag", "zero3_save_16bit_model",
+ACCELERATE_NOOP_FLAGS = ("rdzv_backend", "main_training_function", "zero3_init_flag", "zero3_save_16bit_model",
                          *ACCELERATE_NOOP_SWITCHES)
 
 
@@ -53,6 +53,9 @@ def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num_cpu_threads_per_process", type=int, default=None, help="OMP_NUM_THREADS for each process")
     group.add_argument("--monitor_interval", type=float, default=None, help="seconds between torchrun's checks of the workers")
     group.add_argument("--max_restarts", type=int, default=None, help="torchrun restarts of a failed job (default 0)")
+    group.add_argument("--gpu_ids", default=None,
+                       help="the GPUs to use, e.g. 0,2 (CUDA_VISIBLE_DEVICES for every process; default: all); "
+                            "without --num_processes, one process each")
     group.add_argument("--simulate_nccl", action="store_true",
                        help="on CPU processes, refuse what NCCL refuses: a lowbit collective on a tensor not put on the "
                             "group's device fails as it would on GPUs (sets LOWBIT_SIMULATE_NCCL=1)")
@@ -123,6 +126,13 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     # LOWBIT_* variables set where lowbit launch runs count as in the script: over the file, under the flags
     env_raw = config_from_env(os.environ)
     config = validate_config(merge_raw(file_raw, env_raw, flags_raw), where=str(path), check_fp8_keys=False)
+    gpu_ids = _gpu_ids(getattr(args, "gpu_ids", None))
+    if not any("num_processes" in raw for raw in (file_raw, env_raw, flags_raw)) and not config.use_cpu:
+        visible = len(gpu_ids) if gpu_ids else _visible_gpu_count()
+        if visible > 1:  # as accelerate launch: one process per visible GPU, on each machine
+            config.num_processes = visible * config.num_machines
+            print(f"lowbit launch: {visible} GPUs visible: {config.num_processes} processes, one per GPU "
+                  "(--num_processes to choose).", file=sys.stderr, flush=True)
     if config.num_processes < 1 or config.num_machines < 1:
         raise ConfigError(f"--num_processes and --num_machines must be at least 1, got {config.num_processes} and {config.num_machines}.")
     if config.num_processes % config.num_machines:
@@ -134,6 +144,8 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
 
     env = config_to_env(config)
+    if gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     env["LOWBIT_CONFIG_FILE"] = str(path) if file_raw else os.devnull
     env.update(file_sources(file_raw, merge_raw(env_raw, flags_raw), path))
     manager = _plugin_manager()
@@ -156,7 +168,10 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     if getattr(args, "simulate_nccl", False):
         env[SIMULATE_ENV] = "1"
     target = ["-m", args.training_script] if module else [str(script)]
-    if config.num_processes == 1 and config.distributed_type.upper() in SINGLE_PROCESS_TYPES:
+    # One process runs as a plain script; asked for MULTI_GPU (--multi_gpu), it runs under torchrun
+    # and trains under DDP, as Accelerate does.
+    if config.num_processes == 1 and config.distributed_type.upper() in SINGLE_PROCESS_TYPES \
+            and config.distributed_type.upper() != "MULTI_GPU":
         return [sys.executable, *target, *args.training_script_args], env, config
     if config.num_machines > 1:
         if not config.main_process_ip:
@@ -186,6 +201,25 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
                *rendezvous, args.training_script, *args.training_script_args]
     env.update(notices.said_env())  # the ranks do not repeat what the launcher said
     return command, env, config
+
+
+def _gpu_ids(given: str | None) -> list[str]:
+    """``--gpu_ids``: "0,2" -> ["0", "2"]; "all" or nothing -> [] (every visible GPU)."""
+    if given is None or given.strip().lower() == "all":
+        return []
+    ids = [part.strip() for part in str(given).split(",") if part.strip()]
+    bad = [part for part in ids if not part.isdigit()]
+    if bad or not ids:
+        raise ConfigError(f"--gpu_ids {given!r} is not a list of GPU numbers: give them comma-separated, e.g. "
+                          "--gpu_ids 0,1 (or all).")
+    return ids
+
+
+def _visible_gpu_count() -> int:
+    """The GPUs this machine shows the job (torch counts without starting CUDA)."""
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _check_strategy_installed(config: "LowbitConfig", registry: Any) -> None:

@@ -166,7 +166,13 @@ def _resolve_options(chosen: Candidate, handler: Any, config: Any) -> RecipeKwar
 
 
 def _choose_strategy(registry: BackendRegistry, distributed_type: str, num_processes: int) -> Selection | None:
-    if num_processes == 1 and distributed_type.upper() in SINGLE_PROCESS_TYPES:
+    # One process needs no strategy, unless it asked for MULTI_GPU and joined a process group
+    # (lowbit launch --multi_gpu --num_processes 1: DDP on one GPU, as in Accelerate).
+    import torch.distributed as dist
+
+    grouped = dist.is_available() and dist.is_initialized()
+    if num_processes == 1 and distributed_type.upper() in SINGLE_PROCESS_TYPES and not (
+            distributed_type.upper() == "MULTI_GPU" and grouped):
         return None
     found = registry.strategy_for(distributed_type)
     return choose_backend(registry, "strategy", found.name if found else distributed_type,

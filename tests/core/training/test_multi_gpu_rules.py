@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,3 +126,68 @@ def test_fsdp2_shards_blocks_not_the_experts_inside_them(tmp_path):
     for rank in ranks:
         assert rank["units"] == ["<root>", "layers.0", "layers.1"], rank["units"]
         assert len(rank["losses"]) == 3
+
+
+# ---------------------------------------------------------------------- lowbit launch
+
+
+def launch_command(tmp_path, monkeypatch, *flags: str, gpus: int = 4):
+    """What ``lowbit launch <flags> train.py`` runs on a machine showing ``gpus`` GPUs."""
+    from lowbit.cli import launch as launch_module
+    from lowbit.cli.main import build_parser
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.chdir(tmp_path)  # no config file in the working directory
+    monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
+    monkeypatch.setattr(launch_module, "_visible_gpu_count", lambda: gpus)
+    command, env, config = launch_module.build_command(build_parser().parse_args(["launch", *flags, str(script)]))
+    return command, env, config
+
+
+def test_launch_starts_one_process_per_visible_gpu_unless_told(tmp_path, monkeypatch):
+    command, env, config = launch_command(tmp_path, monkeypatch)
+    assert command[command.index("--nproc_per_node") + 1] == "4" and env["LOWBIT_DISTRIBUTED_TYPE"] == "MULTI_GPU"
+    command, _, _ = launch_command(tmp_path, monkeypatch, "--num_processes", "2")
+    assert command[command.index("--nproc_per_node") + 1] == "2"
+    command, _, _ = launch_command(tmp_path, monkeypatch, gpus=1)
+    assert "torch.distributed.run" not in command, "one GPU: a plain process"
+    command, _, _ = launch_command(tmp_path, monkeypatch, "--cpu")
+    assert "torch.distributed.run" not in command, "--cpu counts no GPU"
+
+
+def test_gpu_ids_choose_the_gpus_and_the_process_count(tmp_path, monkeypatch):
+    command, env, _ = launch_command(tmp_path, monkeypatch, "--gpu_ids", "1,3")
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,3" and command[command.index("--nproc_per_node") + 1] == "2"
+    _, env, _ = launch_command(tmp_path, monkeypatch, "--gpu_ids", "all")
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    from lowbit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--gpu_ids 'first'"):
+        launch_command(tmp_path, monkeypatch, "--gpu_ids", "first")
+
+
+# ---------------------------------------------------------------------- launchers
+
+
+@pytest.mark.multiprocess
+def test_the_launchers_run_a_function_defined_where_no_file_holds_it(tmp_path):
+    """A notebook cell's function lives in a __main__ with no file: notebook_launcher and
+    debug_launcher fork (as Accelerate does); spawned processes could not find the function."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    with open(TESTS / "scripts" / "notebook_cell.py") as cell:
+        proc = subprocess.run([sys.executable, "-", str(tmp_path)], stdin=cell, capture_output=True, text=True,
+                              env={**env, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for tag in ("notebook", "debug"):
+        for rank in range(2):
+            assert json.loads((tmp_path / f"{tag}{rank}.json").read_text()) == {"processes": 2, "sum": 2.0}
+
+
+def test_the_launchers_refuse_to_fork_once_cuda_is_in_use(monkeypatch):
+    from lowbit import debug_launcher
+    from lowbit.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(ConfigError, match="CUDA is already in use"):
+        debug_launcher(print, num_processes=2)

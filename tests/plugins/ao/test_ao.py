@@ -388,6 +388,15 @@ def test_the_gpu_ddp_worker_trains_on_two_cpu_processes():
     assert result["losses"][-1] < result["losses"][0] and result["report"].startswith("fp8 (ao"), result
 
 
+def test_multi_gpu_with_one_process_trains_under_ddp():
+    """``--multi_gpu --num_processes 1`` runs under torchrun and wraps DDP, as Accelerate does (the
+    GPU test test_ddp_on_one_gpu_under_lowbit_launch failed on an H100 without it); here over gloo."""
+    from ao_helpers import launch_ddp_worker
+
+    result = launch_ddp_worker("--multi_gpu", "--num_processes", "1")
+    assert result["device"] == "cpu" and result["strategy"] == "ddp", result
+
+
 def test_float8_all_gather_of_row_scaled_weights_is_refused_naming_the_recipe_that_has_it():
     """torchao gathers only tensorwise-scaled weights in float8 (its config asserts otherwise)."""
     with pytest.raises(UnsupportedCombinationError, match=r"enable_fsdp_float8_all_gather=True needs.*recipe='tensorwise'"):
