@@ -122,5 +122,7 @@ def _set_accelerate_rng(states: dict[str, Any]) -> None:
         import numpy as np
 
         np.random.set_state(states["numpy_random_seed"])
-    if "torch_cuda_manual_seed" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["torch_cuda_manual_seed"])
+    if "torch_cuda_manual_seed" in states:
+        from lowbit.checkpoint.training_state import set_cuda_rng_states  # it imports this module
+
+        set_cuda_rng_states(states["torch_cuda_manual_seed"])

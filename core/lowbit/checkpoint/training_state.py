@@ -249,5 +249,15 @@ def set_rng_state(state: dict[str, Any], loader_generators: list[Any] = ()) -> N
 
         name, keys, pos, has_gauss, gauss = state["numpy"]
         np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state:
+        set_cuda_rng_states(state["cuda"])
+
+
+def set_cuda_rng_states(states: list[torch.Tensor]) -> None:
+    """Each visible GPU's RNG state from a save's list, one per GPU the saving process saw. A rank
+    may see fewer GPUs now (each process given one GPU by CUDA_VISIBLE_DEVICES, or the job moved):
+    the GPUs it sees take the first states; the others' states have no GPU to go to."""
+    if not torch.cuda.is_available():
+        return
+    for index, saved in enumerate(list(states)[:torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(saved, index)

@@ -6,6 +6,7 @@ dense rate); the source is on each row.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -23,7 +24,8 @@ class DevicePeak:
     memory_tbps: float | None = None
 
 
-# Matched against torch.cuda.get_device_name() in this order (the more specific name first).
+# Matched against torch.cuda.get_device_name() word by word, in this order (the more specific name
+# first): "NVIDIA L40" is not an L4, nor "NVIDIA GH200" an H200.
 GPU_PEAKS = (
     DevicePeak("H100 PCIe", 756.0, 1513.0, "NVIDIA H100 datasheet (PCIe: 1513 bf16 / 3026 fp8 with sparsity; 2.0 TB/s)",
                memory_tbps=2.0),
@@ -37,7 +39,11 @@ GPU_PEAKS = (
     DevicePeak("B200", 2250.0, 4500.0, "NVIDIA HGX B200 datasheet (36 PF bf16 / 72 PF fp8 / 144 PF fp4 sparse and "
                "64 TB/s over 8 GPUs)", fp4_tflops=9000.0, memory_tbps=8.0),
     DevicePeak("A100", 312.0, None, "NVIDIA A100 datasheet (no FP8 tensor cores; 80GB SXM: 2.039 TB/s)", memory_tbps=2.039),
+    DevicePeak("GH200", 989.4, 1978.9, "NVIDIA GH200 Grace Hopper datasheet (the H100 SXM's tensor cores; 96 GB "
+               "HBM3: 4 TB/s, 144 GB HBM3e: 4.9 TB/s)", memory_tbps=4.0),
     DevicePeak("L40S", 362.05, 733.0, "NVIDIA L40S datasheet (733 bf16 / 1466 fp8 with sparsity; 864 GB/s)",
+               memory_tbps=0.864),
+    DevicePeak("L40", 181.05, 362.1, "NVIDIA L40 datasheet (362 bf16 / 724 fp8 with sparsity; 864 GB/s)",
                memory_tbps=0.864),
     DevicePeak("L4", 121.0, 242.5, "NVIDIA L4 datasheet (242 bf16 / 485 fp8 with sparsity; 300 GB/s)", memory_tbps=0.3),
     DevicePeak("RTX 4090", 165.2, 330.3, "NVIDIA Ada Lovelace architecture whitepaper (FP32 accumulate; 1008 GB/s)",
@@ -46,6 +52,12 @@ GPU_PEAKS = (
 )
 
 
+def _words(name: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", name.lower())
+
+
 def gpu_peak(device_name: str) -> DevicePeak | None:
-    """The table's row for a device name as torch reports it ("NVIDIA H100 80GB HBM3"), or None."""
-    return next((peak for peak in GPU_PEAKS if peak.name.lower() in device_name.lower()), None)
+    """The table's row for a device name as torch reports it ("NVIDIA H100 80GB HBM3",
+    "NVIDIA A100-SXM4-80GB"): the first row whose words all are words of the name; or None."""
+    words = set(_words(device_name))
+    return next((peak for peak in GPU_PEAKS if set(_words(peak.name)) <= words), None)

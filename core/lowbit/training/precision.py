@@ -88,7 +88,10 @@ class Precision:
     def slow_reason(self) -> str | None:
         """Why this precision runs slowly on this device, or None. CPUs without native bf16
         (AVX512-BF16 or AMX) run bf16 matmuls on a slow path (measured 57x slower than fp32 on an
-        AMD EPYC with AVX2 only), and every precision whose forward autocasts to bf16 pays it."""
+        AMD EPYC with AVX2 only), and every precision whose forward autocasts to bf16 pays it. GPUs
+        before Ampere (sm_80: T4, V100) have no bf16 tensor cores: torch emulates bf16 there."""
+        if self.device.type == "cuda":
+            return self._slow_on_gpu()
         if self.device.type != "cpu":
             return None
         if self.name == "fp16":
@@ -101,6 +104,17 @@ class Precision:
                     f"{torch.backends.cpu.get_cpu_capability()}), so {self.name}{inside} runs much slower than fp32 "
                     "here; numerics are unaffected.")
         return None
+
+    def _slow_on_gpu(self) -> str | None:
+        if self.autocast_dtype != torch.bfloat16:
+            return None
+        major, minor = torch.cuda.get_device_capability(self.device)
+        if major >= 8:
+            return None
+        inside = f" ({self.name} runs inside bf16 autocast)" if self.served_by_backend else ""
+        return (f"This GPU ({torch.cuda.get_device_name(self.device)}, sm_{major}{minor}) has no bf16 tensor cores "
+                f"(they came with sm_80, Ampere), so {self.name}{inside} is emulated and runs slower than fp32 here; "
+                "fp16 (mixed_precision='fp16', with its loss scaling) is the fast half precision on this GPU.")
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, the loss scaled first under fp16."""

@@ -191,3 +191,44 @@ def test_the_launchers_refuse_to_fork_once_cuda_is_in_use(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(ConfigError, match="CUDA is already in use"):
         debug_launcher(print, num_processes=2)
+
+
+# ---------------------------------------------------------------------- smaller
+
+
+@pytest.mark.parametrize("name, row", [("NVIDIA L40", "L40"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"),
+                                       ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA H200", "H200"),
+                                       ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),
+                                       ("NVIDIA A100-SXM4-80GB", "A100"), ("Tesla T4", None)])
+def test_gpu_names_match_their_own_row_of_the_table(name, row):
+    from lowbit.observe.gpu_specs import gpu_peak
+
+    found = gpu_peak(name)
+    assert (found.name if found else None) == row
+
+
+def test_cuda_rng_states_are_restored_on_a_rank_that_sees_fewer_gpus(monkeypatch):
+    """Saved by a process that saw 2 GPUs, restored where it sees 1 (CUDA_VISIBLE_DEVICES per rank):
+    the visible GPU takes the first state (torch's set_rng_state_all failed on the missing device)."""
+    from lowbit.checkpoint.training_state import set_rng_state
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((int(state[0]), device)))
+    state = {"python": __import__("random").getstate(), "torch": torch.get_rng_state(),
+             "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)]}
+    set_rng_state(state)
+    assert restored == [(7, 0)]
+
+
+@pytest.mark.parametrize("capability, slow", [((7, 5), True), ((7, 0), True), ((8, 0), False), ((9, 0), False)])
+def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_said_to_be_slow(monkeypatch, capability, slow):
+    from lowbit.training.precision import Precision
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    for name in ("bf16", "fp8"):
+        reason = Precision.for_run(name, torch.device("cuda", 0), False).slow_reason()
+        assert bool(reason) == slow and (not slow or "no bf16 tensor cores" in reason)
+    assert Precision.for_run("no", torch.device("cuda", 0), False).slow_reason() is None
