@@ -149,7 +149,7 @@ class Accelerator(RankFacts):
         group = next((h for h in handlers if type(h).__name__ == "InitProcessGroupKwargs"), None)
         self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count,
                                                  dataclasses.asdict(group) if group is not None else None,
-                                                 group_of_one=self.config.distributed_type.upper() == "MULTI_GPU")
+                                                 group_of_one=self.config.distributed_type.upper() not in ("NO", "MULTI_CPU"))
         choice = choose_plugins(self._registry, self.config, handlers, self.num_processes)
         self._precision, self._backend, self._strategy = choice.precision, choice.backend, choice.strategy
         self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers

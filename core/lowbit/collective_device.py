@@ -9,7 +9,7 @@ copied to this process's GPU; the caller brings the result back where its own te
 Which device a group needs is worked out once per process group, not per call.
 
 **NCCL's rule on a CPU** (``LOWBIT_SIMULATE_NCCL=1``; ``lowbit launch --simulate_nccl``; the
-test suite sets it for every multi-process run): on one machine type every tensor sits on the
+test suite sets it for every multi-process run; a run over NCCL itself ignores it): on one machine type every tensor sits on the
 same device, so a gloo run cannot show that a host tensor would reach NCCL. Under the simulation
 the group refuses, as NCCL would, any tensor a lowbit module hands to a collective without
 passing it through :func:`on_group_device` (which, having no GPU to copy to, records the tensor
@@ -42,8 +42,13 @@ class NcclRuleError(RuntimeError):
     """A lowbit collective got a tensor NCCL would refuse (raised under the simulation only)."""
 
 
-def simulating() -> bool:
+def asked_to_simulate() -> bool:
     return os.environ.get(SIMULATE_ENV, "") == "1"
+
+
+# Whether this process holds its collectives to the simulated rule: asked to, over a group that
+# serves the CPU (gloo). A run on GPUs, over NCCL itself, takes the real device hop instead.
+_simulation = {"on": False}
 
 
 # ---------------------------------------------------------------------- the device hop
@@ -76,7 +81,7 @@ def on_group_device(tensor: torch.Tensor, copy: bool = False) -> torch.Tensor:
     collective that writes into it) when the group serves its device type, else copied to this
     process's accelerator. The caller moves the result back (``.to(tensor.device)``: free when
     nothing moved)."""
-    if simulating():
+    if _simulation["on"]:
         out = tensor.clone() if copy else tensor
         _on_simulated_device[id(out)] = out
         return out
@@ -122,11 +127,16 @@ def _checked(name: str, collective: Callable[..., Any], position: int, keyword: 
 
 
 def hold_to_nccl_rules() -> None:
-    """Under ``LOWBIT_SIMULATE_NCCL=1``, make torch.distributed's collectives refuse what NCCL
-    refuses from lowbit's modules (idempotent; nothing without the variable)."""
-    if not simulating():
+    """Under ``LOWBIT_SIMULATE_NCCL=1`` and a process group that serves the CPU, make
+    torch.distributed's collectives refuse what NCCL refuses from lowbit's modules (idempotent;
+    nothing without the variable, nor over NCCL itself)."""
+    if not asked_to_simulate():
         return
     import torch.distributed as dist
+
+    if "cpu" not in _served_device_types()[0]:
+        return
+    _simulation["on"] = True
 
     for name, (position, keyword) in CHECKED_COLLECTIVES.items():
         collective = getattr(dist, name, None)

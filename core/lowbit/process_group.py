@@ -212,7 +212,8 @@ def process_facts(device_type: str, device_count: int, group_options: dict | Non
     the script (or Accelerate's ``debug_launcher``) started itself; this process's device is
     the ``local_rank``-th of ``device_count`` devices of ``device_type`` (CUDA devices are also made
     current). Several processes join the job's process group; so does one started by a launcher
-    with ``group_of_one`` (``--multi_gpu --num_processes 1``: DDP on one GPU, as in Accelerate)."""
+    with ``group_of_one``, for a strategy that needs a group (``--multi_gpu`` or ``--use_fsdp``
+    with ``--num_processes 1``: DDP or FSDP2 on one GPU, as in Accelerate)."""
     import torch.distributed as dist
 
     launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ

@@ -5,7 +5,10 @@ for one epoch; each rank writes what it saw. For tests/core/training/test_multi_
 
 SCENARIO: ``workers`` (num_workers=2, pin_memory, persistent workers, a worker_init_fn),
 ``hop-reverted`` (the shuffle order's broadcast without the device hop: what item 1 of #46 was),
-``user-gather`` (a script gathers and reduces CPU tensors of its own).
+``user-gather`` (a script gathers and reduces CPU tensors of its own), ``train`` (a model trained
+from the shuffled loader in workers, under the launch's strategy), ``hop`` (where the device hop puts
+a generator's state, and whether the group takes a host tensor as it is: NCCL does not).
+The GPU tests (test_multi_gpu_rules_gpu.py) run ``train`` and ``hop`` on one GPU over NCCL.
 """
 from __future__ import annotations
 
@@ -36,6 +39,44 @@ def mark_worker(worker_id: int) -> None:
     os.environ["LOADER_WORKER_STARTED"] = str(worker_id)
 
 
+def train(accelerator: Accelerator, result: dict) -> None:
+    torch.manual_seed(0)
+    table = torch.randn(LENGTH, 8)
+    model = torch.nn.Linear(8, 1)
+    loader = DataLoader(WhoLoads(), batch_size=4, shuffle=True, num_workers=2, pin_memory=True)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05), loader)
+    losses, pids, devices = [], set(), set()
+    for _ in range(4):
+        for indices, loaded_by in loader:
+            x = table[indices.cpu()].to(accelerator.device)
+            loss = (model(x) - x.sum(-1, keepdim=True)).pow(2).mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(accelerator.gather(loss.detach()).mean().item())
+            pids |= set(loaded_by.tolist())
+            devices.add(indices.device.type)
+    result.update(strategy=accelerator.context.strategy, losses=losses, loader_pids=sorted(pids),
+                  batch_devices=sorted(devices), device=accelerator.device.type)
+
+
+def hop(result: dict) -> None:
+    import torch.distributed as dist
+
+    from lowbit.collective_device import on_group_device
+
+    state = torch.Generator().manual_seed(1).get_state()
+    moved = on_group_device(state, copy=True)
+    dist.broadcast(moved, src=0)
+    result.update(backend=dist.get_backend(), hop_device=moved.device.type, back_equal=torch.equal(moved.cpu(), state))
+    try:
+        dist.broadcast(state.clone(), src=0)  # this script's own collective: never checked by the simulation
+        result["host_tensor_taken"] = True
+    except RuntimeError as error:
+        result["host_tensor_taken"] = False
+        result["host_tensor_error"] = str(error)[:300]
+
+
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
     accelerator = Accelerator()
@@ -44,7 +85,11 @@ def main() -> None:
         import lowbit.training.operations as operations
 
         operations.on_group_device = lambda tensor, copy=False: tensor.clone() if copy else tensor
-    if scenario == "user-gather":
+    if scenario == "train":
+        train(accelerator, result)
+    elif scenario == "hop":
+        hop(result)
+    elif scenario == "user-gather":
         mine = torch.full((2,), float(accelerator.process_index))
         result["gathered"] = accelerator.gather(mine).tolist()
         result["reduced"] = accelerator.reduce(mine, "sum").tolist()

@@ -232,3 +232,25 @@ def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_said_to_be_slow(monkeypatch,
         reason = Precision.for_run(name, torch.device("cuda", 0), False).slow_reason()
         assert bool(reason) == slow and (not slow or "no bf16 tensor cores" in reason)
     assert Precision.for_run("no", torch.device("cuda", 0), False).slow_reason() is None
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp2"])
+def test_ddp_and_fsdp2_train_from_a_shuffled_loader_in_workers(tmp_path, flags):
+    """The gpu tests' scenario (test_multi_gpu_rules_gpu.py runs it on one GPU over NCCL), here on
+    two CPU processes under the simulated rule."""
+    ranks, _ = launch(tmp_path, "train", *flags)
+    for rank in ranks:
+        assert rank["strategy"] == ("fsdp" if flags else "ddp") and len(rank["loader_pids"]) == 8  # 2 per epoch
+        assert rank["pid"] not in rank["loader_pids"]
+        assert sum(rank["losses"][-4:]) < 0.5 * sum(rank["losses"][:4]), rank["losses"]
+    assert ranks[0]["losses"] == ranks[1]["losses"], "gathered losses agree"
+
+
+@pytest.mark.multiprocess
+def test_the_hop_scenario_runs_over_gloo(tmp_path):
+    """gloo serves the CPU: the hop leaves a generator's state where it is, and gloo takes a host tensor."""
+    ranks, _ = launch(tmp_path, "hop")
+    for rank in ranks:
+        assert rank["backend"] == "gloo" and rank["hop_device"] == "cpu" and rank["back_equal"]
+        assert rank["host_tensor_taken"] is True
