@@ -26,7 +26,9 @@ ROW_TIMEOUT_S = 120
 def gpu_test_files() -> list[str]:
     """The test files that hold `gpu` tests (collecting only those: the others may need packages
     a GPU image lacks, which is no verdict on the GPU)."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "needs_fp8_gpu_with(" in p.read_text())
+    marks = ("needs_fp8_gpu_with(", "pytest.mark.gpu")
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                  if any(mark in p.read_text() for mark in marks))
 
 
 def gpu_description() -> str:
