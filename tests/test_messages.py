@@ -122,10 +122,3 @@ def test_init_process_group_kwargs_reach_torch(monkeypatch):
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     process_group.init_process_group("cpu", {"backend": None, "timeout": 90, "init_method": None})
     assert seen == {"backend": "gloo", "timeout": datetime.timedelta(seconds=90)}
-
-
-def test_dispatch_batches_names_what_to_do_instead():
-    from lowbit.utils import DataLoaderConfiguration
-
-    with pytest.raises(ConfigError, match=r"dispatch_batches.*leave it unset or False"):
-        DataLoaderConfiguration(dispatch_batches=True)

@@ -226,7 +226,10 @@ class Accelerator(RankFacts):
             device_placement=self.device_placement, dynamo_backend=config.dynamo_backend,
             compile_options={k: v for k, v in given.items() if v is not None},
             regional_compilation=bool(config.dynamo_use_regional_compilation),
-            non_blocking=bool(self.dataloader_config.non_blocking))
+            non_blocking=bool(self.dataloader_config.non_blocking),
+            dispatch_batches=self.dataloader_config.dispatch_batches,
+            use_seedable_sampler=bool(self.dataloader_config.use_seedable_sampler),
+            data_seed=self.dataloader_config.data_seed)
 
     # ------------------------------------------------------------------ process facts (one source: lowbit.state)
 
@@ -549,10 +552,10 @@ class Accelerator(RankFacts):
 
     def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
                             slice_fn_for_dispatch: Any = None) -> Any:
+        prepared = self.prepare(data_loader)
         if slice_fn_for_dispatch is not None:
-            raise ConfigError("prepare_data_loader(slice_fn_for_dispatch=...) belongs to dispatch_batches, which lowbit "
-                              "does not do: every process reads its own batches.")
-        return self.prepare(data_loader)
+            prepared.slice_fn = slice_fn_for_dispatch
+        return prepared
 
     # ------------------------------------------------------------------ training loop
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from lowbit.compat.accelerate_config import note_ignored, translate_fsdp
 from lowbit.errors import ConfigError
-from lowbit.notices import note
 
 
 def refuse_unsupported(obj: Any, unsupported: dict[str, str]) -> None:
@@ -55,15 +54,7 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
     def __post_init__(self) -> None:
-        if self.dispatch_batches:  # False is what lowbit does: each process reads its own share
-            raise ConfigError("DataLoaderConfiguration(dispatch_batches=True) is not supported by lowbit: every process "
-                              "reads its own batches from its own dataloader; leave it unset or False (prepare() shards "
-                              "the batches over the processes, as dispatch_batches=False does in Accelerate).")
         refuse_unsupported(self, {"use_stateful_dataloader": "resume with accelerator.skip_first_batches instead."})
-        if self.use_seedable_sampler:  # transformers' Trainer asks for it by default
-            note("DataLoaderConfiguration(use_seedable_sampler=True): lowbit's prepared dataloaders shuffle that way "
-                 "always (the sampler's generator is seeded from torch's RNG, so set_seed makes the order reproducible, "
-                 "and every process shuffles as the main one); data_seed is not read.")
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ import yaml
 from lowbit.compat.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
 from lowbit import notices
 from lowbit.atomic_write import write_atomically
+from lowbit.collective_device import SIMULATE_ENV
 from lowbit.compat.accelerate_names import FIRST_PARTY_SECTIONS, SINGLE_PROCESS_TYPES, install_command
 from lowbit.errors import ConfigError, did_you_mean
 from lowbit.config.options import OptionSpec, to_text
@@ -36,6 +37,7 @@ MAX_CONFIG_BYTES = 1 << 20
 SOURCES_ENV = "LOWBIT_SETTING_SOURCES"
 OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL", "LOWBIT_SAID_NOTES",
                             "LOWBIT_ARRIVAL_TIMEOUT", "LOWBIT_THROUGHPUT", "LOWBIT_THROUGHPUT_EVERY",
+                            SIMULATE_ENV, "LOWBIT_PREEMPTION_GRACE", "LOWBIT_PREEMPTION_POLL_STEPS",
                             SOURCES_ENV})
 
 

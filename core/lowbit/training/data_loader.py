@@ -18,19 +18,22 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
-from lowbit.training.loader_shards import BatchSamplerShard
+from lowbit.training.dispatch import dispatched
+from lowbit.training.loader_shards import BatchSamplerShard, IterableDatasetShard
 from lowbit.training.operations import broadcast, send_to_device
 
 
 class PreparedDataLoader:
     def __init__(self, dataloader: DataLoader, device: torch.device, num_processes: int, process_index: int,
                  gradient_state: Any, *, split_batches: bool = False, even_batches: bool = True,
-                 device_placement: bool = True, non_blocking: bool = False) -> None:
+                 device_placement: bool = True, non_blocking: bool = False, dispatch_batches: bool | None = None,
+                 slice_fn: Callable[..., Any] | None = None, use_seedable_sampler: bool = False,
+                 data_seed: int | None = None) -> None:
         self.base = dataloader
         self.device = device
         self.num_processes = num_processes
@@ -53,12 +56,31 @@ class PreparedDataLoader:
             raise ValueError(
                 f"split_batches=True needs a batch size divisible by the {num_processes} processes, got {dataloader.batch_size}."
             )
+        # Accelerate's rule: an iterable dataset (a stream) is read by the main process and dispatched,
+        # unless asked otherwise; dispatching needs the batches on the device.
+        streamed = isinstance(dataloader.dataset, IterableDataset)
+        dispatch = streamed if dispatch_batches is None else bool(dispatch_batches)
+        if dispatch and dispatch_batches and not device_placement:
+            raise ValueError("dispatch_batches=True broadcasts each batch from the main process on the device, so it "
+                             "needs device_placement=True (or leave dispatch_batches unset).")
+        self.dispatching = num_processes > 1 and dispatch and device_placement
+        self.slice_fn = slice_fn
+        # use_seedable_sampler: each epoch's order is drawn from seed + epoch (the seed: data_seed, or
+        # torch's initial seed now), so set_epoch(k) replays epoch k's order, as Accelerate's
+        # SeedableRandomSampler does; otherwise the order goes on from the generator's state.
+        inner = getattr(dataloader.batch_sampler, "sampler", None)
+        seedable = use_seedable_sampler and isinstance(inner, RandomSampler)
+        self.seed_per_epoch = (data_seed if data_seed is not None else torch.initial_seed()) if seedable else None
+        if seedable and inner.generator is None:
+            inner.generator = torch.Generator()
         self.generator = self._shuffle_generator() if self._sharded else None
         # Several processes: this process's share of each epoch's batches, loaded by a DataLoader
         # with the user's own loading settings (workers, pinning, prefetching), built once so that
         # persistent workers persist.
         self._shard_batches = _ShardBatches()
         self._shard_loader = _loader_like(dataloader, self._shard_batches) if self._sharded else None
+        if self._streamed:  # a stream read by every process, each keeping its share (dispatch_batches=False)
+            self._shard_loader = _stream_shard(dataloader, num_processes, process_index, split_batches)
 
     def _shuffle_generator(self) -> torch.Generator | None:
         """The shuffling sampler's generator, created (seeded from the global RNG) when it has none."""
@@ -105,6 +127,13 @@ class PreparedDataLoader:
                 target.set_epoch(epoch)
 
     def __len__(self) -> int:
+        if self.dispatching:  # steps: rounds of num_processes batches (one batch each with split_batches)
+            batches = len(self.base)
+            steps = batches if self.split_batches else (batches // self.num_processes if self.base.drop_last
+                                                        else -(-batches // self.num_processes))
+            return max(steps - self.skip_batches, 0)
+        if self._streamed:
+            return len(self._shard_loader) - self.skip_batches
         if not self._sharded:
             return len(self.base) - self.skip_batches
         saved = self.generator.get_state() if self.generator is not None else None
@@ -128,7 +157,14 @@ class PreparedDataLoader:
 
     @property
     def _sharded(self) -> bool:
-        return self.num_processes > 1 and not isinstance(self.base.dataset, IterableDataset) and self.base.batch_sampler is not None
+        """Each process reads its own batches of a map-style dataset."""
+        return (self.num_processes > 1 and not self.dispatching and not isinstance(self.base.dataset, IterableDataset)
+                and self.base.batch_sampler is not None)
+
+    @property
+    def _streamed(self) -> bool:
+        """Each process reads the whole stream and keeps its share (an iterable dataset, not dispatched)."""
+        return self.num_processes > 1 and not self.dispatching and isinstance(self.base.dataset, IterableDataset)
 
     def _batch_indices(self) -> list[list[int]]:
         """This process's batches of dataset indices for the current epoch."""
@@ -175,8 +211,18 @@ class PreparedDataLoader:
         self.gradient_state.end_of_dataloader = False
         self.gradient_state.remainder = -1
         rng, resume = self._order_rng(), self._replay["resume"]
+        if self.seed_per_epoch is not None:
+            rng.manual_seed(self.seed_per_epoch + self.epoch)
         self._replay["resume"], self._replay["ended"] = None, False
-        if self._sharded:
+        if self.dispatching:
+            batches, remainder = self._dispatched(rng, resume)
+        elif self._streamed:
+            self._replay["start"] = resume if resume is not None else _rng_state(rng)
+            batches = iter(self._shard_loader)
+            for _ in range(self.skip_batches):
+                next(batches, None)
+            remainder = lambda: -1  # noqa: E731 - a stream's length is not known
+        elif self._sharded:
             if self.generator is not None:  # every process shuffles as the main one does
                 if resume is not None:
                     self.generator.set_state(resume)
@@ -194,13 +240,14 @@ class PreparedDataLoader:
             # Padding to drop in gather_for_metrics: only the last round's, when it was filled up
             # (drop_last drops that round instead, so nothing gathered is padding).
             padded = self.even_batches and not self.base.drop_last
-            remainder = self.total_dataset_length % self.total_batch_size if padded else -1
+            left = self.total_dataset_length % self.total_batch_size if padded else -1
+            remainder = lambda: left  # noqa: E731
         else:
             self._replay["start"] = resume if resume is not None else _rng_state(rng)
             batches = self._iter_base(rng, resume)
             for _ in range(self.skip_batches):
                 next(batches, None)
-            remainder = -1
+            remainder = lambda: -1  # noqa: E731
         try:
             yield from self._with_end_marked(batches, remainder)
         finally:  # out of the loop (done or left): no dataloader is at its end, as in Accelerate
@@ -209,16 +256,40 @@ class PreparedDataLoader:
         self._replay["start"], self._replay["ended"] = None, False
         self.set_epoch(self.epoch + 1)
 
-    def _with_end_marked(self, batches: Iterator[Any], remainder: int) -> Iterator[Any]:
-        """Yield batches, telling the gradient state when the last one comes (one-batch lookahead),
-        and ``observe_batch`` each batch with the seconds spent waiting for data."""
+    def _dispatched(self, rng: torch.Generator | None, resume: torch.Tensor | None) -> tuple[Iterator[Any], Callable[[], int]]:
+        """dispatch_batches: the main process reads (and resumes) the epoch's order, the others get
+        their slices; the remainder is the last global batch's size, known when it was read."""
+        main = self.process_index == 0
+        if main:
+            self._replay["start"] = resume if resume is not None else _rng_state(rng)
+            source: Iterator[Any] | None = self._iter_base(rng, resume)
+        else:  # iterating a DataLoader draws its workers' seed: the other processes draw it too, as in Accelerate
+            torch.empty((), dtype=torch.int64).random_(generator=self.base.generator)
+            source = None
+        last_size = [-1]
+
+        def slices() -> Iterator[Any]:
+            steps = dispatched(source, self.num_processes, self.process_index, self.device, split_batches=self.split_batches,
+                               drop_last=self.base.drop_last, slice_fn=self.slice_fn)
+            for index, step in enumerate(steps):
+                if step.last:
+                    last_size[0] = step.global_size
+                if index >= self.skip_batches:
+                    yield step.batch
+
+        return slices(), lambda: last_size[0]
+
+    def _with_end_marked(self, batches: Iterator[Any], remainder: Callable[[], int]) -> Iterator[Any]:
+        """Yield batches, telling the gradient state when the last one comes (one-batch lookahead)
+        and how many of its samples are not padding (``remainder()``, read then), and
+        ``observe_batch`` each batch with the seconds spent waiting for data."""
         start = time.perf_counter()
         current = next(batches, _END)
         while current is not _END:
             following = next(batches, _END)
             if following is _END:
                 self.gradient_state.end_of_dataloader = True
-                self.gradient_state.remainder = remainder
+                self.gradient_state.remainder = remainder()
                 self._replay["ended"] = True
             if self.observe_batch is not None:
                 self.observe_batch(current, time.perf_counter() - start)
@@ -248,6 +319,17 @@ class _ShardBatches:
 # What a DataLoader keeps of how it loads (not what it loads: dataset and sampling are the shard's).
 _LOADING_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
                      "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
+
+
+def _stream_shard(dataloader: DataLoader, num_processes: int, process_index: int, split_batches: bool) -> DataLoader:
+    """A DataLoader over this process's share of ``dataloader``'s stream (IterableDatasetShard),
+    loading as ``dataloader`` does."""
+    batch_size = dataloader.batch_size or 1
+    shard = IterableDatasetShard(dataloader.dataset, batch_size=batch_size, drop_last=dataloader.drop_last,
+                                 num_processes=num_processes, process_index=process_index, split_batches=split_batches)
+    settings = {name: getattr(dataloader, name) for name in _LOADING_SETTINGS if hasattr(dataloader, name)}
+    return DataLoader(shard, batch_size=batch_size // num_processes if split_batches else batch_size,
+                      drop_last=dataloader.drop_last, **settings)
 
 
 def _loader_like(dataloader: DataLoader, batch_sampler: _ShardBatches) -> DataLoader:

@@ -7,7 +7,8 @@ so every process runs the same number of steps; with ``split_batches`` each batc
 slices instead. ``IterableDatasetShard`` does the same for a stream of samples.
 ``DataLoaderShard`` is a ``DataLoader`` that puts batches on a device and says when it yields its
 last one; ``SkipDataLoader`` / ``skip_first_batches`` start an epoch some batches in;
-``prepare_data_loader`` makes a process's ``DataLoaderShard`` from a plain DataLoader.
+``prepare_data_loader`` makes a process's ``DataLoaderShard`` from a plain DataLoader (or, with
+``dispatch_batches``, a ``DataLoaderDispatcher``: the main process reads, see dispatch.py).
 """
 from __future__ import annotations
 
@@ -241,17 +242,47 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
 
 
 class DataLoaderDispatcher(DataLoaderShard):
-    """Accelerate's loader for ``dispatch_batches=True``. On one process it is a DataLoaderShard;
-    lowbit does not dispatch batches from the main process to the others (each process reads its
-    own share), so on several it refuses, saying so."""
+    """Accelerate's loader for ``dispatch_batches=True``: the main process iterates it and every
+    process gets its slice of each step's global batch (training/dispatch.py, the rule lowbit's
+    prepared dataloader follows too). ``slice_fn`` cuts a process's slice (default: slice_tensors)."""
 
-    def __init__(self, dataset: Any, split_batches: bool = False, skip_batches: int = 0, **kwargs: Any):
-        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        if world > 1:
-            raise ConfigError("DataLoaderDispatcher sends batches read on the main process to the others, which lowbit "
-                              "does not do: every process reads its own share. Use prepare_data_loader (or "
-                              "accelerator.prepare) with dispatch_batches left unset.")
+    def __init__(self, dataset: Any, split_batches: bool = False, skip_batches: int = 0, slice_fn: Any = None,
+                 **kwargs: Any):
         super().__init__(dataset, skip_batches=skip_batches, **kwargs)
+        self.split_batches, self.slice_fn = split_batches, slice_fn
+
+    def __len__(self) -> int:
+        batches = DataLoader.__len__(self)
+        from lowbit.state import PartialState
+
+        processes = PartialState().num_processes
+        steps = batches if self.split_batches else (batches // processes if self.drop_last else math.ceil(batches / processes))
+        return steps - self.skip_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        from lowbit.state import PartialState
+        from lowbit.training.dispatch import dispatched
+
+        state = PartialState()
+        self.set_epoch(self.iteration)
+        self.begin()
+        if state.process_index == 0:
+            source = DataLoader.__iter__(self)
+        else:  # iterating a DataLoader draws its workers' seed: the others draw it too
+            source = None
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        steps = dispatched(source, state.num_processes, state.process_index, self.device or state.device,
+                           split_batches=self.split_batches, drop_last=self.drop_last, slice_fn=self.slice_fn)
+        try:
+            for index, step in enumerate(steps):
+                self.end_of_dataloader = step.last
+                if step.last:
+                    self.remainder = step.global_size
+                if index >= self.skip_batches:
+                    yield step.batch
+        finally:
+            self.end()
+        self.iteration += 1
 
 
 class SkipDataLoader(DataLoaderShard):
@@ -302,10 +333,13 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
                         torch_device_mesh: Any = None) -> DataLoaderShard:
     """This process's DataLoaderShard of ``dataloader``: its batches (BatchSamplerShard) or its
     samples of a stream (IterableDatasetShard), on ``device`` with ``put_on_device``. The number
-    of processes and this one's index default to the job's."""
-    if dispatch_batches:
-        raise ConfigError("prepare_data_loader(dispatch_batches=True): lowbit does not dispatch batches from the main "
-                          "process; every process reads its own share. Leave dispatch_batches unset.")
+    of processes and this one's index default to the job's. With ``dispatch_batches`` (the default
+    for an iterable dataset put on the device) a DataLoaderDispatcher: the main process reads."""
+    if dispatch_batches is None:
+        dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
+    if dispatch_batches and not put_on_device:
+        raise ValueError("prepare_data_loader(dispatch_batches=True) broadcasts each batch on the device, so it needs "
+                         "put_on_device=True.")
     from lowbit.state import PartialState
 
     state = PartialState()
@@ -313,6 +347,13 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
     process_index = state.process_index if process_index is None else process_index
     args = _same_loader_args(dataloader)
     dataset = dataloader.dataset
+    if dispatch_batches:
+        sampler = dataloader.batch_sampler
+        if use_seedable_sampler and sampler is not None and isinstance(sampler.sampler, RandomSampler):
+            args["batch_sampler"] = BatchSampler(SeedableRandomSampler(dataset, data_seed=data_seed), sampler.batch_size,
+                                                 sampler.drop_last)
+        return DataLoaderDispatcher(dataset, split_batches=split_batches, device=device, _non_blocking=non_blocking,
+                                    slice_fn=slice_fn_for_dispatch, **args)
     if isinstance(dataset, IterableDataset):
         if num_processes > 1:
             dataset = IterableDatasetShard(dataset, batch_size=dataloader.batch_size or 1, drop_last=dataloader.drop_last,

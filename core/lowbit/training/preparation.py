@@ -42,6 +42,9 @@ class PreparationSettings:
     compile_options: dict[str, Any] = field(default_factory=dict)  # torch.compile's mode, fullgraph, ... as given
     regional_compilation: bool = False  # compile each repeated block instead of the whole model
     non_blocking: bool = False  # DataLoaderConfiguration(non_blocking=True): batches copied without a host wait
+    dispatch_batches: bool | None = None  # the main process reads and dispatches (None: for iterable datasets)
+    use_seedable_sampler: bool = False  # each epoch's order drawn from seed + epoch
+    data_seed: int | None = None
 
 
 def _not_wrapped_already(model: Any) -> Any:
@@ -129,7 +132,9 @@ class Preparation:
                 result[index] = PreparedDataLoader(
                     objects[index], settings.device, settings.num_processes, settings.process_index, self.rules.gradient_state,
                     split_batches=settings.split_batches, even_batches=settings.even_batches,
-                    device_placement=settings.device_placement, non_blocking=settings.non_blocking)
+                    device_placement=settings.device_placement, non_blocking=settings.non_blocking,
+                    dispatch_batches=settings.dispatch_batches, use_seedable_sampler=settings.use_seedable_sampler,
+                    data_seed=settings.data_seed)
                 self.prepared.dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
 
