@@ -59,7 +59,8 @@ def train(accelerator, model, optimizer, loader, scheduler, start: int = 0, stop
     """Train from global step ``start`` (resuming mid-epoch as Accelerate's examples do) to ``stop``,
     returning inside the loop right after step ``stop`` as a script that saves there does: at an
     epoch's last step the loader has handed out its last batch but the epoch's loop has not ended."""
-    per_epoch = -(-40 // BATCH) if VARIANT == "iterable" else len(loader)  # a stream has no length
+    # a stream has no length: its batches are dispatched, one per process per step (as in Accelerate)
+    per_epoch = -(-40 // (BATCH * accelerator.num_processes)) if VARIANT == "iterable" else len(loader)
     step = start
     for epoch in range(start // per_epoch, EPOCHS):
         skip = start % per_epoch if epoch == start // per_epoch else 0

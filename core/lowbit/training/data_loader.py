@@ -259,13 +259,14 @@ class PreparedDataLoader:
     def _dispatched(self, rng: torch.Generator | None, resume: torch.Tensor | None) -> tuple[Iterator[Any], Callable[[], int]]:
         """dispatch_batches: the main process reads (and resumes) the epoch's order, the others get
         their slices; the remainder is the last global batch's size, known when it was read."""
-        main = self.process_index == 0
-        if main:
-            self._replay["start"] = resume if resume is not None else _rng_state(rng)
-            source: Iterator[Any] | None = self._iter_base(rng, resume)
-        else:  # iterating a DataLoader draws its workers' seed: the other processes draw it too, as in Accelerate
+        self._replay["start"] = resume if resume is not None else _rng_state(rng)
+        source: Iterator[Any] | None = None
+        if self.process_index == 0:
+            source = self._iter_base(rng, resume)
+        elif resume is None:
+            # Iterating a DataLoader draws its workers' seed: the other processes draw it too, as in
+            # Accelerate (a resumed epoch drew it before the checkpoint).
             torch.empty((), dtype=torch.int64).random_(generator=self.base.generator)
-            source = None
         last_size = [-1]
 
         def slices() -> Iterator[Any]:
