@@ -385,3 +385,16 @@ def test_accelerate_tensor_utilities():
     assert recursively_apply(lambda t, k: t * k, [torch.ones(2)], 3)[0].tolist() == [3.0, 3.0]
     with pytest.raises(TypeError, match="Unsupported type str"):
         recursively_apply(lambda t: t, {"a": "text"}, error_on_other_type=True)
+
+
+def test_resetting_the_state_leaves_an_accelerator_working():
+    """Accelerate's AcceleratorState._reset_state() breaks the Accelerators made before it (their
+    prepare raises); lowbit keeps no process-global precision, so an Accelerator goes on working
+    (docs/coming-from-accelerate.md, "Settings belong to an Accelerator")."""
+    from lowbit import Accelerator
+    from lowbit.state import AcceleratorState
+
+    accelerator = Accelerator(cpu=True)
+    AcceleratorState._reset_state()
+    model = accelerator.prepare(torch.nn.Linear(2, 1))
+    assert model(torch.ones(1, 2)).shape == (1, 1)

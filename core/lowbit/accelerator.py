@@ -628,6 +628,14 @@ class Accelerator(RankFacts):
             _skip_gradient_sync(model, stack)
             yield
 
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Reduce the gradients in the next backward even after forwards run under ``no_sync``
+        (several forwards, then backwards, the last of which syncs); a no-op on one process."""
+        with contextlib.ExitStack() as stack:
+            _force_gradient_sync(model, stack)
+            yield
+
     def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
         """The prepared ``dataloader``, starting ``num_batches`` batches into its epoch (to resume)."""
         return skip_first_batches(dataloader, num_batches)
@@ -887,6 +895,22 @@ def _skip_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) -> 
     elif hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(False)
         stack.callback(model.set_requires_gradient_sync, True)
+
+
+def _force_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) -> None:
+    """Make the next backward of ``model`` reduce its gradients until ``stack`` closes. DDP decides
+    at forward time whether a backward syncs, so its reducer is told now to expect every gradient
+    (DDP has no public call for this); FSDP2 is asked to sync."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        before = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        stack.callback(lambda: setattr(model, "require_backward_grad_sync", before[0]))
+        stack.callback(lambda: setattr(model, "require_forward_param_sync", before[1]))
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(True)
 
 
 def _leaves(data: Any) -> Iterator[Any]:

@@ -17,6 +17,7 @@ import torch
 
 from lowbit.compat.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
 from lowbit.process_group import RankFacts, process_facts, wait_for_everyone
+from lowbit.training.operations import SHAPE_CHECKS
 
 
 class PartialState(RankFacts):
@@ -37,11 +38,20 @@ class PartialState(RankFacts):
         self.num_processes, self.process_index = facts.num_processes, facts.process_index
         self.local_process_index, self.device = facts.local_process_index, facts.device
         self.backend = ("nccl" if use_cuda else "gloo") if self.num_processes > 1 else None
-        self.debug = _truthy(os.environ.get("ACCELERATE_DEBUG_MODE"))
 
     @staticmethod
     def _reset_state() -> None:
         PartialState._shared.clear()
+
+    @property
+    def debug(self) -> bool:
+        """Whether collectives compare their tensors' shapes across processes first (raising
+        DistributedOperationException on a mismatch): ``ACCELERATE_DEBUG_MODE=1``, or set here."""
+        return SHAPE_CHECKS["on"]
+
+    @debug.setter
+    def debug(self, on: bool) -> None:
+        SHAPE_CHECKS["on"] = bool(on)
 
     @property
     def initialized(self) -> bool:
@@ -243,15 +253,11 @@ class AcceleratorState:
         return f"{self._partial!r}Mixed precision type: {self.mixed_precision}\n"
 
 
-# Where the dataloader being iterated stands, for the whole process as in Accelerate: a loader
-# prepared by one Accelerator and gathered by another (Accelerate's fp8 benchmarks do this) still
-# drops its padding in gather_for_metrics.
-_DATALOADER_POSITION: dict[str, Any] = {"end_of_dataloader": False, "remainder": -1}
-
-
-def _process_wide(key: str) -> property:
-    """An attribute kept in ``_DATALOADER_POSITION``, shared by every GradientState."""
-    return property(lambda self: _DATALOADER_POSITION[key], lambda self, value: _DATALOADER_POSITION.__setitem__(key, value))
+# The dataloaders being iterated in this process, innermost last, for the whole process as in
+# Accelerate: a loader prepared by one Accelerator and gathered by another (Accelerate's fp8
+# benchmarks do this) still drops its padding in gather_for_metrics, and a loop over a second
+# loader inside the first hands the first back its own position when it ends.
+_ITERATED_LOADERS: list[Any] = []
 
 
 class GradientState:
@@ -262,8 +268,37 @@ class GradientState:
         self._owner = _weak(accelerator)
         self.sync_gradients = True
 
-    end_of_dataloader = _process_wide("end_of_dataloader")
-    remainder = _process_wide("remainder")
+    @property
+    def active_dataloader(self) -> Any:
+        """The dataloader being iterated (the innermost, when loops nest), or None."""
+        return _ITERATED_LOADERS[-1] if _ITERATED_LOADERS else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(_ITERATED_LOADERS)
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        return [None, *_ITERATED_LOADERS]
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """Whether the active dataloader just yielded its last batch."""
+        return bool(getattr(self.active_dataloader, "end_of_dataloader", False))
+
+    @property
+    def remainder(self) -> int:
+        """How many samples of the active dataloader's last batch are not padding (-1: unknown, or none)."""
+        return getattr(self.active_dataloader, "remainder", -1)
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        _ITERATED_LOADERS.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        for index in range(len(_ITERATED_LOADERS) - 1, -1, -1):
+            if _ITERATED_LOADERS[index] is dataloader:
+                del _ITERATED_LOADERS[index]
+                return
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a pickled prepared optimizer) keeps the flags, not the Accelerator: it stands alone.

@@ -55,6 +55,79 @@ def fetch_tests(version: str = VERSION) -> Path:
     return target / "tests"
 
 
+SCRIPTS = ("test_script", "test_sync", "test_ops")  # Accelerate's launched scripts whose checks run here
+
+
+def fetch_scripts(version: str = VERSION) -> Path:
+    """The folder of Accelerate's launched test scripts (``src/accelerate/test_utils/scripts``) from
+    the same sdist, extracted once."""
+    fetch_tests(version)
+    folder = f"accelerate-{version}/src/accelerate/test_utils/scripts"
+    target = CACHE / folder
+    if not all((target / f"{name}.py").is_file() for name in SCRIPTS):
+        with tarfile.open(CACHE / f"accelerate-{version}.tar.gz") as archive:
+            members = [m for m in archive.getmembers() if m.name in {f"{folder}/{name}.py" for name in SCRIPTS}]
+            archive.extractall(CACHE, members=members, filter="data")
+    return target
+
+
+def copy_scripts(scripts: Path, target: Path, library: str) -> Path:
+    """The launched scripts in a folder of their own, rewritten for lowbit."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in SCRIPTS:
+        source = (scripts / f"{name}.py").read_text()
+        (target / f"{name}.py").write_text(rewrite(source) if library == "lowbit" else source)
+    return target
+
+
+def run_script_checks(folder: Path, library: str, python: str, timeout: float) -> dict[str, str]:
+    """Every check of the launched scripts on 2 CPU processes: ``script::check`` -> "passed", or
+    "failed: ..." (as the first process to fail said it). A failing check ends its launch; the next
+    launch starts at the check after it."""
+    from script_checks import CHECKS, IMPORT_FAILED, check_id
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "LOWBIT_"))}
+    env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1")
+    if library == "lowbit":
+        env["LOWBIT_SIMULATE_NCCL"] = "1"
+        launcher = [python, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2"]
+    else:  # what `accelerate launch --cpu --num_processes 2` sets (without ACCELERATE_USE_CPU it reads no group)
+        env["ACCELERATE_USE_CPU"] = "true"
+        launcher = [python, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    outcomes: dict[str, str] = {}
+    for script, checks in CHECKS.items():
+        out = folder / f"outcomes-{script}"
+        out.mkdir(parents=True, exist_ok=True)
+        start = 0
+        while start < len(checks):
+            command = [*launcher, str(HERE / "script_checks.py"), "--library", library, "--scripts", str(folder),
+                       "--script", script, "--from_check", str(start), "--out", str(out)]
+            try:
+                subprocess.run(command, cwd=folder, env=env, timeout=timeout, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                pass
+            ranks = [json.loads(path.read_text()) for path in sorted(out.glob(f"{script}_rank*.json"))]
+            broken = next((rank[IMPORT_FAILED] for rank in ranks if IMPORT_FAILED in rank), None)
+            if broken:
+                outcomes.update({f"{script}::{check_id(*check)}": broken for check in checks[start:]})
+                break
+            reached = start
+            for index in range(start, len(checks)):
+                key = check_id(*checks[index])
+                said = [rank.get(key) for rank in ranks]
+                if said and all(outcome == "passed" or str(outcome).startswith("skipped") for outcome in said):
+                    outcomes[f"{script}::{key}"] = said[0]
+                    reached = index + 1
+                    continue
+                failed = next((o for o in said if o and o.startswith("failed")), "failed: no outcome (stopped, or timed out)")
+                outcomes[f"{script}::{key}"] = failed
+                reached = index + 1
+                break
+            start = reached
+    return outcomes
+
+
 def rewrite(source: str) -> str:
     """``accelerate`` -> ``lowbit`` wherever the text names the module (imports, dotted paths)."""
     return _MODULE_NAME.sub("lowbit", source)
@@ -92,6 +165,26 @@ def run_modules(folder: Path, library: str, python: str, timeout: float) -> dict
         outcomes[test_id] = ("failed" if "failure" in kinds else "error" if "error" in kinds
                              else "skipped" if "skipped" in kinds else "passed")
     return outcomes
+
+
+def script_table(results: dict[str, dict[str, str]]) -> list[str]:
+    """Per launched script: its checks that pass under Accelerate (not excluded), and how many of them pass under lowbit."""
+    from excluded import DELIBERATE_CHECKS
+
+    reference = results.get("accelerate") or recorded()["scripts"]["accelerate"]
+    ours = results.get("lowbit", {})
+    lines = [f"{'script':32} {'accelerate':>10} {'lowbit':>7} {'excluded':>9}"]
+    total = [0, 0, 0]
+    for script in SCRIPTS:
+        ids = [c for c, outcome in reference.items() if c.startswith(script + "::") and outcome == "passed"]
+        counted = [c for c in ids if c not in DELIBERATE_CHECKS]
+        passing = [c for c in counted if ours.get(c) == "passed"]
+        total = [total[0] + len(counted), total[1] + len(passing), total[2] + len(ids) - len(counted)]
+        lines.append(f"{script:32} {len(counted):>10} {len(passing):>7} {len(ids) - len(counted):>9}")
+    lines.append(f"{'all':32} {total[0]:>10} {total[1]:>7} {total[2]:>9}")
+    lines.append("script checks, run one by one on 2 CPU processes: accelerate: checks that pass under Accelerate; lowbit: "
+                 "how many of them pass under lowbit; excluded: tests/accelerate_suite/excluded.py DELIBERATE_CHECKS")
+    return lines
 
 
 def excluded_reason(test_id: str) -> str | None:
@@ -146,12 +239,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running Accelerate {VERSION}'s tests under {library} ...", flush=True)
         results[library] = run_modules(copy_tests(tests, work / library, library), library, sys.executable, args.timeout)
         print(f"  {len(results[library])} tests in {time.perf_counter() - start:.0f} s", flush=True)
+    scripts = fetch_scripts()
+    checks: dict[str, dict[str, str]] = {}
+    for library in libraries:
+        start = time.perf_counter()
+        print(f"running the checks of Accelerate {VERSION}'s launched scripts under {library} ...", flush=True)
+        folder = copy_scripts(scripts, work / f"{library}-scripts", library)
+        checks[library] = run_script_checks(folder, library, sys.executable, args.timeout)
+        print(f"  {len(checks[library])} checks in {time.perf_counter() - start:.0f} s", flush=True)
     print("\n".join(table(results)))
+    print("\n".join(script_table(checks)))
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1, sort_keys=True))
+        Path(args.out).write_text(json.dumps({"tests": results, "scripts": checks}, indent=1, sort_keys=True))
     if args.record:
         PASSES_FILE.write_text(json.dumps({"version": VERSION, **{lib: {t: o for t, o in sorted(r.items())}
-                                                                  for lib, r in results.items()}}, indent=1) + "\n")
+                                                                  for lib, r in results.items()},
+                                           "scripts": {lib: dict(sorted(r.items())) for lib, r in checks.items()}},
+                                          indent=1) + "\n")
     return 0
 
 

@@ -249,7 +249,15 @@ def execute_subprocess_async(cmd: list[Any], env: dict[str, str] | None = None, 
     return _RunOutput(result.returncode, result.stdout.splitlines(), result.stderr.splitlines())
 
 
-__all__ = ["torch_device", "device_count", "memory_allocated_func", "skip", "slow", "run_first",
+def are_the_same_tensors(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds the same values on every process (one gather)."""
+    from lowbit.training.operations import gather
+
+    everyone = gather(tensor.detach()[None].clone()).cpu()
+    return all(torch.equal(everyone[0], other) for other in everyone[1:])
+
+
+__all__ = ["torch_device", "device_count", "memory_allocated_func", "skip", "slow", "run_first", "are_the_same_tensors",
            *(f"require_{name}" for name in _REQUIREMENTS), "require_torch_min_version", "get_launch_command",
            "DEFAULT_LAUNCH_COMMAND", "get_torch_dist_unique_port", "path_in_accelerate_package", "TempDirTestCase",
            "AccelerateTestCase", "MockingTestCase", "assert_exception", "capture_call_output", "SubprocessCallException",

@@ -45,6 +45,9 @@ class PreparedDataLoader:
         # Copies to the device overlap with compute where the loader pins its batches (or when asked).
         self.non_blocking = non_blocking or bool(getattr(dataloader, "pin_memory", False))
         self.skip_batches = 0
+        # Where an iteration stands, read through the gradient state while this loader is the one iterated.
+        self.end_of_dataloader = False
+        self.remainder = -1
         # Told each batch and the seconds spent waiting for it (the Accelerator's throughput meter).
         self.observe_batch: Any = None
         # The shuffle RNG's state when this epoch's order was drawn ("start"; None between epochs),
@@ -208,8 +211,7 @@ class PreparedDataLoader:
         return iter(()) if first is _END else itertools.chain([first], batches)
 
     def __iter__(self) -> Iterator[Any]:
-        self.gradient_state.end_of_dataloader = False
-        self.gradient_state.remainder = -1
+        self.end_of_dataloader, self.remainder = False, -1
         rng, resume = self._order_rng(), self._replay["resume"]
         if self.seed_per_epoch is not None:
             rng.manual_seed(self.seed_per_epoch + self.epoch)
@@ -248,11 +250,12 @@ class PreparedDataLoader:
             for _ in range(self.skip_batches):
                 next(batches, None)
             remainder = lambda: -1  # noqa: E731
+        self.gradient_state._add_dataloader(self)
         try:
             yield from self._with_end_marked(batches, remainder)
-        finally:  # out of the loop (done or left): no dataloader is at its end, as in Accelerate
-            self.gradient_state.end_of_dataloader = False
-            self.gradient_state.remainder = -1
+        finally:  # out of the loop (done or left): the loop around it, if any, is the active one again
+            self.gradient_state._remove_dataloader(self)
+            self.end_of_dataloader, self.remainder = False, -1
         self._replay["start"], self._replay["ended"] = None, False
         self.set_epoch(self.epoch + 1)
 
@@ -289,8 +292,7 @@ class PreparedDataLoader:
         while current is not _END:
             following = next(batches, _END)
             if following is _END:
-                self.gradient_state.end_of_dataloader = True
-                self.gradient_state.remainder = remainder()
+                self.end_of_dataloader, self.remainder = True, remainder()
                 self._replay["ended"] = True
             if self.observe_batch is not None:
                 self.observe_batch(current, time.perf_counter() - start)
@@ -310,8 +312,9 @@ class _ShardBatches:
     source: PreparedDataLoader | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
-        source = self.source
-        return iter(source._batch_indices()[source.skip_batches:]) if source is not None else iter(())
+        # A generator: nothing is drawn until the first batch is asked for.
+        if self.source is not None:
+            yield from self.source._batch_indices()[self.source.skip_batches:]
 
     def __len__(self) -> int:
         return len(self.source) if self.source is not None else 0

@@ -188,10 +188,17 @@ class DataLoaderStateMixin:
     remainder = -1
 
     def begin(self) -> None:
+        """An iteration starts: this loader is the gradient state's active one until it ends."""
+        from lowbit.state import GradientState
+
         self.end_of_dataloader, self.remainder = False, -1
+        GradientState()._add_dataloader(self)
 
     def end(self) -> None:
+        from lowbit.state import GradientState
+
         self.end_of_dataloader = False
+        GradientState()._remove_dataloader(self)
 
 
 class DataLoaderShard(DataLoaderStateMixin, DataLoader):

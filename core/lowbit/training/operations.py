@@ -7,12 +7,39 @@ from ``lowbit.utils`` under Accelerate's names.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from typing import Any, Callable
 
 import torch
 
 from lowbit.collective_device import on_group_device
+
+
+class DistributedOperationException(Exception):
+    """A collective the processes called with tensors that do not fit together (found under the
+    shape checks: ``ACCELERATE_DEBUG_MODE=1``, or ``PartialState().debug = True``)."""
+
+
+# Whether collectives first compare their tensors' shapes across processes (one gather of Python
+# objects per call: a debugging aid, off by default). PartialState.debug reads and sets it.
+SHAPE_CHECKS = {"on": os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes")}
+
+
+def _check_shapes_agree(operation: str, data: Any, describe: Callable[[torch.Tensor], Any] = lambda t: list(t.shape)) -> None:
+    """Under the shape checks, raise DistributedOperationException (on every process) when the
+    processes' tensors differ in what ``describe`` says of them, naming each process's."""
+    if not SHAPE_CHECKS["on"] or _world() == 1:
+        return
+    mine = recursively_apply(describe, data)
+    everyone: list[Any] = [None] * _world()
+    torch.distributed.all_gather_object(everyone, mine)
+    if any(other != everyone[0] for other in everyone):
+        listed = "\n".join(f"  process {rank}: {shapes}" for rank, shapes in enumerate(everyone))
+        raise DistributedOperationException(
+            f"{operation} was called with tensors that do not fit together across the processes, so it would hang or "
+            f"mix up data. What each process passed:\n{listed}\nEvery process must pass the same structure with the same "
+            "shapes (pad_across_processes evens out the first dimension before a gather).")
 
 
 def _world() -> int:
@@ -107,6 +134,7 @@ def gather(data: Any) -> Any:
     when their first dimension differs."""
     if _world() == 1:
         return data
+    _check_shapes_agree("gather", data)
     return recursively_apply(_gather_one, data)
 
 
@@ -121,10 +149,14 @@ def gather_object(obj: Any) -> list[Any]:
     return gathered
 
 
+REDUCTIONS = ("mean", "sum", "max", "none", None)
+
+
 def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float) -> torch.Tensor:
     if _world() > 1:
         out = on_group_device(tensor, copy=True)
-        torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
+        op = torch.distributed.ReduceOp.MAX if reduction == "max" else torch.distributed.ReduceOp.SUM
+        torch.distributed.all_reduce(out, op=op)
         out = out.to(tensor.device)
     else:
         out = tensor.clone()
@@ -133,13 +165,16 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float) -> torch.Ten
     return out * scale if scale != 1.0 else out
 
 
-def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Sum (or average, with ``reduction="mean"``) each tensor over processes."""
-    if reduction not in ("sum", "mean", "none", None):
-        raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}.")
+def reduce(data: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Average (the default, as Accelerate's function), sum or take the largest of each tensor over
+    processes (``reduction``: "mean", "sum", "max"; "none" returns ``data``). Only tensors may be
+    in the nest. ``Accelerator.reduce`` sums by default, as Accelerate's method does."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(repr(r) for r in REDUCTIONS)}, got {reduction!r}.")
     if reduction in ("none", None):
         return data
-    return recursively_apply(lambda t: _reduce_one(t, reduction, scale), data)
+    _check_shapes_agree("reduce", data)
+    return recursively_apply(lambda t: _reduce_one(t, reduction, scale), data, error_on_other_type=True)
 
 
 class CannotPadNestedTensorWarning(UserWarning):
@@ -171,6 +206,8 @@ def _pad_one(tensor: torch.Tensor, dim: int, pad_index: Any, pad_first: bool) ->
 
 def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
     """Pad each tensor along ``dim`` to the longest size on any process, so it can be gathered."""
+    # The processes' tensors may differ in the padded dimension, not in their number of dimensions.
+    _check_shapes_agree("pad_across_processes", data, describe=lambda t: t.dim())
     return recursively_apply(lambda t: _pad_one(t, dim, pad_index, pad_first), data)
 
 
@@ -178,6 +215,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     """Every process gets ``from_process``'s tensors (same shapes everywhere)."""
     if _world() == 1:
         return data
+    _check_shapes_agree("broadcast", data)
 
     def one(tensor: torch.Tensor) -> torch.Tensor:
         out = on_group_device(tensor.contiguous(), copy=True)
@@ -185,6 +223,21 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
         return out.to(tensor.device)
 
     return recursively_apply(one, data)
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """The main process's ``tensor`` on every process (the others pass None), on the same type of
+    device as the main process's."""
+    if _world() == 1:
+        return tensor
+    rank = torch.distributed.get_rank()
+    layout = [(tuple(tensor.shape), tensor.dtype, tensor.device.type) if rank == 0 else None]
+    torch.distributed.broadcast_object_list(layout, src=0)
+    shape, dtype, device_type = layout[0]
+    if rank != 0:
+        device = torch.device(device_type, torch.accelerator.current_device_index()) if device_type != "cpu" else "cpu"
+        tensor = torch.empty(shape, dtype=dtype, device=device)
+    return broadcast(tensor)
 
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:

@@ -16,7 +16,8 @@ from lowbit.utils import dataclasses, environment, imports, memory, modeling, op
 from lowbit.utils.refused import REFUSED, refused
 from lowbit.utils.dataclasses import *  # noqa: F401,F403
 from lowbit.utils.environment import *  # noqa: F401,F403
-from lowbit.utils.imports import is_bf16_available, is_mps_available, is_npu_available, is_xpu_available  # noqa: F401
+from lowbit.utils.imports import (  # noqa: F401
+    is_bf16_available, is_cuda_available, is_fp16_available, is_mps_available, is_npu_available, is_xpu_available)
 from lowbit.utils.memory import *  # noqa: F401,F403
 from lowbit.utils.operations import *  # noqa: F401,F403
 from lowbit.utils.other import *  # noqa: F401,F403

@@ -12,9 +12,23 @@ OPTIONAL_LIBRARIES = {
     "transformer_engine": "transformer_engine", "msamp": "msamp", "torchao": "torchao", "datasets": "datasets",
     "transformers": "transformers", "rich": "rich", "bnb": "bitsandbytes", "peft": "peft", "timm": "timm",
     "torch_xla": "torch_xla", "import_timer": "import_timer", "torchdata_stateful_dataloader": "torchdata.stateful_dataloader",
+    "pytest": "pytest", "hpu": "habana_frameworks", "mlu": "torch_mlu", "sdaa": "torch_sdaa", "musa": "torch_musa",
+    "neuron": "torch_neuronx",
 }
 AVAILABILITY_CHECKS = {f"is_{name}_available": module for name, module in OPTIONAL_LIBRARIES.items()}
-__all__ = [*AVAILABILITY_CHECKS, "is_bf16_available", "is_mps_available", "is_npu_available", "is_xpu_available"]
+__all__ = [*AVAILABILITY_CHECKS, "is_bf16_available", "is_cuda_available", "is_fp16_available", "is_mps_available",
+           "is_npu_available", "is_xpu_available"]
+
+
+def is_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def is_fp16_available() -> bool:
+    """Whether fp16 can be trained in here (every device lowbit runs on; slowly on most CPUs)."""
+    return True
 
 
 def is_bf16_available(ignore_tpu: bool = False) -> bool:
