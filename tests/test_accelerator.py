@@ -216,14 +216,15 @@ def test_slow_precisions_on_this_cpu_are_named(monkeypatch, native_bf16):
 
 def test_init_trackers_twice_keeps_and_finishes_both_runs(tmp_path):
     """The first run's tracker was dropped unfinished, losing what it buffered; Accelerate keeps
-    both, logs to both and finishes both."""
+    both, logs to both and finishes both; lowbit too, and says so (a script rarely means it)."""
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = Accelerator(log_with="tensorboard", project_dir=tmp_path)
     acc.init_trackers("first")
     acc.log({"loss": 1.5}, step=0)
-    acc.init_trackers("second")
+    with pytest.warns(UserWarning, match=r"init_trackers\('second'\) was called while trackers of an earlier"):
+        acc.init_trackers("second")
     acc.log({"loss": 0.5}, step=1)
     acc.end_training()
     assert acc.trackers == []
@@ -398,3 +399,4 @@ def test_resetting_the_state_leaves_an_accelerator_working():
     AcceleratorState._reset_state()
     model = accelerator.prepare(torch.nn.Linear(2, 1))
     assert model(torch.ones(1, 2)).shape == (1, 1)
+

@@ -196,17 +196,24 @@ class ParallelismConfig:
     def build_device_mesh(self, device_type: str):
         """One DeviceMesh over every process, with the flattened views ``dp``, ``dp_shard_cp`` and
         ``dp_cp`` where their dimensions are on; None when no dimension is (one process)."""
-        dims = self.active_mesh_dims
-        if not dims:
+        names, shape = self._get_mesh()
+        if not names:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device_type, tuple(getattr(self, f"{d}_size") for d in dims), mesh_dim_names=tuple(dims))
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         for name, parts in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
                             ("dp_cp", self.dp_cp_dim_names)):
             if parts:
-                mesh[tuple(parts)]._flatten(name)  # torch's only way to name a joint dimension (torchtitan does it too)
+                # torch's only way to name a joint dimension (torchtitan does it too); the list of
+                # names, as Accelerate passes it
+                mesh[parts]._flatten(name)
         return mesh
+
+    def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The mesh's dimension names and sizes, outermost first (Accelerate's name for it)."""
+        dims = self.active_mesh_dims
+        return tuple(dims), tuple(getattr(self, f"{d}_size") for d in dims)
 
     def get_device_mesh(self, device_type: str | None = None):
         if self.device_mesh is None:

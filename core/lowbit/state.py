@@ -200,7 +200,8 @@ class AcceleratorState:
 
     @property
     def _accelerator(self) -> Any:
-        return self._owner()
+        owner = self._owner()
+        return owner if owner is not None or not self._follows_latest else _LATEST_ACCELERATOR["ref"]()
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
@@ -260,13 +261,43 @@ class AcceleratorState:
 _ITERATED_LOADERS: list[Any] = []
 
 
+# The Accelerator made last in this process: what a GradientState() made apart from one follows.
+_LATEST_ACCELERATOR: dict[str, Any] = {"ref": _no_owner}
+
+
 class GradientState:
     """Accelerate's ``GradientState``: whether this Accelerator's micro-batch syncs gradients, and
-    whether the dataloader being iterated (in this process) just yielded its last batch."""
+    whether the dataloader being iterated (in this process) just yielded its last batch. Each
+    Accelerator has its own; one made apart (``GradientState()``, as scripts written for
+    Accelerate's shared one do) follows the Accelerator made last."""
 
     def __init__(self, accelerator: Any = None, gradient_accumulation_plugin: Any = None) -> None:
         self._owner = _weak(accelerator)
-        self.sync_gradients = True
+        self._follows_latest = accelerator is None
+        self._sync_gradients = True
+        if accelerator is not None:
+            _LATEST_ACCELERATOR["ref"] = self._owner
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this micro-batch reduces gradients and lets the optimizers step."""
+        followed = self._followed()
+        return followed.sync_gradients if followed is not None else self._sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        followed = self._followed()
+        if followed is not None:
+            followed.sync_gradients = value
+        else:
+            self._sync_gradients = value
+
+    def _followed(self) -> "GradientState | None":
+        """The state of the Accelerator made last, for a state made apart from one."""
+        if not self._follows_latest:
+            return None
+        latest = _LATEST_ACCELERATOR["ref"]()
+        return latest.gradient_state if latest is not None else None
 
     @property
     def active_dataloader(self) -> Any:
@@ -306,7 +337,8 @@ class GradientState:
 
     @property
     def _accelerator(self) -> Any:
-        return self._owner()
+        owner = self._owner()
+        return owner if owner is not None or not self._follows_latest else _LATEST_ACCELERATOR["ref"]()
 
     @property
     def num_steps(self) -> int:

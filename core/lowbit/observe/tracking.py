@@ -12,6 +12,7 @@ import os
 import warnings
 from typing import Any
 
+from lowbit import notices
 from lowbit.compat.accelerate_names import NOT_OFFERED_MARK
 from lowbit.errors import ConfigError, did_you_mean
 
@@ -267,8 +268,13 @@ class Trackers:
 
     def start(self, project_name: str, logging_dir: str | None, config: dict[str, Any] | None,
               init_kwargs: dict[str, dict[str, Any]]) -> None:
-        # Started again (init_trackers twice): the earlier trackers keep logging and are finished
-        # at the end too, as in Accelerate; a tracker object the user passed is not added twice.
+        # Started again (init_trackers twice): as in Accelerate the earlier trackers keep logging
+        # next to the new ones and are finished at the end too, which a script rarely means: said.
+        # A tracker object the user passed is not added twice.
+        if self.started:
+            notices.warn(f"init_trackers({project_name!r}) was called while trackers of an earlier init_trackers still "
+                         f"run ({', '.join(t.name for t in self.started)}): both sets log every value from now on, and "
+                         "both are finished by end_training(). To start a new run alone, call end_training() first.")
         new = start_trackers(self.requests, self.registered, project_name, logging_dir, config, init_kwargs)
         self.started += [t for t in new if not any(t is s for s in self.started)]
 
