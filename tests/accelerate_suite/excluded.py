@@ -39,10 +39,6 @@ EXCLUDED: dict[str, str] = {
         "load_checkpoint_and_dispatch with offload"),
     "test_accelerator.py::AcceleratorTester::test_save_model_offload_use_safetensors": INFERENCE.format(
         "load_checkpoint_and_dispatch with offload"),
-    "test_scheduler.py::SchedulerTester::test_lambda_scheduler_steps_with_optimizer_single_process": PRIVATE.format(
-        "AcceleratedOptimizer._is_overflow, set to fake a skipped step"),
-    "test_scheduler.py::SchedulerTester::test_lambda_scheduler_steps_with_optimizer_multiprocess": PRIVATE.format(
-        "AcceleratedOptimizer._is_overflow, set to fake a skipped step"),
     "test_tracking.py::TensorBoardTrackingTest::test_project_dir": WORDING,
     "test_tracking.py::TrackerDeferredInitializationTest::test_tensorboard_deferred_init": PRIVATE.format(
         "PartialState._shared_state"),

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from lowbit.training.dispatch import dispatched
-from lowbit.training.loader_shards import BatchSamplerShard, IterableDatasetShard
+from lowbit.training.loader_shards import BatchSamplerShard, IterableDatasetShard, natively_sharded
 from lowbit.training.operations import broadcast, send_to_device
 
 
@@ -329,8 +329,11 @@ def _stream_shard(dataloader: DataLoader, num_processes: int, process_index: int
     """A DataLoader over this process's share of ``dataloader``'s stream (IterableDatasetShard),
     loading as ``dataloader`` does."""
     batch_size = dataloader.batch_size or 1
-    shard = IterableDatasetShard(dataloader.dataset, batch_size=batch_size, drop_last=dataloader.drop_last,
-                                 num_processes=num_processes, process_index=process_index, split_batches=split_batches)
+    if natively_sharded(dataloader.dataset, num_processes, split_batches):
+        shard = dataloader.dataset.shard(num_shards=num_processes, index=process_index)
+    else:
+        shard = IterableDatasetShard(dataloader.dataset, batch_size=batch_size, drop_last=dataloader.drop_last,
+                                     num_processes=num_processes, process_index=process_index, split_batches=split_batches)
     settings = {name: getattr(dataloader, name) for name in _LOADING_SETTINGS if hasattr(dataloader, name)}
     return DataLoader(shard, batch_size=batch_size // num_processes if split_batches else batch_size,
                       drop_last=dataloader.drop_last, **settings)

@@ -317,6 +317,14 @@ def _same_loader_args(dataloader: DataLoader) -> dict[str, Any]:
     return args
 
 
+def natively_sharded(dataset: Any, num_processes: int, split_batches: bool) -> bool:
+    """Whether a Hugging Face ``datasets`` stream splits into its own shards, one set per process
+    (it has at least ``num_processes`` shards): each process then reads only its shards, instead of
+    the whole stream keeping every N-th batch (IterableDatasetShard), as Accelerate does."""
+    return (not split_batches and type(dataset).__module__.split(".")[0] == "datasets"
+            and getattr(dataset, "n_shards", 0) >= num_processes and callable(getattr(dataset, "shard", None)))
+
+
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """``dataloader``, starting ``num_batches`` batches into its epoch (to resume): a prepared
     loader's view, or a DataLoaderShard/SkipDataLoader over the same data and order."""
@@ -362,7 +370,9 @@ def prepare_data_loader(dataloader: DataLoader, device: Any = None, num_processe
         return DataLoaderDispatcher(dataset, split_batches=split_batches, device=device, _non_blocking=non_blocking,
                                     slice_fn=slice_fn_for_dispatch, **args)
     if isinstance(dataset, IterableDataset):
-        if num_processes > 1:
+        if num_processes > 1 and natively_sharded(dataset, num_processes, split_batches):
+            dataset = dataset.shard(num_shards=num_processes, index=process_index)
+        elif num_processes > 1:
             dataset = IterableDatasetShard(dataset, batch_size=dataloader.batch_size or 1, drop_last=dataloader.drop_last,
                                            num_processes=num_processes, process_index=process_index,
                                            split_batches=split_batches)

@@ -147,7 +147,18 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self._rules = rules
         self._after_step = after_step
-        self.step_was_skipped = False
+        # Whether the last step was skipped, under Accelerate's attribute name (scripts and
+        # Accelerate's own tests set it to fake an overflow).
+        self._is_overflow = False
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow, or a NaN/inf caught)."""
+        return self._is_overflow
+
+    @step_was_skipped.setter
+    def step_was_skipped(self, value: bool) -> None:
+        self._is_overflow = value
 
     # Attributes an Optimizer is expected to have, read through to the real one.
     @property

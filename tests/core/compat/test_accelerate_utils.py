@@ -125,3 +125,23 @@ def test_save_model_of_weights_not_in_memory_is_refused_before_a_file_is_written
         with pytest.raises(UnsupportedCombinationError, match=f"not all in memory.*{what}.*save_pretrained"):
             Accelerator(cpu=True).save_model(model, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_datasets_stream_with_a_shard_per_process_is_split_by_its_own_shards():
+    """A Hugging Face stream with at least one shard per process: each process reads its own shards
+    (Accelerate's native sharding), not the whole stream keeping every N-th batch."""
+    datasets = pytest.importorskip("datasets")
+    from torch.utils.data import DataLoader
+
+    from lowbit.data_loader import IterableDatasetShard, prepare_data_loader
+
+    stream = datasets.Dataset.from_dict({"x": list(range(10))}).to_iterable_dataset(num_shards=2)
+    seen = []
+    for rank in range(2):
+        loader = prepare_data_loader(DataLoader(stream, batch_size=4), num_processes=2, process_index=rank,
+                                     dispatch_batches=False)
+        assert not isinstance(loader.dataset, IterableDatasetShard)
+        seen.append([x for batch in loader for x in batch["x"].tolist()])
+    assert sorted(seen[0] + seen[1]) == list(range(10)) and not set(seen[0]) & set(seen[1])
+    single = prepare_data_loader(DataLoader(stream, batch_size=4), num_processes=3, process_index=0, dispatch_batches=False)
+    assert isinstance(single.dataset, IterableDatasetShard), "fewer shards than processes: every N-th batch"
