@@ -19,8 +19,8 @@ user's own code are not checked: torch places theirs, and the user's are the use
 from __future__ import annotations
 
 import functools
+import inspect
 import os
-import sys
 import weakref
 from typing import Any, Callable
 
@@ -36,6 +36,12 @@ CHECKED_COLLECTIVES = {
     "all_to_all_single": (1, "input"), "gather": (0, "tensor"), "scatter": (1, "scatter_list"),
     "send": (0, "tensor"), "isend": (0, "tensor"), "recv": (0, "tensor"), "irecv": (0, "tensor"),
 }
+
+
+# Whether collectives first compare their tensors' shapes across processes (one gather of Python
+# objects per call: a debugging aid, off by default; ACCELERATE_DEBUG_MODE=1, or
+# PartialState().debug = True). training/operations.py checks it.
+SHAPE_CHECKS = {"on": os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes")}
 
 
 class NcclRuleError(RuntimeError):
@@ -95,7 +101,10 @@ def on_group_device(tensor: torch.Tensor, copy: bool = False) -> torch.Tensor:
 
 
 def _caller_module(depth: int) -> str:
-    return sys._getframe(depth).f_globals.get("__name__", "")
+    frame = inspect.currentframe()
+    for _ in range(depth):
+        frame = frame.f_back if frame is not None else None
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:

@@ -15,9 +15,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from lowbit.collective_device import SHAPE_CHECKS
 from lowbit.compat.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
 from lowbit.process_group import RankFacts, process_facts, wait_for_everyone
-from lowbit.training.operations import SHAPE_CHECKS
 
 
 class PartialState(RankFacts):
@@ -322,10 +322,12 @@ class GradientState:
         """How many samples of the active dataloader's last batch are not padding (-1: unknown, or none)."""
         return getattr(self.active_dataloader, "remainder", -1)
 
-    def _add_dataloader(self, dataloader: Any) -> None:
+    def dataloader_started(self, dataloader: Any) -> None:
+        """``dataloader`` is iterated from now on (innermost)."""
         _ITERATED_LOADERS.append(dataloader)
 
-    def _remove_dataloader(self, dataloader: Any) -> None:
+    def dataloader_ended(self, dataloader: Any) -> None:
+        """``dataloader``'s iteration ended (done, or left)."""
         for index in range(len(_ITERATED_LOADERS) - 1, -1, -1):
             if _ITERATED_LOADERS[index] is dataloader:
                 del _ITERATED_LOADERS[index]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from lowbit.checkpoint.cuda_rng import set_cuda_rng_states
 from lowbit.checkpoint.files import check_optimizer_state_fits, check_state_fits, read_safetensors
 from lowbit.errors import CheckpointError
 from lowbit.notices import note
@@ -123,6 +124,4 @@ def _set_accelerate_rng(states: dict[str, Any]) -> None:
 
         np.random.set_state(states["numpy_random_seed"])
     if "torch_cuda_manual_seed" in states:
-        from lowbit.checkpoint.training_state import set_cuda_rng_states  # it imports this module
-
         set_cuda_rng_states(states["torch_cuda_manual_seed"])

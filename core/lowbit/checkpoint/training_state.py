@@ -19,6 +19,7 @@ import torch
 
 from lowbit.checkpoint import files as checkpoint
 from lowbit.checkpoint.accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
+from lowbit.checkpoint.cuda_rng import set_cuda_rng_states
 from lowbit.errors import CheckpointError, ConfigError
 from lowbit.notices import note
 from lowbit.training.preparation import unwrap
@@ -252,12 +253,3 @@ def set_rng_state(state: dict[str, Any], loader_generators: list[Any] = ()) -> N
     if "cuda" in state:
         set_cuda_rng_states(state["cuda"])
 
-
-def set_cuda_rng_states(states: list[torch.Tensor]) -> None:
-    """Each visible GPU's RNG state from a save's list, one per GPU the saving process saw. A rank
-    may see fewer GPUs now (each process given one GPU by CUDA_VISIBLE_DEVICES, or the job moved):
-    the GPUs it sees take the first states; the others' states have no GPU to go to."""
-    if not torch.cuda.is_available():
-        return
-    for index, saved in enumerate(list(states)[:torch.cuda.device_count()]):
-        torch.cuda.set_rng_state(saved, index)

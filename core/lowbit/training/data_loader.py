@@ -140,7 +140,7 @@ class PreparedDataLoader:
         if not self._sharded:
             return len(self.base) - self.skip_batches
         saved = self.generator.get_state() if self.generator is not None else None
-        count = len(self._batch_indices())
+        count = len(self.batch_indices())
         if saved is not None:  # counting must not move the shuffle on
             self.generator.set_state(saved)
         return max(count - self.skip_batches, 0)
@@ -169,7 +169,7 @@ class PreparedDataLoader:
         """Each process reads the whole stream and keeps its share (an iterable dataset, not dispatched)."""
         return self.num_processes > 1 and not self.dispatching and isinstance(self.base.dataset, IterableDataset)
 
-    def _batch_indices(self) -> list[list[int]]:
+    def batch_indices(self) -> list[list[int]]:
         """This process's batches of dataset indices for the current epoch."""
         sampler = self.base.batch_sampler
         return list(BatchSamplerShard(sampler, self.num_processes, self.process_index, self.split_batches, self.even_batches))
@@ -250,11 +250,11 @@ class PreparedDataLoader:
             for _ in range(self.skip_batches):
                 next(batches, None)
             remainder = lambda: -1  # noqa: E731
-        self.gradient_state._add_dataloader(self)
+        self.gradient_state.dataloader_started(self)
         try:
             yield from self._with_end_marked(batches, remainder)
         finally:  # out of the loop (done or left): the loop around it, if any, is the active one again
-            self.gradient_state._remove_dataloader(self)
+            self.gradient_state.dataloader_ended(self)
             self.end_of_dataloader, self.remainder = False, -1
         self._replay["start"], self._replay["ended"] = None, False
         self.set_epoch(self.epoch + 1)
@@ -314,7 +314,7 @@ class _ShardBatches:
     def __iter__(self) -> Iterator[list[int]]:
         # A generator: nothing is drawn until the first batch is asked for.
         if self.source is not None:
-            yield from self.source._batch_indices()[self.source.skip_batches:]
+            yield from self.source.batch_indices()[self.source.skip_batches:]
 
     def __len__(self) -> int:
         return len(self.source) if self.source is not None else 0

@@ -192,13 +192,13 @@ class DataLoaderStateMixin:
         from lowbit.state import GradientState
 
         self.end_of_dataloader, self.remainder = False, -1
-        GradientState()._add_dataloader(self)
+        GradientState().dataloader_started(self)
 
     def end(self) -> None:
         from lowbit.state import GradientState
 
         self.end_of_dataloader = False
-        GradientState()._remove_dataloader(self)
+        GradientState().dataloader_ended(self)
 
 
 class DataLoaderShard(DataLoaderStateMixin, DataLoader):

@@ -7,23 +7,17 @@ from ``lowbit.utils`` under Accelerate's names.
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from typing import Any, Callable
 
 import torch
 
-from lowbit.collective_device import on_group_device
+from lowbit.collective_device import SHAPE_CHECKS, on_group_device
 
 
 class DistributedOperationException(Exception):
     """A collective the processes called with tensors that do not fit together (found under the
     shape checks: ``ACCELERATE_DEBUG_MODE=1``, or ``PartialState().debug = True``)."""
-
-
-# Whether collectives first compare their tensors' shapes across processes (one gather of Python
-# objects per call: a debugging aid, off by default). PartialState.debug reads and sets it.
-SHAPE_CHECKS = {"on": os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes")}
 
 
 def _check_shapes_agree(operation: str, data: Any, describe: Callable[[torch.Tensor], Any] = lambda t: list(t.shape)) -> None:

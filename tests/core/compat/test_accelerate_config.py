@@ -187,7 +187,8 @@ def test_accelerate_launcher_flags(tmp_path, monkeypatch, recwarn):
     assert command[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
     assert "--monitor_interval=2.0" in command and "--module" in command and command[-1] == "pkg.train"
     assert env["OMP_NUM_THREADS"] == "3" and config.distributed_type == "MULTI_GPU"
-    assert "--gpu_ids" in said(recwarn)
+    assert "--same_network" in said(recwarn) and "--gpu_ids" not in said(recwarn)  # --gpu_ids is read: all GPUs
+    assert "CUDA_VISIBLE_DEVICES" not in env
 
 
 def test_fsdp_and_dynamo_flags(tmp_path, monkeypatch):
