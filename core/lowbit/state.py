@@ -95,7 +95,7 @@ class PartialState(RankFacts):
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """This process's contiguous share of a list, tuple, tensor or dict of them; the first
+        """This process's contiguous share of a list, tuple, tensor, Hugging Face Dataset or dict of them; the first
         ``len % num_processes`` processes get one extra. ``apply_padding`` repeats the last item so
         every process gets as many (to gather afterwards; drop the padding yourself)."""
         if self.num_processes == 1:
@@ -162,6 +162,10 @@ def _shared_length(inputs: Any) -> int:
 def _slice(inputs: Any, start: int, end: int, pad_to: int | None) -> Any:
     if isinstance(inputs, dict):
         return {k: _slice(v, start, end, pad_to) for k, v in inputs.items()}
+    if callable(getattr(inputs, "select", None)) and type(inputs).__module__.split(".")[0] == "datasets":
+        # A Hugging Face Dataset: sliced by rows (its [a:b] gives a dict of columns), padded with its last row
+        missing = max((pad_to or 0) - (end - start), 0) if len(inputs) else 0
+        return inputs.select([*range(start, end), *[len(inputs) - 1] * missing])
     part = inputs[start:end]
     if pad_to is None or len(part) >= pad_to or len(inputs) == 0:
         return part
@@ -200,8 +204,7 @@ class AcceleratorState:
 
     @property
     def _accelerator(self) -> Any:
-        owner = self._owner()
-        return owner if owner is not None or not self._follows_latest else _LATEST_ACCELERATOR["ref"]()
+        return self._owner()
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
