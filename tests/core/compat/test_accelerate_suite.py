@@ -35,13 +35,18 @@ def test_every_exclusion_names_a_recorded_test_and_says_why():
         assert len(reason) > 30, pattern
 
 
-def test_accelerates_public_api_tests_pass_under_lowbit(tmp_path):
+def from_the_sdist(fetch):
+    """``fetch()``'s folder from Accelerate's sdist; skipped where it cannot be downloaded, but in CI."""
     try:
-        tests = run_suite.fetch_tests()
+        return fetch()
     except subprocess.CalledProcessError as exc:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"Accelerate's sdist could not be downloaded here (offline?): {exc}")
+
+
+def test_accelerates_public_api_tests_pass_under_lowbit(tmp_path):
+    tests = from_the_sdist(run_suite.fetch_tests)
     folder = run_suite.copy_tests(tests, tmp_path / "lowbit", "lowbit")
     ours = run_suite.run_modules(folder, "lowbit", sys.executable, timeout=1500)
     print("\n".join(run_suite.table({"lowbit": ours})))
@@ -57,12 +62,7 @@ def test_every_script_check_that_passes_under_accelerate_passes_under_lowbit(tmp
     """The checks of Accelerate's launched scripts (test_script, test_sync, test_ops), one by one
     on 2 CPU processes: each that passed under Accelerate (recorded in passes.json by
     `run_suite.py --record`) passes under lowbit, but for the deliberate differences listed."""
-    try:
-        scripts = run_suite.fetch_scripts()
-    except subprocess.CalledProcessError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"Accelerate's sdist could not be downloaded here (offline?): {exc}")
+    scripts = from_the_sdist(run_suite.fetch_scripts)
     folder = run_suite.copy_scripts(scripts, tmp_path / "scripts", "lowbit")
     ours = run_suite.run_script_checks(folder, "lowbit", sys.executable, timeout=600)
     print("\n".join(run_suite.script_table({"lowbit": ours})))
