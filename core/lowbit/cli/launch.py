@@ -53,9 +53,6 @@ def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num_cpu_threads_per_process", type=int, default=None, help="OMP_NUM_THREADS for each process")
     group.add_argument("--monitor_interval", type=float, default=None, help="seconds between torchrun's checks of the workers")
     group.add_argument("--max_restarts", type=int, default=None, help="torchrun restarts of a failed job (default 0)")
-    group.add_argument("--gpu_ids", default=None,
-                       help="the GPUs to use, e.g. 0,2 (CUDA_VISIBLE_DEVICES for every process; default: all); "
-                            "without --num_processes, one process each")
     group.add_argument("--simulate_nccl", action="store_true",
                        help="on CPU processes, refuse what NCCL refuses: a lowbit collective on a tensor not put on the "
                             "group's device fails as it would on GPUs (sets LOWBIT_SIMULATE_NCCL=1)")
@@ -126,7 +123,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     # LOWBIT_* variables set where lowbit launch runs count as in the script: over the file, under the flags
     env_raw = config_from_env(os.environ)
     config = validate_config(merge_raw(file_raw, env_raw, flags_raw), where=str(path), check_fp8_keys=False)
-    gpu_ids = _gpu_ids(getattr(args, "gpu_ids", None))
+    gpu_ids = _gpu_ids(config.gpu_ids)
     if not any("num_processes" in raw for raw in (file_raw, env_raw, flags_raw)) and not config.use_cpu:
         visible = len(gpu_ids) if gpu_ids else _visible_gpu_count()
         if visible > 1:  # as accelerate launch: one process per visible GPU, on each machine

@@ -22,7 +22,7 @@ ACCELERATE_FALSE = frozenset({"n", "no", "f", "false", "off", "0"})
 # details of other back ends).
 IGNORED_TOP_LEVEL = frozenset(
     {"compute_environment", "main_training_function", "downcast_bf16", "rdzv_backend", "same_network",
-     "enable_cpu_affinity", "gpu_ids", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone",
+     "enable_cpu_affinity", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone",
      "tpu_vm", "command_file", "commands", "use_mps_device", "ipex_config", "mpirun_config", "megatron_lm_config"}
 )
 # Accelerate's parallelism_config section spells each key with this prefix (parallelism_config_tp_size),

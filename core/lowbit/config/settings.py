@@ -85,6 +85,8 @@ class LowbitConfig:
     machine_rank: int = _setting(int, 0, "rank of this machine, 0 for the main one")
     main_process_ip: str | None = _setting(str, None, "address of machine 0")
     main_process_port: int | None = _setting(int, None, "port of the rendezvous on machine 0")
+    gpu_ids: str | None = _setting(str, None, "the GPUs to use, e.g. 0,2, or all (CUDA_VISIBLE_DEVICES for every process); "
+                                              "without num_processes, one process each")
     use_cpu: bool = _setting(bool, False, "train on CPU even when a GPU is present")
     gradient_accumulation_steps: int = _setting(int, 1, "micro-batches per optimizer step")
     dynamo_backend: str = _setting(str, "no", "torch.compile backend, e.g. inductor; 'no' disables")

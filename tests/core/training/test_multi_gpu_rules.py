@@ -254,3 +254,14 @@ def test_the_hop_scenario_runs_over_gloo(tmp_path):
     for rank in ranks:
         assert rank["backend"] == "gloo" and rank["hop_device"] == "cpu" and rank["back_equal"]
         assert rank["host_tensor_taken"] is True
+
+
+def test_a_config_files_gpu_ids_choose_the_gpus(tmp_path, monkeypatch):
+    """`gpu_ids: 0,1` in a config file written by `accelerate config` (was: noted and ignored)."""
+    config = tmp_path / "default_config.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\ngpu_ids: 0,1\nmixed_precision: bf16\n")
+    command, env, _ = launch_command(tmp_path, monkeypatch, "--config_file", str(config))
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and command[command.index("--nproc_per_node") + 1] == "2"
+    config.write_text("distributed_type: MULTI_GPU\ngpu_ids: all\nnum_processes: 3\n")
+    command, env, _ = launch_command(tmp_path, monkeypatch, "--config_file", str(config))
+    assert "CUDA_VISIBLE_DEVICES" not in env and command[command.index("--nproc_per_node") + 1] == "3"
