@@ -12,6 +12,9 @@ process's generator state (broadcast on the process group's device: NCCL takes n
 The batches are loaded by a DataLoader built once with the user's loading settings
 (``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ``worker_init_fn``),
 drawing from this process's share of the batch indices, as Accelerate's sharded loader does.
+An iterable dataset (a stream) is read by the main process and dispatched (``dispatch_batches``,
+training/dispatch.py), Accelerate's default for it; not dispatched, each process reads the stream
+and keeps its share (``IterableDatasetShard``, or a Hugging Face stream's own shards).
 """
 from __future__ import annotations
 
