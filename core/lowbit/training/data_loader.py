@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from lowbit.training.dispatch import dispatched
-from lowbit.training.loader_shards import BatchSamplerShard, IterableDatasetShard, natively_sharded
+from lowbit.training.loader_shards import BatchSamplerShard, IterableDatasetShard, loading_settings, natively_sharded
 from lowbit.training.operations import broadcast, send_to_device
 
 
@@ -323,11 +323,6 @@ class _ShardBatches:
         return len(self.source) if self.source is not None else 0
 
 
-# What a DataLoader keeps of how it loads (not what it loads: dataset and sampling are the shard's).
-_LOADING_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-                     "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order")
-
-
 def _stream_shard(dataloader: DataLoader, num_processes: int, process_index: int, split_batches: bool) -> DataLoader:
     """A DataLoader over this process's share of ``dataloader``'s stream (IterableDatasetShard),
     loading as ``dataloader`` does."""
@@ -337,16 +332,14 @@ def _stream_shard(dataloader: DataLoader, num_processes: int, process_index: int
     else:
         shard = IterableDatasetShard(dataloader.dataset, batch_size=batch_size, drop_last=dataloader.drop_last,
                                      num_processes=num_processes, process_index=process_index, split_batches=split_batches)
-    settings = {name: getattr(dataloader, name) for name in _LOADING_SETTINGS if hasattr(dataloader, name)}
     return DataLoader(shard, batch_size=batch_size // num_processes if split_batches else batch_size,
-                      drop_last=dataloader.drop_last, **settings)
+                      drop_last=dataloader.drop_last, **loading_settings(dataloader))
 
 
 def _loader_like(dataloader: DataLoader, batch_sampler: _ShardBatches) -> DataLoader:
     """A DataLoader over ``dataloader``'s dataset that loads as it does (its workers, pinning,
     prefetching, worker_init_fn, collate_fn) and draws its batches from ``batch_sampler``."""
-    settings = {name: getattr(dataloader, name) for name in _LOADING_SETTINGS if hasattr(dataloader, name)}
-    return DataLoader(dataloader.dataset, batch_sampler=batch_sampler, **settings)
+    return DataLoader(dataloader.dataset, batch_sampler=batch_sampler, **loading_settings(dataloader))
 
 
 def _rng_state(rng: torch.Generator | None) -> torch.Tensor:

@@ -297,17 +297,24 @@ class SkipDataLoader(DataLoaderShard):
 
 
 _END = object()
-_LOADER_ARGS = ("batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn", "pin_memory",
-                "drop_last", "timeout", "worker_init_fn", "generator", "prefetch_factor", "persistent_workers")
+# How a DataLoader loads, not what: its workers, pinning, prefetching, collation and seeding.
+LOADING_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+                    "generator", "prefetch_factor", "persistent_workers", "in_order")
+
+
+def loading_settings(dataloader: DataLoader) -> dict[str, Any]:
+    """``dataloader``'s LOADING_SETTINGS, as DataLoader takes them (the worker ones only with workers)."""
+    settings = {name: getattr(dataloader, name) for name in LOADING_SETTINGS if hasattr(dataloader, name)}
+    if dataloader.num_workers == 0:
+        settings.pop("prefetch_factor", None)
+        settings.pop("persistent_workers", None)
+    return settings
 
 
 def _same_loader_args(dataloader: DataLoader) -> dict[str, Any]:
     """The arguments ``dataloader`` was made with, as DataLoader takes them (batch_sampler or not)."""
-    args = {name: getattr(dataloader, name) for name in _LOADER_ARGS if hasattr(dataloader, name)}
-    args.pop("shuffle", None)
-    if dataloader.num_workers == 0:
-        args.pop("prefetch_factor", None)
-        args.pop("persistent_workers", None)
+    args = {"batch_size": dataloader.batch_size, "sampler": dataloader.sampler, "batch_sampler": dataloader.batch_sampler,
+            "drop_last": dataloader.drop_last, **loading_settings(dataloader)}
     if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_sampler is None:
         args.pop("batch_sampler", None)
         args.pop("sampler", None)

@@ -24,7 +24,7 @@ def launch_one_rank(tmp_path, scenario: str, *flags: str) -> dict:
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--num_processes", "1", *flags, str(WORKER), scenario, str(out)]
-    proc = run_launch(cmd, env=env, timeout=300)
+    proc = run_launch(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((out / "rank0.json").read_text())
 
