@@ -41,8 +41,8 @@ REQUIRED = {("H100", "tensorwise"), ("H100", "rowwise"), ("B200", "mxfp8")}  # i
 
 
 def llama3_8b_work():
-    from lowbit.observe.fp8_payoff import count_work
-    from lowbit.observe.model_spec import load_model_on_meta
+    from lowbit.runtime.observe.fp8_payoff import count_work
+    from lowbit.runtime.observe.model_spec import load_model_on_meta
 
     return count_work(load_model_on_meta(str(LLAMA3_8B)), 1, 8192)
 
@@ -55,7 +55,7 @@ def torchao_cost(recipe: str):
 
 
 def calibration_rows() -> list[tuple[tuple[int, int, int], float, float, str]]:
-    from lowbit.observe.fp8_payoff import LinearShape, ModelWork, known_gpu, predict
+    from lowbit.runtime.observe.fp8_payoff import LinearShape, ModelWork, known_gpu, predict
 
     gpu = dataclasses.replace(known_gpu("H100"), memory_tbps=CALIBRATION_MEMORY_TBPS)
     rows = []
@@ -66,7 +66,7 @@ def calibration_rows() -> list[tuple[tuple[int, int, int], float, float, str]]:
 
 
 def validation_rows(work=None) -> list[tuple[str, str, float, float, str]]:
-    from lowbit.observe.fp8_payoff import first_last, known_gpu, predict
+    from lowbit.runtime.observe.fp8_payoff import first_last, known_gpu, predict
 
     work = work or llama3_8b_work()
     return [(gpu, recipe, published, predict(work, known_gpu(gpu), recipe, torchao_cost(recipe), first_last(work),
@@ -80,7 +80,7 @@ def auto_filter_rows(tokens: int = 8192) -> list[tuple[str, str, int, int, bool,
     import torch
     from torchao.float8.float8_linear_utils import _auto_filter_for_recipe
 
-    from lowbit.observe.fp8_payoff import LinearShape, ModelWork, known_gpu, predict
+    from lowbit.runtime.observe.fp8_payoff import LinearShape, ModelWork, known_gpu, predict
 
     shapes = {"Llama-3-8B": [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)],
               "Llama-3.2-1B": [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048)],
@@ -99,7 +99,7 @@ def auto_filter_rows(tokens: int = 8192) -> list[tuple[str, str, int, int, bool,
 
 
 def _low(layer, gpu, recipe) -> float:
-    from lowbit.observe.fp8_payoff import ModelWork, predict
+    from lowbit.runtime.observe.fp8_payoff import ModelWork, predict
 
     return predict(ModelWork([layer.layer]), gpu, recipe, torchao_cost(recipe)).layers[0].low_s
 

@@ -171,10 +171,10 @@ def run_one(row: dict, args: argparse.Namespace) -> dict:
 
 
 def device_peak(device: str):
-    """lowbit's figures for this GPU (lowbit.observe.gpu_specs), or None (a CPU, an unknown GPU)."""
+    """lowbit's figures for this GPU (lowbit.runtime.observe.gpu_specs), or None (a CPU, an unknown GPU)."""
     import torch
 
-    from lowbit.observe.gpu_specs import gpu_peak
+    from lowbit.runtime.observe.gpu_specs import gpu_peak
 
     if device != "cuda" or not torch.cuda.is_available():
         return None
@@ -188,8 +188,8 @@ def predicted_speedups(args: argparse.Namespace, labels: list[str], gpu) -> dict
     from transformers import LlamaForCausalLM
 
     from lowbit.cli.fp8_payoff_command import installed_costs
-    from lowbit.errors import ConfigError
-    from lowbit.observe.fp8_payoff import count_work, first_last, known_gpu, predict
+    from lowbit.kernel.errors import ConfigError
+    from lowbit.runtime.observe.fp8_payoff import count_work, first_last, known_gpu, predict
 
     gpu = gpu if gpu is not None and gpu.memory_tbps else known_gpu("H100")
     with torch.device("meta"):

@@ -22,7 +22,7 @@ def run(argv: list[str], repeats: int = 5) -> tuple[float, str]:
     times, imported = [], ""
     for _ in range(repeats):
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "lowbit.testing.import_probe", "cli", "--heavy", *HEAVY, "--", *argv],
+        out = subprocess.run([sys.executable, "-m", "lowbit.conformance.import_probe", "cli", "--heavy", *HEAVY, "--", *argv],
                              capture_output=True, text=True, check=True).stdout
         times.append(time.perf_counter() - start)
         imported = ",".join(json.loads(out.strip().splitlines()[-1])["imported"]) or "none"

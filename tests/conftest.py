@@ -26,7 +26,7 @@ def clean_lowbit_env(monkeypatch, tmp_path):
 @pytest.fixture(autouse=True)
 def _each_test_hears_lowbits_notices():
     """lowbit says each notice once per process; every test is a fresh run as far as notices go."""
-    from lowbit import notices
+    from lowbit.kernel import notices
 
     notices.reset()
     yield

@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from lowbit import hookimpl
-from lowbit.plugins import make_plugin_manager
-from lowbit.config.recipes import RecipeKwargs, recipe_option
-from lowbit.types import BackendDescription
+from lowbit.kernel.manager import make_plugin_manager
+from lowbit.kernel.recipes import RecipeKwargs, recipe_option
+from lowbit.kernel.types import BackendDescription
 
 
 def mlp(seed: int = 0, width: int = 64) -> nn.Module:
@@ -107,7 +107,7 @@ def train_on_gpu(model: nn.Module, precision: str, handlers: list, shape: tuple[
     """Prepare ``model`` (moved to CUDA) with AdamW and train ``steps`` full-batch MSE steps on
     fixed random data of ``shape`` (last dim: the model's width). Returns (accelerator, model, losses)."""
     from lowbit import Accelerator
-    from lowbit.cli.selftest import train_steps
+    from lowbit.cli.self_test import train_steps
 
     model = model.cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -161,7 +161,7 @@ def run_launch(cmd, *, env, cwd=None, timeout=1500):
     including an abort in interpreter shutdown, prints every thread's Python stack in the failure."""
     import subprocess
 
-    from lowbit.collective_device import SIMULATE_ENV
+    from lowbit.runtime.collective_device import SIMULATE_ENV
 
     # Every multi-process test holds lowbit's collectives to NCCL's device rule (see collective_device.py).
     env = {**env, "PYTHONFAULTHANDLER": "1", SIMULATE_ENV: env.get(SIMULATE_ENV, "1")}
@@ -201,7 +201,7 @@ def install_plugin_module(site, module: str, source: str | None = None) -> Path:
 
 def said(recwarn) -> str:
     """What lowbit printed as notices during a test, as it prints them ("lowbit: note: ...")."""
-    from lowbit.notices import format_notice
+    from lowbit.kernel.notices import format_notice
 
     return "".join(format_notice(w.message, w.category) or "" for w in recwarn)
 

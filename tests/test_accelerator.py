@@ -13,9 +13,9 @@ from lowbit import hookimpl
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.errors import BackendUnavailableError, ConfigError
-from lowbit.training.prepared import PreparedOptimizer
-from lowbit.cli.selftest import train_steps
+from lowbit.kernel.errors import BackendUnavailableError, ConfigError
+from lowbit.runtime.training.prepared import PreparedOptimizer
+from lowbit.cli.self_test import train_steps
 from lowbit.utils import FP8RecipeKwargs
 
 
@@ -236,7 +236,7 @@ def test_init_trackers_twice_keeps_and_finishes_both_runs(tmp_path):
 
 def test_fp16_overflowing_at_every_step_is_said_with_the_loss_scale(recwarn):
     """40 of 40 steps skipped and the scale down to 6e-8 went unsaid (Accelerate is silent too)."""
-    from lowbit.notices import LowbitWarning, reset
+    from lowbit.kernel.notices import LowbitWarning, reset
 
     reset()
     acc = Accelerator(mixed_precision="fp16", plugin_manager=no_fp8_manager())

@@ -8,8 +8,8 @@ import torch
 from helpers import FakeBackend, manager_with, mlp
 
 from lowbit import Accelerator
-from lowbit.config import read_config_file, resolve_config, validate_config
-from lowbit.errors import ConfigError
+from lowbit.compat.settings import read_config_file, resolve_config, validate_config
+from lowbit.kernel.errors import ConfigError
 
 
 def test_kwargs_handlers_must_be_a_list():
@@ -63,7 +63,7 @@ def test_config_file_over_the_size_limit_is_refused_before_parsing(tmp_path, mon
 def test_the_config_file_is_read_once_per_accelerator(tmp_path, monkeypatch):
     path = tmp_path / "c.yaml"
     path.write_text("mixed_precision: bf16\n")
-    import lowbit.config.settings as config
+    import lowbit.compat.settings as config
 
     reads = []
     real = config.read_config_file

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lowbit.version import TESTED_TORCH
+from lowbit.kernel.version import TESTED_TORCH
 
 ROOT = Path(__file__).resolve().parents[1]
 

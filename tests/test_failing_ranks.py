@@ -40,7 +40,7 @@ def test_exit_waits_for_busy_native_threads_but_not_for_idle_ones():
     import threading
     import time
 
-    from lowbit.process_group import wait_for_native_threads_to_settle
+    from lowbit.runtime.process_group import wait_for_native_threads_to_settle
 
     # Idle: a fresh process has no other thread, so it settles at once however busy the machine.
     idle = Path(__file__).parent / "scripts" / "settle_threads.py"

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from lowbit import hookspecs
+from lowbit.kernel import hookspecs
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = sorted(name for name, fn in vars(hookspecs).items() if inspect.isfunction(fn) and hasattr(fn, "lowbit_spec"))
-PLUGIN_SOURCES = "\n".join(p.read_text() for p in [*ROOT.glob("core/lowbit/builtin/*.py"), *ROOT.glob("plugins/*/*/__init__.py")])
+PLUGIN_SOURCES = "\n".join(p.read_text() for p in [*ROOT.glob("core/lowbit/runtime/builtin/*.py"), *ROOT.glob("plugins/*/*/__init__.py")])
 TEST_SOURCES = "\n".join(p.read_text() for p in ROOT.glob("tests/**/*.py") if p.name != "test_hookspecs.py")
 DOCS = (ROOT / "docs" / "writing-a-backend.md").read_text()
 

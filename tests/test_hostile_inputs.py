@@ -10,9 +10,9 @@ from torch import nn
 
 from helpers import FakeBackend
 from lowbit import Accelerator
-from lowbit.config import read_config_file
-from lowbit.errors import CheckpointError, ConfigError, UnsupportedCombinationError
-from lowbit.plugins import make_plugin_manager
+from lowbit.compat.settings import read_config_file
+from lowbit.kernel.errors import CheckpointError, ConfigError, UnsupportedCombinationError
+from lowbit.kernel.manager import make_plugin_manager
 
 
 def test_a_key_given_twice_in_a_config_file_is_an_error_naming_both_lines(tmp_path):
@@ -32,7 +32,7 @@ def test_out_of_range_fp8_options_are_refused_in_code_and_in_files(tmp_path, opt
     te_recipe = pytest.importorskip("lowbit_te.recipe")
     with pytest.raises(ConfigError, match=message):
         te_recipe.TERecipeKwargs(**option)
-    from lowbit.config import validate_config
+    from lowbit.compat.settings import validate_config
 
     with pytest.raises(ConfigError, match=message):
         validate_config({"mixed_precision": "fp8", "fp8_config": option})
@@ -101,7 +101,7 @@ def test_a_plugin_that_calls_sys_exit_at_import_is_marked_broken():
     def loader(ep):
         sys.exit(3)
 
-    import lowbit.plugins as plugins
+    import lowbit.kernel.manager as plugins
 
     original = plugins._selected_entry_points
     plugins._selected_entry_points = lambda: [EntryPoint()]
@@ -181,7 +181,7 @@ def test_a_nan_gradient_under_a_finite_loss_is_reported_and_its_step_skipped(cli
 def test_a_checkpoint_on_read_only_storage_loads_beside_a_leftover_temp_directory(tmp_path, monkeypatch, recwarn):
     import shutil
 
-    from lowbit.checkpoint import files
+    from lowbit.runtime.checkpoint import files
 
     acc = Accelerator(cpu=True)
     model = acc.prepare(nn.Linear(4, 4))
@@ -202,7 +202,7 @@ def test_two_plugins_claiming_the_only_backend_name_the_clash_not_an_install():
 
     first, second = FakeBackend("ao", 100), FakeBackend("ao", 100)
     manager = manager_with(first, second)
-    from lowbit.errors import BackendUnavailableError
+    from lowbit.kernel.errors import BackendUnavailableError
 
     with pytest.raises(BackendUnavailableError, match=r"No usable low-precision backend: low-precision backend name 'ao' is claimed by both") as info:
         Accelerator(mixed_precision="fp8", plugin_manager=manager)
@@ -307,7 +307,7 @@ def test_ctrl_c_at_any_point_of_the_commit_leaves_the_directory_saveable(tmp_pat
 
     import torch
 
-    from lowbit.checkpoint import files
+    from lowbit.runtime.checkpoint import files
 
     from helpers import Counter
 
@@ -359,7 +359,7 @@ def test_a_collective_timeout_names_the_ranks_that_left_no_mark():
     were in different collectives."""
     import torch.distributed as dist
 
-    from lowbit.collective_timeouts import describe, is_collective_timeout, ranks_that_did_not_arrive
+    from lowbit.runtime.collective_timeouts import describe, is_collective_timeout, ranks_that_did_not_arrive
 
     store = dist.HashStore()
     store.set("lowbit/timed_out/2", "1")

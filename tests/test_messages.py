@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lowbit import Accelerator
-from lowbit.errors import ConfigError
+from lowbit.kernel.errors import ConfigError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SAY_NOTICES = str(SCRIPTS / "say_notices.py")
@@ -113,7 +113,7 @@ def test_rank_variables_are_checked_at_start(monkeypatch, env, message):
 def test_init_process_group_kwargs_reach_torch(monkeypatch):
     import torch.distributed as dist
 
-    from lowbit import process_group
+    from lowbit.runtime import process_group
 
     seen = {}
     monkeypatch.setattr(dist, "is_initialized", lambda: False)

@@ -1,7 +1,7 @@
 """The open core: it names no plugin. What it needs to know about a backend or a strategy comes from
 the plugin's own description (BackendDescription, StrategyDescription), the built-in plugins included.
 
-Allowed to name plugins: the built-in plugins themselves (``lowbit/builtin/``), and the modules
+Allowed to name plugins: the built-in plugins themselves (``lowbit/runtime/builtin/``), and the modules
 that map Accelerate's own names (its fp8_backend values, distributed types, config keys, launch
 flags, handler classes and utils), listed below with the reason.
 """
@@ -15,16 +15,20 @@ CORE = Path(__file__).resolve().parents[1] / "core" / "lowbit"
 # Module -> why it may name plugins: it maps Accelerate's names onto lowbit's.
 ACCELERATE_NAME_MODULES = {
     "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types",
+    "kernel/first_party.py": "the distributions lowbit publishes, named when one is asked for and absent",
+    "kernel/manager.py": "the built-in plugins it registers before any entry point (lowbit.runtime.builtin)",
+    "utils/deepspeed.py": "Accelerate's path accelerate.utils.deepspeed, an alias of lowbit.compat.utils.deepspeed",
+    "compat/utils/__init__.py": "Accelerate's utils submodule paths (accelerate.utils.deepspeed)",
     "compat/accelerate_config.py": "Accelerate's config file keys (fsdp_*, deepspeed_*)",
     "compat/handlers.py": "Accelerate's handler and plugin classes (FullyShardedDataParallelPlugin, DeepSpeedPlugin)",
-    "utils/dataclasses.py": "Accelerate's recipe classes by plugin (TERecipeKwargs, AORecipeKwargs, ...)",
-    "utils/imports.py": "Accelerate's is_<library>_available names (is_deepspeed_available, ...)",
+    "compat/utils/dataclasses.py": "Accelerate's recipe classes by plugin (TERecipeKwargs, AORecipeKwargs, ...)",
+    "compat/utils/imports.py": "Accelerate's is_<library>_available names (is_deepspeed_available, ...)",
     "cli/flags.py": "Accelerate's launch flags (--use_fsdp, --use_deepspeed, --fsdp_*, --fp8_opt_level)",
     "test_utils/testing.py": "Accelerate's require_<library> test decorators (require_deepspeed, require_torchao, ...)",
-    "utils/refused.py": "Accelerate's utils for jobs a plugin does inside prepare (fsdp2_*, TE's convert_model)",
-    "utils/deepspeed.py": "Accelerate's accelerate.utils.deepspeed names (DummyOptim, ...)",
-    "utils/modeling.py": "Accelerate's has_transformer_engine_layers",
-    "utils/other.py": "Accelerate's get_active_deepspeed_plugin and its state's deepspeed_plugin",
+    "compat/utils/refused.py": "Accelerate's utils for jobs a plugin does inside prepare (fsdp2_*, TE's convert_model)",
+    "compat/utils/deepspeed.py": "Accelerate's accelerate.utils.deepspeed names (DummyOptim, ...)",
+    "compat/utils/modeling.py": "Accelerate's has_transformer_engine_layers",
+    "compat/utils/other.py": "Accelerate's get_active_deepspeed_plugin and its state's deepspeed_plugin",
 }
 PLUGIN_NAMES = ("te", "ao", "msamp", "ms-amp", "deepspeed", "fsdp", "fsdp2", "ddp", "torchao", "transformer_engine",
                 "transformer-engine", "lowbit-te", "lowbit-ao", "lowbit-msamp", "lowbit-deepspeed")
@@ -64,110 +68,7 @@ def test_the_allowed_modules_exist_and_say_why():
         assert (CORE / module).is_file() and why, module
 
 
-# ---------------------------------------------------------------------- the knot is untied
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(CORE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph() -> dict[str, set[str]]:
-    """Core module -> the core modules it imports (at any depth of the file, TYPE_CHECKING included);
-    ``from lowbit import checkpoint`` counts as importing ``lowbit.checkpoint.files``, not the package."""
-    modules = {_module_name(p): p for p in CORE.rglob("*.py")}
-    graph = {}
-    for name, path in modules.items():
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "lowbit":
-                submodules = {f"{node.module}.{a.name}" for a in node.names} & set(modules)
-                deps |= submodules or {node.module}
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names if a.name.split(".")[0] == "lowbit"}
-        graph[name] = {d for d in deps if d in modules and d != name}
-    return graph
-
-
-def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The loops of ``graph`` of any length: its strongly connected components of two or more
-    nodes (Tarjan's algorithm, iterative), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    loops = []
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    loops.append(sorted(component))
-    return sorted(loops)
-
-
-def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The same imports between folders: a subpackage (its ``__init__`` included) is one node,
-    each top-level module of ``lowbit`` its own."""
-    def node(module: str) -> str:
-        parts = module.split(".")
-        if len(parts) == 1:
-            return module  # the lowbit package's own __init__
-        return parts[1] if len(parts) > 2 or CORE.joinpath(*parts[1:]).is_dir() else module
-
-    folders: dict[str, set[str]] = {}
-    for module, imported in graph.items():
-        folders.setdefault(node(module), set()).update(node(m) for m in imported if node(m) != node(module))
-    return folders
-
-
-def test_no_import_loop_of_any_length_between_core_modules():
-    assert import_loops(import_graph()) == []
-
-
-def test_no_import_loop_between_core_folders():
-    """A subpackage is one node: config/ -> plugins/ -> config/ is a loop even when no file imports
-    one that imports it back."""
-    assert import_loops(folder_graph(import_graph())) == []
-
-
-def test_config_imports_only_what_lies_below_it():
-    """config/ (settings, option specs, the recipe vocabulary) reads Accelerate's names from compat/
-    and plain records from the top-level leaf modules; it never asks the plugins."""
-    below = {"compat", "lowbit.types", "lowbit.errors", "lowbit.notices", "lowbit.hookspecs", "lowbit.atomic_write", "config",
-             "lowbit.collective_device"}  # a leaf: the NCCL simulation's variable is named there
-    assert folder_graph(import_graph())["config"] <= below
-
-
-def test_the_loop_finder_finds_long_loops_and_only_loops():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": set(), "f": {"f"}}
-    assert import_loops(graph) == [["a", "b", "c"]]
+# The layers and the import loops: tests/test_layers.py.
 
 
 # Private names of other libraries' objects that lowbit has to touch, each for a reason.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from lowbit import Accelerator
-from lowbit.errors import BackendUnavailableError
+from lowbit.kernel.errors import BackendUnavailableError
 
 
 def test_plain_fp8_accelerator_picks_the_best_backend():

@@ -10,32 +10,32 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lowbit import notices as _notices
-from lowbit.hookspecs import hookimpl
+from lowbit.kernel import notices as _notices
+from lowbit.kernel.hookspecs import hookimpl
 
 _notices.install()  # lowbit's notices print as one line: "lowbit: note: ..." (still real warnings)
 
 # Public name -> module that defines it (Accelerate's top-level names included).
 _LAZY = {
-    "__version__": "lowbit.version",  # read from the distribution's metadata: 20 ms, so only when asked
-    "Accelerator": "lowbit.accelerator",
-    "PartialState": "lowbit.state",
-    "AcceleratorState": "lowbit.state",
-    "GradientState": "lowbit.state",
-    "DistributedType": "lowbit.state",
-    "find_executable_batch_size": "lowbit.training.memory",
-    "skip_first_batches": "lowbit.training.loader_shards",
-    "ParallelismConfig": "lowbit.parallelism_config",
-    "debug_launcher": "lowbit.launchers",
-    "notebook_launcher": "lowbit.launchers",
-    "init_empty_weights": "lowbit.big_modeling",
-    "init_on_device": "lowbit.big_modeling",
+    "__version__": "lowbit.kernel.version",  # read from the distribution's metadata: 20 ms, so only when asked
+    "Accelerator": "lowbit.compat.accelerator",
+    "PartialState": "lowbit.compat.state",
+    "AcceleratorState": "lowbit.compat.state",
+    "GradientState": "lowbit.compat.state",
+    "DistributedType": "lowbit.compat.state",
+    "find_executable_batch_size": "lowbit.runtime.training.memory",
+    "skip_first_batches": "lowbit.runtime.training.loader_shards",
+    "ParallelismConfig": "lowbit.compat.parallelism_config",
+    "debug_launcher": "lowbit.compat.launchers",
+    "notebook_launcher": "lowbit.compat.launchers",
+    "init_empty_weights": "lowbit.compat.big_modeling",
+    "init_on_device": "lowbit.compat.big_modeling",
     # Big-model inference dispatch: importable, and each raises saying what to use (lowbit trains).
-    **{name: "lowbit.big_modeling" for name in ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
+    **{name: "lowbit.compat.big_modeling" for name in ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
                                                 "infer_auto_device_map", "load_checkpoint_and_dispatch",
                                                 "load_checkpoint_in_model")},
-    "synchronize_rng_states": "lowbit.utils",
-    "is_rich_available": "lowbit.utils",
+    "synchronize_rng_states": "lowbit.compat.utils",
+    "is_rich_available": "lowbit.compat.utils",
     # The handler classes Accelerate also exports at its top level.
     **{name: "lowbit.compat.handlers" for name in (
         "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin",
@@ -45,11 +45,11 @@ _LAZY = {
 __all__ = [*_LAZY, "hookimpl"]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads them lazily
-    from lowbit.accelerator import Accelerator  # noqa: F401
-    from lowbit.state import AcceleratorState, DistributedType, GradientState, PartialState  # noqa: F401
+    from lowbit.compat.accelerator import Accelerator  # noqa: F401
+    from lowbit.compat.state import AcceleratorState, DistributedType, GradientState, PartialState  # noqa: F401
 
 
-# Accelerate's submodules that lowbit has under the same name (``lowbit.logging``, ...), loaded on first use.
+# Accelerate's submodules that lowbit has under the same name (``lowbit.compat.logging``, ...), loaded on first use.
 SUBMODULES = ("accelerator", "state", "utils", "logging", "tracking", "parallelism_config", "big_modeling", "launchers",
               "data_loader", "optimizer", "scheduler", "hooks", "inference", "test_utils")
 def __getattr__(name: str) -> Any:
@@ -62,7 +62,7 @@ def __getattr__(name: str) -> Any:
     from lowbit.compat.accelerate_names import NOT_OFFERED_AT_TOP_LEVEL
 
     if name in NOT_OFFERED_AT_TOP_LEVEL:
-        from lowbit.errors import UnsupportedCombinationError
+        from lowbit.kernel.errors import UnsupportedCombinationError
 
         raise UnsupportedCombinationError(f"lowbit.{name}: {NOT_OFFERED_AT_TOP_LEVEL[name]}.")
     raise AttributeError(f"module 'lowbit' has no attribute {name!r}")

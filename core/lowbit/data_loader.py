@@ -1,22 +1,4 @@
-"""Accelerate's ``accelerate.data_loader`` path: the data-loading building blocks
-(:mod:`lowbit.training.loader_shards`) and lowbit's prepared dataloader, which
-``accelerator.prepare`` returns (each process reads its own share, and ``save_state`` records
-where it is)."""
-from lowbit.training.data_loader import PreparedDataLoader
-from lowbit.training.loader_shards import (
-    BatchSamplerShard,
-    DataLoaderDispatcher,
-    DataLoaderShard,
-    DataLoaderStateMixin,
-    IterableDatasetShard,
-    SeedableRandomSampler,
-    SkipBatchSampler,
-    SkipDataLoader,
-    prepare_data_loader,
-    skip_first_batches,
-)
-from lowbit.utils import synchronize_rng_states
+"""Accelerate's ``accelerate.data_loader``: an alias of :mod:`lowbit.compat.data_loader`, which holds the code."""
+from lowbit.compat.paths import alias_module
 
-__all__ = ["BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin", "IterableDatasetShard",
-           "PreparedDataLoader", "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader", "prepare_data_loader",
-           "skip_first_batches", "synchronize_rng_states"]
+alias_module(__name__, "lowbit.compat.data_loader")

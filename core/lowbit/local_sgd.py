@@ -1,5 +1,4 @@
-"""Accelerate's ``accelerate.local_sgd`` module path: ``from lowbit.local_sgd import LocalSGD`` works as
-it does there. The class lives with the training run, in :mod:`lowbit.training.local_sgd`."""
-from lowbit.training.local_sgd import LocalSGD
+"""Accelerate's ``accelerate.local_sgd``: an alias of :mod:`lowbit.compat.local_sgd`, which holds the code."""
+from lowbit.compat.paths import alias_module
 
-__all__ = ["LocalSGD"]
+alias_module(__name__, "lowbit.compat.local_sgd")

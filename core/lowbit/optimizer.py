@@ -1,6 +1,4 @@
-"""Accelerate's ``accelerate.optimizer`` path: the optimizer ``prepare`` returns."""
-from lowbit.training.prepared import PreparedOptimizer
+"""Accelerate's ``accelerate.optimizer``: an alias of :mod:`lowbit.compat.optimizer`, which holds the code."""
+from lowbit.compat.paths import alias_module
 
-AcceleratedOptimizer = PreparedOptimizer
-
-__all__ = ["AcceleratedOptimizer", "PreparedOptimizer"]
+alias_module(__name__, "lowbit.compat.optimizer")

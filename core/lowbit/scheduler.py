@@ -1,6 +1,4 @@
-"""Accelerate's ``accelerate.scheduler`` path: the LR scheduler ``prepare`` returns."""
-from lowbit.training.prepared import PreparedScheduler
+"""Accelerate's ``accelerate.scheduler``: an alias of :mod:`lowbit.compat.scheduler`, which holds the code."""
+from lowbit.compat.paths import alias_module
 
-AcceleratedScheduler = PreparedScheduler
-
-__all__ = ["AcceleratedScheduler", "PreparedScheduler"]
+alias_module(__name__, "lowbit.compat.scheduler")

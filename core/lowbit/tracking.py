@@ -1,20 +1,4 @@
-"""Accelerate's ``accelerate.tracking`` module path: a custom tracker subclasses
-``lowbit.tracking.GeneralTracker`` as it would ``accelerate.tracking.GeneralTracker``. The trackers
-live with the rest of what observes a run, in :mod:`lowbit.observe.tracking`."""
-from lowbit.observe.tracking import (  # noqa: F401 - re-exported under Accelerate's path
-    LOGGER_TYPE_TO_CLASS,
-    AimTracker,
-    ClearMLTracker,
-    CometMLTracker,
-    DVCLiveTracker,
-    GeneralTracker,
-    MLflowTracker,
-    SwanLabTracker,
-    TensorBoardTracker,
-    TrackioTracker,
-    WandBTracker,
-    register_tracker_class,
-)
+"""Accelerate's ``accelerate.tracking``: an alias of :mod:`lowbit.compat.tracking`, which holds the code."""
+from lowbit.compat.paths import alias_module
 
-__all__ = ["LOGGER_TYPE_TO_CLASS", "AimTracker", "ClearMLTracker", "CometMLTracker", "DVCLiveTracker", "GeneralTracker",
-           "MLflowTracker", "SwanLabTracker", "TensorBoardTracker", "TrackioTracker", "WandBTracker", "register_tracker_class"]
+alias_module(__name__, "lowbit.compat.tracking")

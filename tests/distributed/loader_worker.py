@@ -63,7 +63,7 @@ def train(accelerator: Accelerator, result: dict) -> None:
 def hop(result: dict) -> None:
     import torch.distributed as dist
 
-    from lowbit.collective_device import on_group_device
+    from lowbit.runtime.collective_device import on_group_device
 
     state = torch.Generator().manual_seed(1).get_state()
     moved = on_group_device(state, copy=True)
@@ -82,7 +82,7 @@ def main() -> None:
     accelerator = Accelerator()
     result: dict = {"pid": os.getpid()}
     if scenario == "hop-reverted":
-        import lowbit.training.operations as operations
+        import lowbit.runtime.training.operations as operations
 
         operations.on_group_device = lambda tensor, copy=False: tensor.clone() if copy else tensor
     if scenario == "train":

@@ -11,7 +11,7 @@ import warnings
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.notices import LowbitNote
+from lowbit.kernel.notices import LowbitNote
 
 if "--ignore-lowbit-notes" in sys.argv:  # a user silencing lowbit's notes by their category
     warnings.filterwarnings("ignore", category=LowbitNote)

@@ -2,6 +2,6 @@
 it had to give up waiting (test_failing_ranks.py)."""
 import sys
 
-from lowbit.process_group import wait_for_native_threads_to_settle
+from lowbit.runtime.process_group import wait_for_native_threads_to_settle
 
 sys.exit(0 if wait_for_native_threads_to_settle(timeout=300) else 1)

@@ -30,9 +30,9 @@ def _ask(question: str, default: str, choices: tuple[str, ...] | None = None) ->
 def _installed_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The precisions and distributed types the installed plugins offer (they name them, not the core)."""
     from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
-    from lowbit.plugins import make_plugin_manager
-    from lowbit.plugins.selection import BackendRegistry
-    from lowbit.types import NATIVE_PRECISIONS
+    from lowbit.kernel.manager import make_plugin_manager
+    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.kernel.types import NATIVE_PRECISIONS
 
     manager = make_plugin_manager()
     registry = BackendRegistry(manager, manager.detect_hardware(cpu=False))
@@ -56,7 +56,7 @@ def _interactive() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.config import default_config_path, validate_config, write_config_file
+    from lowbit.compat.settings import default_config_path, validate_config, write_config_file
 
     raw = raw_config_from_args(args)
     if not raw and not args.default and sys.stdin.isatty():

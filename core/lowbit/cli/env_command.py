@@ -7,7 +7,7 @@ import platform
 import sys
 from typing import Any
 
-from lowbit.version import installed_version
+from lowbit.kernel.version import installed_version
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -34,7 +34,7 @@ def _memory() -> str:
 
 
 def _tested(version: str) -> str:
-    from lowbit.version import TESTED_TORCH
+    from lowbit.kernel.version import TESTED_TORCH
 
     tested = ", ".join(TESTED_TORCH)
     same = version.split("+")[0] in TESTED_TORCH
@@ -45,7 +45,7 @@ def _cpu() -> str:
     """What decides CPU speed for low precision: the vector ISA torch uses and native bf16."""
     import torch
 
-    from lowbit.training.cpu_features import cpu_has_native_bf16
+    from lowbit.kernel.cpu_features import cpu_has_native_bf16
 
     bf16 = "native bf16 (AVX512-BF16 or AMX)" if cpu_has_native_bf16(when_unknown=False) else (
         "no native bf16: bf16 matmuls take a slow path")
@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from lowbit.cli.plugins_command import collect
-    from lowbit.config.recipe_names import describe_recipes
-    from lowbit.config import default_config_path, read_config_file
-    from lowbit.training.toolchain import find_cxx_compiler
+    from lowbit.kernel.recipe_names import describe_recipes
+    from lowbit.compat.settings import default_config_path, read_config_file
+    from lowbit.runtime.training.toolchain import find_cxx_compiler
 
     report = collect()
     lines = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowbit.types import StrategyMemory
+from lowbit.kernel.types import StrategyMemory
 
 
 
@@ -24,15 +24,15 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 def backend_memory() -> dict[str, dict[str, float]]:
     """What each installed low-precision backend declares about its bytes per parameter."""
-    from lowbit.plugins.selection import BackendRegistry
+    from lowbit.kernel.registry import BackendRegistry
 
     return {c.name: dict(c.description.memory_per_parameter) for c in BackendRegistry.for_names().ranked("backend")}
 
 
 def strategy_memory(asked: str | None) -> dict[str, StrategyMemory]:
     """The memory layouts the installed strategies declare, by name, the ones ``asked`` for (all when None)."""
-    from lowbit.errors import ConfigError, did_you_mean
-    from lowbit.plugins.selection import BackendRegistry
+    from lowbit.kernel.errors import ConfigError, did_you_mean
+    from lowbit.kernel.registry import BackendRegistry
 
     declared = {name: memory for c in BackendRegistry.for_names().ranked("strategy")
                 for name, memory in c.description.memory.items()}
@@ -45,8 +45,8 @@ def strategy_memory(asked: str | None) -> dict[str, StrategyMemory]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.errors import ConfigError
-    from lowbit.observe.memory_estimate import estimate_all, table
+    from lowbit.kernel.errors import ConfigError
+    from lowbit.runtime.observe.memory_estimate import estimate_all, table
 
     if args.num_processes < 1 or args.batch_size < 1 or args.seq_len < 1:
         raise ConfigError("estimate-memory: --num_processes, --batch_size and --seq_len must be at least 1.")

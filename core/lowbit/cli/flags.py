@@ -5,8 +5,8 @@ import argparse
 from typing import Any
 
 from lowbit.compat.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, PARALLELISM_PREFIX, note_ignored, translate_fsdp
-from lowbit.config import TOP_LEVEL
-from lowbit.errors import ConfigError
+from lowbit.compat.settings import TOP_LEVEL
+from lowbit.kernel.errors import ConfigError
 
 # Flags that set distributed_type, as in Accelerate's launcher.
 DISTRIBUTED_FLAGS = {"multi_gpu": "MULTI_GPU", "use_fsdp": "FSDP", "use_deepspeed": "DEEPSPEED"}
@@ -50,7 +50,7 @@ PARALLELISM_FLAGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size",
 
 def _strategy_switches() -> dict[str, str]:
     """The launch switches installed strategies declare, beyond Accelerate's own."""
-    from lowbit.plugins.selection import BackendRegistry
+    from lowbit.kernel.registry import BackendRegistry
 
     return {flag: name for flag, name in BackendRegistry.for_names().launch_switches().items() if flag not in DISTRIBUTED_FLAGS}
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowbit.types import RecipeCost
+from lowbit.kernel.types import RecipeCost
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
-    from lowbit.observe.fp8_payoff import RECOMPUTE
-    from lowbit.observe.gpu_specs import GPU_PEAKS
+    from lowbit.runtime.observe.fp8_payoff import RECOMPUTE
+    from lowbit.runtime.observe.gpu_specs import GPU_PEAKS
 
     parser = sub.add_parser(name, help=help_text, description=help_text + ". " + (
         "Predicts each Linear layer's time in bf16 and in the recipe (GEMMs and the casts the recipe adds) "
@@ -35,7 +35,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 def installed_costs(backend: str | None = None) -> dict[str, tuple[str, RecipeCost]]:
     """recipe -> (backend, its cost), from the installed backends' descriptions (``recipe_costs``),
     the first in their ranking for each recipe, or ``backend``'s alone."""
-    from lowbit.plugins.selection import BackendRegistry
+    from lowbit.kernel.registry import BackendRegistry
 
     registry = BackendRegistry.for_names()
     costs: dict[str, tuple[str, RecipeCost]] = {}
@@ -47,11 +47,11 @@ def installed_costs(backend: str | None = None) -> dict[str, tuple[str, RecipeCo
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.config.recipe_names import canonical_recipe
-    from lowbit.errors import ConfigError
-    from lowbit.errors import did_you_mean
-    from lowbit.observe.fp8_payoff import count_work, first_last, known_gpu, predict, table
-    from lowbit.observe.model_spec import load_model_on_meta
+    from lowbit.kernel.recipe_names import canonical_recipe
+    from lowbit.kernel.errors import ConfigError
+    from lowbit.kernel.errors import did_you_mean
+    from lowbit.runtime.observe.fp8_payoff import count_work, first_last, known_gpu, predict, table
+    from lowbit.runtime.observe.model_spec import load_model_on_meta
 
     seq_len = args.seq_len or args.tokens
     if args.tokens < 1 or seq_len < 1 or args.tokens % seq_len or args.shards < 1:

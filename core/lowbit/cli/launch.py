@@ -17,17 +17,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lowbit import notices
-from lowbit.collective_device import SIMULATE_ENV
+from lowbit.kernel import notices
+from lowbit.runtime.collective_device import SIMULATE_ENV
 from lowbit.compat.accelerate_config import note_ignored
-from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES, first_party, install_command
+from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
+from lowbit.kernel.first_party import first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
-from lowbit.errors import ConfigError
-from lowbit.config.recipes import FP8_ENV_PREFIX
-from lowbit.types import NATIVE_PRECISIONS
+from lowbit.kernel.errors import ConfigError
+from lowbit.kernel.recipes import FP8_ENV_PREFIX
+from lowbit.kernel.types import NATIVE_PRECISIONS
 
 if TYPE_CHECKING:
-    from lowbit.config import LowbitConfig
+    from lowbit.compat.settings import LowbitConfig
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -62,7 +63,7 @@ def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _plugin_manager():
-    from lowbit.plugins import make_plugin_manager
+    from lowbit.kernel.manager import make_plugin_manager
 
     return make_plugin_manager()
 
@@ -104,9 +105,9 @@ def _check_port_free(port: int) -> None:
 
 def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], "LowbitConfig"]:
     """The command to run and the env vars to add, from the config file and the flags."""
-    from lowbit.config import (check_plugin_names, config_from_env, config_to_env, default_config_path, merge_raw,
+    from lowbit.compat.settings import (check_plugin_names, config_from_env, config_to_env, default_config_path, merge_raw,
                                read_config_file, validate_config)
-    from lowbit.plugins.selection import BackendRegistry
+    from lowbit.kernel.registry import BackendRegistry
 
     # `lowbit test` builds its command here too, without the launcher-only flags.
     module = getattr(args, "module", False)
@@ -233,8 +234,8 @@ def _check_strategy_installed(config: "LowbitConfig", registry: Any) -> None:
 def file_sources(file_raw: dict, overrides: dict, path: Path) -> dict[str, str]:
     """Which exported fp8 settings came from the config file (not a flag or a variable), so that an
     error in a rank names the file and key, not the variable the launcher passed it in."""
-    from lowbit.config.recipes import fp8_env_var
-    from lowbit.config.settings import SOURCES_ENV
+    from lowbit.kernel.recipes import fp8_env_var
+    from lowbit.compat.settings import SOURCES_ENV
 
     from_file = {key for key in (file_raw.get("fp8_config") or {}) if key not in (overrides.get("fp8_config") or {})}
     sources = {fp8_env_var(key): f"config file {path}, fp8_config.{key}" for key in sorted(from_file)}

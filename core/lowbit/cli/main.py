@@ -4,14 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lowbit.errors import LowbitError
+from lowbit.kernel.errors import LowbitError
 
 SUBCOMMANDS = {
     "plugins": ("lowbit.cli.plugins_command", "list installed backends, their priority and availability"),
     "env": ("lowbit.cli.env_command", "print versions, hardware, plugins and config for a bug report"),
     "config": ("lowbit.cli.config_command", "write the YAML config (interactive, from flags, or --default)"),
     "launch": ("lowbit.cli.launch", "run a training script on one process or many (torchrun)"),
-    "test": ("lowbit.cli.test_command", "check this setup end to end with a tiny training run"),
+    "test": ("lowbit.cli.self_test_command", "check this setup end to end with a tiny training run"),
     "estimate-memory": ("lowbit.cli.estimate_memory_command", "estimate per-process memory of training a model, per precision and strategy"),
     "fp8-payoff": ("lowbit.cli.fp8_payoff_command", "predict whether FP8 speeds up a model's training step on a GPU, per layer"),
     "new-backend": ("lowbit.cli.new_backend_command", "write a ready-to-install backend or strategy distribution to start from"),
@@ -26,7 +26,7 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from lowbit.version import __version__
+        from lowbit.kernel.version import __version__
 
         parser.exit(message=f"lowbit {__version__}\n")
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 def _unknown_flags(parser: argparse.ArgumentParser, command: str | None, unknown: list[str]) -> int:
     """A misspelt flag gets the nearest flag of its own subcommand and that subcommand's usage
     (argparse would print the top-level usage and no suggestion)."""
-    from lowbit.errors import did_you_mean
+    from lowbit.kernel.errors import did_you_mean
 
     sub = _subparser(parser, command)
     known = [flag for action in (sub or parser)._actions for flag in action.option_strings]

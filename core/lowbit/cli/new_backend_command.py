@@ -17,7 +17,7 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.plugins.scaffold import write_backend
+    from lowbit.cli.scaffold import write_backend
 
     root = write_backend(args.name, Path(args.dir), kind=args.kind, precision=args.precision)
     print(f"wrote {root}/: pyproject.toml (entry point {args.name!r}), lowbit_{args.name}/__init__.py, "

@@ -5,7 +5,7 @@ import argparse
 import json
 from typing import Any
 
-from lowbit.types import BackendDescription, StrategyDescription
+from lowbit.kernel.types import BackendDescription, StrategyDescription
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -17,9 +17,9 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 def collect(cpu: bool = False) -> dict[str, Any]:
     """Everything ``lowbit plugins`` reports, as plain data."""
-    from lowbit.errors import LowbitError
-    from lowbit.plugins import SLOW_IMPORT_SECONDS, make_plugin_manager
-    from lowbit.plugins.selection import BackendRegistry, choose_backend
+    from lowbit.kernel.errors import LowbitError
+    from lowbit.kernel.manager import SLOW_IMPORT_SECONDS, make_plugin_manager
+    from lowbit.kernel.registry import BackendRegistry, choose_backend
 
     manager = make_plugin_manager()
     hardware = manager.detect_hardware(cpu=cpu)
@@ -30,7 +30,7 @@ def collect(cpu: bool = False) -> dict[str, Any]:
     except LowbitError as exc:
         chosen, why = None, str(exc)
     rows = []
-    for role in ("backend", "strategy", "precision"):
+    for role in ("backend", "strategy"):
         for cand in registry.ranked(role):
             d = cand.description
             rows.append(
@@ -53,7 +53,7 @@ def _what_it_is(description: Any, hardware: Any) -> dict[str, Any]:
     this machine runs each); for a strategy, the distributed types that choose it, its config
     section, whether it owns precision, how its state is saved."""
     if isinstance(description, BackendDescription):
-        from lowbit.config.recipe_names import recipe_rows
+        from lowbit.kernel.recipe_names import recipe_rows
 
         return {"precisions": list(description.precisions), "recipes": recipe_rows(description, hardware)}
     if isinstance(description, StrategyDescription):
@@ -65,7 +65,7 @@ def _what_it_is(description: Any, hardware: Any) -> dict[str, Any]:
 
 def _described(row: dict[str, Any]) -> str:
     if "precisions" in row:
-        from lowbit.config.recipe_names import describe_recipes
+        from lowbit.kernel.recipe_names import describe_recipes
 
         recipes = describe_recipes(row["recipes"]) if row["status"] == "available" else ""
         return "precisions: " + ", ".join(row["precisions"]) + (f"; recipes here: {recipes}" if recipes else

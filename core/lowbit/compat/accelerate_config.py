@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from lowbit.notices import note
-from lowbit.errors import ConfigError
-from lowbit.types import normalize_name
+from lowbit.kernel.notices import note
+from lowbit.kernel.errors import ConfigError
+from lowbit.kernel.types import normalize_name
 
 ACCELERATE_TRUE = frozenset({"y", "yes", "t", "true", "on", "1"})
 ACCELERATE_FALSE = frozenset({"n", "no", "f", "false", "off", "0"})

@@ -12,7 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from lowbit.types import normalize_name
+from lowbit.compat.paths import public_path
+from lowbit.kernel.errors import NOT_OFFERED_MARK
 
 
 # The distributed types Accelerate runs on one process when there is only one.
@@ -20,22 +21,8 @@ SINGLE_PROCESS_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
 # Accelerate's config sections whose strategy is a separately installed lowbit plugin -> that plugin.
 FIRST_PARTY_SECTIONS = {"deepspeed_config": "deepspeed"}
 
-# The backends behind Accelerate's names -> (distribution, folder in a lowbit checkout)
-FIRST_PARTY = {
-    "msamp": ("lowbit-msamp", "plugins/fp8_msamp"),
-    "te": ("lowbit-te", "plugins/fp8_te"),
-    "ao": ("lowbit-ao", "plugins/fp8_ao"),
-    "deepspeed": ("lowbit-deepspeed", "plugins/dist_deepspeed"),
-}
-
 # Accelerate's ``fp8_backend`` values, each a first-party lowbit backend.
 ACCELERATE_FP8_BACKENDS = ("msamp", "te", "ao")
-
-
-def install_command(backend: str) -> str:
-    """How to install a first-party plugin, from PyPI and from a lowbit checkout."""
-    distribution, folder = FIRST_PARTY[backend]
-    return f"`pip install {distribution}` (from a lowbit checkout: `pip install -e {folder}`)"
 
 
 # Accelerate's distributed type for "data parallel on this device type".
@@ -48,18 +35,6 @@ def reported_distributed_type(reports_as: str, device_type: str) -> str:
     if reports_as in ("MULTI_GPU", "MULTI_CPU"):
         return _DATA_PARALLEL_BY_DEVICE.get(device_type, reports_as)
     return reports_as
-
-
-def first_party(name: str) -> str | None:
-    """The first-party plugin an Accelerate name (any spelling: "TE", "DEEPSPEED") stands for."""
-    wanted = normalize_name(name)
-    return next((n for n in FIRST_PARTY if n == wanted), None)
-
-
-def fp8_install_hint() -> str:
-    """Where to get a low-precision backend when none is installed."""
-    return (f" Install one: {install_command('ao')} (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
-            f" {install_command('te')} (Transformer Engine; sm_89+ GPU) or {install_command('msamp')} (MS-AMP; sm_89+ GPU).")
 
 
 class DistributedType(str, enum.Enum):
@@ -88,7 +63,7 @@ INFERENCE_USE = "Accelerate's (`pip install accelerate`) or transformers' `from_
 def not_offered(name: str, why: str, use: str, is_class: bool = False) -> Any:
     """A stand-in for an Accelerate name whose job lowbit does not do: it imports, and raises
     UnsupportedCombinationError when called or instantiated, saying what to use."""
-    from lowbit.errors import UnsupportedCombinationError
+    from lowbit.kernel.errors import UnsupportedCombinationError
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise UnsupportedCombinationError(f"{name} {why}. Use {use}.")
@@ -107,7 +82,7 @@ def refusing_module(module: str, why: Any) -> Any:
     """A module ``__getattr__`` (PEP 562) for an Accelerate module whose job lowbit does not do:
     every public name gives a stand-in that refuses when used. ``why``: (what it does, what to
     use), or a function of the name giving them."""
-    accelerate_path = module.replace("lowbit", "accelerate", 1)
+    accelerate_path = public_path(module).replace("lowbit", "accelerate", 1)
 
     def __getattr__(name: str) -> Any:
         if name.startswith("_"):
@@ -117,9 +92,6 @@ def refusing_module(module: str, why: Any) -> Any:
 
     return __getattr__
 
-
-# The attribute a stand-in for a name lowbit does not offer carries: why (the docs' names table reads it).
-NOT_OFFERED_MARK = "__lowbit_not_offered__"
 
 
 def _vocabulary(name: str, members: str, doc: str) -> type[enum.Enum]:

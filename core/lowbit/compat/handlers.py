@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from lowbit.compat.accelerate_config import note_ignored, translate_fsdp
-from lowbit.errors import ConfigError
+from lowbit.kernel.errors import ConfigError
 
 
 def refuse_unsupported(obj: Any, unsupported: dict[str, str]) -> None:

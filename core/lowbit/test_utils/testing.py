@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from lowbit.utils.versions import is_torch_version
+from lowbit.compat.utils.versions import is_torch_version
 
 
 def _device() -> tuple[str, int, Callable[[], int]]:
@@ -181,7 +181,7 @@ class AccelerateTestCase(unittest.TestCase):
 
     def tearDown(self) -> None:
         super().tearDown()
-        from lowbit.state import AcceleratorState
+        from lowbit.compat.state import AcceleratorState
 
         AcceleratorState._reset_state(True)
 
@@ -251,7 +251,7 @@ def execute_subprocess_async(cmd: list[Any], env: dict[str, str] | None = None, 
 
 def are_the_same_tensors(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` holds the same values on every process (one gather)."""
-    from lowbit.training.operations import gather
+    from lowbit.runtime.training.operations import gather
 
     everyone = gather(tensor.detach()[None].clone()).cpu()
     return all(torch.equal(everyone[0], other) for other in everyone[1:])

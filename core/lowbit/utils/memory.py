@@ -1,4 +1,4 @@
-"""Accelerate's ``accelerate.utils.memory`` path."""
-from lowbit.training.memory import clear_device_cache, find_executable_batch_size, release_memory  # noqa: F401
+"""Accelerate's ``accelerate.utils.memory``: an alias of :mod:`lowbit.compat.utils.memory`, which holds the code."""
+from lowbit.compat.paths import alias_module
 
-__all__ = ["clear_device_cache", "find_executable_batch_size", "release_memory"]
+alias_module(__name__, "lowbit.compat.utils.memory")

@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lowbit import hookimpl
-from lowbit.config.recipes import RecipeKwargs, recipe_option
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit.kernel.plugin_api import BackendDescription, HardwareInfo, PrepareContext, RecipeKwargs, hookimpl, recipe_option
 
 
 @dataclass

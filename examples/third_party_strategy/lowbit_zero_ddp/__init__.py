@@ -15,8 +15,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from lowbit import hookimpl
-from lowbit.types import HardwareInfo, PrepareContext, StrategyDescription
+from lowbit.kernel.plugin_api import HardwareInfo, PrepareContext, StrategyDescription, hookimpl
 
 NAME = "zero_ddp"
 OPTIONS = ("parameters_as_bucket_view",)
@@ -37,7 +36,7 @@ def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
 
 @hookimpl
 def check_compatibility(context: PrepareContext) -> None:
-    from lowbit.errors import ConfigError
+    from lowbit.kernel.plugin_api import ConfigError
 
     unknown = sorted(set(context.strategy_options) - set(OPTIONS))
     if unknown:

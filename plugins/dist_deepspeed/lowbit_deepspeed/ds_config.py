@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lowbit.errors import ConfigError, did_you_mean
-from lowbit.types import PrepareContext
+from lowbit.kernel.plugin_api import ConfigError, did_you_mean
+from lowbit.kernel.plugin_api import PrepareContext
 
 # deepspeed_config keys (YAML section, env LOWBIT_DEEPSPEED_CONFIG, launch flags) and their meaning.
 SECTION_KEYS = {

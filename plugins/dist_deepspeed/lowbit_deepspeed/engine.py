@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import torch
 
-from lowbit.types import PrepareContext
+from lowbit.kernel.plugin_api import PrepareContext
 from lowbit_deepspeed.ds_config import build_config
 
 
@@ -130,9 +130,9 @@ def initialize(model, optimizer, context: PrepareContext):
     config = build_config(dict(context.strategy_options), context)
     # An FP8 backend with its own DeepSpeed integration (MS-AMP) supplies the initialize
     # function and its config section; see the strategy_integration hook.
-    integration = context.strategy_integration or {}
-    config.update(integration.get("config", {}))
-    initialize_fn = integration.get("initialize", deepspeed.initialize)
+    integration = context.strategy_integration
+    config.update(integration.config)
+    initialize_fn = integration.initialize or deepspeed.initialize
     with _without_shared_memory_kernels(context.device):
         engine, ds_optimizer, _, _ = initialize_fn(
             model=model, optimizer=optimizer, config=config, dist_init_required=False

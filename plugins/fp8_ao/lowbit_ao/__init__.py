@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib.util
 
 from lowbit import hookimpl
-from lowbit.config.recipes import recipe_launch_hooks
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
-from lowbit.version import installed_version, older_than
+from lowbit.kernel.plugin_api import recipe_launch_hooks
+from lowbit.kernel.plugin_api import BackendDescription, HardwareInfo, PrepareContext, StrategyIntegration
+from lowbit.kernel.plugin_api import installed_version, older_than
 from lowbit_ao.costs import RECIPE_COSTS
 from lowbit_ao.native_kernels import mxfp8_kernels_problem
 from lowbit_ao.recipe import RECIPE_NAMES, AORecipeKwargs
@@ -95,7 +95,7 @@ def strategy_integration(strategy: str, context: PrepareContext):
         return None
     from lowbit_ao.convert import tensor_parallel_style
 
-    return {"tensor_parallel_style": tensor_parallel_style}
+    return StrategyIntegration(tensor_parallel_style=tensor_parallel_style)
 
 
 @hookimpl

@@ -8,7 +8,7 @@ in blocks (32 elements for MXFP8, 16 for NVFP4), and every GEMM of a Linear has 
 dimension: in_features (forward), out_features (input gradient) and the tokens (weight
 gradient). So both weight dims must be multiples of the block (else the layer stays in high
 precision, with the reason in the FP8 report), and the tokens are padded with zero rows to one
-(``lowbit.training.token_padding``): what torchao's MXFP8 casts assert on every device
+(``lowbit.kernel.token_padding``): what torchao's MXFP8 casts assert on every device
 (``MXTensor.to_mx``: "the last dimension ... must be divisible by block_size") and what TE's
 NVFP4 quantizer requires (tensor/nvfp4_tensor.py ``is_quantizable``, 2.20.2).
 """
@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit.config.recipes import fp4_layers_kept_bf16
-from lowbit.training.token_padding import pad_tokens
-from lowbit.types import PrepareContext
+from lowbit.kernel.plugin_api import fp4_layers_kept_bf16
+from lowbit.kernel.plugin_api import pad_tokens
+from lowbit.kernel.plugin_api import PrepareContext
 from lowbit_ao.conv1d import conv1d_class, linear_dims
 from lowbit_ao.quiet_import import import_torchao
 from lowbit_ao.nvfp4 import BLOCK as NVFP4_BLOCK, NVFP4Settings, hadamard_16, nvfp4_linear, random_signs

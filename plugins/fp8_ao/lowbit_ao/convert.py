@@ -9,9 +9,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
-from lowbit.notices import LowbitNote, note
-from lowbit.types import ConversionReport, ConvertedModel, PrepareContext
+from lowbit.kernel.plugin_api import BackendUnavailableError, ConfigError, UnsupportedCombinationError
+from lowbit.kernel.plugin_api import LowbitNote, note
+from lowbit.kernel.plugin_api import ConversionReport, ConvertedModel, PrepareContext
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
 from lowbit_ao.quiet_import import import_torchao
@@ -160,8 +160,6 @@ def auto_skips(model: nn.Module, options: Any, context: PrepareContext, skipped:
     finds no faster in the recipe on this run's GPU, with the prediction as the reason."""
     if options.layer_filter != "auto":
         return {}
-    from lowbit.observe.fp8_payoff import slower_layers
-
     modules = dict(model.named_modules())
     shapes = {name: linear_dims(modules[name]) for name in linear_layers(model) if name not in skipped}
     shapes = {name: dims for name, dims in shapes.items() if not (dims[0] % FP8_DIM_MULTIPLE or dims[1] % FP8_DIM_MULTIPLE)}
@@ -170,8 +168,8 @@ def auto_skips(model: nn.Module, options: Any, context: PrepareContext, skipped:
     if options.recipe not in RECIPE_COSTS:
         raise ConfigError(f"layer_filter='auto' has no prediction for recipe={options.recipe!r}: lowbit-ao runs it emulated "
                           f"on every GPU. Recipes it predicts: {', '.join(RECIPE_COSTS)}; or leave layer_filter at 'default'.")
-    return slower_layers(shapes, options.layer_filter_tokens, context.hardware.device_name, options.recipe,
-                         RECIPE_COSTS[options.recipe], context.compiled)
+    return context.predict_slower_layers(shapes, options.layer_filter_tokens, context.hardware.device_name,
+                                         options.recipe, RECIPE_COSTS[options.recipe], context.compiled)
 
 
 def default_module_filter(model: nn.Module, keep_first_last: bool, also_skip: dict[str, str] | None = None,

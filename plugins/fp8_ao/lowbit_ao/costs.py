@@ -9,7 +9,7 @@ cost: its NVFP4 is emulated everywhere (never faster than bf16).
 """
 from __future__ import annotations
 
-from lowbit.types import RecipeCost
+from lowbit.kernel.plugin_api import RecipeCost
 
 _TENSORWISE = (2.0, 4.0)  # amax pass (read); cast writing both FP8 layouts
 _ROWWISE = (5.0, 3.0)  # cast + transposed bf16 copy; cast of the copy

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit.training.cpu_features import cpu_has_native_bf16
+from lowbit.kernel.plugin_api import cpu_has_native_bf16
 from lowbit_ao.gemm_rules import check_scaled_mm_shapes
 
 # fp8 dtype -> (left shift that puts its exponent and mantissa in bf16's place, 2^(127 - its bias))

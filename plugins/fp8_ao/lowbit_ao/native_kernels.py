@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from lowbit.types import HardwareInfo
+from lowbit.kernel.plugin_api import HardwareInfo
 
 MXFP8_OP = "torchao::mxfp8_quantize"
 # The compute capability major torchao's _C_mxfp8 is built for (sm_100a: B200, GB200, B300).

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.errors import UnsupportedCombinationError
+from lowbit.kernel.plugin_api import UnsupportedCombinationError
 
 # (states, optimizer class) -> torchao.optim class name
 LOW_BIT_CLASSES = {

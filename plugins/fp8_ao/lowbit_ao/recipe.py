@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from lowbit.config.options import at_least
-from lowbit.config.recipes import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
+from lowbit.kernel.plugin_api import at_least
+from lowbit.kernel.plugin_api import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
 
-# The recipes lowbit-ao offers (lowbit.config.recipe_names), fp8 first: torchao.float8's three,
+# The recipes lowbit-ao offers (lowbit.kernel.recipe_names), fp8 first: torchao.float8's three,
 # MXFP8 through torchao's prototype MXFP8Linear, NVFP4 through torchao's NVFP4Linear on a
 # Blackwell GPU with triton, and lowbit-ao's own emulation anywhere else.
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -20,7 +20,7 @@ MX_SCALE_ROUNDINGS = ("rceil", "floor")
 OPTIMIZER_STATES = ("default", "fp8", "8bit")
 EMULATIONS = ("fast", "torchao")
 # "auto" also keeps in high precision the layers lowbit's FP8 payoff prediction finds no faster in
-# the recipe on the run's GPU (lowbit.observe.fp8_payoff; docs/fp8-payoff.md).
+# the recipe on the run's GPU (lowbit.runtime.observe.fp8_payoff; docs/fp8-payoff.md).
 LAYER_FILTERS = ("default", "auto")
 
 

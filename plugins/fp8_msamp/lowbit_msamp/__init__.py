@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 from lowbit import hookimpl
-from lowbit.errors import BackendUnavailableError, UnsupportedCombinationError
-from lowbit.config.recipes import recipe_launch_hooks
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
+from lowbit.kernel.plugin_api import BackendUnavailableError, UnsupportedCombinationError
+from lowbit.kernel.plugin_api import recipe_launch_hooks
+from lowbit.kernel.plugin_api import BackendDescription, HardwareInfo, PrepareContext, StrategyIntegration
 from lowbit_msamp.compat import deepspeed_integration_problem, unmet_requirements
 from lowbit_msamp.recipe import MSAMPRecipeKwargs
 
@@ -197,8 +197,8 @@ def strategy_integration(strategy: str, context: PrepareContext):
     except ImportError as exc:  # what deepspeed_integration_problem could not see coming (a changed source)
         raise BackendUnavailableError(f"MS-AMP cannot run under DeepSpeed here: `import msamp.deepspeed` failed: "
                                       f"{type(exc).__name__}: {exc}. Use backend 'te' or 'ao' with DeepSpeed.") from None
-    return {"initialize": deepspeed_initialize(msamp),
-            "config": {"msamp": {"enabled": True, "opt_level": context.backend_options.opt_level}}}
+    return StrategyIntegration(initialize=deepspeed_initialize(msamp),
+                               config={"msamp": {"enabled": True, "opt_level": context.backend_options.opt_level}})
 
 
 @hookimpl

@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
-from lowbit.version import installed_version
+from lowbit.kernel.plugin_api import installed_version
 
 # lowbit-deepspeed's own floor: with MS-AMP's DeepSpeed pin, the two cannot share an environment.
 LOWBIT_DEEPSPEED_FLOOR = "0.14"

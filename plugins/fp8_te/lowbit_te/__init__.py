@@ -8,10 +8,10 @@ from __future__ import annotations
 import importlib.util
 
 from lowbit import hookimpl
-from lowbit.config.recipes import recipe_launch_hooks
-from lowbit.errors import UnsupportedCombinationError
-from lowbit.types import BackendDescription, HardwareInfo, PrepareContext
-from lowbit.version import installed_version, older_than
+from lowbit.kernel.plugin_api import recipe_launch_hooks
+from lowbit.kernel.plugin_api import UnsupportedCombinationError
+from lowbit.kernel.plugin_api import BackendDescription, HardwareInfo, PrepareContext, StrategyIntegration
+from lowbit.kernel.plugin_api import installed_version, older_than
 from lowbit_te.costs import RECIPE_COSTS
 from lowbit_te.recipe import RECIPE_NAMES, TERecipeKwargs
 
@@ -88,7 +88,7 @@ def strategy_integration(strategy: str, context: PrepareContext):
     # forward's FP8 settings and scales; torch's would recompute it outside te.autocast, in high precision.
     import transformer_engine.pytorch as te
 
-    return {"activation_checkpoint": te.distributed.checkpoint}
+    return StrategyIntegration(activation_checkpoint=te.distributed.checkpoint)
 
 
 @hookimpl

@@ -9,7 +9,7 @@ so torch.compile saves nothing here (``fusable_read=False``).
 """
 from __future__ import annotations
 
-from lowbit.types import RecipeCost
+from lowbit.kernel.plugin_api import RecipeCost
 
 ROLES = ("input", "weight", "grad_output")
 # FBGEMM pytorch/FBGEMM#2546 (H100, 8192^3): the 128x128-block-scaled FP8 GEMM at 870 TFLOP/s

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit.notices import note
+from lowbit.kernel.plugin_api import note
 
 EXTRA_STATE = "_extra_state"
 # fp8_meta key -> the names TE's own extra state uses for its two tensors.

@@ -7,13 +7,13 @@ axes (``constants.py`` ``MXFP8_BLOCK_SCALING_SIZE = 32``, ``tensor/mxfp8_tensor.
 the count must be a multiple of 32. NVFP4 quantizes only tensors whose leading dims and last dim
 are multiples of 16 (``tensor/nvfp4_tensor.py``, ``NVFP4Quantizer.is_quantizable``, 2.20.2).
 A batch of 3 sequences of 11 tokens trains on a CPU and crashes on a GPU, so lowbit pads the
-flattened tokens with zero rows (``lowbit.training.token_padding``).
+flattened tokens with zero rows (``lowbit.kernel.token_padding``).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from lowbit.training.token_padding import pad_tokens
+from lowbit.kernel.plugin_api import pad_tokens
 
 # (rows, columns) multiples of every FP8 GEMM operand: the input (tokens, in_features) and the
 # weight (out_features, in_features).

@@ -4,13 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lowbit.config.options import at_least
-from lowbit.config.recipes import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
-from lowbit.errors import ConfigError
+from lowbit.kernel.plugin_api import at_least
+from lowbit.kernel.plugin_api import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
+from lowbit.kernel.plugin_api import ConfigError
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
-# TE's recipes, by their names in lowbit's vocabulary (lowbit.config.recipe_names), fp8 first.
+# TE's recipes, by their names in lowbit's vocabulary (lowbit.kernel.recipe_names), fp8 first.
 RECIPE_NAMES = ("delayed", "current", "block", "mxfp8", "nvfp4")
 
 

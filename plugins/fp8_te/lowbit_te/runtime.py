@@ -7,9 +7,9 @@ import os
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
-from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError
-from lowbit.notices import note
-from lowbit.types import PrepareContext
+from lowbit.kernel.plugin_api import BackendUnavailableError, ConfigError, UnsupportedCombinationError
+from lowbit.kernel.plugin_api import note
+from lowbit.kernel.plugin_api import PrepareContext
 
 # Options Accelerate passes to DelayedScaling that TE 2.x removed, with the value that means
 # "TE 2.x's behaviour" (scaling factors update every step; no per-GEMM override).
@@ -152,7 +152,7 @@ def _check_te_supports(te: Any, recipe: str, context: PrepareContext) -> None:
 
 
 def _te_version() -> str:
-    from lowbit.version import installed_version
+    from lowbit.kernel.plugin_api import installed_version
 
     return "transformer-engine " + (installed_version("transformer-engine") or "of unknown version")
 

@@ -14,14 +14,14 @@ import torch
 from helpers import TESTS, run_launch, said
 from torch import nn
 
-from lowbit.builtin.activation_checkpointing import checkpoint_blocks
-from lowbit.builtin.tensor_parallel import apply_tensor_parallel, expand_plan
+from lowbit.runtime.builtin.activation_checkpointing import checkpoint_blocks
+from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, expand_plan
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.compat.accelerate_config import settings_from_accelerate_env
-from lowbit.errors import ConfigError
+from lowbit.kernel.errors import ConfigError
 from lowbit.parallelism_config import DeepSpeedSequenceParallelConfig, ParallelismConfig, TorchTensorParallelConfig, settle_layout
-from lowbit.training.toolchain import find_cxx_compiler
-from lowbit.types import PrepareContext
+from lowbit.runtime.training.toolchain import find_cxx_compiler
+from lowbit.kernel.types import PrepareContext
 
 WORKER = TESTS / "distributed" / "layout_worker.py"
 transformers = pytest.importorskip("transformers")
@@ -308,7 +308,7 @@ def test_an_fp8_run_finishes_in_bf16_when_asked(tmp_path):
 def test_fp8_backends_without_tensor_parallel_layouts_say_what_to_use(backend):
     """TE builds its tensor-parallel modules itself and MS-AMP's weights are its own tensors: both
     refuse tp_size > 1 before anything runs, naming the ao backend."""
-    from lowbit.errors import UnsupportedCombinationError
+    from lowbit.kernel.errors import UnsupportedCombinationError
 
     plugin = pytest.importorskip(backend)
     context = tp_context(2)

@@ -14,7 +14,7 @@ from torch import nn
 from helpers import Counter, TESTS
 
 from lowbit import Accelerator
-from lowbit.errors import CheckpointError
+from lowbit.kernel.errors import CheckpointError
 
 ACCELERATE_RUN = TESTS / "scripts" / "accelerate_save_state.py"
 

@@ -23,11 +23,11 @@ from torch import nn
 from helpers import manager_with, mlp, regression_data
 
 from lowbit import Accelerator, hookimpl
-from lowbit.checkpoint import files as checkpoint
-from lowbit.types import BackendDescription
-from lowbit.checkpoint.files import METADATA_FILE, RETIRED_DIR, STAGING_DIR, CheckpointNote
-from lowbit.errors import CheckpointError, ConfigError
-from lowbit.cli.selftest import train_steps
+from lowbit.runtime.checkpoint import files as checkpoint
+from lowbit.kernel.types import BackendDescription
+from lowbit.runtime.checkpoint.files import METADATA_FILE, RETIRED_DIR, STAGING_DIR, CheckpointNote
+from lowbit.kernel.errors import CheckpointError, ConfigError
+from lowbit.cli.self_test import train_steps
 
 
 def _prepared(seed=0, mixed_precision="no"):

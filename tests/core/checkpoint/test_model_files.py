@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.errors import ConfigError
-from lowbit.checkpoint.model_files import parse_size
+from lowbit.kernel.errors import ConfigError
+from lowbit.runtime.checkpoint.model_files import parse_size
 
 
 
@@ -97,7 +97,7 @@ def _load_indexed(directory) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("killed_after", range(0, 7))
 def test_a_sharded_save_killed_at_any_point_leaves_a_complete_set(tmp_path, monkeypatch, killed_after):
     """The index always names one complete set: the previous one until the new one is whole."""
-    from lowbit.checkpoint import model_files
+    from lowbit.runtime.checkpoint import model_files
 
     acc = Accelerator(cpu=True)
     old = acc.prepare(mlp(seed=1))

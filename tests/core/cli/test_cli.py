@@ -26,7 +26,7 @@ def test_plugins_json_lists_builtins_and_the_choice():
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     names = {row["name"]: row for row in report["plugins"]}
-    assert {"native", "ddp", "fsdp"} <= set(names)
+    assert {"ddp", "fsdp"} <= set(names)
     assert names["ddp"]["distribution"] == "lowbit (built-in)"
     assert {"name", "distribution", "version", "role", "priority", "status", "reason", "chosen"} <= set(names["ddp"])
     assert report["hardware"] == "CPU"

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 
 from helpers import TESTS, said
-from lowbit.config import read_config_file, resolve_config, validate_config
-from lowbit.errors import ConfigError
+from lowbit.compat.settings import read_config_file, resolve_config, validate_config
+from lowbit.kernel.errors import ConfigError
 
 
 def config_from(tmp_path, text: str):

@@ -10,8 +10,8 @@ import pytest
 
 import lowbit
 from lowbit.big_modeling import INFERENCE_DISPATCH
-from lowbit.compat.accelerate_names import NOT_OFFERED_MARK
-from lowbit.errors import ConfigError, UnsupportedCombinationError
+from lowbit.kernel.errors import NOT_OFFERED_MARK
+from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from helpers import ROOT
 
 accelerate = pytest.importorskip("accelerate")

@@ -11,7 +11,7 @@ import torch
 from helpers import mlp
 
 from lowbit import Accelerator
-from lowbit.errors import ConfigError, UnsupportedCombinationError
+from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from lowbit.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, register_tracker_class
 from lowbit.utils import compile_regions, load_checkpoint_in_model, merge_fsdp_weights, purge_accelerate_environment
 

@@ -9,11 +9,11 @@ import pytest
 
 from helpers import HardwareDetector, manager_with
 from lowbit import Accelerator
-from lowbit.config.recipe_names import canonical_recipe, recipe_status
-from lowbit.config.recipes import FP8RecipeKwargs, RecipeKwargs, recipe_name_option
-from lowbit.errors import BackendUnavailableError, ConfigError
-from lowbit.hookspecs import hookimpl
-from lowbit.types import BackendDescription, HardwareInfo, RecipeInfo
+from lowbit.kernel.recipe_names import canonical_recipe, recipe_status
+from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs, recipe_name_option
+from lowbit.kernel.errors import BackendUnavailableError, ConfigError
+from lowbit.kernel.hookspecs import hookimpl
+from lowbit.kernel.types import BackendDescription, HardwareInfo, RecipeInfo
 
 H100 = HardwareInfo("cpu", "stand-in H100", 1, (9, 0), (12, 9))
 B200 = HardwareInfo("cpu", "stand-in B200", 1, (10, 0), (12, 9))

@@ -11,8 +11,8 @@ from helpers import install_entry_points, install_plugin_module, mlp, regression
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.errors import ConfigError
-from lowbit.observe.telemetry import SaturationWarning, TelemetryRecorder, UnderflowWarning, cast_stats
+from lowbit.kernel.errors import ConfigError
+from lowbit.kernel.telemetry import SaturationWarning, TelemetryRecorder, UnderflowWarning, cast_stats
 
 
 def lowbit_test(*flags, env=None):
@@ -172,7 +172,7 @@ def test_telemetry_flags_a_non_finite_amax():
 def test_telemetry_off_by_default_and_unsupported_backends_say_so():
     from helpers import FakeBackend, manager_with
 
-    from lowbit.errors import UnsupportedCombinationError
+    from lowbit.kernel.errors import UnsupportedCombinationError
 
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(FakeBackend("plain", 100)))
     acc.prepare(mlp())

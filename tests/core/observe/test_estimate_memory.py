@@ -17,8 +17,8 @@ import pytest
 
 from helpers import TESTS, run_launch
 from lowbit.cli.estimate_memory_command import backend_memory, strategy_memory
-from lowbit.errors import ConfigError
-from lowbit.observe.memory_estimate import estimate_all
+from lowbit.kernel.errors import ConfigError
+from lowbit.runtime.observe.memory_estimate import estimate_all
 
 HERE = TESTS
 WORKER = HERE / "distributed" / "memory_worker.py"

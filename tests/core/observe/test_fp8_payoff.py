@@ -11,9 +11,9 @@ import torch
 
 from lowbit.cli.fp8_payoff_command import installed_costs
 from lowbit.cli.main import main
-from lowbit.observe.gpu_specs import gpu_peak
-from lowbit.errors import ConfigError
-from lowbit.observe.fp8_payoff import (
+from lowbit.runtime.observe.gpu_specs import gpu_peak
+from lowbit.kernel.errors import ConfigError
+from lowbit.runtime.observe.fp8_payoff import (
     LinearShape, ModelWork, count_work, known_gpu, predict, report_prediction, report_work, slower_layers,
 )
 from helpers import ROOT

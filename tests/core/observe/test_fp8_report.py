@@ -8,9 +8,9 @@ pytest.importorskip("lowbit_ao")
 
 from helpers import FakeBackend, manager_with, said  # noqa: E402
 from lowbit import Accelerator, hookimpl  # noqa: E402
-from lowbit.errors import PluginError  # noqa: E402
-from lowbit.notices import LowbitWarning  # noqa: E402
-from lowbit.types import ConversionReport, ConvertedModel  # noqa: E402
+from lowbit.kernel.errors import PluginError  # noqa: E402
+from lowbit.kernel.notices import LowbitWarning  # noqa: E402
+from lowbit.kernel.types import ConversionReport, ConvertedModel  # noqa: E402
 
 
 def test_prepare_prints_what_fp8_took(recwarn):

@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
-from lowbit.observe.gpu_specs import gpu_peak
-from lowbit.observe.throughput import batch_counts
+from lowbit.runtime.observe.gpu_specs import gpu_peak
+from lowbit.runtime.observe.throughput import batch_counts
 from lowbit.tracking import GeneralTracker
 
 
@@ -137,7 +137,7 @@ def test_the_meter_runs_nothing_inside_the_users_forward():
 
 
 def test_a_count_that_fails_leaves_flops_out_with_one_note_and_never_breaks_the_step(monkeypatch, recwarn):
-    import lowbit.observe.fp8_payoff as payoff
+    import lowbit.runtime.observe.fp8_payoff as payoff
 
     def refuses(*args, **kwargs):
         raise AssertionError("a FLOP formula that does not take this shape")
@@ -172,7 +172,7 @@ def test_fp8_gemm_share_counts_the_layers_the_backend_converted():
 def test_under_model_parallelism_the_count_is_per_device_and_tokens_per_data_parallel_batch():
     """Tensor parallel over 2 of 4 processes: each device does half a batch's GEMMs, and the 4
     processes read 2 different batches (tokens/s counts those, not 4)."""
-    from lowbit.observe.throughput import ThroughputMeter
+    from lowbit.runtime.observe.throughput import ThroughputMeter
 
     def metered(data_parallel: int, model_parallel: int) -> ThroughputMeter:
         meter = ThroughputMeter(torch.device("cpu"), data_parallel, "bf16", is_main=False, model_parallel=model_parallel)

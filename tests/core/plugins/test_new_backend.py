@@ -12,7 +12,7 @@ import pytest
 from helpers import TESTS, install_entry_points
 
 from lowbit.cli.main import main
-from lowbit.plugins.scaffold import FILL_IN_MARKER
+from lowbit.cli.scaffold import FILL_IN_MARKER
 
 CONVERT = '''import torch
     from torch import nn
@@ -44,7 +44,7 @@ def run_its_test(root: Path, site: Path) -> subprocess.CompletedProcess:
 
 
 def assert_lints_clean(root: Path) -> None:
-    """The generated distribution (core/lowbit/plugins/scaffold.py's templates, filled in) passes
+    """The generated distribution (core/lowbit/cli/scaffold.py's templates, filled in) passes
     the same linter as lowbit's own code: the templates are code in strings, checked here."""
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "E9,F", str(root)],
                           capture_output=True, text=True, timeout=600)
@@ -84,7 +84,7 @@ def test_bad_names_and_existing_directories_are_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("hook", ["convert_model", "autocast_context"])
 def test_the_stubs_are_valid_python_and_inactive(tmp_path, hook):
-    from lowbit.plugins.scaffold import module_text
+    from lowbit.cli.scaffold import module_text
 
     namespace: dict = {}
     exec(compile(module_text("okfp8"), "lowbit_okfp8", "exec"), namespace)  # noqa: S102 - our own template
@@ -131,7 +131,7 @@ def test_a_scaffolded_backend_with_its_own_precision_name_trains(tmp_path):
 
 def test_a_precision_nobody_offers_is_an_error_with_the_nearest_name():
     from lowbit import Accelerator
-    from lowbit.errors import ConfigError
+    from lowbit.kernel.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"mixed_precision 'fp9'.*Did you mean 'fp8'"):
         Accelerator(mixed_precision="fp9")

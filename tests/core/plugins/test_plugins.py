@@ -9,10 +9,10 @@ import pytest
 from helpers import BrokenOnDescribe, FakeBackend, install_plugin_module, manager_with
 
 from lowbit import Accelerator, hookimpl
-from lowbit.errors import BackendNotFoundError, BackendUnavailableError, PluginError
-from lowbit.plugins import make_plugin_manager
-from lowbit.plugins.selection import BackendRegistry, choose_backend
-from lowbit.types import HardwareInfo, StrategyDescription
+from lowbit.kernel.errors import BackendNotFoundError, BackendUnavailableError, PluginError
+from lowbit.kernel.manager import make_plugin_manager
+from lowbit.kernel.registry import BackendRegistry, choose_backend
+from lowbit.kernel.types import HardwareInfo, StrategyDescription
 
 CPU = HardwareInfo("cpu", "CPU")
 
@@ -143,8 +143,8 @@ def test_a_wrong_result_type_marks_only_that_plugin_broken():
     acc = Accelerator(mixed_precision="no", plugin_manager=manager)
     assert acc.hardware.device_type == "cpu"  # the built-in detector answered instead
     errors = " | ".join(b.describe() for b in manager.broken)
-    assert "describe_backend returned 'fp8 backend, very fast': expected one of lowbit.types.BackendDescription" in errors
-    assert "detect_hardware returned 'a GPU': expected a lowbit.types.HardwareInfo" in errors
+    assert "describe_backend returned 'fp8 backend, very fast': expected one of lowbit.kernel.types.BackendDescription" in errors
+    assert "detect_hardware returned 'a GPU': expected a lowbit.kernel.types.HardwareInfo" in errors
     assert choose_backend(BackendRegistry(manager, CPU), "backend").name == "good"
     launch = manager_with(WrongLaunchEnvironment())
     assert launch.call_each("launch_environment", args=None) == []
@@ -181,7 +181,7 @@ def test_bad_description_breaks_only_that_plugin():
     class NoReason(FakeBackend):
         @hookimpl
         def describe_backend(self, hardware):
-            from lowbit.types import BackendDescription
+            from lowbit.kernel.types import BackendDescription
 
             return BackendDescription("silent", 500, available=False, reason="")
 
@@ -230,8 +230,8 @@ HEAVY = ("transformer_engine", "msamp", "deepspeed", "torchao")
 
 
 def _probe(*args: str) -> dict:
-    """``python -m lowbit.testing.import_probe ARGS`` in a fresh interpreter: its JSON answer."""
-    proc = subprocess.run([sys.executable, "-m", "lowbit.testing.import_probe", *args], capture_output=True, text=True, check=True)
+    """``python -m lowbit.conformance.import_probe ARGS`` in a fresh interpreter: its JSON answer."""
+    proc = subprocess.run([sys.executable, "-m", "lowbit.conformance.import_probe", *args], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -275,7 +275,7 @@ def test_register_trackers_results_are_checked():
 def test_every_plugin_reads_versions_one_way():
     """One version rule (packaging's) for every plugin's floor: 2.10 is newer than 2.9, a local
     build label or a dev build of the floor's release passes, an unreadable version is trusted."""
-    from lowbit.version import older_than
+    from lowbit.kernel.version import older_than
 
     assert not older_than("2.10.0", "2.9") and older_than("2.8.1", "2.9")
     assert not older_than("0.13.0+cu126", "0.12") and not older_than("2.9.0.dev0+abc", "2.9")

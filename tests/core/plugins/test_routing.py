@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+
+import pytest
 
 import torch
 from helpers import FakeBackend, TESTS, manager_with, mlp
 from torch import nn
 
 from lowbit import Accelerator, hookimpl
-from lowbit.types import StrategyDescription
+from lowbit.kernel.errors import PluginError
+from lowbit.kernel.types import StrategyDescription, StrategyIntegration
 
 
 class RecordingBackend(FakeBackend):
@@ -32,7 +36,7 @@ class RecordingBackend(FakeBackend):
     @hookimpl
     def strategy_integration(self, strategy, context):
         self.calls.append(f"strategy_integration:{strategy}")
-        return {"marker": self.name}
+        return StrategyIntegration(config={"marker": self.name})
 
     @hookimpl
     def export_state_dict(self, model, state_dict, context):
@@ -119,8 +123,26 @@ def test_every_routed_hook_reaches_the_chosen_plugins_only(tmp_path, monkeypatch
     ]
     assert strategy.calls == ["check_compatibility", "wrap_for_distribution", "backward", "full_state_dict",
                               "save_checkpoint", "load_checkpoint"]
-    assert strategy.saw_integration == {"marker": "chosen"}
+    assert strategy.saw_integration.config == {"marker": "chosen"}
     assert other.calls == []
+
+
+@pytest.mark.parametrize("answer, config_or_error", [
+    ({"config": {"marker": "dict"}}, {"marker": "dict"}),  # a dict with the record's field names is taken
+    ({"marker": "dict"}, "strategy_integration returned keys ['marker'] that StrategyIntegration has no field for"),
+])
+def test_a_strategy_integration_dict_becomes_the_typed_record(monkeypatch, answer, config_or_error):
+    monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "DEEPSPEED")
+    backend, strategy = RecordingBackend("chosen", 300), RecordingStrategy()
+    backend.strategy_integration = hookimpl(lambda strategy, context: answer)
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(backend, strategy))
+    model = mlp()
+    if isinstance(config_or_error, str):
+        with pytest.raises(PluginError, match=re.escape(config_or_error)):
+            acc.prepare(model)
+    else:
+        acc.prepare(model)
+        assert strategy.saw_integration == StrategyIntegration(config=config_or_error)
 
 
 def test_joint_hook_replaces_convert_and_wrap(tmp_path):
@@ -172,7 +194,7 @@ def test_autocast_context_of_the_precision_plugin_wraps_the_fp8_one():
 def test_firstresult_only_where_the_first_answer_wins():
     """Routed hooks reach one plugin and have one answer; only hardware detection asks every plugin
     and takes the first answer (a third-party detector before the built-in one)."""
-    import lowbit.hookspecs as specs
+    import lowbit.kernel.hookspecs as specs
 
     marked = {name for name, spec in vars(specs).items()
               if callable(spec) and getattr(spec, "lowbit_spec", {}).get("firstresult")}

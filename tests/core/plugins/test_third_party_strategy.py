@@ -13,7 +13,7 @@ import tomllib
 import pytest
 from helpers import ROOT, install_entry_points, run_launch
 
-from lowbit.testing import run_strategy_conformance
+from lowbit.conformance import run_strategy_conformance
 
 EXAMPLE = ROOT / "examples" / "third_party_strategy"
 

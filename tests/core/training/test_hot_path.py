@@ -263,7 +263,7 @@ def test_counting_a_compiled_models_work_leaves_it_compiling(fresh_dynamo):
     """prepare() on a GPU counts the model's work for the FP8 report (report_work); a model compiled
     before prepare() must still compile afterwards (dynamo marked the frames it met under the
     tracer's modes to be skipped for good)."""
-    from lowbit.observe.fp8_payoff import count_work
+    from lowbit.runtime.observe.fp8_payoff import count_work
 
     model, _ = model_and_data()
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
@@ -274,7 +274,7 @@ def test_counting_a_compiled_models_work_leaves_it_compiling(fresh_dynamo):
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])  # the reduction each device gets (computed here on CPU tensors)
 def test_the_gradient_verdict_catches_nan_and_inf_either_way(device):
-    from lowbit.training.prepared import finite_reduction
+    from lowbit.runtime.training.prepared import finite_reduction
 
     grads = [torch.randn(64, 64), torch.randn(64).bfloat16()]
     assert torch.isfinite(finite_reduction(grads, torch.device(device))).all()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import TESTS, run_launch
 
-from lowbit import collective_device
+from lowbit.runtime import collective_device
 
 WORKER = TESTS / "distributed" / "loader_worker.py"
 FSDP_WORKER = TESTS / "distributed" / "fsdp_worker.py"
@@ -39,7 +39,7 @@ def test_the_simulated_nccl_rule_catches_a_host_tensor_in_a_lowbit_collective(tm
     reverted, _ = launch(tmp_path, "hop-reverted")
     for rank in reverted:
         assert "NcclRuleError" in rank["error"] and "broadcast" in rank["error"], rank
-        assert "lowbit.training.operations" in rank["error"]
+        assert "lowbit.runtime.training.operations" in rank["error"]
 
     fixed, _ = launch(tmp_path, "plain")
     for epoch in ("epoch0", "epoch1"):
@@ -161,7 +161,7 @@ def test_gpu_ids_choose_the_gpus_and_the_process_count(tmp_path, monkeypatch):
     assert env["CUDA_VISIBLE_DEVICES"] == "1,3" and command[command.index("--nproc_per_node") + 1] == "2"
     _, env, _ = launch_command(tmp_path, monkeypatch, "--gpu_ids", "all")
     assert "CUDA_VISIBLE_DEVICES" not in env
-    from lowbit.errors import ConfigError
+    from lowbit.kernel.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--gpu_ids 'first'"):
         launch_command(tmp_path, monkeypatch, "--gpu_ids", "first")
@@ -186,7 +186,7 @@ def test_the_launchers_run_a_function_defined_where_no_file_holds_it(tmp_path):
 
 def test_the_launchers_refuse_to_fork_once_cuda_is_in_use(monkeypatch):
     from lowbit import debug_launcher
-    from lowbit.errors import ConfigError
+    from lowbit.kernel.errors import ConfigError
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(ConfigError, match="CUDA is already in use"):
@@ -201,7 +201,7 @@ def test_the_launchers_refuse_to_fork_once_cuda_is_in_use(monkeypatch):
                                        ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),
                                        ("NVIDIA A100-SXM4-80GB", "A100"), ("Tesla T4", None)])
 def test_gpu_names_match_their_own_row_of_the_table(name, row):
-    from lowbit.observe.gpu_specs import gpu_peak
+    from lowbit.runtime.observe.gpu_specs import gpu_peak
 
     found = gpu_peak(name)
     assert (found.name if found else None) == row
@@ -210,7 +210,7 @@ def test_gpu_names_match_their_own_row_of_the_table(name, row):
 def test_cuda_rng_states_are_restored_on_a_rank_that_sees_fewer_gpus(monkeypatch):
     """Saved by a process that saw 2 GPUs, restored where it sees 1 (CUDA_VISIBLE_DEVICES per rank):
     the visible GPU takes the first state (torch's set_rng_state_all failed on the missing device)."""
-    from lowbit.checkpoint.training_state import set_rng_state
+    from lowbit.runtime.checkpoint.training_state import set_rng_state
 
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -224,7 +224,7 @@ def test_cuda_rng_states_are_restored_on_a_rank_that_sees_fewer_gpus(monkeypatch
 
 @pytest.mark.parametrize("capability, slow", [((7, 5), True), ((7, 0), True), ((8, 0), False), ((9, 0), False)])
 def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_said_to_be_slow(monkeypatch, capability, slow):
-    from lowbit.training.precision import Precision
+    from lowbit.kernel.precision import Precision
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")

@@ -1,4 +1,4 @@
-"""lowbit.training.precision: what each precision means, answered once (autocast dtype, loss
+"""lowbit.kernel.precision: what each precision means, answered once (autocast dtype, loss
 scaling, unscale, step, state, whether this CPU runs it slowly), and the Accelerator asking it."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.training.precision import Precision, SlowPrecisionNotice
+from lowbit.kernel.precision import Precision, SlowPrecisionNotice
 
 CPU = torch.device("cpu")
 

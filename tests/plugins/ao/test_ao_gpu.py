@@ -89,7 +89,7 @@ def test_mxfp8_runs_torchaos_native_kernels_on_blackwell_and_trains():
     """sm_100+: torchao's MXFP8 kernels (no emulation); elsewhere the recipe runs emulated."""
     if torch.cuda.get_device_capability()[0] != 10:
         pytest.skip("torchao's MXFP8 kernels are built for sm_100a (B200, GB200, B300); elsewhere mxfp8 runs emulated")
-    from lowbit.types import HardwareInfo
+    from lowbit.kernel.types import HardwareInfo
     from lowbit_ao.native_kernels import mxfp8_kernels_problem
 
     missing = mxfp8_kernels_problem(HardwareInfo("cuda", "GPU", 1, torch.cuda.get_device_capability()))

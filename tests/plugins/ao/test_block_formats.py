@@ -16,7 +16,7 @@ from torch import nn  # noqa: E402
 
 from helpers import mlp, regression_data  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
-from lowbit.errors import UnsupportedCombinationError  # noqa: E402
+from lowbit.kernel.errors import UnsupportedCombinationError  # noqa: E402
 from lowbit.utils import AORecipeKwargs  # noqa: E402
 from lowbit_ao import nvfp4  # noqa: E402
 from lowbit_ao.block_formats import BlockScaled  # noqa: E402
@@ -282,7 +282,7 @@ def test_the_native_mxfp8_path_gets_the_operands_torchaos_sm100_kernels_take():
 
 
 def _blackwell(capability=(10, 0)):
-    from lowbit.types import HardwareInfo
+    from lowbit.kernel.types import HardwareInfo
 
     return HardwareInfo("cpu", "stand-in NVIDIA B200 (tensors on CPU)", 1, capability, (12, 9))
 
@@ -309,7 +309,7 @@ def test_mxfp8_kernels_are_checked_not_assumed_from_the_compute_capability(monke
 
 def test_without_its_kernels_mxfp8_is_emulated_on_blackwell_and_lowbit_env_says_so(monkeypatch):
     import lowbit_ao
-    from lowbit.config.recipe_names import recipe_status
+    from lowbit.kernel.recipe_names import recipe_status
 
     monkeypatch.setattr(lowbit_ao, "mxfp8_kernels_problem", lambda hardware: "triton is not installed")
     assert recipe_status(lowbit_ao.describe_backend(_blackwell()), "mxfp8", _blackwell()) == "emulated"
@@ -322,7 +322,7 @@ def test_a_native_mxfp8_run_whose_op_has_no_kernel_falls_back_to_the_emulated_ke
     CUDA kernel once torchao is imported (here: no CUDA at all): the run trains on the emulated
     kernels and says why, instead of failing in the first GEMM."""
     import lowbit_ao
-    from lowbit.plugins import make_plugin_manager
+    from lowbit.kernel.manager import make_plugin_manager
     from lowbit_ao import native_kernels
 
     from helpers import HardwareDetector, said

@@ -134,7 +134,7 @@ def test_fast_emulation_is_the_default_and_torchao_stays_selectable():
 
 
 def test_trains_and_matches_torchao_emulation_over_many_steps():
-    from lowbit.cli.selftest import train_steps
+    from lowbit.cli.self_test import train_steps
 
     x, y = regression_data(64)
     losses = {}

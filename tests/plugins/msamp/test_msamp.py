@@ -22,9 +22,9 @@ from torch import nn  # noqa: E402
 
 import lowbit_msamp  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
-from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
-from lowbit.plugins import make_plugin_manager  # noqa: E402
-from lowbit.types import HardwareInfo  # noqa: E402
+from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
+from lowbit.kernel.manager import make_plugin_manager  # noqa: E402
+from lowbit.kernel.types import HardwareInfo  # noqa: E402
 from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -375,7 +375,7 @@ def test_export_dequantizes_scaling_tensors():
 def test_gpu_real_msamp_trains_close_to_bf16(level):
     import msamp
 
-    from lowbit.cli.selftest import train_steps
+    from lowbit.cli.self_test import train_steps
 
     losses = {}
     for precision in ("bf16", "fp8"):
@@ -398,14 +398,14 @@ def test_gpu_real_msamp_trains_close_to_bf16(level):
 
 @needs_fp8_gpu_with("msamp", "MS-AMP")
 def test_gpu_the_conformance_kit_passes_on_real_msamp(tmp_path):
-    from lowbit.testing import run_conformance
+    from lowbit.conformance import run_conformance
 
     assert run_conformance("msamp", heavy_modules=("msamp",), tmp_path=tmp_path)["converted"]
 
 
 def test_the_conformance_kit_passes_on_the_msamp_stand_in(msamp, tmp_path):
     """Through the installed entry point, on a stand-in H100 (tensors stay on the CPU)."""
-    from lowbit.testing import run_conformance
+    from lowbit.conformance import run_conformance
 
     report = run_conformance("msamp", heavy_modules=("msamp",), hardware=H100, tmp_path=tmp_path)
     assert report["converted"]

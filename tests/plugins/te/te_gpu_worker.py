@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.cli.selftest import train_steps
+from lowbit.cli.self_test import train_steps
 from lowbit.utils import TERecipeKwargs
 
 

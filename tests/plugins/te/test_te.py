@@ -20,10 +20,10 @@ from torch import nn  # noqa: E402
 from helpers import HardwareDetector, TiedLM, needs_fp8_gpu_with, said  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
-from lowbit.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
-from lowbit.plugins import make_plugin_manager  # noqa: E402
-from lowbit.plugins.selection import BackendRegistry, choose_backend  # noqa: E402
-from lowbit.types import HardwareInfo  # noqa: E402
+from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
+from lowbit.kernel.manager import make_plugin_manager  # noqa: E402
+from lowbit.kernel.registry import BackendRegistry, choose_backend  # noqa: E402
+from lowbit.kernel.types import HardwareInfo  # noqa: E402
 from lowbit.utils import TERecipeKwargs  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -587,7 +587,7 @@ def test_amax_reduction_group_is_the_data_parallel_group(te):
 
 def test_the_conformance_kit_passes_on_the_te_stand_in(te, tmp_path):
     """Through the installed entry point, on a stand-in H100 (tensors stay on the CPU)."""
-    from lowbit.testing import run_conformance
+    from lowbit.conformance import run_conformance
 
     report = run_conformance("te", heavy_modules=("transformer_engine",), hardware=H100, tmp_path=tmp_path)
     assert report["converted"] and report["weight_change"] == 0.0
@@ -704,7 +704,7 @@ def test_resume_under_another_te_recipe_loads_and_says_the_histories_are_dropped
     """Saved under delayed scaling, resumed under current scaling (which keeps no amax history):
     before, an AttributeError from inside TE's state; now the weights load and a note says why the
     histories do not. The checkpoint records the recipe it was saved with."""
-    from lowbit.checkpoint.files import read_metadata
+    from lowbit.runtime.checkpoint.files import read_metadata
 
     acc = te_accelerator(recipe="delayed")
     model, _ = _trained_te(acc)
@@ -728,7 +728,7 @@ def test_checkpointed_blocks_recompute_in_fp8_through_tes_own_checkpoint(te, mon
     """The strategies' activation checkpointing recomputes with what the backend gives: lowbit-te
     gives te.distributed.checkpoint, which runs the recompute (in backward, outside te.autocast)
     under the forward's FP8 settings; torch's checkpoint would recompute that block in high precision."""
-    from lowbit.builtin.activation_checkpointing import checkpoint_blocks
+    from lowbit.runtime.builtin.activation_checkpointing import checkpoint_blocks
 
     import lowbit_te
 
@@ -740,7 +740,7 @@ def test_checkpointed_blocks_recompute_in_fp8_through_tes_own_checkpoint(te, mon
     forward = standin_te.Linear.forward
     monkeypatch.setattr(standin_te.Linear, "forward",
                         lambda self, x: (seen[phase[0]].append(standin_te.FP8_STATE["enabled"]), forward(self, x))[1])
-    given = lowbit_te.strategy_integration(strategy="fsdp", context=acc.context)["activation_checkpoint"]
+    given = lowbit_te.strategy_integration(strategy="fsdp", context=acc.context).activation_checkpoint
     checkpoint_blocks(acc.unwrap_model(model), [acc.unwrap_model(model).block], "full", given if recompute == "te" else None)
     loss = model(torch.randn(8, 32)).pow(2).mean()
     phase[0] = "backward"

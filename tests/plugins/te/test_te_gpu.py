@@ -111,7 +111,7 @@ def test_save_state_and_load_state_keep_the_fp8_metadata(tmp_path):
 
 @gpu_te
 def test_the_conformance_kit_passes_on_real_te(tmp_path):
-    from lowbit.testing import run_conformance
+    from lowbit.conformance import run_conformance
 
     report = run_conformance("te", heavy_modules=("transformer_engine",), tmp_path=tmp_path)
     assert report["converted"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from lowbit.state import PartialState
-from lowbit.utils import broadcast, gather, gather_object, pad_across_processes, reduce
+from lowbit.compat.state import PartialState
+from lowbit.compat.utils import broadcast, gather, gather_object, pad_across_processes, reduce
 
 
 def _check(condition: bool, what: str) -> None:

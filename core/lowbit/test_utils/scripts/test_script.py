@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
 from lowbit.test_utils.training import RegressionDataset, RegressionModel
-from lowbit.utils import gather, set_seed, synchronize_rng_states
+from lowbit.compat.utils import gather, set_seed, synchronize_rng_states
 
 
 def _check(condition: bool, what: str) -> None:

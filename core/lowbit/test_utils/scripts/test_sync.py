@@ -7,7 +7,7 @@ import torch
 
 from lowbit import Accelerator
 from lowbit.test_utils.training import RegressionModel
-from lowbit.utils import gather
+from lowbit.compat.utils import gather
 
 
 def _grads(model: torch.nn.Module) -> torch.Tensor:

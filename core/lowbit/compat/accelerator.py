@@ -1,0 +1,939 @@
+"""The Accelerator: the four-line facade over the chosen plugins.
+
+It resolves settings, chooses one precision plugin, at most one FP8 backend and at most one
+distributed strategy, and from then on calls only those (routed hooks). Order of preparation:
+FP8 conversion, then distribution, then the forward is wrapped in the autocast contexts
+(native autocast outside, the FP8 backend's own context inside).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from lowbit.runtime.checkpoint import automatic as automatic_checkpoint
+from lowbit.runtime.checkpoint import files as checkpoint
+from lowbit.runtime.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
+from lowbit.runtime.checkpoint.training_state import TrainingStateCheckpointer
+from lowbit.compat.accelerate_names import reported_distributed_type
+from lowbit.kernel.notices import note
+from lowbit.runtime.training.preemption import PreemptionWatch
+from lowbit.compat.handlers import (
+    DataLoaderConfiguration,
+    DeepSpeedPlugin,
+    FullyShardedDataParallelPlugin,
+    GradientAccumulationPlugin,
+    AutocastKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    ProjectConfiguration,
+    TorchDynamoPlugin,
+    settings_from_plugin_objects,
+)
+from lowbit.compat.settings import LowbitConfig, check_plugin_names, read_config_layer, resolve_config, setting_before_plugins
+from lowbit.compat.settings import PARALLELISM_SECTION
+from lowbit.kernel.recipes import RecipeKwargs
+from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError, did_you_mean
+from lowbit.runtime.observe.fp8_payoff import slower_layers
+from lowbit.runtime.observe.fp8_report import conversion_report
+from lowbit.kernel.telemetry import FP8StatsTable, TelemetryRecorder
+from lowbit.runtime.observe.throughput import ThroughputMeter, meter_is_on
+from lowbit.runtime.observe.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, Trackers
+from lowbit.compat.parallelism_config import ParallelismConfig, data_parallel_slot, settle_layout
+from lowbit.kernel.manager import LowbitPluginManager, make_plugin_manager
+from lowbit.compat.choice import choose_plugins
+from lowbit.runtime.routing import ChosenPlugins
+from lowbit.kernel.registry import BackendRegistry, choose_backend
+from lowbit.runtime.process_group import ProcessFacts, RankFacts, process_facts, wait_for_everyone
+from lowbit.compat.state import AcceleratorState, DistributedType, GradientState, PartialState
+from lowbit.runtime.training import operations
+from lowbit.kernel.precision import Precision, SlowPrecisionNotice
+from lowbit.runtime.training.data_loader import PreparedDataLoader
+from lowbit.runtime.training.loader_shards import skip_first_batches
+from lowbit.runtime.training.prepared import PreparedObjects, StepRules, TrainingCounters
+from lowbit.runtime.training.preparation import Preparation, PreparationSettings, unwrap
+from lowbit.kernel.types import PrepareContext
+
+
+class Accelerator(RankFacts):
+    """Train a plain PyTorch loop in fp16, bf16 or fp8, on one process or many.
+
+    Args mirror Hugging Face Accelerate: ``mixed_precision`` ("no", "fp16", "bf16", "fp8"),
+    ``gradient_accumulation_steps``, ``cpu``, ``kwargs_handlers`` (also ``kwarg_handlers``),
+    ``dynamo_backend``. lowbit adds ``fp8_fallback`` (precision to use, with a warning, when FP8
+    cannot run here), ``on_nonfinite_loss`` (a NaN/inf loss or gradient: "skip" that optimizer step with a
+    warning naming it, the default; "raise"; or "continue"), ``config_file`` and
+    ``plugin_manager`` (tests, embedding).
+    Arguments left as None come from env vars, then the config file, then defaults.
+    """
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool | None = None,
+        kwargs_handlers: list[Any] | None = None,
+        kwarg_handlers: list[Any] | None = None,
+        dynamo_backend: str | None = None,
+        fp8_fallback: str | None = None,
+        on_nonfinite_loss: str | None = None,
+        config_file: str | os.PathLike | None = None,
+        plugin_manager: LowbitPluginManager | None = None,
+        *,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        even_batches: bool | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
+        rng_types: Any = None,
+    ) -> None:
+        if kwargs_handlers is not None and kwarg_handlers is not None:
+            raise ConfigError("Give kwargs_handlers or kwarg_handlers (the spelling in Accelerate's docs), not both.")
+        handlers = kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or []
+        if not isinstance(handlers, (list, tuple)):
+            raise ConfigError(
+                f"kwargs_handlers must be a list of handler objects, e.g. kwargs_handlers=[{type(handlers).__name__}()]; "
+                f"got a single {type(handlers).__name__}."
+            )
+        handlers = list(handlers)
+        explicit = dict(
+            mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            use_cpu=cpu,
+            dynamo_backend=dynamo_backend,
+            fp8_fallback=fp8_fallback,
+            on_nonfinite_loss=on_nonfinite_loss,
+        )
+        explicit.update(settings_from_plugin_objects(gradient_accumulation_plugin, fsdp_plugin, deepspeed_plugin, dynamo_plugin, explicit))
+        self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin = fsdp_plugin, deepspeed_plugin, dynamo_plugin
+        self.gradient_accumulation_plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration(
+            split_batches=bool(split_batches), even_batches=True if even_batches is None else even_batches)
+        self.split_batches = self.dataloader_config.split_batches
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(str(project_dir))
+        # Hardware detection needs use_cpu before the plugins are known; the settings are validated
+        # once the plugins' option names are, so fp8_config keys can be checked against them.
+        file_layer = read_config_layer(config_file)
+        self._plugins = plugin_manager or make_plugin_manager()
+        self.hardware = self._plugins.detect_hardware(cpu=setting_before_plugins("use_cpu", explicit, file_layer))
+        self._registry = BackendRegistry(self._plugins, self.hardware)
+        fp8_specs = {}
+        for cand in self._registry.ranked("backend"):
+            if cand.description.options_class is not None:
+                fp8_specs.update(cand.description.options_class.option_specs())
+        self.config: LowbitConfig = resolve_config(explicit, fp8_specs=fp8_specs, file_layer=file_layer,
+                                                   sections=tuple(self._registry.config_sections()))
+        check_plugin_names(self.config, self._registry.precision_names(), self._registry.distributed_type_names(),
+                           where="the settings (argument, env var or config file)")
+        if self.config.gradient_accumulation_steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {self.config.gradient_accumulation_steps}.")
+        _check_dynamo_backend(self.config.dynamo_backend)
+
+        group = next((h for h in handlers if isinstance(h, InitProcessGroupKwargs)), None)
+        self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count,
+                                                 dataclasses.asdict(group) if group is not None else None,
+                                                 group_of_one=self.config.distributed_type.upper() not in ("NO", "MULTI_CPU"))
+        choice = choose_plugins(self._registry, self.config, handlers, self.num_processes)
+        self._backend, self._strategy = choice.backend, choice.strategy
+        self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers
+        scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
+        autocast_kwargs = self.handlers[AutocastKwargs].to_kwargs() if AutocastKwargs in self.handlers else {}
+        self.precision = Precision.for_run(self.mixed_precision, self.device, self._strategy_owns_precision(),
+                                           scaler_kwargs, autocast_kwargs)
+        slow = self.precision.slow_reason()
+        if slow:
+            note(slow, SlowPrecisionNotice)
+        self._layout = self._settle_layout(parallelism_config)
+
+        self.context = PrepareContext(
+            hardware=self.hardware,
+            mixed_precision=self.mixed_precision,
+            device=self.device,
+            backend_options=choice.backend_options,
+            recipe_runs=choice.recipe.status if choice.recipe else "native",
+            strategy=self._strategy.name if self._strategy else "none",
+            strategy_options=choice.strategy_options(self.config),
+            world_size=self.num_processes,
+            rank=self.process_index,
+            local_rank=self.local_process_index,
+            gradient_accumulation_steps=self.config.gradient_accumulation_steps,
+            compiled=str(self.config.dynamo_backend).lower() != "no",
+            autocast_dtype=self.precision.autocast_dtype,
+            device_mesh=self.torch_device_mesh,
+            parallelism=self._layout,
+            predict_slower_layers=slower_layers,
+        )
+        self.state = AcceleratorState(self)
+        self.gradient_state = GradientState(self)
+        self.counters = TrainingCounters()
+        self.flag_tensor: torch.Tensor | None = None
+        self._trackers = Trackers(log_with, self._registered_trackers() if log_with is not None else {}, self.logging_dir)
+        # The collaborators: each gets what it needs, never the Accelerator.
+        self.plugins = ChosenPlugins(self._plugins, self._backend, self._strategy, self.context)
+        self.prepared = PreparedObjects()
+        self.step_rules = StepRules(self.gradient_state.sync, self.precision, self.num_processes, self.split_batches,
+                                    self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss,
+                                    check_gradients=not self._strategy_owns_precision())
+        self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings())
+        self._telemetry: TelemetryRecorder | None = None
+        self._preemption = PreemptionWatch(self.num_processes)
+        self.step_rules.step_observers.append(self._preemption.after_step)
+        data_parallel = data_parallel_slot(self._layout, self.num_processes, self.process_index)[0]
+        self._throughput = (ThroughputMeter(self.device, data_parallel, self.mixed_precision, self.is_main_process,
+                                            model_parallel=max(self.num_processes // data_parallel, 1))
+                            if meter_is_on() else None)
+        self._preparation.before_conversion = self._throughput.copy_structure if self._throughput is not None else None
+        if self._throughput is not None:
+            self.step_rules.step_observers.append(self._throughput.on_step)
+        self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
+
+    # ------------------------------------------------------------------ choosing
+
+    def _strategy_owns_precision(self) -> bool:
+        return self._strategy is not None and self._strategy.chosen.description.owns_precision
+
+    def _settle_layout(self, given: ParallelismConfig | None) -> ParallelismConfig | None:
+        strategy = self._strategy.chosen if self._strategy else None
+        others = {c.name: c.description.mesh_dims for c in self._registry.ranked("strategy")}
+        return settle_layout(given, self.config.section(PARALLELISM_SECTION), "the settings", self.num_processes,
+                             self.device.type, strategy.name if strategy else "none",
+                             strategy.description.mesh_dims if strategy else (), others)
+
+    def _preparation_settings(self) -> PreparationSettings:
+        config = self.config
+        batches, batch_index = data_parallel_slot(self._layout, self.num_processes, self.process_index)
+        given = {"mode": config.dynamo_mode, "fullgraph": config.dynamo_use_fullgraph, "dynamic": config.dynamo_use_dynamic,
+                 "options": self.dynamo_plugin.options if self.dynamo_plugin is not None else None}
+        return PreparationSettings(
+            device=self.device, num_processes=batches, process_index=batch_index,
+            split_batches=self.split_batches, even_batches=self.dataloader_config.even_batches,
+            device_placement=self.device_placement, dynamo_backend=config.dynamo_backend,
+            compile_options={k: v for k, v in given.items() if v is not None},
+            regional_compilation=bool(config.dynamo_use_regional_compilation),
+            non_blocking=bool(self.dataloader_config.non_blocking),
+            dispatch_batches=self.dataloader_config.dispatch_batches,
+            use_seedable_sampler=bool(self.dataloader_config.use_seedable_sampler),
+            data_seed=self.dataloader_config.data_seed, gradient_state=self.gradient_state)
+
+    # ------------------------------------------------------------------ process facts (one source: lowbit.compat.state)
+
+    @property
+    def num_processes(self) -> int:
+        return self.facts.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.facts.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.facts.local_process_index
+
+    @property
+    def device(self) -> torch.device:
+        return self.facts.device
+
+    @property
+    def step(self) -> int:
+        """Micro-batches seen by ``accumulate()`` (saved and restored with the checkpoint)."""
+        return self.counters.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.counters.step = int(value)
+
+    # ------------------------------------------------------------------ what was chosen
+
+    @property
+    def fp8_backend(self) -> str | None:
+        """Name of the FP8 backend in use ("msamp", "te", "ao", ...), or None."""
+        return self._backend.name if self._backend else None
+
+    @property
+    def fp8_options(self) -> RecipeKwargs | None:
+        """The chosen backend's resolved recipe (every field filled)."""
+        return self.context.backend_options
+
+    @property
+    def distributed_strategy(self) -> str:
+        return self.context.strategy
+
+    def explain_backend_choice(self) -> str:
+        """Why this backend: every installed backend with its priority and reason to decline."""
+        if self._backend is None:
+            return f"mixed_precision={self.mixed_precision!r}: no low-precision backend in use.\n" + choose_backend(
+                self._registry, "precision", "native", "built-in"
+            ).explain()
+        return self._backend.explain()
+
+    # ------------------------------------------------------------------ processes
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine (its local main process), as Accelerate's does."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        wait_for_everyone()
+
+    @property
+    def distributed_type(self) -> DistributedType | str:
+        """Accelerate's name for how work is spread: what the chosen strategy reports itself as
+        (an Accelerate ``DistributedType``, or the strategy's own name when it stands for none)."""
+        if self._strategy is None:
+            return DistributedType.NO if self.num_processes == 1 else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
+        reported = reported_distributed_type(self._strategy.chosen.description.reports_as, self.device.type)
+        return DistributedType(reported) if reported in DistributedType.__members__ else reported
+
+    # ------------------------------------------------------------------ parallel layout
+
+    @property
+    def parallelism_config(self) -> ParallelismConfig | None:
+        """The run's ParallelismConfig (sizes settled against the job), or None."""
+        return self._layout
+
+    @property
+    def torch_device_mesh(self):
+        """The run's DeviceMesh (dimensions named as in ParallelismConfig, with the flattened
+        ``dp``, ``dp_shard_cp`` and ``dp_cp``), or None without a parallel layout."""
+        return self._layout.device_mesh if self._layout is not None else None
+
+    def _mesh_rank(self, dim: str) -> int:
+        """This process's index along ``dim`` of the mesh; 0 when that dimension is off."""
+        if self._layout is None:
+            raise ConfigError(f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank.")
+        return self.torch_device_mesh.get_local_rank(dim) if getattr(self._layout, f"{dim}_size") > 1 else 0
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self._mesh_rank("tp")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        return self._mesh_rank("cp")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return self._mesh_rank("dp_replicate")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return self._mesh_rank("dp_shard")
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
+                               no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:
+        """Split ``buffers`` (inputs, labels, position ids) along their sequence dimension over the
+        context-parallel ranks for the block (torch's ``context_parallel``); does nothing, with a
+        note, when cp_size is 1. Enter it anew for each step."""
+        if self._layout is None or not self._layout.cp_enabled:
+            note("maybe_context_parallel does nothing: context parallelism is off (cp_size is 1).")
+            yield
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        set_rotate_method(self._layout.cp_handler.cp_comm_strategy)
+        with context_parallel(self.torch_device_mesh["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims,
+                              no_restore_buffers=no_restore_buffers):
+            yield
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.config.gradient_accumulation_steps = self.context.gradient_accumulation_steps = int(steps)
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """fp16's loss scaler (Accelerate's ``accelerator.scaler``), None under other precisions."""
+        return self.precision.scaler
+
+    @property
+    def fp8_recipe_handler(self) -> RecipeKwargs | None:
+        return self.fp8_options
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 inf/nan gradients, a NaN/inf loss)."""
+        return any(opt.step_was_skipped for opt in self.prepared.optimizers)
+
+    @property
+    def preemption_requested(self) -> bool:
+        """True once the job got SIGTERM (a scheduler taking the machine), on every rank alike:
+        save and stop. The first read makes lowbit take over SIGTERM (see training/preemption.py)."""
+        return self._preemption.requested()
+
+    def on_preemption(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` (e.g. ``lambda: accelerator.save_state("ckpt")``) on every rank at the
+        first optimizer step after SIGTERM, then exit with code 143."""
+        self._preemption.listen()
+        self._preemption.callbacks.append(callback)
+
+    def main_process_first(self) -> ContextManager[None]:
+        return PartialState().main_process_first()
+
+    def local_main_process_first(self) -> ContextManager[None]:
+        return PartialState().local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> ContextManager[Any]:
+        return PartialState().split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return PartialState().on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return PartialState().on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return PartialState().on_last_process(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        return PartialState().on_process(function, process_index)
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors (or nests of them) from every process along dim 0."""
+        return operations.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather``, minus the samples repeated to even out the last batch across processes, so
+        a metric over the gathered predictions counts every sample exactly once."""
+        all_tensors = all(isinstance(t, torch.Tensor) for t in _leaves(input_data))
+        use_gather_object = use_gather_object or not all_tensors
+        data = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
+        remainder = self.gradient_state.remainder
+        if not self.gradient_state.end_of_dataloader or remainder <= 0:
+            return data
+        if use_gather_object:
+            return data[:remainder]
+        return operations.recursively_apply(lambda t: t[:remainder], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return operations.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+        return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that ``check_trigger`` sees on every process (early stopping)."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (a collective: call it on all)."""
+        flag = self.flag_tensor if self.flag_tensor is not None else torch.tensor(0, device=self.device)
+        if operations.reduce(flag, "sum").item() >= 1:
+            self.flag_tensor = None
+            return True
+        return False
+
+    # ------------------------------------------------------------------ experiment tracking
+
+    def _registered_trackers(self) -> dict[str, type]:
+        registered: dict[str, type] = {}
+        for _plugin, trackers in self._plugins.call_each("register_trackers"):
+            registered.update(trackers)
+        return {**registered, **LOGGER_TYPE_TO_CLASS}
+
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The trackers started on this process (none but on the main one)."""
+        return self._trackers.started
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Start the trackers named in ``log_with`` (on the main process), storing ``config``."""
+        if self.is_main_process:
+            self._trackers.start(project_name, self.logging_dir, config, init_kwargs or {})
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        return self._trackers.get(name, unwrap)
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Log ``values`` to the trackers; the throughput of the last optimizer step goes with them
+        (``throughput/...``, see ``accelerator.throughput``)."""
+        self._trackers.log(values, step, log_kwargs or {})
+        if self._throughput is not None and self._throughput.latest:
+            self._trackers.log({k: v for k, v in self._throughput.latest.items() if k not in values}, step, {})
+
+    @property
+    def throughput(self) -> dict[str, float]:
+        """The last optimizer step's figures: ``throughput/tokens_per_s`` (all processes) and
+        ``_per_device``, ``samples_per_s``, ``tflops_per_device``, ``mfu`` (against the device's
+        dense bf16 peak; on a CPU its measured GEMM rate), ``fp8_gemm_share``, ``data_wait_share``,
+        ``peak_memory_mb``, ``step_s`` (lowbit/runtime/observe/throughput.py); empty before the first step
+        or with LOWBIT_THROUGHPUT=0."""
+        return dict(self._throughput.latest) if self._throughput is not None else {}
+
+    def set_batch_tokens(self, tokens: int) -> None:
+        """Tell the throughput meter how many tokens the current batch holds (when its shape does
+        not say: packed sequences, padding to leave out)."""
+        if self._throughput is not None:
+            self._throughput.set_batch_tokens(tokens)
+
+    def end_training(self) -> None:
+        """Close the trackers and wait for every process."""
+        self._trackers.finish()
+        self.wait_for_everyone()
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, *objects: Any) -> Any:
+        """Prepare models, optimizers, dataloaders and LR schedulers, in any order.
+
+        Returns them in the order given (a single object is returned as itself).
+        """
+        result = self._preparation.prepare(*objects)
+        self._meter_what_was_prepared()
+        return result
+
+    def _meter_what_was_prepared(self) -> None:
+        """The throughput meter hears each prepared dataloader's batches, and counts the FLOPs of
+        the first prepared model once, after the first optimizer step (nothing in its forward)."""
+        meter = self._throughput
+        if meter is None:
+            return
+        for loader in self.prepared.dataloaders:
+            if loader.observe_batch is None:
+                loader.observe_batch = meter.on_batch
+        if self.prepared.models:
+            report = self.prepared.conversion_reports.get(unwrap(self.prepared.models[0]))
+            meter.converted(report.converted if report is not None else ())
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> torch.nn.Module:
+        """``prepare(model)`` alone, as Accelerate's method. ``evaluation_mode=True`` prepares a
+        model only evaluated: put on the device and given the precision's forward, not distributed."""
+        if device_placement is False:
+            raise ConfigError("prepare_model(device_placement=False): lowbit always places a prepared model on its "
+                              "device (the strategy and the backend need it there).")
+        if evaluation_mode:
+            return self._preparation.prepare_for_evaluation(model)
+        return self.prepare(model)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
+        return self.prepare(optimizer)
+
+    def prepare_scheduler(self, scheduler: Any) -> Any:
+        return self.prepare(scheduler)
+
+    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Any = None) -> Any:
+        prepared = self.prepare(data_loader)
+        if slice_fn_for_dispatch is not None:
+            prepared.slice_fn = slice_fn_for_dispatch
+        return prepared
+
+    # ------------------------------------------------------------------ training loop
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided for gradient accumulation and scaled for fp16.
+
+        A strategy that owns backward (DeepSpeed's engine) gets the undivided loss: it divides
+        by its own accumulation steps."""
+        model = self.prepared.models[0] if self.prepared.models else None
+        if model is None and self._backend is not None:
+            raise ConfigError(
+                "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
+                "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
+            )
+        if self.plugins.backward(loss, model):
+            return
+        # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
+        self.step_rules.observe_finite(loss)
+        if self.config.gradient_accumulation_steps > 1:
+            loss = loss / self.config.gradient_accumulation_steps
+        self.precision.backward(loss, **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Run one micro-batch; gradients sync and optimizers step every N-th call, and on the
+        last batch of a prepared dataloader (so an epoch never ends with gradients left over)."""
+        self.step += 1
+        plugin = self.gradient_accumulation_plugin
+        at_end = plugin.sync_with_dataloader and self.gradient_state.end_of_dataloader
+        self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0 or at_end
+        with contextlib.ExitStack() as stack:
+            # A strategy that owns backward (DeepSpeed) counts micro-batches itself; sync_each_batch
+            # reduces every micro-batch's gradients (under FSDP2 no unsharded gradients pile up).
+            if not (self.sync_gradients or plugin.sync_each_batch or self.plugins.strategy_owns_backward):
+                for model in models:
+                    _skip_gradient_sync(model, stack)
+            yield
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
+        """The same contexts a prepared model's forward runs in, for code outside ``forward``;
+        ``autocast_handler`` replaces the run's ``AutocastKwargs`` inside this block (as Accelerate's)."""
+        settings = autocast_handler.to_kwargs() if autocast_handler is not None else None
+        factories = [self.precision.autocast_factory(settings), self.plugins.backend_context_factory(None)]
+        with contextlib.ExitStack() as stack:
+            for factory in factories:
+                if factory is not None:
+                    stack.enter_context(factory())
+            yield
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip gradients by total norm, unscaling fp16 gradients first."""
+        for opt in self.prepared.optimizers:
+            self.precision.unscale_gradients(opt.optimizer)
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        norm = self.plugins.clip_grad_norm(parameters, max_norm, norm_type)
+        norm = norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        # The total norm comes free here: a NaN/inf gradient counts as a NaN/inf loss does (a strategy
+        # that owns precision, DeepSpeed, handles its own overflows).
+        if torch.is_tensor(norm) and not self._strategy_owns_precision():
+            # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
+            plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
+            self.step_rules.observe_finite(plain, gradients=True)
+        return norm
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip the gradient all-reduce inside this block (DDP and FSDP2; a no-op on one process)."""
+        with contextlib.ExitStack() as stack:
+            _skip_gradient_sync(model, stack)
+            yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Reduce the gradients in the next backward even after forwards run under ``no_sync``
+        (several forwards, then backwards, the last of which syncs); a no-op on one process."""
+        with contextlib.ExitStack() as stack:
+            _force_gradient_sync(model, stack)
+            yield
+
+    def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
+        """The prepared ``dataloader``, starting ``num_batches`` batches into its epoch (to resume)."""
+        return skip_first_batches(dataloader, num_batches)
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """``torch.save`` on the main process only, written atomically."""
+        if self.is_main_process:
+            if safe_serialization:
+                from safetensors.torch import save_file
+
+                save_file(obj, str(f), metadata={"format": "pt"})
+            else:
+                checkpoint.write_file_atomically(obj, Path(f))
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget every prepared object (and return Nones for ``objects``), then collect garbage."""
+        from lowbit.runtime.training.memory import release_memory
+
+        self.prepared.clear()
+        self.step = 0
+        return release_memory(*objects)
+
+    clear = free_memory
+
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The model without distributed wrappers (and without the autocast forward if asked);
+        compiled when it was compiled itself and ``keep_torch_compile`` (Accelerate's default)."""
+        return unwrap(model, keep_fp32_wrapper, keep_torch_compile)
+
+    # ------------------------------------------------------------------ diagnostics
+
+    def profile(self, output_dir: str | os.PathLike | ProfileKwargs | None = None, **options: Any) -> ContextManager:
+        """Two forms. ``profile("runs/profile")``: lowbit's scheduled profile (1 wait, 1 warm-up, 3
+        active steps, shapes and memory recorded; call ``.step()`` on what it yields once per
+        step); each rank writes ``trace_rank{N}.json``, the main process also ``summary.txt``.
+        ``profile()`` or ``profile(ProfileKwargs(...))``: Accelerate's, the whole block profiled with
+        the ProfileKwargs given here or in ``kwargs_handlers``."""
+        from lowbit.runtime.observe import profiling
+
+        if output_dir is None and not options or isinstance(output_dir, ProfileKwargs):
+            handler = output_dir or self.handlers.get(ProfileKwargs) or ProfileKwargs()
+            return profiling.profile_as_accelerate(handler, self.process_index, self.device)
+        return profiling.profile(output_dir or "runs/profile", self.process_index, self.is_main_process, self.device, **options)
+
+    def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
+        """What FP8 took in a prepared model (the first one by default): how many Linear layers
+        train in FP8 and why the others stay in high precision. None without FP8."""
+        if self._backend is None or not (model is not None or self.prepared.models):
+            return None
+        record = self.prepared.conversion_reports.get(self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False))
+        return conversion_report(record, self.fp8_backend,
+                                 self.mixed_precision, self.context.recipe_runs)
+
+    def fp8_payoff(self, model: torch.nn.Module | None = None, tokens: int = 8192, seq_len: int | None = None,
+                   gpu: str | None = None, activation_checkpointing: str = "none", shards: int = 1) -> Any:
+        """``lowbit fp8-payoff`` for a prepared model (the first one by default): the predicted time
+        of each Linear in bf16 and in this run's recipe, and of the step, at ``tokens`` per
+        micro-batch on ``gpu`` (default: this device, when lowbit has its figures). Returns a
+        :class:`~lowbit.runtime.observe.fp8_payoff.StepPrediction` (``.speedup``; ``table()`` prints it)."""
+        from lowbit.runtime.observe import fp8_payoff
+
+        if self._backend is None or not (model is not None or self.prepared.models):
+            raise ConfigError("fp8_payoff() predicts for a model prepared with a low-precision backend "
+                              f"(mixed_precision='fp8' or 'fp4'); this Accelerator uses {self.mixed_precision!r}"
+                              f"{'' if self.prepared.models else ' and has prepared no model'}.")
+        raw = self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False)
+        record = self.prepared.conversion_reports.get(raw)
+        cost = self.plugins.backend.chosen.description.recipe_costs.get(record.recipe if record else "")
+        if cost is None:
+            raise ConfigError(f"The {self.fp8_backend!r} backend declares no cost for this run's recipe "
+                              f"({record.recipe if record else 'none reported'}), so there is nothing to predict with.")
+        work = fp8_payoff.count_work(raw, max(tokens // (seq_len or tokens), 1), seq_len or tokens)
+        return fp8_payoff.predict(work, fp8_payoff.known_gpu(gpu or self.context.hardware.device_name), record.recipe, cost,
+                                  record.skipped, compiled=self.context.compiled, recompute=activation_checkpointing,
+                                  shards=shards)
+
+    def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
+                             saturation_warning: float = 0.001, underflow_warning: float = 0.01) -> None:
+        """Collect per-layer FP8 numerics (amax, scale, saturated and flushed fractions) every
+        ``every_n_steps`` optimizer steps; warn when a tensor's saturated fraction passes
+        ``saturation_warning`` (0.1%) or its flushed-to-zero fraction passes ``underflow_warning`` (1%).
+        Off by default: when off, nothing is observed and training speed is unchanged."""
+        if self._backend is None:
+            raise ConfigError(f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
+                              f"this Accelerator uses {self.mixed_precision!r}.")
+        if model is None:
+            if not self.prepared.models:
+                raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")
+            model = self.prepared.models[0]
+        recorder = TelemetryRecorder(every_n_steps, saturation_warning, underflow_warning)
+        if not self.plugins.enable_fp8_telemetry(self.unwrap_model(model, keep_torch_compile=False), recorder):
+            raise UnsupportedCombinationError(f"FP8 telemetry is not supported by the {self.fp8_backend!r} backend.")
+        self.disable_fp8_telemetry()
+        self._telemetry = recorder
+        self.step_rules.step_observers.append(recorder.next_step)
+
+    def fp8_stats(self) -> FP8StatsTable:
+        """The latest sampled FP8 numerics, one row per layer and tensor (prints as a table)."""
+        if self._telemetry is None:
+            raise ConfigError("Call accelerator.enable_fp8_telemetry() first (it is off by default).")
+        self._telemetry.read_pending()
+        return FP8StatsTable(sorted(self._telemetry.layers.values(), key=lambda s: s.layer))
+
+    def disable_fp8_telemetry(self) -> None:
+        if self._telemetry is not None:
+            self._telemetry.remove()
+            self.step_rules.step_observers.remove(self._telemetry.next_step)
+            self._telemetry = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Carry more objects (anything with ``state_dict``/``load_state_dict``) through
+        ``save_state``/``load_state``; register them in the same order before loading."""
+        self._checkpointer.register(*objects)
+
+    def register_save_state_pre_hook(self, hook: Callable[[list, list, str], None]) -> RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs at the start of every ``save_state``, on every
+        process; taking a model's weights out of ``weights`` leaves that model to the hook (e.g.
+        ``save_pretrained`` into ``output_dir``, beside lowbit's files). ``handle.remove()`` unregisters it."""
+        handle = RemovableHandle(self._checkpointer.save_pre_hooks)
+        self._checkpointer.save_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[[list, str], None]) -> RemovableHandle:
+        """``hook(models, input_dir)`` runs at the start of every ``load_state``, on every process;
+        taking a model out of ``models`` leaves loading it to the hook."""
+        handle = RemovableHandle(self._checkpointer.load_pre_hooks)
+        self._checkpointer.load_pre_hooks[handle.id] = hook
+        return handle
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> Path:
+        """Save everything needed to resume: model, optimizer, scheduler, scaler, RNG, counters and
+        registered objects. Files go beside any others in ``output_dir``; none of those is touched,
+        and a crash at any point leaves the previous checkpoint (see ``lowbit.runtime.checkpoint.files``).
+        With no ``output_dir``, ``ProjectConfiguration(automatic_checkpoint_naming=True)`` names it
+        ``<project_dir>/checkpoints/checkpoint_<N>`` and keeps the newest ``total_limit``.
+        ``safe_serialization`` is accepted as in Accelerate; lowbit's files are read back with
+        ``torch.load(weights_only=True)`` either way, so both values write the same safe files."""
+        if save_model_func_kwargs:
+            raise ConfigError(f"save_state got {', '.join(save_model_func_kwargs)}: lowbit's save_state writes its own "
+                              "files and takes no save function options; use save_model(...) for those.")
+        if output_dir is None:
+            output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
+        return self._checkpointer.save(output_dir)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, *, allow_precision_change: bool = False,
+                   **load_model_func_kwargs: Any) -> None:
+        """Restore what ``save_state`` wrote into the objects already prepared, after checking each
+        file's checksum. With no ``input_dir``, the newest automatically named checkpoint.
+        ``allow_precision_change=True`` (lowbit's) resumes a run saved in another precision or by
+        another low-precision backend, e.g. an FP8/NVFP4 run finished in bf16: weights, optimizer,
+        scheduler and counters load; the old backend's own state (scales, amax histories) is left out."""
+        if load_model_func_kwargs:
+            raise ConfigError(f"load_state got {', '.join(load_model_func_kwargs)}: lowbit's load_state takes no load "
+                              "function options.")
+        if input_dir is None:
+            input_dir = automatic_checkpoint.latest_directory(self.project_configuration)
+        self._checkpointer.load(input_dir, allow_precision_change=allow_precision_change)
+
+    def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full, plain state dict an unconverted model loads, on the CPU. Call it on every
+        process: under a strategy that shards (FSDP2, ZeRO-3) it is gathered into the main process
+        only and the others get ``{}``, as in Accelerate; otherwise every process gets it."""
+        inner = self.unwrap_model(model, keep_torch_compile=False)
+        state = self.plugins.full_state_dict(model)
+        if state is None:
+            state = inner.state_dict()
+        exported = self.plugins.export_state_dict(inner, state)
+        state = exported if exported is not None else state
+        return detached_copy(tied_as_in(inner, state), inner)
+
+    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> Path:
+        """Write the model's weights as Accelerate does: ``model.safetensors`` (``pytorch_model.bin``
+        with ``safe_serialization=False``), sharded with an index above ``max_shard_size``. The
+        names and layout are the unconverted model's, whichever backend trained it. Returns the
+        file written (the index when sharded)."""
+        _refuse_weights_not_in_memory(unwrap(model))
+        state = self.get_state_dict(model)
+        path = Path(save_directory) / (SAFE_WEIGHTS if safe_serialization else TORCH_WEIGHTS)
+        if self.is_main_process:
+            path = write_model_files(state, Path(save_directory), max_shard_size, safe_serialization)
+        self.wait_for_everyone()
+        return path
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _refuse_weights_not_in_memory(model: torch.nn.Module) -> None:
+    """save_model writes the weights it holds: a model whose weights an offloading hook keeps on
+    disk or elsewhere (a device_map dispatch), or left on the meta device, is refused before a file
+    is written."""
+    from lowbit.compat.utils.modeling import has_offloaded_params
+
+    offloaded = [name or type(model).__name__ for name, m in model.named_modules() if has_offloaded_params(m)]
+    empty = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
+    if offloaded or empty:
+        where = (f"{len(offloaded)} module(s) offloaded by a device_map hook (first: {offloaded[0]})" if offloaded
+                 else f"{len(empty)} tensor(s) on the meta device (first: {empty[0]})")
+        raise UnsupportedCombinationError(
+            f"save_model: this model's weights are not all in memory: {where}. lowbit saves the weights it holds and "
+            "does not gather offloaded ones. Load the model without offloading (or materialize it: "
+            "model.to_empty(device=...) and load its weights), or save it with Accelerate's save_model or "
+            "transformers' save_pretrained.")
+
+
+def tied_as_in(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each name of a parameter the model ties (one Parameter under two names, e.g.
+    embeddings and the output layer) holding the same tensor: a strategy that gathers each name on
+    its own (FSDP2, ZeRO-3) returns two copies, which would be saved twice."""
+    first: dict[int, str] = {}
+    for name, tensor in itertools.chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)):
+        original = first.setdefault(id(tensor), name)
+        if original != name and name in state and original in state:
+            state[name] = state[original]
+    return state
+
+
+def detached_copy(state: dict[str, Any], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor on the CPU, detached from the model: a tensor that is the model's own storage
+    is copied, one a strategy gathered already is not (a second copy of a whole model on the main
+    process). Names that share one tensor (tied weights) share one copy, as in the model, so
+    ``save_model`` writes them once, as Accelerate does."""
+    live = {ptr for t in model.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor) for ptr in _cpu_storages(t)}
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in state.items():
+        if isinstance(tensor, torch.Tensor):
+            key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+            if key not in copies or not tensor.numel():
+                cpu = tensor.detach().cpu()
+                copies[key] = cpu.clone() if cpu.untyped_storage().data_ptr() in live else cpu
+            out[name] = copies[key]
+    return out
+
+
+def _cpu_storages(tensor: torch.Tensor) -> Iterator[int]:
+    """The CPU memory a model tensor lives in, through tensor subclasses (DTensor, torchao's float8
+    weights) by torch's ``__tensor_flatten__`` protocol."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        for attr in tensor.__tensor_flatten__()[0]:
+            inner = getattr(tensor, attr)
+            if isinstance(inner, torch.Tensor):
+                yield from _cpu_storages(inner)
+    elif tensor.device.type == "cpu":
+        yield tensor.untyped_storage().data_ptr()
+
+
+def _skip_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) -> None:
+    """Turn off the gradient all-reduce of ``model`` until ``stack`` closes (DDP's ``no_sync``,
+    FSDP2's ``set_requires_gradient_sync``; nothing on one process)."""
+    if hasattr(model, "no_sync"):
+        stack.enter_context(model.no_sync())
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        stack.callback(model.set_requires_gradient_sync, True)
+
+
+def _force_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) -> None:
+    """Make the next backward of ``model`` reduce its gradients until ``stack`` closes. DDP decides
+    at forward time whether a backward syncs, so its reducer is told now to expect every gradient
+    (DDP has no public call for this); FSDP2 is asked to sync."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        before = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        stack.callback(lambda: setattr(model, "require_backward_grad_sync", before[0]))
+        stack.callback(lambda: setattr(model, "require_forward_param_sync", before[1]))
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(True)
+
+
+def _leaves(data: Any) -> Iterator[Any]:
+    if isinstance(data, dict):
+        for value in data.values():
+            yield from _leaves(value)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            yield from _leaves(value)
+    else:
+        yield data
+
+
+def _check_dynamo_backend(backend: str | None) -> None:
+    """A typo in the torch.compile backend is an error now, not at the first forward."""
+    if backend is None or backend.lower() == "no":
+        return
+    import torch._dynamo
+
+    names = torch._dynamo.list_backends(exclude_tags=())
+    if backend.lower() not in names:
+        raise ConfigError(f"dynamo_backend {backend!r} is not a torch.compile backend here.{did_you_mean(backend.lower(), names)} "
+                          f"Available: {', '.join(sorted(names))}, or 'no' to not compile.")

@@ -1,0 +1,405 @@
+"""The lowbit settings: YAML file, env vars and explicit arguments merged into one validated object.
+
+Precedence, highest first: explicit argument > CLI flag / env var > config file > default.
+``lowbit launch`` turns CLI flags and the config file into env vars for the training processes,
+so a script run by hand and a script run by the launcher resolve settings the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from lowbit.compat.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
+from lowbit.kernel import notices
+from lowbit.runtime.atomic_write import write_atomically
+from lowbit.runtime.collective_device import SIMULATE_ENV
+from lowbit.compat.accelerate_names import FIRST_PARTY_SECTIONS, SINGLE_PROCESS_TYPES
+from lowbit.kernel.first_party import install_command
+from lowbit.kernel.errors import ConfigError, did_you_mean
+from lowbit.kernel.options import OptionSpec, to_text
+from lowbit.kernel.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
+from lowbit.kernel.types import NATIVE_PRECISIONS
+
+CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
+FP8_SECTION = "fp8_config"
+# The run's parallel layout (lowbit.compat.parallelism_config reads and checks it when the Accelerator starts).
+PARALLELISM_SECTION = "parallelism_config"
+# Strategy sections (``fsdp_config``, ...) are named by the strategies themselves
+# (StrategyDescription.config_section); before the plugins are known, any ``*_config`` mapping passes.
+SECTION_SUFFIX = "_config"
+MAX_CONFIG_BYTES = 1 << 20
+# LOWBIT_* variables read outside this module (plugin manager, launcher).
+# Set by lowbit launch for its ranks: the settings that came from the config file -> where.
+SOURCES_ENV = "LOWBIT_SETTING_SOURCES"
+OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL", "LOWBIT_SAID_NOTES",
+                            "LOWBIT_ARRIVAL_TIMEOUT", "LOWBIT_THROUGHPUT", "LOWBIT_THROUGHPUT_EVERY",
+                            SIMULATE_ENV, "LOWBIT_PREEMPTION_GRACE", "LOWBIT_PREEMPTION_POLL_STEPS",
+                            SOURCES_ENV})
+
+
+def env_source(env_var: str, default: str) -> str:
+    """Where the value of ``env_var`` came from: the config file and key when lowbit launch
+    exported it from there (``LOWBIT_SETTING_SOURCES``), else ``default``."""
+    try:
+        sources = json.loads(os.environ.get(SOURCES_ENV) or "{}")
+    except json.JSONDecodeError:
+        return default
+    return sources.get(env_var, default) if isinstance(sources, dict) else default
+_warned_env_vars: set[str] = set()
+
+
+def _spec(name: str, kind: Any, default: Any = None, choices: tuple[str, ...] | None = None, help: str = "",
+          normalize: Any = None) -> OptionSpec:
+    return OptionSpec(name, kind, default, choices, help, env="LOWBIT_" + name.upper(), normalize=normalize)
+
+
+# Other spellings of a precision people type (torch's dtype names, "fp32" for full precision).
+PRECISION_ALIASES = {"fp32": "no", "float32": "no", "float": "no", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
+                     "float8": "fp8"}
+
+
+def normalize_precision(value: Any) -> Any:
+    """``mixed_precision`` in lower case, with its aliases (``fp32`` is ``no``, ``bfloat16`` is ``bf16``)."""
+    text = str(value).strip().lower()
+    return PRECISION_ALIASES.get(text, text)
+
+
+def _setting(kind: Any, default: Any, help: str, choices: tuple[str, ...] | None = None, normalize: Any = None) -> Any:
+    """A top-level setting: a LowbitConfig field whose metadata is its option spec (type, choices,
+    help, ``LOWBIT_<NAME>`` env var), so each setting is declared once."""
+    return dataclasses.field(default=default, metadata={"lowbit": dict(kind=kind, choices=choices, help=help,
+                                                                        normalize=normalize)})
+
+
+@dataclasses.dataclass
+class LowbitConfig:
+    mixed_precision: str = _setting(str, "no", "no (or fp32), fp16, bf16, or a low-precision backend's (fp8, ...)",
+                                    normalize=normalize_precision)
+    distributed_type: str = _setting(str, "NO", "NO, MULTI_CPU, MULTI_GPU, or the name of a strategy (`lowbit plugins`)")
+    num_processes: int = _setting(int, 1, "processes in all, across every machine (as in Accelerate)")
+    num_machines: int = _setting(int, 1, "machines (nodes) in the job")
+    machine_rank: int = _setting(int, 0, "rank of this machine, 0 for the main one")
+    main_process_ip: str | None = _setting(str, None, "address of machine 0")
+    main_process_port: int | None = _setting(int, None, "port of the rendezvous on machine 0")
+    gpu_ids: str | None = _setting(str, None, "the GPUs to use, e.g. 0,2, or all (CUDA_VISIBLE_DEVICES for every process); "
+                                              "without num_processes, one process each")
+    use_cpu: bool = _setting(bool, False, "train on CPU even when a GPU is present")
+    gradient_accumulation_steps: int = _setting(int, 1, "micro-batches per optimizer step")
+    dynamo_backend: str = _setting(str, "no", "torch.compile backend, e.g. inductor; 'no' disables")
+    dynamo_mode: str | None = _setting(str, None, "torch.compile mode, e.g. default, reduce-overhead, max-autotune")
+    dynamo_use_fullgraph: bool | None = _setting(bool, None, "torch.compile fullgraph: fail on graph breaks")
+    dynamo_use_dynamic: bool | None = _setting(bool, None, "torch.compile dynamic shapes")
+    dynamo_use_regional_compilation: bool | None = _setting(
+        bool, None, "compile each repeated block (the items of the model's ModuleLists) instead of the whole model")
+    fp8_fallback: str | None = _setting(str, None, "precision to fall back to when FP8 cannot run", ("no", "fp16", "bf16"))
+    debug: bool = _setting(bool, False, "print the launcher's underlying command")
+    on_nonfinite_loss: str = _setting(str, "skip", "a NaN/inf loss or gradient: skip that optimizer step (with a warning "
+                                                   "naming it; one host read per step), raise, or continue (Accelerate's behaviour: no check, no host "
+                                                   "read)", ("skip", "raise", "continue"))
+    fp8_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The strategies' sections, by their YAML key ("fsdp_config": {...}); ``config.fsdp_config``
+    # reads one (empty when absent).
+    sections: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.endswith(SECTION_SUFFIX) and not name.startswith("_"):
+            return self.__dict__.get("sections", {}).get(name, {})
+        raise AttributeError(f"{type(self).__name__} has no setting {name!r}")
+
+    def section(self, name: str) -> dict[str, Any]:
+        return self.sections.get(name, {}) if name else {}
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.update(data.pop("sections"))
+        return {k: v for k, v in data.items() if v is not None and v != {}}
+
+
+# The top-level settings' option specs, read from LowbitConfig's fields.
+TOP_LEVEL: dict[str, OptionSpec] = {
+    f.name: _spec(f.name, f.metadata["lowbit"]["kind"], f.default, f.metadata["lowbit"]["choices"],
+                  f.metadata["lowbit"]["help"], normalize=f.metadata["lowbit"]["normalize"])
+    for f in dataclasses.fields(LowbitConfig) if "lowbit" in f.metadata
+}
+
+
+def default_config_path() -> Path:
+    if os.environ.get(CONFIG_FILE_ENV):
+        return Path(os.environ[CONFIG_FILE_ENV])
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "lowbit" / "default_config.yaml"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (plain YAML keeps the last,
+    so one of the two settings would be dropped without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
+                    "keep one", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML config with ``yaml.safe_load``; errors name the file and the line."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if path.is_dir():
+            raise ConfigError(f"Config file {str(path)!r} is a directory; give the path of a YAML file.")
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"Config file {str(path)!r} is {size / 2**20:.1f} MiB; a config is a few hundred bytes of YAML and files "
+                f"over {MAX_CONFIG_BYTES // 2**20} MiB are refused. Is it the right file?"
+            )
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"Config file {str(path)!r} does not exist. Write one with `lowbit config`.") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"Config file {str(path)!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}). "
+            "A config file is YAML text: save it as UTF-8."
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"Config file {str(path)!r} is not valid YAML{where}: {problem}.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Config file {str(path)!r} must hold a mapping of keys, got {type(data).__name__}.")
+    return translate_config_file(data, where=f"Config file {str(path)!r}")
+
+
+def is_section(key: str, sections: tuple[str, ...] | None) -> bool:
+    """Whether ``key`` is a config section: fp8_config, or a strategy's (any ``*_config`` while the
+    installed strategies are not known yet)."""
+    if key in (FP8_SECTION, PARALLELISM_SECTION):
+        return True
+    return key in sections if sections is not None else key.endswith(SECTION_SUFFIX)
+
+
+def _unknown_key_error(key: str, where: str, sections: tuple[str, ...] | None, fp8_keys: Mapping[str, Any]) -> ConfigError:
+    owner = FIRST_PARTY_SECTIONS.get(key)
+    if owner and sections is not None:
+        return ConfigError(f"{key} in {where} is the section of the {owner!r} strategy, whose plugin is not installed here. "
+                           f"Install it: {install_command(owner)}.")
+    inside = " It belongs inside fp8_config." if key in fp8_keys else ""
+    known = list(TOP_LEVEL) + [FP8_SECTION] + list(sections or ())
+    return ConfigError(f"Unknown key {key!r} in {where}.{did_you_mean(key, known)}{inside}")
+
+
+def _section_error(section: str, key: str, valid: Mapping[str, Any]) -> ConfigError:
+    top_hint = " It is a top-level key: move it out of the section." if key in TOP_LEVEL else ""
+    # A backend's own keys are known only when its plugin is installed (its options class says them).
+    plugin_hint = (" If it is an option of a backend whose plugin is not installed here, install that plugin "
+                   "(`lowbit plugins` lists the installed ones)." if section == FP8_SECTION and not top_hint else "")
+    return ConfigError(
+        f"Unknown key {key!r} in {section}.{did_you_mean(key, valid)}{top_hint}{plugin_hint} Valid keys: {', '.join(sorted(valid))}."
+    )
+
+
+def validate_config(
+    raw: Mapping[str, Any], fp8_specs: Mapping[str, OptionSpec] | None = None, where: str = "config", *,
+    check_fp8_keys: bool = True, sections: tuple[str, ...] | None = None,
+) -> LowbitConfig:
+    """Check every key and type; unknown or misplaced keys get a 'did you mean' error.
+
+    ``fp8_specs`` adds the installed plugins' fp8_config keys to the documented ones.
+    ``check_fp8_keys=False`` skips fp8_config (used before the plugins are known).
+    ``sections``: the installed strategies' sections; None accepts any ``*_config`` mapping.
+    """
+    return _config_from(_parse_layer(raw, fp8_specs, where, check_fp8_keys=check_fp8_keys, sections=sections))
+
+
+def _parse_layer(raw: Mapping[str, Any], fp8_specs: Mapping[str, OptionSpec] | None, where: str, *,
+                 check_fp8_keys: bool, sections: tuple[str, ...] | None) -> dict[str, Any]:
+    """One layer's keys parsed (errors name the layer); sections stay keyed by their name."""
+    fp8_specs = dict(DOCUMENTED_FP8_KEYS, **(fp8_specs or {}))
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if is_section(key, sections):
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} in {where} must be a mapping (a YAML section), got {value!r}.")
+            checked = key == FP8_SECTION and check_fp8_keys
+            values[key] = _validate_section(key, value, fp8_specs, where) if checked else dict(value)
+            continue
+        if key not in TOP_LEVEL:
+            raise _unknown_key_error(key, where, sections, fp8_specs)
+        values[key] = TOP_LEVEL[key].parse(value, where=where)
+    return values
+
+
+def _config_from(values: Mapping[str, Any]) -> LowbitConfig:
+    top = {key: value for key, value in values.items() if key in TOP_LEVEL or key == FP8_SECTION}
+    return LowbitConfig(**top, sections={key: value for key, value in values.items() if key not in top})
+
+
+def check_plugin_names(config: LowbitConfig, precisions: list[str], distributed_types: list[str], where: str) -> None:
+    """``mixed_precision`` and ``distributed_type``, which plugins define, against the installed ones
+    (plus the names of Accelerate's that lowbit's first-party plugins serve, so that a missing one
+    gets its install command when it is chosen rather than 'unknown')."""
+    known_precisions = sorted(NATIVE_PRECISIONS) + [p for p in [*precisions, "fp8"] if p not in NATIVE_PRECISIONS]
+    if config.mixed_precision not in known_precisions:
+        raise ConfigError(f"mixed_precision {config.mixed_precision!r} (from {where}) is not a precision lowbit or an "
+                          f"installed backend offers.{did_you_mean(config.mixed_precision, known_precisions)} "
+                          f"Known here: {', '.join(dict.fromkeys(known_precisions))}.")
+    known_types = list(dict.fromkeys([*SINGLE_PROCESS_TYPES, *distributed_types, *FIRST_PARTY_SECTIONS.values()]))
+    if config.distributed_type.upper() not in {t.upper() for t in known_types}:
+        raise ConfigError(f"distributed_type {config.distributed_type!r} (from {where}) names no installed strategy."
+                          f"{did_you_mean(config.distributed_type, known_types)} Known here: {', '.join(known_types)} "
+                          "(`lowbit plugins` lists the strategies).")
+
+
+def _validate_section(section: str, data: Mapping[str, Any], specs: Mapping[str, OptionSpec], where: str) -> dict[str, Any]:
+    out = {}
+    for key, value in data.items():
+        real = OPTION_SYNONYMS.get(key, key)
+        if real not in specs:
+            raise _section_error(section, key, specs)
+        out[real] = specs[real].parse(value, where=f"{where}, {section}.{key}")
+    return out
+
+
+def config_from_env(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSpec] | None = None) -> dict[str, Any]:
+    """The settings present in env vars, as raw config keys (same shape as the YAML file)."""
+    raw: dict[str, Any] = {}
+    for key, spec in TOP_LEVEL.items():
+        if environ.get(spec.env, "") != "":
+            raw[key] = environ[spec.env]
+    fp8 = {}
+    for key in dict(DOCUMENTED_FP8_KEYS, **(fp8_specs or {})):
+        env = fp8_env_var(key)
+        if environ.get(env, "") != "":
+            fp8[key] = environ[env]
+    if fp8:
+        raw["fp8_config"] = fp8
+    for env, value in environ.items():
+        if env.startswith("LOWBIT_") and env.endswith(SECTION_SUFFIX.upper()) and env != fp8_env_var("config") and value:
+            section = env[len("LOWBIT_"):].lower()
+            try:
+                raw[section] = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"Env var {env} must hold JSON: {exc}.") from None
+    return raw
+
+
+def section_env_var(section: str) -> str:
+    """``fsdp_config`` -> ``LOWBIT_FSDP_CONFIG`` (its content as JSON)."""
+    return "LOWBIT_" + section.upper()
+
+
+def config_to_env(config: LowbitConfig) -> dict[str, str]:
+    """The inverse of ``config_from_env``: what the launcher exports to training processes."""
+    env = {}
+    for key, spec in TOP_LEVEL.items():
+        value = getattr(config, key)
+        if value is not None and value != spec.default:
+            env[spec.env] = to_text(value)
+    for key, value in config.fp8_config.items():
+        if value is not None:
+            env[fp8_env_var(key)] = to_text(value)
+    for section, content in config.sections.items():
+        if content:
+            env[section_env_var(section)] = json.dumps(content)
+    return env
+
+
+def merge_raw(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge raw config layers, later ones winning; sections merge key by key."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key.endswith(SECTION_SUFFIX) and isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+    return merged
+
+
+def read_config_layer(config_file: str | os.PathLike | None) -> tuple[dict[str, Any], str]:
+    """The config file's raw keys and its path: the given file, else the default one if present."""
+    if config_file is not None:
+        return read_config_file(config_file), str(config_file)
+    path = default_config_path()
+    return (read_config_file(path) if path.exists() else {}), str(path)
+
+
+def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSpec] | None = None,
+                          sections: tuple[str, ...] | None = None) -> None:
+    """A LOWBIT_* variable lowbit does not read is most likely a typo: say so, once per name."""
+    known = {spec.env for spec in TOP_LEVEL.values()} | set(OTHER_ENV_VARS)
+    known |= {section_env_var(section) for section in (*(sections or ()), PARALLELISM_SECTION)}
+    fp8_keys = set(DOCUMENTED_FP8_KEYS) | set(fp8_specs or {})
+    known |= {fp8_env_var(key) for key in fp8_keys}
+    for name in sorted(environ):
+        if name.startswith("LOWBIT_") and name not in known and name not in _warned_env_vars:
+            _warned_env_vars.add(name)
+            notices.warn(f"Environment variable {name} is read by neither lowbit nor an installed plugin, and is ignored.{did_you_mean(name, known)}")
+
+
+def setting_layers(explicit: Mapping[str, Any] | None, environ: Mapping[str, str], file_layer: tuple[dict[str, Any], str],
+                   fp8_specs: Mapping[str, OptionSpec] | None = None) -> list[tuple[dict[str, Any], str]]:
+    """The raw settings and where each came from, lowest precedence first: config file < ACCELERATE_*
+    env vars < LOWBIT_* env vars < explicit arguments. (``accelerate launch`` exports its config file as
+    ACCELERATE_* variables.)"""
+    return [file_layer, (settings_from_accelerate_env(environ), ACCELERATE_ENV),
+            (config_from_env(environ, fp8_specs), "environment variables"),
+            ({k: v for k, v in (explicit or {}).items() if v is not None}, "Accelerator arguments")]
+
+
+def setting_before_plugins(name: str, explicit: Mapping[str, Any] | None, file_layer: tuple[dict[str, Any], str],
+                           environ: Mapping[str, str] | None = None) -> Any:
+    """One top-level setting, read before the plugins are loaded (hardware detection needs ``use_cpu``);
+    the whole config is validated once the plugins' keys are known."""
+    for raw, where in reversed(setting_layers(explicit, os.environ if environ is None else environ, file_layer)):
+        if raw.get(name) is not None:
+            return TOP_LEVEL[name].parse(raw[name], where=where)
+    return TOP_LEVEL[name].default
+
+
+def resolve_config(
+    explicit: Mapping[str, Any] | None = None,
+    config_file: str | os.PathLike | None = None,
+    environ: Mapping[str, str] | None = None,
+    fp8_specs: Mapping[str, OptionSpec] | None = None,
+    *,
+    check_fp8_keys: bool = True,
+    file_layer: tuple[dict[str, Any], str] | None = None,
+    sections: tuple[str, ...] | None = None,
+) -> LowbitConfig:
+    """Merge default < the layers of :func:`setting_layers`, each validated once (errors name its source).
+
+    ``file_layer`` is the config file already read by :func:`read_config_layer` (read it once).
+    ``sections``: the installed strategies' config sections (None: not known yet)."""
+    environ = os.environ if environ is None else environ
+    file_layer = file_layer if file_layer is not None else read_config_layer(config_file)
+    if check_fp8_keys:
+        warn_unknown_env_vars(environ, fp8_specs, sections)
+    parsed = [_parse_layer(raw, fp8_specs, where, check_fp8_keys=check_fp8_keys, sections=sections)
+              for raw, where in setting_layers(explicit, environ, file_layer, fp8_specs)]
+    return _config_from(merge_raw(*parsed))
+
+
+def write_config_file(config: LowbitConfig, path: str | os.PathLike) -> Path:
+    """Write atomically: a crash mid-write leaves the previous file in place."""
+    data = config.to_dict()
+    if "fp8_config" in data and "override_linear_precision" in data["fp8_config"]:
+        data["fp8_config"]["override_linear_precision"] = list(data["fp8_config"]["override_linear_precision"])
+    return write_atomically(path, lambda handle: handle.write(yaml.safe_dump(data, sort_keys=True).encode()))

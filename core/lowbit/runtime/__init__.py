@@ -1,0 +1,6 @@
+"""lowbit's runtime: what ``prepare()`` builds and what runs after it.
+
+Preparation and the prepared objects (``training``), the built-in strategies (``builtin``),
+checkpoints, observation, and the process group's facts and collectives. It imports the kernel
+and itself, never the compatibility layer above it (``tests/test_layers.py``).
+"""

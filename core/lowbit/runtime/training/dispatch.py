@@ -1,0 +1,115 @@
+"""``dispatch_batches``: the main process reads the batches and every process gets its slice.
+
+Accelerate's default for an iterable dataset (a stream, whose samples only one reader can split
+without reading them twice), and asked for with ``DataLoaderConfiguration(dispatch_batches=True)``.
+Per step the main process reads N batches (one with ``split_batches``) and joins them into one
+global batch; its layout (shapes, dtypes, and any non-tensor values) goes to the other processes
+as an object, its tensors by broadcast (on the process group's device), and process p keeps the
+p-th of N equal slices. A last global batch that does not split evenly is completed with the
+first samples of the epoch's first global batch, and its size is the ``remainder`` that
+``gather_for_metrics`` keeps. Without ``drop_last`` a last, incomplete round of batches is still
+dispatched; with it, dropped. The same batches per process as Accelerate's DataLoaderDispatcher.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator
+
+import torch
+
+from lowbit.runtime.training.operations import broadcast, broadcast_object_list, concatenate, recursively_apply, slice_tensors
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorLayout:
+    """What a process needs to receive a tensor by broadcast: its shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass
+class DispatchedBatch:
+    """This process's slice of one global batch; ``global_size`` its number of samples, and whether
+    it is the epoch's last."""
+
+    batch: Any
+    global_size: int
+    last: bool
+
+
+def _layout(batch: Any) -> Any:
+    return recursively_apply(lambda t: TensorLayout(tuple(t.shape), t.dtype), batch)
+
+
+def _allocate(layout: Any, device: torch.device) -> Any:
+    return recursively_apply(lambda info: torch.empty(info.shape, dtype=info.dtype, device=device), layout,
+                             test_type=lambda leaf: isinstance(leaf, TensorLayout))
+
+
+def _batch_size(batch: Any) -> int:
+    found: list[int] = []
+    recursively_apply(lambda t: found.append(t.shape[0] if t.dim() else 1), batch)
+    if not found:
+        raise TypeError("dispatch_batches=True needs batches that hold tensors (their first dimension is split over "
+                        f"the processes); got a {type(batch).__name__} with none.")
+    return found[0]
+
+
+def global_batches(batches: Iterator[Any], num_processes: int, split_batches: bool, drop_last: bool) -> Iterator[Any]:
+    """The main process's global batches: ``num_processes`` batches joined (one with ``split_batches``);
+    a last, incomplete round is one more unless ``drop_last``."""
+    wanted = 1 if split_batches else num_processes
+    while True:
+        parts = []
+        for _ in range(wanted):
+            batch = next(batches, _END)
+            if batch is _END:
+                break
+            parts.append(batch)
+        if not parts or (len(parts) < wanted and drop_last):
+            return
+        try:
+            yield concatenate(parts, dim=0)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"dispatch_batches=True joins {wanted} batches into one per step, and these do not join ({exc}): batches "
+                "of different shapes. Pad them to one shape in the collate_fn, use split_batches=True (the main process "
+                "reads one batch and splits it), or dispatch_batches=False (each process reads its own batches).") from None
+        if len(parts) < wanted:
+            return
+
+
+def dispatched(batches: Iterator[Any] | None, num_processes: int, process_index: int, device: torch.device, *,
+               split_batches: bool, drop_last: bool, slice_fn: Callable[..., Any] | None = None) -> Iterator[DispatchedBatch]:
+    """This process's slices of the global batches the main process reads from ``batches`` (None on
+    the other processes). One object broadcast and one tensor broadcast per leaf per step; the main
+    process reads one global batch ahead, so every process knows which one is the last."""
+    slice_fn = slice_fn or slice_tensors
+    main = process_index == 0
+    source = global_batches(batches, num_processes, split_batches, drop_last) if main else None
+    current = next(source, _END) if main else None
+    first: Any = None
+    while True:
+        following = next(source, _END) if main and current is not _END else _END
+        info = [_layout(current) if main and current is not _END else None, following is _END]
+        broadcast_object_list(info)
+        layout, last = info
+        if layout is None:
+            return
+        batch = recursively_apply(lambda t: t.to(device), current) if main else _allocate(layout, device)
+        batch = broadcast(batch)
+        if first is None and not drop_last:  # what completes a last batch that does not split evenly
+            first = slice_fn(batch, slice(0, num_processes), process_index=process_index, num_processes=num_processes)
+        size = _batch_size(batch)
+        share = size // num_processes
+        if last and not drop_last and size % num_processes:
+            batch, share = concatenate([batch, first], dim=0), share + 1
+        mine = slice(process_index * share, (process_index + 1) * share)
+        yield DispatchedBatch(slice_fn(batch, mine, process_index=process_index, num_processes=num_processes), size, last)
+        if last:
+            return
+        current = following
+
+
+_END = object()

@@ -1,0 +1,280 @@
+"""What ``Accelerator.prepare`` hands back for optimizers and schedulers.
+
+The wrappers add what a plain script must not have to write: the precision's optimizer step (fp16
+loss scaling with skipped steps on inf/nan, :mod:`lowbit.kernel.precision`), gradient accumulation (step only on sync micro-batches), and the learning
+rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.runtime.training.data_loader`.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from lowbit.kernel import notices
+from lowbit.runtime.collective_device import on_group_device
+
+from lowbit.runtime.training.gradient_sync import GradientSync
+from lowbit.kernel.precision import Precision
+from lowbit.kernel.types import ConversionReport
+
+
+@dataclass
+class PreparedObjects:
+    """Everything ``prepare`` handed back, in order: what checkpoints save and loops step."""
+
+    models: list[torch.nn.Module] = field(default_factory=list)
+    optimizers: list["PreparedOptimizer"] = field(default_factory=list)
+    schedulers: list["PreparedScheduler"] = field(default_factory=list)
+    dataloaders: list[Any] = field(default_factory=list)
+    # What the low-precision backend's conversion took, by converted (unwrapped) model.
+    conversion_reports: "weakref.WeakKeyDictionary[torch.nn.Module, ConversionReport]" = field(
+        default_factory=weakref.WeakKeyDictionary)
+
+    def clear(self) -> None:
+        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.conversion_reports):
+            objects.clear()
+
+
+@dataclass
+class TrainingCounters:
+    """Counters a checkpoint carries: micro-batches seen by ``accumulate()``."""
+
+    step: int = 0
+
+
+@dataclass
+class StepRules:
+    """What the prepared optimizers and schedulers need to know of the training loop: whether this
+    micro-batch syncs, the run's precision (how an optimizer steps), how a schedule counts steps,
+    and who observes each optimizer step (FP8 telemetry)."""
+
+    gradient_sync: GradientSync
+    precision: Precision
+    num_processes: int = 1
+    split_batches: bool = False
+    step_scheduler_with_optimizer: bool = True
+    step_observers: list[Callable[[], None]] = field(default_factory=list)
+    # What a NaN/inf loss or gradient does to the optimizer step it feeds: "skip", "raise" or "continue".
+    on_nonfinite_loss: str = "skip"
+    # Whether the step reads the gradients themselves (False where the strategy owns them: DeepSpeed).
+    check_gradients: bool = True
+    # Whether every loss (and gradient) since the last optimizer step was finite: one bool tensor,
+    # folded on the device and read once, at the step (None: nothing seen yet).
+    finite_since_step: Any = None
+    # clip_grad_norm_ folded the gradients' norm since the last step, so the step need not read them.
+    gradients_observed: bool = False
+    optimizer_steps: int = 0
+
+    @property
+    def checks_nonfinite(self) -> bool:
+        """Whether steps look for NaN/inf at all: not with on_nonfinite_loss="continue" (Accelerate's
+        behaviour: no check, so no host sync), nor where the loss scaler or the strategy does."""
+        return self.on_nonfinite_loss != "continue" and not self.precision.skips_nonfinite_steps
+
+    def observe_finite(self, value: torch.Tensor, gradients: bool = False) -> None:
+        """Fold a loss or gradient norm into the flag the next optimizer step reads (no host sync)."""
+        if not self.checks_nonfinite:
+            return
+        flag = torch.isfinite(value.detach()).all()
+        if self.finite_since_step is None:
+            self.finite_since_step = flag
+        else:  # a model spread over devices (device_map) gives flags on several
+            self.finite_since_step = self.finite_since_step & flag.to(self.finite_since_step.device)
+        self.gradients_observed |= gradients
+
+    def observe_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Fold whether the gradients this step applies are finite, unless clip_grad_norm_ already did.
+
+        A NaN/inf gradient can come from a finite loss (an overflow in backward); NaN and inf
+        survive the reduction (``finite_reduction``), read with the step's verdict: no host sync
+        here. Each rank reads its own shard."""
+        if self.check_gradients and self.checks_nonfinite and not self.gradients_observed:
+            grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"]
+                     if isinstance(getattr(p, "grad", None), torch.Tensor) and p.grad.is_floating_point()]
+            if grads:
+                self.observe_finite(finite_reduction(grads, self.precision.device), gradients=True)
+        self.gradients_observed = False
+
+    def nonfinite_before_step(self) -> bool:
+        """Whether a loss or gradient since the last step was NaN/inf: the one host sync of a step
+        (none per micro-batch); several processes agree first, by one all-reduce of the flag (a NaN
+        loss on one rank can leave every gradient finite: it must still skip everywhere)."""
+        if self.finite_since_step is None:
+            return False
+        finite = self.finite_since_step.to(torch.int32)
+        self.finite_since_step = None
+        if self.num_processes > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                finite = on_group_device(finite)
+                dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return not bool(finite)
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_sync.sync_gradients
+
+
+def finite_reduction(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """A small tensor that is finite exactly when ``grads`` are (up to overflow past fp32's range).
+    On an accelerator, one fused kernel: their total 2-norm (``get_total_norm``, foreach per
+    device; what ``clip_grad_norm_`` computes, so a norm past about 1e19 counts as inf as it does
+    there). On a CPU, where a kernel launch costs nothing and foreach runs tensor by tensor, one
+    sum per gradient, 3x faster than the 2-norm there (the max norm: 40x slower); ``python
+    bench/nonfinite_check.py`` times each way."""
+    if device.type == "cpu":
+        return torch.stack([grad.sum(dtype=torch.float32) for grad in grads])
+    return torch.nn.utils.get_total_norm(grads, 2.0)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a gradient (FSDP2's are DTensors: reading the whole would be a collective)."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """Delegates to the real optimizer; steps only on sync micro-batches; unscales fp16 grads.
+
+    Subclasses ``Optimizer`` (without running its ``__init__``) so that LR schedulers, which
+    check ``isinstance(optimizer, Optimizer)``, accept it.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, rules: StepRules, after_step: Callable[[], None] | None = None):
+        self.optimizer = optimizer
+        self._rules = rules
+        self._after_step = after_step
+        # Whether the last step was skipped, under Accelerate's attribute name (scripts and
+        # Accelerate's own tests set it to fake an overflow).
+        self._is_overflow = False
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow, or a NaN/inf caught)."""
+        return self._is_overflow
+
+    @step_was_skipped.setter
+    def step_was_skipped(self, value: bool) -> None:
+        self._is_overflow = value
+
+    # Attributes an Optimizer is expected to have, read through to the real one.
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def __getstate__(self):
+        return dict(self.__dict__)  # the wrapper whole (pickle, deepcopy), not Optimizer's own fields
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __getattr__(self, name):
+        # Methods of the optimizer it wraps (train()/eval() of schedule-free optimizers, ...).
+        if name.startswith("__") or name == "optimizer":
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"PreparedOptimizer({self.optimizer!r})"
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group):
+        self.optimizer.add_param_group(param_group)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._rules.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        if not self._rules.sync_gradients:
+            return None
+        rules = self._rules
+        rules.optimizer_steps += 1
+        if rules.checks_nonfinite:
+            rules.observe_gradients(self.optimizer)
+            if rules.nonfinite_before_step() and not self._nonfinite_continues(rules):
+                self.step_was_skipped = True
+                return None
+        result, self.step_was_skipped = rules.precision.optimizer_step(self.optimizer, closure)
+        if not self.step_was_skipped:
+            if self._after_step is not None:
+                self._after_step()
+            for observe in self._rules.step_observers:
+                observe()
+        return result
+
+    def weights_replaced(self) -> None:
+        """The weights changed outside a step (``load_state``): redo the backend's per-step work
+        that reads them (torchao's float8 all-gather scales), or the next forward uses stale values."""
+        if self._after_step is not None:
+            self._after_step()
+
+    @staticmethod
+    def _nonfinite_continues(rules: StepRules) -> bool:
+        """Say so, then raise, skip (False) or continue (True), as ``on_nonfinite_loss`` asks."""
+        what = f"the loss or a gradient of optimizer step {rules.optimizer_steps} is NaN or inf"
+        if rules.on_nonfinite_loss == "raise":
+            raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
+        notices.warn(f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
+                     "accelerator.optimizer_step_was_skipped is True).")
+        return False
+
+
+class PreparedScheduler:
+    """Steps the LR schedule as Accelerate does, so a script gets the same learning rates.
+
+    Not on accumulation micro-batches or skipped fp16 steps. On an optimizer step it advances
+    ``num_processes`` times (unless ``split_batches``): a schedule written for one process counts
+    batches of the whole dataset, and each step of N processes consumes N batches. With
+    ``step_scheduler_with_optimizer=False`` every call steps once, as the user wrote it.
+    """
+
+    def __init__(self, scheduler, optimizers: list[PreparedOptimizer], rules: StepRules):
+        self.scheduler = scheduler
+        self.optimizers = optimizers
+        self._rules = rules
+
+    def step(self, *args, **kwargs):
+        rules = self._rules
+        if not rules.step_scheduler_with_optimizer:
+            return self.scheduler.step(*args, **kwargs)
+        if not rules.sync_gradients or any(opt.step_was_skipped for opt in self.optimizers):
+            return None
+        repeats = 1 if rules.split_batches else rules.num_processes
+        for _ in range(repeats):
+            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises past its end
+            if total is None or self.scheduler._step_count <= total:
+                self.scheduler.step(*args, **kwargs)
+        return None
+
+    def state_dict(self):
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_last_lr(self):
+        return self.scheduler.get_last_lr()
+
+    def __getattr__(self, name):
+        return getattr(self.scheduler, name)
