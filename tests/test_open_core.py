@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "lowbit"
-# Module -> why it may name plugins: it maps Accelerate's names onto lowbit's.
-ACCELERATE_NAME_MODULES = {
+# Module -> why it may name plugins: it maps Accelerate's names onto lowbit's, or names what lowbit ships.
+PLUGIN_NAMING_MODULES = {
     "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types",
     "kernel/first_party.py": "the distributions lowbit publishes, named when one is asked for and absent",
     "kernel/manager.py": "the built-in plugins it registers before any entry point (lowbit.runtime.builtin)",
@@ -48,7 +48,7 @@ def plugin_names_in_code(path: Path) -> list[str]:
 
 def core_modules() -> list[Path]:
     return [p for p in sorted(CORE.rglob("*.py"))
-            if "builtin" not in p.relative_to(CORE).parts and p.relative_to(CORE).as_posix() not in ACCELERATE_NAME_MODULES]
+            if "builtin" not in p.relative_to(CORE).parts and p.relative_to(CORE).as_posix() not in PLUGIN_NAMING_MODULES]
 
 
 def test_no_core_module_names_a_plugin():
@@ -64,7 +64,7 @@ def test_the_check_sees_a_plugin_name(tmp_path):
 
 
 def test_the_allowed_modules_exist_and_say_why():
-    for module, why in ACCELERATE_NAME_MODULES.items():
+    for module, why in PLUGIN_NAMING_MODULES.items():
         assert (CORE / module).is_file() and why, module
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from lowbit.kernel.types import normalize_name
 
-# The backends behind Accelerate's names -> (distribution, folder in a lowbit checkout)
+# The plugins lowbit publishes -> (distribution, folder in a lowbit checkout)
 FIRST_PARTY = {
     "msamp": ("lowbit-msamp", "plugins/fp8_msamp"),
     "te": ("lowbit-te", "plugins/fp8_te"),
     "ao": ("lowbit-ao", "plugins/fp8_ao"),
     "deepspeed": ("lowbit-deepspeed", "plugins/dist_deepspeed"),
 }
+
 
 def install_command(backend: str) -> str:
     """How to install a first-party plugin, from PyPI and from a lowbit checkout."""

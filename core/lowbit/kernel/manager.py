@@ -21,6 +21,7 @@ import pluggy
 
 from lowbit.kernel import hookspecs
 from lowbit.kernel.errors import ConfigError, PluginError
+from lowbit.kernel.tracker import GeneralTracker
 
 ENTRY_POINT_GROUP = "lowbit"
 # The plugins that ship inside the core (lowbit.runtime.builtin), registered before any entry point.
@@ -154,8 +155,6 @@ def _expects_none(result: Any) -> str:
 
 
 def _expects_tracker_classes(result: Any) -> str:
-    from lowbit.kernel.tracker import GeneralTracker
-
     if result is None:
         return ""
     if not isinstance(result, dict) or not all(isinstance(k, str) and isinstance(v, type) and issubclass(v, GeneralTracker)

@@ -11,7 +11,11 @@ from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    return getattr(importlib.import_module("lowbit.compat.utils"), name)
+    gathered = importlib.import_module("lowbit.compat.utils")
+    value = getattr(gathered, name)
+    if name in vars(gathered):  # a name that stays put once found: kept here too
+        globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:

@@ -25,14 +25,11 @@ def _submodule(name: str) -> Any:
     return importlib.import_module(f"{__name__}.{name}")
 
 
-def _all_names() -> list[str]:
-    dataclasses = _submodule("dataclasses")
-    return [*(n for sub in GATHERED for n in _submodule(sub).__all__), *dataclasses.PLUGIN_CLASSES, *SINGLE_NAMES]
+_MISSING = object()
 
 
-def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        return _all_names()
+def _defined_name(name: str) -> Any:
+    """A name one of the submodules defines (or a submodule), else _MISSING."""
     if name in SINGLE_NAMES:
         return getattr(importlib.import_module(SINGLE_NAMES[name]), name)
     if name in SUBMODULES:
@@ -41,6 +38,21 @@ def __getattr__(name: str) -> Any:
         module = _submodule(sub)
         if name in module.__all__:
             return getattr(module, name)
+    return _MISSING
+
+
+def _all_names() -> list[str]:
+    dataclasses = _submodule("dataclasses")
+    return [*(n for sub in GATHERED for n in _submodule(sub).__all__), *dataclasses.PLUGIN_CLASSES, *SINGLE_NAMES]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        return _all_names()
+    value = _defined_name(name)
+    if value is not _MISSING:
+        globals()[name] = value  # found once: later lookups (a loop calling utils.gather) are plain attributes
+        return value
     dataclasses = _submodule("dataclasses")
     if name in dataclasses.PLUGIN_CLASSES:  # from its plugin, when installed
         return dataclasses.plugin_class(name)
