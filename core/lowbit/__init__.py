@@ -34,6 +34,9 @@ _LAZY = {
     **{name: "lowbit.compat.big_modeling" for name in ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
                                                 "infer_auto_device_map", "load_checkpoint_and_dispatch",
                                                 "load_checkpoint_in_model")},
+    # transformers' Trainer and TRL's trainers on lowbit's Accelerator (what `lowbit launch` does for a script)
+    "patch_trainer": "lowbit.compat.trainer_patch",
+    "unpatch_trainer": "lowbit.compat.trainer_patch",
     "synchronize_rng_states": "lowbit.compat.utils",
     "is_rich_available": "lowbit.compat.utils",
     # The handler classes Accelerate also exports at its top level.

@@ -252,6 +252,23 @@ class Accelerator(RankFacts):
     def device(self) -> torch.device:
         return self.facts.device
 
+    # Accelerate's lists of what was prepared, which transformers' Trainer reads.
+    @property
+    def _models(self) -> list[torch.nn.Module]:
+        return [*self.prepared.models, *self.prepared.evaluated]
+
+    @property
+    def _optimizers(self) -> list[Any]:
+        return self.prepared.optimizers
+
+    @property
+    def _schedulers(self) -> list[Any]:
+        return self.prepared.schedulers
+
+    @property
+    def _dataloaders(self) -> list[Any]:
+        return self.prepared.dataloaders
+
     @property
     def step(self) -> int:
         """Micro-batches seen by ``accumulate()`` (saved and restored with the checkpoint)."""
@@ -539,12 +556,15 @@ class Accelerator(RankFacts):
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
         """``prepare(model)`` alone, as Accelerate's method. ``evaluation_mode=True`` prepares a
-        model only evaluated: put on the device and given the precision's forward, not distributed."""
-        if device_placement is False:
-            raise ConfigError("prepare_model(device_placement=False): lowbit always places a prepared model on its "
-                              "device (the strategy and the backend need it there).")
+        model only evaluated: put on the device (``device_placement=False``: left where it is, as
+        transformers' Trainer asks for a model it laid out over the devices itself) and given the
+        precision's forward, not distributed."""
         if evaluation_mode:
-            return self._preparation.prepare_for_evaluation(model)
+            return self._preparation.prepare_for_evaluation(model, place=device_placement is not False)
+        if device_placement is False:
+            raise ConfigError("prepare_model(device_placement=False): lowbit always places a model prepared for "
+                              "training on its device (the strategy and the backend need it there); only "
+                              "evaluation_mode=True leaves a model where it is.")
         return self.prepare(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:

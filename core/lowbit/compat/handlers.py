@@ -22,6 +22,14 @@ def refuse_unsupported(obj: Any, unsupported: dict[str, str]) -> None:
             raise ConfigError(f"{type(obj).__name__}({field.name}=...) is not supported by lowbit: {unsupported[field.name]}")
 
 
+class KwargsHandler:
+    """Base of the kwargs handlers: ``to_kwargs()`` gives the fields changed from their defaults."""
+
+    def to_kwargs(self) -> dict[str, Any]:
+        defaults = type(self)()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(defaults, f.name)}
+
+
 @dataclasses.dataclass
 class ProjectConfiguration:
     """Where a run keeps its files: ``project_dir`` (trackers' logs, checkpoints) and automatic
@@ -58,7 +66,7 @@ class DataLoaderConfiguration:
 
 
 @dataclasses.dataclass
-class GradientAccumulationPlugin:
+class GradientAccumulationPlugin(KwargsHandler):
     num_steps: int | None = None
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
@@ -172,14 +180,6 @@ class DeepSpeedPlugin:
                   "zero_stage": self.zero_stage, "gradient_clipping": self.gradient_clipping,
                   "offload_optimizer_device": self.offload_optimizer_device, "offload_param_device": self.offload_param_device}
         return {k: v for k, v in values.items() if v is not None}
-
-
-class KwargsHandler:
-    """Base of the kwargs handlers: ``to_kwargs()`` gives the fields changed from their defaults."""
-
-    def to_kwargs(self) -> dict[str, Any]:
-        defaults = type(self)()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(defaults, f.name)}
 
 
 class DDPCommunicationHookType(str, enum.Enum):

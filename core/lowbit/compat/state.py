@@ -335,13 +335,29 @@ class GradientState:
         owner = self._owner()
         return owner if owner is not None or not self._follows_latest else _LATEST_ACCELERATOR["ref"]()
 
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        """Set ``sync_gradients`` (Accelerate's setter; transformers' Trainer accumulates itself and
+        calls it each micro-batch)."""
+        self.sync_gradients = sync_gradients
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """The gradient accumulation plugin's settings changed from their defaults, as Accelerate
+        keeps them (``{"num_steps": 1}`` under Trainer, which reads ``sync_each_batch`` here)."""
+        plugin = getattr(self._accelerator, "gradient_accumulation_plugin", None)
+        return plugin.to_kwargs() if plugin is not None else {}
+
     @property
     def num_steps(self) -> int:
         return self._accelerator.gradient_accumulation_steps if self._accelerator is not None else 1
 
     @property
+    def adjust_scheduler(self) -> bool:
+        return bool(self.plugin_kwargs.get("adjust_scheduler", False))
+
+    @property
     def sync_with_dataloader(self) -> bool:
-        return True
+        return bool(self.plugin_kwargs.get("sync_with_dataloader", True))
 
     @staticmethod
     def _reset_state() -> None:

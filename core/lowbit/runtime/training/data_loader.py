@@ -253,7 +253,8 @@ class PreparedDataLoader:
             batches = self._iter_base(rng, resume)
             for _ in range(self.skip_batches):
                 next(batches, None)
-            remainder = lambda: -1  # noqa: E731
+            left = self._unsharded_remainder()
+            remainder = lambda: left  # noqa: E731
         loader_started(self)
         try:
             yield from self._with_end_marked(batches, remainder)
@@ -262,6 +263,17 @@ class PreparedDataLoader:
             self.end_of_dataloader, self.remainder = False, -1
         self._replay["start"], self._replay["ended"] = None, False
         self.set_epoch(self.epoch + 1)
+
+    def _unsharded_remainder(self) -> int:
+        """The last batch's size when it is short (0 when the batches divide the dataset), as
+        Accelerate reports it for a loader every process reads whole; -1 when it drops that batch
+        or cannot tell (a stream, batches of no fixed size)."""
+        if self.base.drop_last or self.base.batch_size is None or isinstance(self.base.dataset, IterableDataset):
+            return -1
+        try:
+            return self.total_dataset_length % self.total_batch_size
+        except TypeError:  # a dataset without a length
+            return -1
 
     def _dispatched(self, rng: torch.Generator | None, resume: torch.Tensor | None) -> tuple[Iterator[Any], Callable[[], int]]:
         """dispatch_batches: the main process reads (and resumes) the epoch's order, the others get

@@ -210,10 +210,17 @@ class Preparation:
             mark_wrapper(new_model, model)
         return new_model, new_optimizer
 
-    def prepare_for_evaluation(self, model: torch.nn.Module) -> torch.nn.Module:
-        """A model only evaluated (``prepare_model(evaluation_mode=True)``): on the device, its forward
-        in the run's precision context, neither converted nor distributed (no gradients to reduce)."""
-        return self._wrap_forward(_not_wrapped_already(model).to(self.settings.device))
+    def prepare_for_evaluation(self, model: torch.nn.Module, place: bool = True) -> torch.nn.Module:
+        """A model only evaluated (``prepare_model(evaluation_mode=True)``): on the device (unless
+        ``place`` is False: a model transformers already laid out over the devices), its forward in
+        the run's precision context, neither converted nor distributed (no gradients to reduce).
+        A model given again is returned as it is (its forward is wrapped once)."""
+        if model in self.prepared.evaluated or any(model is m for m in self.prepared.models):
+            return model
+        model = _not_wrapped_already(model)
+        prepared = self._wrap_forward(model.to(self.settings.device) if place else model)
+        self.prepared.evaluated.append(prepared)
+        return prepared
 
     def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         backend = self.settings.dynamo_backend

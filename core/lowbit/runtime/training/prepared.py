@@ -28,12 +28,14 @@ class PreparedObjects:
     optimizers: list["PreparedOptimizer"] = field(default_factory=list)
     schedulers: list["PreparedScheduler"] = field(default_factory=list)
     dataloaders: list[Any] = field(default_factory=list)
+    # Models prepared only to be evaluated (neither converted nor distributed; checkpoints leave them out).
+    evaluated: list[torch.nn.Module] = field(default_factory=list)
     # What the low-precision backend's conversion took, by converted (unwrapped) model.
     conversion_reports: "weakref.WeakKeyDictionary[torch.nn.Module, ConversionReport]" = field(
         default_factory=weakref.WeakKeyDictionary)
 
     def clear(self) -> None:
-        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.conversion_reports):
+        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.evaluated, self.conversion_reports):
             objects.clear()
 
 

@@ -1,0 +1,139 @@
+"""lowbit under transformers' ``Trainer`` and TRL's trainers, with the script unchanged.
+
+``Trainer`` builds an Accelerate ``Accelerator`` from a global of ``transformers.trainer`` and sets
+up processes with ``PartialState`` from a global of ``transformers.training_args``; TRL's trainers
+subclass it. :func:`patch_trainer` points those globals (in the modules on the training path, and
+only names lowbit really offers) at lowbit's, for modules loaded now and loaded later. What
+``import accelerate`` gives other libraries is left as it is. Objects those modules build with
+Accelerate's classes imported inside functions (``TorchDynamoPlugin``, ``DeepSpeedPlugin``, ...) are
+translated field by field by the Accelerator (:mod:`lowbit.compat.accelerate_objects`).
+
+``lowbit launch`` calls :func:`patch_trainer` before the script runs (``LOWBIT_PATCH_TRAINER=1`` is
+read by :mod:`lowbit.cli.run_script`); a script started with ``python`` or ``torchrun`` calls it
+itself. :func:`unpatch_trainer` puts Accelerate's names back.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+from typing import Any
+
+from lowbit.kernel.errors import NOT_OFFERED_MARK
+
+# The modules that train: their Accelerate names become lowbit's. Other transformers modules
+# (loading, big-model dispatch, quantizers) keep Accelerate's: lowbit trains and does not dispatch.
+TRAINING_MODULES = frozenset({
+    "transformers.trainer", "transformers.training_args", "transformers.trainer_utils", "transformers.trainer_pt_utils",
+    "transformers.trainer_callback", "transformers.trainer_seq2seq", "transformers.integrations.deepspeed",
+    "transformers.integrations.integration_utils", "transformers.distributed.fsdp",
+})
+# Every module of these packages trains (TRL's trainers, their callbacks and helpers).
+TRAINING_PACKAGES = ("trl",)
+
+# module name -> {global name: the Accelerate object it held}, to put back.
+_SWAPPED: dict[str, dict[str, Any]] = {}
+# Accelerate names a training module holds that lowbit does not offer: "module.name" (the census test reads it).
+NOT_SWAPPED: set[str] = set()
+
+
+def is_training_module(name: str) -> bool:
+    return name in TRAINING_MODULES or name.split(".", 1)[0] in TRAINING_PACKAGES
+
+
+def lowbit_counterpart(obj: Any) -> Any:
+    """lowbit's object for an Accelerate class or function (same name, at the same module path, at
+    the top level, or in ``lowbit.utils``), or None when lowbit does not offer it."""
+    module = getattr(obj, "__module__", None) or ""
+    name = getattr(obj, "__name__", None)
+    if not name or not (module == "accelerate" or module.startswith("accelerate.")):
+        return None
+    for path in ("lowbit" + module[len("accelerate"):], "lowbit", "lowbit.utils"):
+        try:
+            found = getattr(importlib.import_module(path), name)
+        except (ImportError, AttributeError):
+            continue
+        if not hasattr(found, NOT_OFFERED_MARK):  # a stand-in that refuses is not lowbit offering it
+            return found
+    return None
+
+
+def _swap_module(module: Any) -> None:
+    if module.__name__ in _SWAPPED:
+        return
+    swapped = {}
+    for key, value in list(vars(module).items()):
+        if isinstance(value, type(sys)):
+            continue
+        counterpart = lowbit_counterpart(value)
+        if counterpart is not None:
+            swapped[key] = value
+            setattr(module, key, counterpart)
+        elif (getattr(value, "__module__", None) or "").startswith("accelerate"):
+            NOT_SWAPPED.add(f"{module.__name__}.{key}")
+    _SWAPPED[module.__name__] = swapped
+
+
+class _SwappingLoader(importlib.abc.Loader):
+    """Runs the real loader, then swaps the new module's Accelerate names."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        _swap_module(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, ... as the real loader's
+        return getattr(self.loader, name)
+
+
+class _TrainingModuleFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a training module, wraps the spec the other finders give."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if not is_training_module(name):
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _SwappingLoader(spec.loader)
+                return spec
+        return None
+
+
+_FINDER = _TrainingModuleFinder()
+
+
+def is_patched() -> bool:
+    return _FINDER in sys.meta_path
+
+
+def patch_trainer() -> None:
+    """Make transformers' ``Trainer`` and TRL's trainers train with lowbit's Accelerator: in the
+    training modules loaded now and loaded later. Calling it again does nothing;
+    :func:`unpatch_trainer` undoes it."""
+    if not is_patched():
+        sys.meta_path.insert(0, _FINDER)
+    for name, module in list(sys.modules.items()):
+        if module is not None and is_training_module(name):
+            _swap_module(module)
+
+
+def unpatch_trainer() -> None:
+    """Put Accelerate's names back where :func:`patch_trainer` put lowbit's."""
+    while _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    for name, swapped in _SWAPPED.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            for key, value in swapped.items():
+                setattr(module, key, value)
+    _SWAPPED.clear()
+    NOT_SWAPPED.clear()
