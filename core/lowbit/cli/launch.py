@@ -23,12 +23,16 @@ from lowbit.compat.accelerate_config import note_ignored
 from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
 from lowbit.kernel.first_party import first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
+from lowbit.cli.run_script import patching_wanted
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.recipes import FP8_ENV_PREFIX
 from lowbit.kernel.types import NATIVE_PRECISIONS
 
 if TYPE_CHECKING:
     from lowbit.compat.settings import LowbitConfig
+
+
+RUNNER = "lowbit.cli.run_script"
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -166,11 +170,14 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     if getattr(args, "simulate_nccl", False):
         env[SIMULATE_ENV] = "1"
     target = ["-m", args.training_script] if module else [str(script)]
+    # Through lowbit's runner, transformers' Trainer and TRL's trainers in the script build lowbit's Accelerator.
+    runner = patching_wanted({**os.environ, **env})
+    entry = [RUNNER, *target] if runner else [args.training_script]  # what torchrun runs (a module with the runner)
     # One process runs as a plain script; asked for MULTI_GPU (--multi_gpu), it runs under torchrun
     # and trains under DDP, as Accelerate does.
     if config.num_processes == 1 and config.distributed_type.upper() in SINGLE_PROCESS_TYPES \
             and config.distributed_type.upper() != "MULTI_GPU":
-        return [sys.executable, *target, *args.training_script_args], env, config
+        return [sys.executable, *(["-m", RUNNER] if runner else []), *target, *args.training_script_args], env, config
     if config.num_machines > 1:
         if not config.main_process_ip:
             raise ConfigError("A multi-machine launch needs --main_process_ip (the address of machine 0).")
@@ -189,14 +196,14 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     per_machine = config.num_processes // config.num_machines
     torchrun_options = [f"--{name}={getattr(args, name)}" for name in ("monitor_interval", "max_restarts")
                         if getattr(args, name, None) is not None]
-    if module:
+    if module or runner:
         torchrun_options.append("--module")
     if per_machine > 1 and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(threads_per_process(per_machine))
         print(f"lowbit launch: {per_machine} processes share {os.cpu_count()} CPU cores: OMP_NUM_THREADS={env['OMP_NUM_THREADS']} "
               "each (set OMP_NUM_THREADS or --num_cpu_threads_per_process to choose).", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(per_machine), *torchrun_options,
-               *rendezvous, args.training_script, *args.training_script_args]
+               *rendezvous, *entry, *args.training_script_args]
     env.update(notices.said_env())  # the ranks do not repeat what the launcher said
     return command, env, config
 

@@ -50,7 +50,7 @@ from lowbit.compat.parallelism_config import ParallelismConfig, data_parallel_sl
 from lowbit.kernel.manager import LowbitPluginManager, make_plugin_manager
 from lowbit.compat.choice import choose_plugins
 from lowbit.runtime.routing import ChosenPlugins
-from lowbit.kernel.registry import BackendRegistry, choose_backend
+from lowbit.kernel.registry import BackendRegistry, Selection
 from lowbit.runtime.process_group import ProcessFacts, RankFacts, process_facts, wait_for_everyone
 from lowbit.compat.state import AcceleratorState, DistributedType, GradientState, PartialState
 from lowbit.runtime.training import operations
@@ -297,9 +297,10 @@ class Accelerator(RankFacts):
     def explain_backend_choice(self) -> str:
         """Why this backend: every installed backend with its priority and reason to decline."""
         if self._backend is None:
-            return f"mixed_precision={self.mixed_precision!r}: no low-precision backend in use.\n" + choose_backend(
-                self._registry, "precision", "native", "built-in"
-            ).explain()
+            unused = Selection("backend", None, None, "ranking", self._registry.ranked("backend"), self.hardware,
+                               list(self._plugins.broken))
+            return (f"mixed_precision={self.mixed_precision!r}: torch's own autocast and loss scaling; no "
+                    f"low-precision backend in use (they train mixed_precision='fp8' or 'fp4').\n{unused.explain()}")
         return self._backend.explain()
 
     # ------------------------------------------------------------------ processes

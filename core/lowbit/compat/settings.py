@@ -39,7 +39,7 @@ SOURCES_ENV = "LOWBIT_SETTING_SOURCES"
 OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL", "LOWBIT_SAID_NOTES",
                             "LOWBIT_ARRIVAL_TIMEOUT", "LOWBIT_THROUGHPUT", "LOWBIT_THROUGHPUT_EVERY",
                             SIMULATE_ENV, "LOWBIT_PREEMPTION_GRACE", "LOWBIT_PREEMPTION_POLL_STEPS",
-                            SOURCES_ENV})
+                            SOURCES_ENV, "LOWBIT_PATCH_TRAINER"})
 
 
 def env_source(env_var: str, default: str) -> str:

@@ -41,6 +41,10 @@ def is_training_module(name: str) -> bool:
     return name in TRAINING_MODULES or name.split(".", 1)[0] in TRAINING_PACKAGES
 
 
+# What a Trainer gets instead of lowbit's plain class (see lowbit.compat.trainer_accelerator).
+UNDER_TRAINER = {"Accelerator": "TrainerAccelerator"}
+
+
 def lowbit_counterpart(obj: Any) -> Any:
     """lowbit's object for an Accelerate class or function (same name, at the same module path, at
     the top level, or in ``lowbit.utils``), or None when lowbit does not offer it."""
@@ -48,6 +52,8 @@ def lowbit_counterpart(obj: Any) -> Any:
     name = getattr(obj, "__name__", None)
     if not name or not (module == "accelerate" or module.startswith("accelerate.")):
         return None
+    if name in UNDER_TRAINER:
+        return getattr(importlib.import_module("lowbit.compat.trainer_accelerator"), UNDER_TRAINER[name])
     for path in ("lowbit" + module[len("accelerate"):], "lowbit", "lowbit.utils"):
         try:
             found = getattr(importlib.import_module(path), name)
@@ -69,8 +75,13 @@ def _swap_module(module: Any) -> None:
         if counterpart is not None:
             swapped[key] = value
             setattr(module, key, counterpart)
-        elif (getattr(value, "__module__", None) or "").startswith("accelerate"):
+        elif hasattr(value, "__name__") and (getattr(value, "__module__", None) or "").startswith("accelerate"):
             NOT_SWAPPED.add(f"{module.__name__}.{key}")
+    if module.__name__ == "transformers.trainer":  # every Trainer's callbacks start with lowbit's figures
+        from lowbit.compat.trainer_accelerator import LowbitFiguresCallback
+
+        swapped["DEFAULT_CALLBACKS"] = module.DEFAULT_CALLBACKS
+        module.DEFAULT_CALLBACKS = [LowbitFiguresCallback, *module.DEFAULT_CALLBACKS]
     _SWAPPED[module.__name__] = swapped
 
 

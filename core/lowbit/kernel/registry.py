@@ -198,7 +198,8 @@ class Selection:
             if cand is self.chosen:
                 status = "chosen"
             elif d.available:
-                status = "available, not chosen" + (" (lower priority)" if not self.requested else " (not requested)")
+                why = "" if self.chosen is None else " (not requested)" if self.requested else " (lower priority)"
+                status = "available, not chosen" + why
             else:
                 status = f"unavailable: {d.reason}"
             lines.append(f"  {d.name:<10} priority {d.priority:<4} {d.distribution or '-':<18} {status}")

@@ -1,0 +1,38 @@
+"""``python -m lowbit.cli.run_script [-m] SCRIPT [ARGS...]``: how ``lowbit launch`` starts a script.
+
+It runs the script as ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) would: as ``__main__``,
+with ``sys.argv`` and ``sys.path[0]`` as Python sets them. First it calls
+:func:`lowbit.patch_trainer`, so that transformers' ``Trainer`` and TRL's trainers in an unchanged
+script build lowbit's Accelerator (nothing else changes: ``import accelerate`` is untouched).
+``LOWBIT_PATCH_TRAINER=0`` makes ``lowbit launch`` start the script directly instead.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+PATCH_ENV = "LOWBIT_PATCH_TRAINER"
+
+
+def patching_wanted(environ: dict | os._Environ = os.environ) -> bool:
+    return environ.get(PATCH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def main(argv: list[str]) -> None:
+    if not argv or argv == ["-m"]:
+        sys.exit("usage: python -m lowbit.cli.run_script [-m] SCRIPT [ARGS...]")
+    from lowbit.compat.trainer_patch import patch_trainer
+
+    patch_trainer()
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
