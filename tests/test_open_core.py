@@ -14,7 +14,7 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[1] / "core" / "lowbit"
 # Module -> why it may name plugins: it maps Accelerate's names onto lowbit's, or names what lowbit ships.
 PLUGIN_NAMING_MODULES = {
-    "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types",
+    "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types, and the transformers modules that use them",
     "kernel/first_party.py": "the distributions lowbit publishes, named when one is asked for and absent",
     "kernel/manager.py": "the built-in plugins it registers before any entry point (lowbit.runtime.builtin)",
     "utils/deepspeed.py": "Accelerate's path accelerate.utils.deepspeed, an alias of lowbit.compat.utils.deepspeed",

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from typing import Mapping
 
 PATCH_ENV = "LOWBIT_PATCH_TRAINER"
 
 
-def patching_wanted(environ: dict | os._Environ = os.environ) -> bool:
+def patching_wanted(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(PATCH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 

@@ -22,6 +22,7 @@ from lowbit.runtime.checkpoint import files as checkpoint
 from lowbit.runtime.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
 from lowbit.runtime.checkpoint.training_state import TrainingStateCheckpointer
 from lowbit.compat.accelerate_names import reported_distributed_type
+from lowbit.compat.accelerate_objects import from_accelerate
 from lowbit.kernel.notices import note
 from lowbit.runtime.training.preemption import PreemptionWatch
 from lowbit.compat.handlers import (
@@ -110,7 +111,12 @@ class Accelerator(RankFacts):
                 f"kwargs_handlers must be a list of handler objects, e.g. kwargs_handlers=[{type(handlers).__name__}()]; "
                 f"got a single {type(handlers).__name__}."
             )
-        handlers = list(handlers)
+        # Accelerate's own handler and plugin objects (transformers' Trainer builds some) become lowbit's, field by field.
+        handlers = [from_accelerate(handler) for handler in handlers]
+        (gradient_accumulation_plugin, dataloader_config, fsdp_plugin, deepspeed_plugin, dynamo_plugin, project_config,
+         parallelism_config) = (from_accelerate(given) for given in (
+            gradient_accumulation_plugin, dataloader_config, fsdp_plugin, deepspeed_plugin, dynamo_plugin, project_config,
+            parallelism_config))
         explicit = dict(
             mixed_precision=mixed_precision,
             gradient_accumulation_steps=gradient_accumulation_steps,

@@ -19,17 +19,8 @@ import importlib.abc
 import sys
 from typing import Any
 
-from lowbit.kernel.errors import NOT_OFFERED_MARK
-
-# The modules that train: their Accelerate names become lowbit's. Other transformers modules
-# (loading, big-model dispatch, quantizers) keep Accelerate's: lowbit trains and does not dispatch.
-TRAINING_MODULES = frozenset({
-    "transformers.trainer", "transformers.training_args", "transformers.trainer_utils", "transformers.trainer_pt_utils",
-    "transformers.trainer_callback", "transformers.trainer_seq2seq", "transformers.integrations.deepspeed",
-    "transformers.integrations.integration_utils", "transformers.distributed.fsdp",
-})
-# Every module of these packages trains (TRL's trainers, their callbacks and helpers).
-TRAINING_PACKAGES = ("trl",)
+from lowbit.compat.accelerate_names import TRAINING_MODULES, TRAINING_PACKAGES
+from lowbit.compat.accelerate_objects import lowbit_counterpart
 
 # module name -> {global name: the Accelerate object it held}, to put back.
 _SWAPPED: dict[str, dict[str, Any]] = {}
@@ -45,23 +36,13 @@ def is_training_module(name: str) -> bool:
 UNDER_TRAINER = {"Accelerator": "TrainerAccelerator"}
 
 
-def lowbit_counterpart(obj: Any) -> Any:
-    """lowbit's object for an Accelerate class or function (same name, at the same module path, at
-    the top level, or in ``lowbit.utils``), or None when lowbit does not offer it."""
-    module = getattr(obj, "__module__", None) or ""
-    name = getattr(obj, "__name__", None)
-    if not name or not (module == "accelerate" or module.startswith("accelerate.")):
-        return None
-    if name in UNDER_TRAINER:
-        return getattr(importlib.import_module("lowbit.compat.trainer_accelerator"), UNDER_TRAINER[name])
-    for path in ("lowbit" + module[len("accelerate"):], "lowbit", "lowbit.utils"):
-        try:
-            found = getattr(importlib.import_module(path), name)
-        except (ImportError, AttributeError):
-            continue
-        if not hasattr(found, NOT_OFFERED_MARK):  # a stand-in that refuses is not lowbit offering it
-            return found
-    return None
+def replacement(obj: Any) -> Any:
+    """What a training module gets for Accelerate's ``obj``: lowbit's counterpart (the Trainer's
+    own Accelerator for ``Accelerator``), or None when lowbit does not offer it."""
+    counterpart = lowbit_counterpart(obj)
+    if counterpart is not None and obj.__name__ in UNDER_TRAINER:
+        return getattr(importlib.import_module("lowbit.compat.trainer_accelerator"), UNDER_TRAINER[obj.__name__])
+    return counterpart
 
 
 def _swap_module(module: Any) -> None:
@@ -71,7 +52,7 @@ def _swap_module(module: Any) -> None:
     for key, value in list(vars(module).items()):
         if isinstance(value, type(sys)):
             continue
-        counterpart = lowbit_counterpart(value)
+        counterpart = replacement(value)
         if counterpart is not None:
             swapped[key] = value
             setattr(module, key, counterpart)

@@ -134,8 +134,10 @@ def test_multi_machine_launch_uses_torchrun_rendezvous_arguments(tmp_path, monke
                                       "--main_process_ip", "10.1.2.3", "--main_process_port", "29555", str(script), "--lr", "3"])
     command, env, _ = build_command(args)
     # --num_processes is the total over all machines, as in Accelerate: 8 over 2 machines is 4 each.
-    assert command[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "4", "--nnodes", "2", "--node_rank", "1",
-                           "--master_addr", "10.1.2.3", "--master_port", "29555", str(script), "--lr", "3"]
+    # The script runs through lowbit's runner (transformers' Trainer then builds lowbit's Accelerator).
+    assert command[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "4", "--module", "--nnodes", "2",
+                           "--node_rank", "1", "--master_addr", "10.1.2.3", "--master_port", "29555",
+                           "lowbit.cli.run_script", str(script), "--lr", "3"]
     assert env["LOWBIT_DISTRIBUTED_TYPE"] == "MULTI_GPU" and env["LOWBIT_NUM_MACHINES"] == "2"
 
 
