@@ -18,6 +18,8 @@ PLUGIN_NAMING_MODULES = {
     "kernel/first_party.py": "the distributions lowbit publishes, named when one is asked for and absent",
     "kernel/manager.py": "the built-in plugins it registers before any entry point (lowbit.runtime.builtin)",
     "utils/deepspeed.py": "Accelerate's path accelerate.utils.deepspeed, an alias of lowbit.compat.utils.deepspeed",
+    "utils/fsdp_utils.py": "Accelerate's path accelerate.utils.fsdp_utils, an alias of lowbit.compat.utils.fsdp_utils",
+    "compat/utils/constants.py": "Accelerate's FSDP_* constants, under their names in accelerate.utils.constants",
     "compat/utils/__init__.py": "Accelerate's utils submodule paths (accelerate.utils.deepspeed)",
     "compat/accelerate_config.py": "Accelerate's config file keys (fsdp_*, deepspeed_*)",
     "compat/handlers.py": "Accelerate's handler and plugin classes (FullyShardedDataParallelPlugin, DeepSpeedPlugin)",

@@ -13,12 +13,15 @@ from typing import Any
 
 # The submodules whose public names (``__all__``) this package gathers, looked in for a name in
 # this order: the light ones first.
-GATHERED = ("random", "environment", "imports", "memory", "operations", "other", "modeling", "dataclasses")
+GATHERED = ("random", "environment", "imports", "memory", "operations", "other", "modeling", "dataclasses", "fsdp_utils")
 # Accelerate's other submodule paths (importable as attributes too).
 SUBMODULES = (*GATHERED, "constants", "deepspeed", "versions")
 # Names gathered from elsewhere -> the module that defines them.
 SINGLE_NAMES = {"LocalSGD": "lowbit.runtime.training.local_sgd", "compile_regions": "lowbit.runtime.training.preparation",
-                "compare_versions": "lowbit.compat.utils.versions", "is_torch_version": "lowbit.compat.utils.versions"}
+                "compare_versions": "lowbit.compat.utils.versions", "is_torch_version": "lowbit.compat.utils.versions",
+                **{name: "lowbit.compat.utils.deepspeed" for name in ("DummyOptim", "DummyScheduler", "DeepSpeedSchedulerWrapper",
+                                                                      "DeepSpeedOptimizerWrapper", "DeepSpeedEngineWrapper",
+                                                                      "HfDeepSpeedConfig")}}
 
 
 def _submodule(name: str) -> Any:

@@ -16,7 +16,7 @@ OPTIONAL_LIBRARIES = {
     "neuron": "torch_neuronx",
 }
 AVAILABILITY_CHECKS = {f"is_{name}_available": module for name, module in OPTIONAL_LIBRARIES.items()}
-__all__ = [*AVAILABILITY_CHECKS, "is_bf16_available", "is_cuda_available", "is_fp16_available", "is_mps_available",
+__all__ = [*AVAILABILITY_CHECKS, "is_bf16_available", "is_fp8_available", "is_cuda_available", "is_fp16_available", "is_mps_available",
            "is_npu_available", "is_xpu_available"]
 
 
@@ -36,6 +36,12 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
     import torch
 
     return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+
+
+def is_fp8_available() -> bool:
+    """Whether an FP8 backend library is installed here (MS-AMP, Transformer Engine or torchao), as
+    Accelerate answers it; whether lowbit can train in FP8 here is ``lowbit plugins``' answer."""
+    return any(importlib.util.find_spec(name) is not None for name in ("msamp", "transformer_engine", "torchao"))
 
 
 def is_mps_available(min_version: str = "1.12") -> bool:

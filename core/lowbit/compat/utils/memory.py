@@ -1,4 +1,5 @@
 """Accelerate's ``accelerate.utils.memory`` path."""
-from lowbit.runtime.training.memory import clear_device_cache, find_executable_batch_size, release_memory  # noqa: F401
+from lowbit.runtime.training.memory import (clear_device_cache, find_executable_batch_size, release_memory,  # noqa: F401
+                                            should_reduce_batch_size)
 
-__all__ = ["clear_device_cache", "find_executable_batch_size", "release_memory"]
+__all__ = ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"]

@@ -9,7 +9,7 @@ from typing import Any
 from lowbit.compat.paths import public_path
 
 __all__ = ["check_os_kernel", "extract_model_from_parallel", "get_active_deepspeed_plugin", "get_grad_scaler", "get_model_tp_size",
-           "load", "save", "tqdm", "wait_for_everyone", "write_basic_config"]
+           "is_peft_model", "load", "save", "tqdm", "wait_for_everyone", "write_basic_config"]
 
 logger = logging.getLogger(public_path(__name__))
 # Older Linux kernels can hang multi-process jobs (Accelerate warns below this one too).
@@ -23,6 +23,14 @@ def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, keep
     from lowbit.runtime.training.preparation import unwrap
 
     return unwrap(model, keep_fp32_wrapper, keep_torch_compile)
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` is a PEFT model (LoRA and kin), without importing peft when it is not loaded."""
+    import sys
+
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, (peft.PeftModel, peft.PeftMixedModel))
 
 
 def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:

@@ -25,7 +25,7 @@ REFUSED: dict[str, tuple[str, str]] = {
                                         "disable_fsdp_ram_efficient_loading")},
     **{name: _TE_INSIDE for name in ("apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model")},
     **{name: _QUANTIZE for name in ("BnbQuantizationConfig", "load_and_quantize_model")},
-    **{name: (INFERENCE_WHY, INFERENCE_USE) for name in ("get_balanced_memory", "infer_auto_device_map", "offload_state_dict",
+    **{name: (INFERENCE_WHY, INFERENCE_USE) for name in ("get_balanced_memory", "get_max_memory", "infer_auto_device_map", "offload_state_dict",
                                                          "load_offloaded_weights", "OffloadedWeightsLoader")},
     "install_xla": ("installs torch_xla for TPUs, on which lowbit does not train", "Accelerate on TPUs"),
     "set_numa_affinity": ("pins processes to GPUs' NUMA nodes, which lowbit does not do",

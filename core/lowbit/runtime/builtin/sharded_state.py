@@ -24,7 +24,7 @@ def save(directory: str, model: Any, optimizer: Any) -> bool:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, [optimizer] if optimizer is not None else [])
-    model_state = {name: _unwrapped(value) for name, value in model_state.items()}
+    model_state = {name: plain_weight(value) for name, value in model_state.items()}
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=f"{directory}/{FOLDER}")
     return True
 
@@ -42,7 +42,7 @@ def load(directory: str, model: Any, optimizer: Any) -> bool:
     return True
 
 
-def _unwrapped(value: Any) -> Any:
+def plain_weight(value: Any) -> Any:
     """A weight a backend wraps in a tensor subclass holding one tensor of its shape (torchao's
     float8 all-gather weights) is saved as that tensor: the checkpoint then loads without the
     backend's classes, under another precision or backend too (DCP pickles a subclass's metadata)."""
