@@ -465,9 +465,12 @@ class Accelerator(RankFacts):
         remainder = self.gradient_state.remainder
         if not self.gradient_state.end_of_dataloader or remainder <= 0:
             return data
-        if use_gather_object:
-            return data[:remainder]
-        return operations.recursively_apply(lambda t: t[:remainder], data)
+        try:
+            if use_gather_object:
+                return data[:remainder]
+            return operations.recursively_apply(lambda t: t[:remainder], data)
+        except (IndexError, TypeError):  # a leaf with no batch dimension (a 0-dim loss): all returned whole, as in Accelerate
+            return data
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         return operations.reduce(tensor, reduction, scale)

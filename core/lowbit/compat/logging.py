@@ -36,6 +36,18 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             state.wait_for_everyone()
 
 
+    def warning_once(self, *args: Any, **kwargs: Any) -> None:
+        """``warning``, once per distinct message (as Accelerate's; TRL's trainers call it)."""
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in self._said_once:
+            self._said_once.add(key)
+            self.warning(*args, **kwargs)
+
+    @property
+    def _said_once(self) -> set:
+        return self.__dict__.setdefault("_said_once_set", set())
+
+
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
     log_level = log_level or os.environ.get("LOWBIT_LOG_LEVEL") or os.environ.get("ACCELERATE_LOG_LEVEL")
     logger = logging.getLogger(name)

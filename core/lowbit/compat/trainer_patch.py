@@ -52,7 +52,7 @@ def _swap_module(module: Any) -> None:
     for key, value in list(vars(module).items()):
         if isinstance(value, type(sys)):
             continue
-        counterpart = replacement(value)
+        counterpart = replacement(value) if hasattr(value, "__name__") else _logger_counterpart(value)
         if counterpart is not None:
             swapped[key] = value
             setattr(module, key, counterpart)
@@ -64,6 +64,16 @@ def _swap_module(module: Any) -> None:
         swapped["DEFAULT_CALLBACKS"] = module.DEFAULT_CALLBACKS
         module.DEFAULT_CALLBACKS = [LowbitFiguresCallback, *module.DEFAULT_CALLBACKS]
     _SWAPPED[module.__name__] = swapped
+
+
+def _logger_counterpart(value: Any) -> Any:
+    """A logger the module made at import with Accelerate's ``get_logger`` (it asks Accelerate's
+    process state, which lowbit does not start) becomes lowbit's logger of the same name."""
+    if type(value).__module__ != "accelerate.logging" or not hasattr(value, "logger"):
+        return None
+    from lowbit.compat.logging import get_logger
+
+    return get_logger(value.logger.name)
 
 
 class _SwappingLoader(importlib.abc.Loader):

@@ -1,0 +1,143 @@
+"""A fine-tuning script as Trainer and TRL users write it: tiny random-weight Llama, synthetic data,
+a local word-level tokenizer (nothing downloaded). It names no lowbit API: run it with ``python``
+or ``torchrun`` and it trains on stock Accelerate; under ``lowbit launch`` (or with ``--lowbit-line``,
+the one documented line) on lowbit.
+
+    python trainer_worker.py OUT [--trainer trainer|sft|dpo] [--bf16] [--steps 20] [--resume CKPT]
+        [--fsdp] [--deepspeed STAGE] [--lowbit-line]
+
+Each process writes ``OUT/result_<rank>.json``: the logged losses, eval losses, what the optimizer
+holds, which parameters moved, and the Accelerator that ran.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+VOCAB_WORDS = [f"w{i}" for i in range(125)]  # ids 3..127
+SEQ, ROWS = 32, 256
+
+
+def tokenizer():
+    """A word-level tokenizer built in memory: ``<pad>``, ``<eos>``, ``<unk>`` and 125 words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(["<pad>", "<eos>", "<unk>", *VOCAB_WORDS])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    return LlamaForCausalLM(config)
+
+
+def rows(count: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, 128, (count, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+def words(ids: torch.Tensor) -> str:
+    return " ".join(VOCAB_WORDS[int(i) - 3] for i in ids)
+
+
+def datasets(kind: str):
+    from datasets import Dataset
+
+    train, held_out = rows(ROWS, 1), rows(32, 2)
+    if kind == "trainer":
+        as_ids = lambda t: Dataset.from_dict({"input_ids": t.tolist(), "labels": t.tolist()})  # noqa: E731
+        return as_ids(train), as_ids(held_out)
+    if kind == "sft":
+        as_text = lambda t: Dataset.from_dict({"text": [words(r) for r in t]})  # noqa: E731
+        return as_text(train), as_text(held_out)
+    as_pairs = lambda t: Dataset.from_dict({"prompt": [words(r[:8]) for r in t], "chosen": [words(r[8:20]) for r in t],  # noqa: E731
+                                            "rejected": [words(r[20:]) for r in t]})
+    return as_pairs(train), as_pairs(held_out)
+
+
+def trainer(args: argparse.Namespace):
+    from transformers import Trainer, TrainingArguments
+
+    common = dict(output_dir=args.out, per_device_train_batch_size=8, per_device_eval_batch_size=5, max_steps=args.steps,
+                  logging_steps=5, save_steps=10, eval_strategy="steps", eval_steps=10, learning_rate=1e-3, seed=0,
+                  report_to=[], use_cpu=True, gradient_accumulation_steps=2, bf16=args.bf16, disable_tqdm=True,
+                  dataloader_num_workers=0, save_only_model=False)
+    if args.fsdp:
+        common.update(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
+                                                                "fsdp_version": 2})
+    if args.deepspeed:
+        common["deepspeed"] = {"zero_optimization": {"stage": args.deepspeed}, "bf16": {"enabled": "auto"},
+                               "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                               "gradient_clipping": "auto", "train_batch_size": "auto"}
+    train, held_out = datasets(args.trainer)
+    if args.trainer == "trainer":
+        return Trainer(model=model(), args=TrainingArguments(**common), train_dataset=train, eval_dataset=held_out)
+    if args.trainer == "sft":
+        from trl import SFTConfig, SFTTrainer
+
+        config = SFTConfig(**common, max_length=SEQ, packing=False, dataset_num_proc=None)
+        return SFTTrainer(model=model(), args=config, train_dataset=train, eval_dataset=held_out,
+                          processing_class=tokenizer())
+    from trl import DPOConfig, DPOTrainer
+
+    config = DPOConfig(**common, max_length=SEQ, precompute_ref_log_probs=False)
+    return DPOTrainer(model=model(), ref_model=model(), args=config, train_dataset=train, eval_dataset=held_out,
+                      processing_class=tokenizer())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--trainer", default="trainer", choices=("trainer", "sft", "dpo"))
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--resume", default=None)
+    parser.add_argument("--fsdp", action="store_true")
+    parser.add_argument("--deepspeed", type=int, default=0)
+    parser.add_argument("--lowbit-line", action="store_true", help="the one documented line, for python/torchrun")
+    args = parser.parse_args()
+    if args.lowbit_line:
+        import lowbit; lowbit.patch_trainer()  # noqa: E702 - the documented line, as a user writes it
+    run = trainer(args)
+    before = {name: p.detach().float().clone() for name, p in run.model.named_parameters() if p.requires_grad}
+    run.train(resume_from_checkpoint=args.resume)
+    write_result(run, before, Path(args.out))
+
+
+def write_result(run, before: dict, out: Path) -> None:
+    """What the test compares, from this process."""
+    acc = run.accelerator
+    after = dict(acc.unwrap_model(run.model).named_parameters())
+    in_optimizer = sum(len(group["params"]) for group in run.optimizer.param_groups)
+    moved = sorted(n for n in before if n in after and not torch.equal(before[n], _full(after[n]).float()))
+    history = run.state.log_history
+    result = {
+        "losses": [h["loss"] for h in history if "loss" in h],
+        "eval_losses": [h["eval_loss"] for h in history if "eval_loss" in h],
+        "log_keys": sorted({k for h in history for k in h}),
+        "optimizer_params": in_optimizer, "trainable_params": len(before), "moved": moved,
+        "accelerator": f"{type(acc).__module__}.{type(acc).__name__}", "mixed_precision": str(acc.mixed_precision),
+        "fp8_backend": getattr(acc, "fp8_backend", None), "distributed_type": str(acc.distributed_type),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"result_{acc.process_index}.json").write_text(json.dumps(result))
+
+
+def _full(tensor):
+    """A parameter's whole value on this process (a sharded DTensor gathered)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
