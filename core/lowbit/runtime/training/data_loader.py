@@ -255,6 +255,8 @@ class PreparedDataLoader:
                 next(batches, None)
             left = self._unsharded_remainder()
             remainder = lambda: left  # noqa: E731
+        if not self.dispatching:  # known from the start (as Accelerate reports it during the epoch too)
+            self.remainder = remainder()
         loader_started(self)
         try:
             yield from self._with_end_marked(batches, remainder)

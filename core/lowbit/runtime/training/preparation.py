@@ -224,7 +224,8 @@ class Preparation:
 
     def _wrap_forward(self, model: torch.nn.Module) -> torch.nn.Module:
         backend = self.settings.dynamo_backend
-        if backend not in ("no", "NO", None):
+        compiled = backend not in ("no", "NO", None)
+        if compiled:
             advice = check_compiler_for(backend, self.context.device.type)
             if advice is not None:
                 raise ConfigError(advice)
@@ -235,11 +236,15 @@ class Preparation:
                     if f is not None]
         if not contexts:
             return model
-        original = model.forward
+        # DDP runs its module's forward: the contexts go there, so that the module itself (what a
+        # script, or transformers' Trainer evaluating, calls without DDP) runs in them too, as in
+        # Accelerate. A compiled model keeps them outside the compiled region.
+        holder = model.module if not compiled and isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        original = holder.forward
         forward = forward_in_contexts(original, *contexts)
         forward.__wrapped__ = original  # type: ignore[attr-defined]
-        model.forward = forward
-        model._lowbit_original_forward = original  # type: ignore[assignment]
+        holder.forward = forward
+        holder._lowbit_original_forward = original  # type: ignore[assignment]
         return model
 
     def _prepare_optimizer(self, optimizer: Any) -> PreparedOptimizer:
@@ -364,15 +369,10 @@ def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_co
     ``keep_torch_compile``: a compiled model comes back compiled, as Accelerate's ``unwrap_model``
     does; with a distributed wrapper inside the compiled one, a new compiled wrapper (same compile
     settings) over the inner model, so that the model being trained is left as it is."""
-    if not keep_fp32_wrapper:
-        original = model.__dict__.pop("_lowbit_original_forward", None) or model.__dict__.pop("_original_forward", None)
-        if original is not None:
-            if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is type(model).forward:
-                model.__dict__.pop("forward", None)  # the class's own forward again (and the model pickles)
-            else:
-                model.forward = original
     compiled = model if hasattr(model, "_orig_mod") else None
     while True:
+        if not keep_fp32_wrapper:
+            _drop_forward_wrapper(model)
         if hasattr(model, "_orig_mod"):  # torch.compile
             model = model._orig_mod
         elif WRAPPED_MODEL in model.__dict__:
@@ -383,6 +383,17 @@ def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_co
             return compiled if keep_torch_compile and compiled is not None else model
         else:
             return type(compiled)(model, compiled.dynamo_ctx)
+
+
+def _drop_forward_wrapper(model: torch.nn.Module) -> None:
+    """The autocast forward taken off ``model`` (lowbit's, or one a script put there keeping the old
+    one as ``_original_forward``)."""
+    original = model.__dict__.pop("_lowbit_original_forward", None) or model.__dict__.pop("_original_forward", None)
+    if original is not None:
+        if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is type(model).forward:
+            model.__dict__.pop("forward", None)  # the class's own forward again (and the model pickles)
+        else:
+            model.forward = original
 
 
 def _parameter_names(model: torch.nn.Module) -> dict[int, str]:
