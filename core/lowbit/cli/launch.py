@@ -36,7 +36,8 @@ RUNNER = "lowbit.cli.run_script"
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
-    parser = sub.add_parser(name, help=help_text, description=help_text)
+    # No abbreviations: a script argument after the script (--fsdp) must not be read as a prefix of a launcher flag.
+    parser = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
     add_config_flags(parser)
     _add_plugin_flags(parser)
     _add_launcher_flags(parser)

@@ -107,7 +107,9 @@ class FullyShardedDataParallelPlugin:
     auto_wrap_policy: Any = None
     transformer_cls_names_to_wrap: Any = None
     cpu_offload: Any = None
-    state_dict_type: Any = None
+    # What save_model and get_state_dict give under lowbit's FSDP2: the full state dict (transformers'
+    # Trainer reads it to choose how to save; "SHARDED_STATE_DICT" makes it write DCP folders).
+    state_dict_type: Any = "FULL_STATE_DICT"
     activation_checkpointing: bool | None = None
     # Accelerate's other keywords: accepted, each read as its fsdp_config key is (most do nothing
     # under FSDP2 and are named in a note; sharding_strategy sets the reshard flag).
@@ -144,7 +146,11 @@ class FullyShardedDataParallelPlugin:
     def to_fsdp_config(self) -> dict[str, Any]:
         """Read the way an Accelerate fsdp_config section is, so that what lowbit cannot do
         (CPU offload, activation checkpointing) is an error here too, not silently dropped."""
-        offload = getattr(self.cpu_offload, "offload_params", self.cpu_offload)
+        offload = self.cpu_offload
+        if offload is not None and not isinstance(offload, (bool, str)):
+            # FSDP1's CPUOffload(offload_params=...), or FSDP2's policies: OffloadPolicy() is "no offload",
+            # its subclass CPUOffloadPolicy offloads.
+            offload = getattr(offload, "offload_params", type(offload).__name__ != "OffloadPolicy")
         section = {"fsdp_reshard_after_forward": self.reshard_after_forward,
                    "fsdp_sharding_strategy": getattr(self.sharding_strategy, "name", self.sharding_strategy),
                    "fsdp_transformer_layer_cls_to_wrap": self.transformer_cls_names_to_wrap,
