@@ -603,7 +603,7 @@ class Accelerator(RankFacts):
                 "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
                 "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
             )
-        if self.plugins.backward(loss, model):
+        if self.plugins.backward(loss, model, kwargs):
             return
         # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
         self.step_rules.observe_finite(loss)

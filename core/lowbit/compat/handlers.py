@@ -181,8 +181,11 @@ class DeepSpeedPlugin:
     zero3_init_flag: bool | None = None
 
     def to_deepspeed_config(self) -> dict[str, Any]:
-        values = {"deepspeed_config_file": self.hf_ds_config if isinstance(self.hf_ds_config, str) else None,
-                  "config": self.hf_ds_config if isinstance(self.hf_ds_config, dict) else None,
+        # hf_ds_config: a path, a dict, or an object holding the dict as ``.config`` (transformers'
+        # HfDeepSpeedConfig, which Trainer fills from its TrainingArguments).
+        given = getattr(self.hf_ds_config, "config", self.hf_ds_config)
+        values = {"deepspeed_config_file": given if isinstance(given, (str, os.PathLike)) else None,
+                  "config": given if isinstance(given, dict) else None,
                   "zero_stage": self.zero_stage, "gradient_clipping": self.gradient_clipping,
                   "offload_optimizer_device": self.offload_optimizer_device, "offload_param_device": self.offload_param_device}
         return {k: v for k, v in values.items() if v is not None}

@@ -245,11 +245,14 @@ def wrap_for_distribution(
 
 
 @hookspec
-def backward(loss: torch.Tensor, model: torch.nn.Module | None, context: PrepareContext) -> bool | None:
+def backward(loss: torch.Tensor, model: torch.nn.Module | None, context: PrepareContext,
+             options: dict[str, Any]) -> bool | None:
     """Run the backward pass when the strategy owns it (DeepSpeed's ``engine.backward``).
 
-    Called by: ``Accelerator.backward``, on the chosen strategy. ``loss`` is already divided by
-    the gradient-accumulation steps. Return True when handled; None lets lowbit call
+    Called by: ``Accelerator.backward``, on the chosen strategy. ``loss`` is not divided by the
+    gradient-accumulation steps (a strategy that owns backward divides by its own). ``options``:
+    the keyword arguments the script gave ``accelerator.backward`` (transformers' Trainer passes
+    DeepSpeed's ``scale_wrt_gas=False``). Return True when handled; None lets lowbit call
     ``loss.backward()`` (with loss scaling for fp16).
     """
 

@@ -49,12 +49,12 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
 
 
 @hookimpl
-def backward(loss, model, context: PrepareContext):
+def backward(loss, model, context: PrepareContext, options):
     from lowbit_deepspeed.engine import run_pending_step, run_state
 
     run_pending_step(context)  # a boundary step the script never took (no optimizer.step()) comes first
     boundary = model.is_gradient_accumulation_boundary()
-    model.backward(loss)
+    model.backward(loss, **options)  # e.g. scale_wrt_gas=False from transformers' Trainer, which divides itself
     if boundary:
         run_state(context).pending_step = model  # taken by optimizer.step() or clip_grad_norm_
     else:
