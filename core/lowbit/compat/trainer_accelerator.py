@@ -41,19 +41,20 @@ def launcher_precision(config_file: Any = None) -> tuple[str | None, str]:
     return None, ""
 
 
-def precision_under_trainer(from_trainer: str | None, asked: str | None, where: str) -> str | None:
-    """The precision to train in, from Trainer's argument and the one asked outside the script."""
+def precision_under_trainer(from_trainer: str | None, asked: str | None, where: str) -> tuple[str, str | None]:
+    """The precision to train in, from Trainer's argument and the one asked outside the script, and
+    what to tell the user when the asked one overrides the Trainer's (None: nothing to say)."""
     trainer = str(getattr(from_trainer, "value", from_trainer) or "no").lower()
     if asked is None or asked == trainer:
-        return trainer
+        return trainer, None
     if trainer == "no":  # Trainer's default: the launcher's choice stands
-        return asked
+        return asked, None
     if asked == "no":  # the launcher left it at fp32; the script's bf16=True or fp16=True stands
-        return trainer
+        return trainer, None
     if asked in ("fp8", "fp4") and trainer == "bf16":
-        note(f"mixed_precision={asked!r} from {where} wins over the Trainer's bf16=True (TRL's configs default to it): "
-             f"the layers the backend converts train in {asked}, the rest in bf16 autocast, as any {asked} run does.")
-        return asked
+        return asked, (f"mixed_precision={asked!r} from {where} wins over the Trainer's bf16=True (TRL's configs default "
+                       f"to it): the layers the backend converts train in {asked}, the rest in bf16 autocast, as any "
+                       f"{asked} run does.")
     raise ConfigError(
         f"The Trainer asks for mixed_precision={trainer!r} (TrainingArguments' fp16/bf16) and {where} asks for {asked!r}. "
         f"Say one: drop --mixed_precision (or the config's mixed_precision) to keep the Trainer's, or set "
@@ -66,7 +67,7 @@ class TrainerAccelerator(Accelerator):
 
     def __init__(self, *args: Any, mixed_precision: Any = None, config_file: Any = None, **kwargs: Any) -> None:
         asked, where = launcher_precision(config_file)
-        mixed_precision = precision_under_trainer(mixed_precision, asked, where)
+        mixed_precision, overridden = precision_under_trainer(mixed_precision, asked, where)
         super().__init__(*args, mixed_precision=mixed_precision, config_file=config_file, **kwargs)
         _LATEST["ref"] = weakref.ref(self)
         if self.fp8_backend is not None:
@@ -77,6 +78,8 @@ class TrainerAccelerator(Accelerator):
         kind = getattr(self.distributed_type, "value", self.distributed_type)
         note(f"transformers' Trainer runs on lowbit's Accelerator: {how}; {self.num_processes} process"
              f"{'es' if self.num_processes > 1 else ''} ({kind}). accelerator.explain_backend_choice() says why.")
+        if overridden:
+            note(overridden)
 
 
 class LowbitFiguresCallback(TrainerCallback):

@@ -1,0 +1,170 @@
+"""transformers' Trainer and TRL's SFTTrainer and DPOTrainer, unmodified (trainer_worker.py), on
+lowbit and on stock Accelerate side by side: started by ``lowbit launch`` (no code change), by
+``python`` with the one documented line, and by ``python``/``torchrun`` alone (stock).
+
+Each run is launched once and shared by the checks (``Runs``). About 25 launches, 5 minutes on 2
+idle cores; the 2-process ones hold lowbit's collectives to NCCL's device rule.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import run_launch
+
+pytest.importorskip("transformers")
+pytest.importorskip("trl")
+
+WORKER = Path(__file__).parent / "trainer_worker.py"
+# The FP8 tests' bound for fp8 against bf16 (tests/test_transformers_models.py); measured here: < 0.001.
+FP8_LOSS_TOLERANCE = 0.02
+# FSDP2 against DDP in bf16 (different reduction order and dtype); measured: < 1e-4.
+STRATEGY_TOLERANCE = 0.01
+
+pytestmark = pytest.mark.multiprocess
+
+
+class Runs:
+    """Launch each (how, processes, script arguments) once, on first use; the per-rank results
+    and the launch's stderr."""
+
+    def __init__(self, root: Path):
+        self.root, self.done = root, {}
+
+    def __call__(self, how: str, *args: str, processes: int = 1, precision: str | None = None, resume: str | None = None):
+        key = (how, processes, precision, resume, args)
+        if key not in self.done:
+            out = self.root / f"run{len(self.done)}"
+            script = [str(WORKER), str(out), *args, *(["--resume", resume] if resume else [])]
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
+            env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+            if how == "lowbit":  # the unmodified script under lowbit launch
+                cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(processes),
+                       *(["--mixed_precision", precision] if precision else []), *script]
+            else:  # stock Accelerate ("stock"), or lowbit by the script's one line ("line")
+                assert precision is None
+                starter = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run",
+                                                                  "--nproc_per_node", str(processes)]
+                cmd = [*starter, *script, *(["--lowbit-line"] if how == "line" else [])]
+            proc = run_launch(cmd, env=env)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+            results = [json.loads((out / f"result_{rank}.json").read_text()) for rank in range(processes)]
+            self.done[key] = (results, proc.stderr, out)
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return Runs(tmp_path_factory.mktemp("trainer_runs"))
+
+
+def same_training(a: dict, b: dict) -> None:
+    assert a["losses"] == b["losses"] and a["eval_losses"] == b["eval_losses"], (a["losses"], b["losses"])
+    assert len(a["losses"]) == 4 and len(a["eval_losses"]) == 2
+
+
+def every_parameter_trained(result: dict) -> None:
+    """The optimizer holds every trainable parameter of the converted model, and each one moved:
+    stock Accelerate + Trainer + torchao FP8 leaves the FP8 layers' weights out of the optimizer."""
+    assert result["optimizer_params"] == result["trainable_params"] == 21
+    assert len(result["moved"]) == result["trainable_params"]
+
+
+# ---------------------------------------------------------------------- one process
+
+
+def test_an_unmodified_trainer_script_under_lowbit_launch_is_bit_identical_to_stock(runs):
+    """fp32, gradient accumulation 2, an eval set of 32 rows in batches of 5 (the last batch short:
+    Trainer relies on gather_for_metrics and the gradient state's remainder), a checkpoint at step 10."""
+    (stock,), _, _ = runs("stock")
+    (ours,), stderr, _ = runs("lowbit")
+    same_training(stock, ours)
+    assert stock["accelerator"] == "accelerate.accelerator.Accelerator"
+    assert ours["accelerator"] == "lowbit.compat.trainer_accelerator.TrainerAccelerator"
+    first = next(line for line in stderr.splitlines() if line.startswith("lowbit:"))
+    assert "Trainer runs on lowbit's Accelerator: fp32" in first
+    # lowbit's figures reach Trainer's logs (log_history, and so every reporting integration)
+    assert {"throughput/tokens_per_s", "throughput/mfu", "throughput/step_s"} <= set(ours["log_keys"])
+
+
+def test_the_documented_line_puts_a_python_started_script_on_lowbit(runs):
+    (stock,), _, _ = runs("stock", "--bf16")
+    (ours,), _, _ = runs("line", "--bf16")
+    same_training(stock, ours)
+    assert ours["accelerator"].startswith("lowbit.") and ours["mixed_precision"] == "bf16"
+
+
+def test_fp8_asked_of_the_launcher_trains_every_layer_and_wins_over_bf16_with_a_note(runs):
+    (bf16,), _, _ = runs("stock", "--bf16")
+    (fp8,), stderr, out = runs("lowbit", "--bf16", precision="fp8")
+    assert (fp8["mixed_precision"], fp8["fp8_backend"]) == ("fp8", "ao")
+    every_parameter_trained(fp8)
+    assert abs(fp8["losses"][-1] - bf16["losses"][-1]) <= FP8_LOSS_TOLERANCE
+    assert abs(fp8["eval_losses"][-1] - bf16["eval_losses"][-1]) <= FP8_LOSS_TOLERANCE
+    assert "throughput/fp8_gemm_share" in fp8["log_keys"]
+    lines = [line for line in stderr.splitlines() if line.startswith("lowbit:")]
+    assert "runs on lowbit's Accelerator: fp8 by the 'ao' backend" in lines[0]
+    assert any("wins over the Trainer's bf16=True" in line for line in lines)
+
+
+def test_a_checkpoint_trainer_wrote_under_fp8_loads_into_a_plain_model_and_resumes_exactly(runs):
+    from transformers import LlamaForCausalLM
+
+    (fp8,), _, out = runs("lowbit", "--bf16", precision="fp8")
+    plain, info = LlamaForCausalLM.from_pretrained(out / "checkpoint-10", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    (resumed,), _, _ = runs("lowbit", "--bf16", precision="fp8", resume=str(out / "checkpoint-10"))
+    assert resumed["losses"] == fp8["losses"] and resumed["eval_losses"] == fp8["eval_losses"]
+
+
+@pytest.mark.parametrize("trl_trainer", ["sft", "dpo"])
+def test_trl_trainers_on_lowbit_match_stock_in_bf16_and_train_every_layer_in_fp8(runs, trl_trainer):
+    (stock,), _, _ = runs("stock", "--trainer", trl_trainer, "--bf16")
+    (ours,), _, _ = runs("lowbit", "--trainer", trl_trainer, "--bf16")
+    same_training(stock, ours)
+    (fp8,), _, _ = runs("lowbit", "--trainer", trl_trainer, "--bf16", precision="fp8")
+    every_parameter_trained(fp8)
+    assert abs(fp8["losses"][-1] - stock["losses"][-1]) <= FP8_LOSS_TOLERANCE
+
+
+# ---------------------------------------------------------------------- two processes
+
+
+def test_ddp_under_trainer_matches_stock_in_bf16_and_trains_every_layer_in_fp8(runs):
+    stock, _, _ = runs("stock", "--bf16", processes=2)
+    ours, _, _ = runs("lowbit", "--bf16", processes=2)
+    for a, b in zip(stock, ours):
+        same_training(a, b)
+    assert ours[0]["distributed_type"] == "DistributedType.MULTI_CPU"
+    fp8, _, _ = runs("lowbit", "--bf16", processes=2, precision="fp8")
+    every_parameter_trained(fp8[0])
+    assert abs(fp8[0]["losses"][-1] - stock[0]["losses"][-1]) <= FP8_LOSS_TOLERANCE
+
+
+def test_fsdp2_through_training_arguments_in_bf16_and_fp8_saves_and_resumes(runs):
+    """Stock Accelerate runs ``fsdp=`` on CPU processes as plain DDP (its distributed type stays
+    MULTI_CPU), so lowbit's FSDP2 is compared with stock DDP within the strategies' tolerance."""
+    stock_ddp, _, _ = runs("stock", "--bf16", processes=2)
+    bf16, _, _ = runs("lowbit", "--bf16", "--fsdp", processes=2)
+    assert bf16[0]["distributed_type"] == "DistributedType.FSDP"
+    assert max(abs(a - b) for a, b in zip(bf16[0]["losses"], stock_ddp[0]["losses"])) <= STRATEGY_TOLERANCE
+    fp8, _, out = runs("lowbit", "--bf16", "--fsdp", processes=2, precision="fp8")
+    every_parameter_trained(fp8[0])
+    assert (out / "checkpoint-10" / "pytorch_model_fsdp.bin").is_file()  # Trainer's FSDP checkpoint, Accelerate's layout
+    resumed, _, _ = runs("lowbit", "--bf16", "--fsdp", processes=2, precision="fp8", resume=str(out / "checkpoint-10"))
+    assert resumed[0]["losses"] == fp8[0]["losses"] and resumed[0]["eval_losses"] == fp8[0]["eval_losses"]
+
+
+@pytest.mark.parametrize("stage", ["2", "3"])
+def test_deepspeed_zero_through_training_arguments_is_bit_identical_to_stock(runs, stage):
+    stock, _, _ = runs("stock", "--bf16", "--deepspeed", stage, processes=2)
+    ours, _, out = runs("lowbit", "--bf16", "--deepspeed", stage, processes=2)
+    for a, b in zip(stock, ours):
+        same_training(a, b)
+    assert ours[0]["distributed_type"] == "DistributedType.DEEPSPEED"
+    if stage == "3":  # the sharded checkpoint DeepSpeed wrote resumes exactly
+        resumed, _, _ = runs("lowbit", "--bf16", "--deepspeed", stage, processes=2, resume=str(out / "checkpoint-10"))
+        assert resumed[0]["losses"] == ours[0]["losses"]
