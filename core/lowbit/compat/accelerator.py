@@ -669,6 +669,12 @@ class Accelerator(RankFacts):
             _force_gradient_sync(model, stack)
             yield
 
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """``dl`` as it is: it adapts a loader to DeepSpeed's Ulysses sequence parallelism, which
+        needs ``sp_size`` > 1, and lowbit refuses that setting when the Accelerator is made
+        (transformers' Trainer calls this after preparing)."""
+        return dl
+
     def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
         """The prepared ``dataloader``, starting ``num_batches`` batches into its epoch (to resume)."""
         return skip_first_batches(dataloader, num_batches)
