@@ -104,7 +104,7 @@ def test_fp8_asked_of_the_launcher_trains_every_layer_and_wins_over_bf16_with_a_
     every_parameter_trained(fp8)
     assert abs(fp8["losses"][-1] - bf16["losses"][-1]) <= FP8_LOSS_TOLERANCE
     assert abs(fp8["eval_losses"][-1] - bf16["eval_losses"][-1]) <= FP8_LOSS_TOLERANCE
-    assert "throughput/fp8_gemm_share" in fp8["log_keys"]
+    assert fp8["fp8_gemm_share"] > 0.5  # 13 of 15 Linear layers convert: most GEMM FLOPs run in FP8
     lines = [line for line in stderr.splitlines() if line.startswith("lowbit:")]
     assert "runs on lowbit's Accelerator: fp8 by the 'ao' backend" in lines[0]
     assert any("wins over the Trainer's bf16=True" in line for line in lines)
@@ -127,6 +127,8 @@ def test_trl_trainers_on_lowbit_match_stock_in_bf16_and_train_every_layer_in_fp8
     same_training(stock, ours)
     (fp8,), _, _ = runs("lowbit", "--trainer", trl_trainer, "--bf16", precision="fp8")
     every_parameter_trained(fp8)
+    # SFTTrainer replaces the model's forward with one closing over the original: the count still reads the layers
+    assert fp8["fp8_gemm_share"] > 0.5
     assert abs(fp8["losses"][-1] - stock["losses"][-1]) <= FP8_LOSS_TOLERANCE
 
 

@@ -125,6 +125,7 @@ def write_result(run, before: dict, out: Path) -> None:
         "losses": [h["loss"] for h in history if "loss" in h],
         "eval_losses": [h["eval_loss"] for h in history if "eval_loss" in h],
         "log_keys": sorted({k for h in history for k in h}),
+        "fp8_gemm_share": next((h["throughput/fp8_gemm_share"] for h in reversed(history) if "throughput/fp8_gemm_share" in h), None),
         "optimizer_params": in_optimizer, "trainable_params": len(before), "moved": moved,
         "accelerator": f"{type(acc).__module__}.{type(acc).__name__}", "mixed_precision": str(acc.mixed_precision),
         "fp8_backend": getattr(acc, "fp8_backend", None), "distributed_type": str(acc.distributed_type),

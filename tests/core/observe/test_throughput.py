@@ -98,6 +98,26 @@ def test_the_count_is_exact_for_a_known_model():
     assert meter.flops_per_unit == 3 * 2 * (32 * 64 + 64 * 8)
 
 
+def test_the_count_traces_a_copy_even_when_the_forward_was_replaced_on_the_instance():
+    """TRL's SFTTrainer sets ``model.forward`` to a function closing over the original bound
+    forward: the count must trace the copy's own layers, never the user's model."""
+    import types
+
+    from lowbit.runtime.observe.fp8_payoff import meta_copy, trace_work
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    original = model.forward
+    calls = []
+
+    def patched(self, x):
+        calls.append(1)
+        return original(x)
+
+    model.forward = types.MethodType(patched, model)
+    work = trace_work(meta_copy(model), (torch.zeros(4, 32, device="meta"),), {})
+    assert [layer.name for layer in work.linears] == ["0", "2"] and not calls
+
+
 def test_the_meter_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("LOWBIT_THROUGHPUT", "0")
     accelerator = Accelerator(cpu=True)

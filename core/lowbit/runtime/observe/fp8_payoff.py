@@ -408,7 +408,13 @@ def meta_copy(model: nn.Module) -> nn.Module:
     for tensor in [*model.parameters(), *model.buffers()]:
         meta = _meta_like(tensor)
         memo[id(tensor)] = nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
-    return copy.deepcopy(model, memo)
+    copied = copy.deepcopy(model, memo)
+    # A forward set on an instance (TRL's SFTTrainer, Accelerate's autocast, a script's patch) often
+    # closes over the original module's bound forward, which a copy cannot rebind: tracing it would
+    # run the original model. The copy counts its class's forward, the model's own computation.
+    for module in copied.modules():
+        module.__dict__.pop("forward", None)
+    return copied
 
 
 def first_last(work: ModelWork) -> dict[str, str]:
