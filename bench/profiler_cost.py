@@ -115,7 +115,7 @@ def _importable(name: str) -> bool:
 
 
 def _cpu() -> str:
-    from lowbit.cli.env_command import _cpu as describe_cpu
+    from lowbit.cli.env_command import describe_cpu
 
     return describe_cpu()
 

@@ -41,7 +41,7 @@ def _tested(version: str) -> str:
     return f" ({'one of ' if same else 'not one of '}the versions lowbit's CI tests: {tested})"
 
 
-def _cpu() -> str:
+def describe_cpu() -> str:
     """What decides CPU speed for low precision: the vector ISA torch uses and native bf16."""
     import torch
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         "- pluggy: " + _version("pluggy"),
         "- numpy: " + _version("numpy"),
         "- RAM: " + _memory(),
-        "- CPU: " + _cpu(),
+        "- CPU: " + describe_cpu(),
         # the libraries the installed plugins drive, as each plugin names them
         *(f"- {dist}: {_version(dist)}" for dist in dict.fromkeys(lib for r in report["plugins"] for lib in r.get("libraries", []))),
         f"- Hardware: {report['hardware']}",
