@@ -73,3 +73,13 @@ def test_the_main_job_sizes_itself_to_the_machine_and_says_why(monkeypatch, caps
     assert ("no native bf16" in said) is slow_bf16
     # the three runs' training then takes about the budget (never less than MIN_STEPS allow)
     assert steps * sum(seconds.values()) <= max(args.time_budget, char_gpt.MIN_STEPS * sum(seconds.values())) * 1.05
+
+
+def test_the_sft_example_fine_tunes_in_fp8_under_lowbit_launch(tmp_path):
+    pytest.importorskip("trl")
+    proc = run("-m", "lowbit.cli.main", "launch", "--cpu", "--mixed_precision", "fp8", "examples/sft_fp8.py",
+               "--steps", "20", "--output_dir", str(tmp_path / "sft"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "trained by lowbit (TrainerAccelerator), mixed_precision=fp8, backend ao" in proc.stdout
+    losses = [float(v) for v in re.findall(r"^\s+\d+\s+([\d.]+)\s+nan", proc.stdout, re.M)]
+    assert len(losses) == 1 and losses[0] < 2.5, proc.stdout  # at step 20, below a uniform guess over 14 tokens (ln 14 = 2.64)
