@@ -13,7 +13,7 @@ import runpy
 import sys
 from typing import Mapping
 
-PATCH_ENV = "LOWBIT_PATCH_TRAINER"
+from lowbit.compat.settings import PATCH_ENV
 
 
 def patching_wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m lowbit.cli.run_script [-m] SCRIPT [ARGS...]")
     from lowbit.compat.trainer_patch import patch_trainer
 
-    patch_trainer()
+    patch_trainer()  # before the script imports transformers (and after: modules loaded later are patched too)
     if argv[0] == "-m":
         sys.argv = argv[1:]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)

@@ -36,10 +36,12 @@ MAX_CONFIG_BYTES = 1 << 20
 # LOWBIT_* variables read outside this module (plugin manager, launcher).
 # Set by lowbit launch for its ranks: the settings that came from the config file -> where.
 SOURCES_ENV = "LOWBIT_SETTING_SOURCES"
+# "0": lowbit launch starts a script directly, without lowbit.patch_trainer (lowbit.cli.run_script).
+PATCH_ENV = "LOWBIT_PATCH_TRAINER"
 OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL", "LOWBIT_SAID_NOTES",
                             "LOWBIT_ARRIVAL_TIMEOUT", "LOWBIT_THROUGHPUT", "LOWBIT_THROUGHPUT_EVERY",
                             SIMULATE_ENV, "LOWBIT_PREEMPTION_GRACE", "LOWBIT_PREEMPTION_POLL_STEPS",
-                            SOURCES_ENV, "LOWBIT_PATCH_TRAINER"})
+                            SOURCES_ENV, PATCH_ENV})
 
 
 def env_source(env_var: str, default: str) -> str:

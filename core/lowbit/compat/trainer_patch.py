@@ -8,9 +8,9 @@ only names lowbit really offers) at lowbit's, for modules loaded now and loaded 
 Accelerate's classes imported inside functions (``TorchDynamoPlugin``, ``DeepSpeedPlugin``, ...) are
 translated field by field by the Accelerator (:mod:`lowbit.compat.accelerate_objects`).
 
-``lowbit launch`` calls :func:`patch_trainer` before the script runs (``LOWBIT_PATCH_TRAINER=1`` is
-read by :mod:`lowbit.cli.run_script`); a script started with ``python`` or ``torchrun`` calls it
-itself. :func:`unpatch_trainer` puts Accelerate's names back.
+``lowbit launch`` runs the script through :mod:`lowbit.cli.run_script`, which calls
+:func:`patch_trainer` first (``LOWBIT_PATCH_TRAINER=0``: not); a script started with ``python`` or
+``torchrun`` calls it itself. :func:`unpatch_trainer` puts Accelerate's names back.
 """
 from __future__ import annotations
 
@@ -24,8 +24,6 @@ from lowbit.compat.accelerate_objects import lowbit_counterpart
 
 # module name -> {global name: the Accelerate object it held}, to put back.
 _SWAPPED: dict[str, dict[str, Any]] = {}
-# Accelerate names a training module holds that lowbit does not offer: "module.name" (the census test reads it).
-NOT_SWAPPED: set[str] = set()
 
 
 def is_training_module(name: str) -> bool:
@@ -53,11 +51,9 @@ def _swap_module(module: Any) -> None:
         if isinstance(value, type(sys)):
             continue
         counterpart = replacement(value) if hasattr(value, "__name__") else _logger_counterpart(value)
-        if counterpart is not None:
+        if counterpart is not None:  # a name lowbit does not offer keeps Accelerate's (the census test lists them)
             swapped[key] = value
             setattr(module, key, counterpart)
-        elif hasattr(value, "__name__") and (getattr(value, "__module__", None) or "").startswith("accelerate"):
-            NOT_SWAPPED.add(f"{module.__name__}.{key}")
     if module.__name__ == "transformers.trainer":  # every Trainer's callbacks start with lowbit's figures
         from lowbit.compat.trainer_accelerator import LowbitFiguresCallback
 
@@ -138,4 +134,3 @@ def unpatch_trainer() -> None:
             for key, value in swapped.items():
                 setattr(module, key, value)
     _SWAPPED.clear()
-    NOT_SWAPPED.clear()
