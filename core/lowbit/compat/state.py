@@ -274,6 +274,9 @@ class GradientState:
         self._owner = _weak(accelerator)
         self._follows_latest = accelerator is None
         self.sync = GradientSync()
+        plugin = getattr(accelerator, "gradient_accumulation_plugin", None)
+        # Read once, as Accelerate keeps them (transformers' Trainer reads them every micro-batch).
+        self._plugin_kwargs = plugin.to_kwargs() if plugin is not None else {}
         if accelerator is not None:
             _LATEST_ACCELERATOR["ref"] = self._owner
 
@@ -344,8 +347,8 @@ class GradientState:
     def plugin_kwargs(self) -> dict[str, Any]:
         """The gradient accumulation plugin's settings changed from their defaults, as Accelerate
         keeps them (``{"num_steps": 1}`` under Trainer, which reads ``sync_each_batch`` here)."""
-        plugin = getattr(self._accelerator, "gradient_accumulation_plugin", None)
-        return plugin.to_kwargs() if plugin is not None else {}
+        followed = self._followed()
+        return (followed if followed is not None else self)._plugin_kwargs
 
     @property
     def num_steps(self) -> int:
