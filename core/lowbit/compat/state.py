@@ -348,7 +348,7 @@ class GradientState:
         """The gradient accumulation plugin's settings changed from their defaults, as Accelerate
         keeps them (``{"num_steps": 1}`` under Trainer, which reads ``sync_each_batch`` here)."""
         followed = self._followed()
-        return (followed if followed is not None else self)._plugin_kwargs
+        return followed.plugin_kwargs if followed is not None else self._plugin_kwargs
 
     @property
     def num_steps(self) -> int:
