@@ -282,3 +282,12 @@ def test_the_gradient_verdict_catches_nan_and_inf_either_way(device):
         poisoned = [g.clone() for g in grads]
         poisoned[1][3] = bad
         assert not torch.isfinite(finite_reduction(poisoned, torch.device(device))).all(), bad
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # the reduction each device gets (computed here on CPU tensors)
+def test_finite_fp16_gradients_with_a_norm_past_fp16s_range_are_finite(device):
+    """fp16 weights without a scaler: a gradient norm of ~95,000 (each value finite) is no overflow."""
+    from lowbit.runtime.training.prepared import finite_reduction
+
+    grads = [torch.full((100_000,), 300.0, dtype=torch.float16), torch.ones(8, dtype=torch.float16)]
+    assert torch.isfinite(finite_reduction(grads, torch.device(device))).all()

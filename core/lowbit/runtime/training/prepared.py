@@ -122,14 +122,15 @@ class StepRules:
 
 def finite_reduction(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """A small tensor that is finite exactly when ``grads`` are (up to overflow past fp32's range).
-    On an accelerator, one fused kernel: their total 2-norm (``get_total_norm``, foreach per
-    device; what ``clip_grad_norm_`` computes, so a norm past about 1e19 counts as inf as it does
-    there). On a CPU, where a kernel launch costs nothing and foreach runs tensor by tensor, one
-    sum per gradient, 3x faster than the 2-norm there (the max norm: 40x slower); ``python
-    bench/nonfinite_check.py`` times each way."""
+    On an accelerator, one fused kernel: their 2-norms, accumulated in fp32 (in fp16, finite
+    gradients whose norm passes 65504 would read as inf and every step would be skipped), then their
+    total (a norm past about 1e19 counts as inf, as in ``clip_grad_norm_``). On a CPU, where a
+    kernel launch costs nothing and foreach runs tensor by tensor, one fp32 sum per gradient, 3x
+    faster than the 2-norm there (the max norm: 40x slower); ``python bench/nonfinite_check.py``
+    times each way."""
     if device.type == "cpu":
         return torch.stack([grad.sum(dtype=torch.float32) for grad in grads])
-    return torch.nn.utils.get_total_norm(grads, 2.0)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)))
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
