@@ -47,6 +47,10 @@ class Precision:
     consecutive_skips: int = 0  # fp16 steps skipped in a row, up to the last one
     _watched: set[int] = field(default_factory=set, repr=False)  # optimizers with the step post-hook
     _stepped: set[int] = field(default_factory=set, repr=False)  # optimizers whose last step ran
+    # fp16: the scale is updated once per iteration, after every optimizer of the run stepped
+    # (updating after each would unscale the next one's gradients twice and move the scale N times).
+    optimizers_per_step: int = 1
+    _stepped_since_update: set[int] = field(default_factory=set, repr=False)
     # AutocastKwargs' settings (Accelerate's handler): enabled, cache_enabled.
     autocast_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -133,9 +137,12 @@ class Precision:
             return (optimizer.step(closure) if closure is not None else optimizer.step()), False
         self._watch_steps(optimizer)
         self._stepped.discard(id(optimizer))
+        if id(optimizer) in self._stepped_since_update:  # a new iteration, though not every optimizer stepped in the last
+            self._update_scale()
         result = self.scaler.step(optimizer, closure) if closure is not None else self.scaler.step(optimizer)
-        self.scaler.update()
-        self._unscaled.discard(id(optimizer))
+        self._stepped_since_update.add(id(optimizer))
+        if len(self._stepped_since_update) >= self.optimizers_per_step:
+            self._update_scale()
         # Skipped: the scaler did not call optimizer.step (known without reading the scale: no host sync
         # beyond the scaler's own read of its inf check).
         skipped = id(optimizer) not in self._stepped
@@ -146,6 +153,12 @@ class Precision:
                  f"and the loss scale fell to {self.scaler.get_scale():.3g}: the model is not training. Train in bf16 "
                  "(fp16's speed, fp32's range), lower the learning rate, or clip gradients (accelerator.clip_grad_norm_).")
         return result, skipped
+
+    def _update_scale(self) -> None:
+        """The iteration's one scale update; every optimizer's gradients may be unscaled again."""
+        self.scaler.update()
+        self._unscaled.clear()
+        self._stepped_since_update.clear()
 
     def _watch_steps(self, optimizer: torch.optim.Optimizer) -> None:
         """Note each real step of ``optimizer`` (a step post-hook, registered once)."""

@@ -53,6 +53,25 @@ def test_fp16_scales_backward_unscales_once_and_skips_an_overflowing_step():
     assert Precision.for_run("bf16", CPU).state_dict() is None
 
 
+def test_fp16_with_two_optimizers_unscales_each_once_and_updates_the_scale_once_per_iteration():
+    """clip_grad_norm_ unscales both optimizers' gradients; each then steps by its true gradient
+    (not 1/65536 of it), and the scale moves once per iteration, after the last optimizer."""
+    acc = Accelerator(cpu=True, mixed_precision="fp16")
+    model = nn.Linear(4, 2)
+    first, second = torch.optim.SGD([model.weight], lr=0.1), torch.optim.SGD([model.bias], lr=0.1)
+    model, first, second = acc.prepare(model, first, second)
+    for _ in range(2):
+        acc.backward(model(torch.randn(8, 4)).float().pow(2).mean())
+        acc.clip_grad_norm_(model.parameters(), 1e9)
+        bias, grad = model.bias.detach().clone(), model.bias.grad.clone()
+        first.step()
+        second.step()
+        assert torch.allclose(model.bias.detach(), bias - 0.1 * grad) and grad.abs().max() > 1e-3
+        first.zero_grad()
+        second.zero_grad()
+    assert acc.scaler._get_growth_tracker() == 2  # one update per iteration, not per optimizer
+
+
 @pytest.mark.parametrize("name", ["bf16", "fp8", "fp4"])
 def test_every_precision_that_autocasts_to_bf16_is_named_slow_on_a_cpu_without_native_bf16(monkeypatch, name):
     """fp4 runs inside bf16 autocast as fp8 does; it was left out of the notice when the two were

@@ -253,6 +253,7 @@ class Preparation:
         model = self.prepared.models[-1] if self.prepared.models else None
         prepared = PreparedOptimizer(optimizer, self.rules, self.plugins.after_step_work(model, optimizer))
         self.prepared.optimizers.append(prepared)
+        self.rules.precision.optimizers_per_step = len(self.prepared.optimizers)  # fp16's scale: one update per iteration
         return prepared
 
     def _prepare_scheduler(self, scheduler: Any, replaced: dict[int, PreparedOptimizer]) -> PreparedScheduler:
