@@ -400,3 +400,11 @@ def test_resetting_the_state_leaves_an_accelerator_working():
     model = accelerator.prepare(torch.nn.Linear(2, 1))
     assert model(torch.ones(1, 2)).shape == (1, 1)
 
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
+def test_explain_backend_choice_answers_without_a_low_precision_backend(precision):
+    """The README and troubleshooting tell users to call it; it raised KeyError off FP8 (#56)."""
+    text = Accelerator(cpu=True, mixed_precision=precision).explain_backend_choice()
+    assert f"mixed_precision={precision!r}" in text and "no low-precision backend in use" in text
+    assert "ao " in text  # the installed backends are listed, none chosen
