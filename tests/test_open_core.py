@@ -79,6 +79,7 @@ FOREIGN_PRIVATE = {
     "_actions": "argparse: the flags a parser defines (did-you-mean for a misspelt one)",
     "_SubParsersAction": "argparse: the subcommands of a parser",
     "_dynamo": "torch._dynamo.list_backends",
+    "_foreach_norm": "torch's fused per-tensor norms with an accumulation dtype (get_total_norm uses it inside; no public form takes a dtype)",
     "_orig_mod": "torch.compile's wrapper",
     "_modules": "a module's child table: compile_regions gives the twin its own (copy.copy would share it)",
     "_step_count": "torch LR schedulers (OneCycleLR's end)",

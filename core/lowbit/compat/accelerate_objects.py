@@ -17,9 +17,12 @@ from typing import Any
 from lowbit.kernel.errors import NOT_OFFERED_MARK, ConfigError
 
 
+def _in_accelerate(module: str | None) -> bool:
+    return module == "accelerate" or (module or "").startswith("accelerate.")
+
+
 def is_from_accelerate(obj: Any) -> bool:
-    module = type(obj).__module__ or ""
-    return module == "accelerate" or module.startswith("accelerate.")
+    return _in_accelerate(type(obj).__module__)
 
 
 def lowbit_counterpart(obj: Any) -> Any:
@@ -27,7 +30,7 @@ def lowbit_counterpart(obj: Any) -> Any:
     the top level, or in ``lowbit.utils``), or None when lowbit does not offer it."""
     module = getattr(obj, "__module__", None) or ""
     name = getattr(obj, "__name__", None)
-    if not name or not (module == "accelerate" or module.startswith("accelerate.")):
+    if not name or not _in_accelerate(module):
         return None
     for path in ("lowbit" + module[len("accelerate"):], "lowbit", "lowbit.utils"):
         try:

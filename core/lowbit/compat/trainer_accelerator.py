@@ -21,7 +21,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from lowbit.compat.accelerator import Accelerator
-from lowbit.compat.settings import read_config_layer, setting_layers
+from lowbit.compat.settings import normalize_precision, read_config_layer, setting_layers
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.notices import note
 
@@ -34,10 +34,10 @@ def launcher_precision(config_file: Any = None) -> tuple[str | None, str]:
     argument), and where it came from; (None, "") when none did."""
     for raw, where in reversed(setting_layers(None, os.environ, read_config_layer(config_file))):
         if raw.get("mixed_precision") is not None:
-            value = str(raw["mixed_precision"]).lower()
+            value = normalize_precision(str(raw["mixed_precision"]).lower())
             if where == "environment variables":  # lowbit launch passes its flags and config file this way
                 where = "LOWBIT_MIXED_PRECISION (lowbit launch --mixed_precision or its config file)"
-            return ("no" if value in ("fp32", "float32") else value), where
+            return value, where
     return None, ""
 
 
