@@ -225,3 +225,26 @@ def test_every_accelerate_name_the_installed_package_uses_is_offered_by_lowbit(p
     missing += [f"accelerator.{name}" for name in sorted(attributes) if not _has_path(acc, name)]
     assert not missing, "\n".join(missing)
     assert len(imports) > 10  # the census read the sources
+
+
+def test_lowbits_figures_reach_trainers_reporting_integrations(patched, tmp_path, monkeypatch):
+    """The figures callback runs before the integrations: TensorBoard's event file gets them."""
+    pytest.importorskip("tensorboard")
+    import argparse
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import trainer_worker
+
+    args = argparse.Namespace(out=str(tmp_path), trainer="trainer", bf16=True, steps=10, resume=None, fsdp=False,
+                              deepspeed=0)
+    run = trainer_worker.trainer(args)
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # where transformers' TensorBoard callback writes
+    run.args.report_to, run.args.save_strategy = ["tensorboard"], "no"
+    run = type(run)(model=run.model, args=run.args, train_dataset=run.train_dataset, eval_dataset=run.eval_dataset)
+    run.train()
+    assert type(run.accelerator).__name__ == "TrainerAccelerator"
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert {"train/throughput/tokens_per_s", "train/throughput/mfu", "train/loss"} <= set(events.Tags()["scalars"])
