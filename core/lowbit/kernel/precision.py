@@ -46,7 +46,12 @@ class Precision:
     _unscaled: set[int] = field(default_factory=set, repr=False)
     consecutive_skips: int = 0  # fp16 steps skipped in a row, up to the last one
     _watched: set[int] = field(default_factory=set, repr=False)  # optimizers with the step post-hook
-    _stepped: set[int] = field(default_factory=set, repr=False)  # optimizers whose last step ran
+    # Each watched optimizer's last step: True (it ran), or the scaler's device verdict a fused
+    # optimizer was handed (it ran, and skipped its update on the device if the verdict says so).
+    _stepped: dict[int, Any] = field(default_factory=dict, repr=False)
+    # Fused steps' verdicts not yet counted in consecutive_skips: read at the next step, when the
+    # device has long finished them (no host sync at the step that queued them).
+    _uncounted: list["DeviceVerdict"] = field(default_factory=list, repr=False)
     # fp16: the scale is updated once per iteration, after every optimizer of the run stepped
     # (updating after each would unscale the next one's gradients twice and move the scale N times).
     optimizers_per_step: int = 1
@@ -130,13 +135,18 @@ class Precision:
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> tuple[Any, bool]:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer,
+                       closure: Callable[[], Any] | None = None) -> tuple[Any, "bool | DeviceVerdict"]:
         """Step ``optimizer``; returns (its result, whether the step was skipped). Under fp16 the
-        scaler skips a step with inf/nan gradients, and lowers the scale exactly then."""
+        scaler skips a step with inf/nan gradients, and lowers the scale exactly then. A fused
+        optimizer (``AdamW(fused=True)``) skips on the device: its verdict is a :class:`DeviceVerdict`,
+        read when asked, so the step adds no host sync."""
         if self.scaler is None:
             return (optimizer.step(closure) if closure is not None else optimizer.step()), False
         self._watch_steps(optimizer)
-        self._stepped.discard(id(optimizer))
+        self._count_skips(self._uncounted)
+        self._uncounted = []
+        self._stepped.pop(id(optimizer), None)
         if id(optimizer) in self._stepped_since_update:  # a new iteration, though not every optimizer stepped in the last
             self._update_scale()
         result = self.scaler.step(optimizer, closure) if closure is not None else self.scaler.step(optimizer)
@@ -144,15 +154,24 @@ class Precision:
         if len(self._stepped_since_update) >= self.optimizers_per_step:
             self._update_scale()
         # Skipped: the scaler did not call optimizer.step (known without reading the scale: no host sync
-        # beyond the scaler's own read of its inf check).
-        skipped = id(optimizer) not in self._stepped
-        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
-        run = self.consecutive_skips
-        if run >= FP16_SKIP_RUN and run & (run - 1) == 0:  # 8, 16, 32, ...: said while it goes on
-            warn(f"fp16: the last {run} optimizer steps were all skipped (their gradients overflowed fp16 to inf/NaN) "
-                 f"and the loss scale fell to {self.scaler.get_scale():.3g}: the model is not training. Train in bf16 "
-                 "(fp16's speed, fp32's range), lower the learning rate, or clip gradients (accelerator.clip_grad_norm_).")
-        return result, skipped
+        # beyond the scaler's own read of its inf check), or a fused one was told found_inf.
+        ran = self._stepped.pop(id(optimizer), False)
+        if isinstance(ran, DeviceVerdict):
+            self._uncounted.append(ran)
+            return result, ran
+        self._count_skips([not ran])
+        return result, not ran
+
+    def _count_skips(self, verdicts: list[Any]) -> None:
+        """Fold steps' verdicts (in order) into ``consecutive_skips``; warn while skips go on."""
+        for skipped in verdicts:
+            self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+            run = self.consecutive_skips
+            if run >= FP16_SKIP_RUN and run & (run - 1) == 0:  # 8, 16, 32, ...: said while it goes on
+                warn(f"fp16: the last {run} optimizer steps were all skipped (their gradients overflowed fp16 to "
+                     f"inf/NaN) and the loss scale fell to {self.scaler.get_scale():.3g}: the model is not training. "
+                     "Train in bf16 (fp16's speed, fp32's range), lower the learning rate, or clip gradients "
+                     "(accelerator.clip_grad_norm_).")
 
     def _update_scale(self) -> None:
         """The iteration's one scale update; every optimizer's gradients may be unscaled again."""
@@ -161,10 +180,15 @@ class Precision:
         self._stepped_since_update.clear()
 
     def _watch_steps(self, optimizer: torch.optim.Optimizer) -> None:
-        """Note each real step of ``optimizer`` (a step post-hook, registered once)."""
+        """Note each real step of ``optimizer`` (a step post-hook, registered once). GradScaler hands
+        a fused optimizer its inf check as the attribute ``found_inf`` for the step's length."""
         if id(optimizer) not in self._watched:
             self._watched.add(id(optimizer))
-            optimizer.register_step_post_hook(lambda opt, args, kwargs: self._stepped.add(id(opt)))
+            optimizer.register_step_post_hook(self._note_step)
+
+    def _note_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        found_inf = getattr(optimizer, "found_inf", None)
+        self._stepped[id(optimizer)] = DeviceVerdict(found_inf) if isinstance(found_inf, torch.Tensor) else True
 
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of it: the fp16 scaler's state (None without one)."""
@@ -173,3 +197,31 @@ class Precision:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scaler is not None:
             self.scaler.load_state_dict(state)
+
+
+class DeviceVerdict:
+    """Whether a fused optimizer's step was skipped, as the loss scaler's ``found_inf`` on the device
+    says. Truth-tested when asked (``step_was_skipped``, the LR scheduler's step): on CUDA the value is
+    copied to pinned host memory as the step is queued and an event marks it, so reading it waits for
+    that step's kernels only, never for work queued after it."""
+
+    def __init__(self, found_inf: torch.Tensor):
+        self._ready = None
+        if found_inf.device.type == "cuda":
+            self._host = torch.empty(found_inf.shape, dtype=found_inf.dtype, pin_memory=True)
+            self._host.copy_(found_inf, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = found_inf.detach().clone()
+        self._value: bool | None = None
+
+    def __bool__(self) -> bool:
+        if self._value is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            self._value = bool(self._host.item() != 0)
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"DeviceVerdict({'unread' if self._value is None else self._value})"

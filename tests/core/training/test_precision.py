@@ -56,6 +56,7 @@ def test_fp16_scales_backward_unscales_once_and_skips_an_overflowing_step():
 def test_fp16_with_two_optimizers_unscales_each_once_and_updates_the_scale_once_per_iteration():
     """clip_grad_norm_ unscales both optimizers' gradients; each then steps by its true gradient
     (not 1/65536 of it), and the scale moves once per iteration, after the last optimizer."""
+    torch.manual_seed(0)  # a gradient far from zero, whatever ran before
     acc = Accelerator(cpu=True, mixed_precision="fp16")
     model = nn.Linear(4, 2)
     first, second = torch.optim.SGD([model.weight], lr=0.1), torch.optim.SGD([model.bias], lr=0.1)
@@ -70,6 +71,51 @@ def test_fp16_with_two_optimizers_unscales_each_once_and_updates_the_scale_once_
         first.zero_grad()
         second.zero_grad()
     assert acc.scaler._get_growth_tracker() == 2  # one update per iteration, not per optimizer
+
+
+def test_fp16_with_a_fused_optimizer_reports_the_step_it_skipped_on_the_device(monkeypatch):
+    """GradScaler hands a fused optimizer (AdamW(fused=True), the fast CUDA choice) its inf check and
+    calls its step either way: the step post-hook fires, the update is skipped on the device. That
+    skip is reported (the LR schedule holds) and the verdict is read only when asked, not at the step."""
+    acc = Accelerator(cpu=True, mixed_precision="fp16")
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1.0), 1)
+    model, optimizer, scheduler = acc.prepare(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (s + 1)))
+    reads = []
+    monkeypatch.setattr(torch.Tensor, "item", lambda self, _item=torch.Tensor.item: reads.append(1) or _item(self))
+    weight = model.weight.detach().clone()
+    acc.backward(model(torch.randn(8, 4)).float().sum() * float("inf"))
+    optimizer.step()
+    assert not reads  # the verdict is not read at the step
+    scheduler.step()
+    assert reads and optimizer.step_was_skipped and acc.optimizer_step_was_skipped
+    assert torch.equal(model.weight.detach(), weight) and scheduler.get_last_lr() == [0.1]
+    optimizer.zero_grad()
+    acc.backward(model(torch.randn(8, 4)).float().pow(2).mean())
+    optimizer.step()
+    scheduler.step()
+    assert not optimizer.step_was_skipped and not torch.equal(model.weight.detach(), weight)
+    assert scheduler.get_last_lr() == [0.05]
+
+
+def test_fused_fp16_steps_skipped_in_a_row_are_counted_one_step_late():
+    """A fused step's verdict is counted at the next step (its kernels long done): the "not
+    training" warning comes, one step after a synchronous read would have said it."""
+    from lowbit.kernel.precision import FP16_SKIP_RUN
+
+    precision = Precision.for_run("fp16", CPU)
+    weight = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([weight], fused=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(FP16_SKIP_RUN + 1):
+            optimizer.zero_grad()
+            precision.backward((weight * float("inf")).sum())
+            _, skipped = precision.optimizer_step(optimizer)
+            assert skipped
+    assert precision.consecutive_skips == FP16_SKIP_RUN
+    assert any(f"last {FP16_SKIP_RUN} optimizer steps were all skipped" in str(w.message) for w in seen)
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8", "fp4"])

@@ -16,7 +16,7 @@ from lowbit.kernel import notices
 from lowbit.runtime.collective_device import on_group_device
 
 from lowbit.runtime.training.gradient_sync import GradientSync
-from lowbit.kernel.precision import Precision
+from lowbit.kernel.precision import DeviceVerdict, Precision
 from lowbit.kernel.types import ConversionReport
 
 
@@ -151,13 +151,14 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self._rules = rules
         self._after_step = after_step
         # Whether the last step was skipped, under Accelerate's attribute name (scripts and
-        # Accelerate's own tests set it to fake an overflow).
-        self._is_overflow = False
+        # Accelerate's own tests set it to fake an overflow); a fused fp16 step's is a DeviceVerdict,
+        # read on the host only when asked.
+        self._is_overflow: bool | DeviceVerdict = False
 
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped (fp16 overflow, or a NaN/inf caught)."""
-        return self._is_overflow
+        return bool(self._is_overflow)
 
     @step_was_skipped.setter
     def step_was_skipped(self, value: bool) -> None:
@@ -181,7 +182,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
         return self.optimizer.defaults
 
     def __getstate__(self):
-        return dict(self.__dict__)  # the wrapper whole (pickle, deepcopy), not Optimizer's own fields
+        # the wrapper whole (pickle, deepcopy), not Optimizer's own fields; a verdict as its value
+        return {**self.__dict__, "_is_overflow": self.step_was_skipped}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -218,8 +220,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
             if rules.nonfinite_before_step() and not self._nonfinite_continues(rules):
                 self.step_was_skipped = True
                 return None
-        result, self.step_was_skipped = rules.precision.optimizer_step(self.optimizer, closure)
-        if not self.step_was_skipped:
+        result, self._is_overflow = rules.precision.optimizer_step(self.optimizer, closure)
+        # A fused optimizer's verdict stays on the device: the step ran, so the bookkeeping after it
+        # runs too (a skipped update left the weights as they were, which is what it reads).
+        if self._is_overflow is not True:
             if self._after_step is not None:
                 self._after_step()
             for observe in self._rules.step_observers:
