@@ -240,7 +240,9 @@ def wrap_for_distribution(
     """Wrap the (already converted) model and optimizer for multi-process training.
 
     Called by: ``Accelerator.prepare``, on the chosen strategy, after the conversion and before
-    forward autocast wrapping. Return ``(model, optimizer)``. Default: both unchanged.
+    forward autocast wrapping. Return ``(model, optimizer)``. Default: both unchanged. An optimizer
+    whose engine may decline a step (a loss-scale overflow) says so by a ``step_was_skipped``
+    property, read after each step: lowbit then reports the skip and holds the LR schedule.
     """
 
 

@@ -41,7 +41,9 @@ class EngineOwnedOptimizer(torch.optim.Optimizer):
     ``accelerator.backward`` runs ``engine.backward``, and ``engine.step`` at once between
     accumulation boundaries (DeepSpeed counts micro-steps there); the step at a boundary waits
     for the script's ``optimizer.step()``, so that ``accelerator.clip_grad_norm_`` called before
-    it can still clip. ``zero_grad()`` is the engine's business.
+    it can still clip. ``zero_grad()`` is the engine's business. ``step_was_skipped`` is the
+    engine's verdict on its last boundary step (a loss-scale overflow in fp16, an inf/NaN gradient
+    in bf16 ZeRO): lowbit's step reports it and the LR schedule holds, as DeepSpeed's own does.
     """
 
     def __init__(self, ds_optimizer: Any, context: PrepareContext):
@@ -59,6 +61,11 @@ class EngineOwnedOptimizer(torch.optim.Optimizer):
     @property
     def defaults(self):
         return getattr(self.optimizer, "defaults", {})
+
+    @property
+    def step_was_skipped(self) -> bool:
+        engine = run_state(self._context).engine
+        return engine is not None and not engine.was_step_applied()
 
     def step(self, closure=None):
         run_pending_step(self._context)

@@ -16,7 +16,7 @@ from lowbit.kernel.errors import ConfigError  # noqa: E402
 from lowbit.kernel.types import HardwareInfo, PrepareContext  # noqa: E402
 from lowbit_deepspeed.ds_config import build_config  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core" / "builtin"))  # test_distributed.py
 from test_distributed import assert_loss_decreases, launch  # noqa: E402
 
 
@@ -187,3 +187,23 @@ def test_zero3_state_dict_gathers_one_layer_at_a_time_and_clipping_is_for_one_st
     assert result["full"] and all(equal and device == "cpu" for _, equal, device in result["full"].values()), result["full"]
     assert result["largest_gather"] == result["largest_layer"] < result["total"]
     assert result["clipping_after"] == [1.0, 1.0]
+
+
+def test_a_step_deepspeed_skips_is_reported_and_holds_the_lr_schedule():
+    """DeepSpeed's ZeRO optimizers check the gradients for inf/NaN themselves (fp16's loss scaling,
+    bf16's check_grad_overflow) and skip that step: lowbit reported it as taken and stepped the LR
+    schedule on it (fp16 runs begin with several such steps, so warm-up drifted). One process, real
+    DeepSpeed ZeRO-2 in bf16 over gloo."""
+    import os
+    import subprocess
+
+    script = Path(__file__).with_name("overflow_worker.py")
+    env = {**os.environ, "LOWBIT_DISTRIBUTED_TYPE": "DEEPSPEED", "LOWBIT_DEEPSPEED_CONFIG": json.dumps({"zero_stage": 2})}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = json.loads(proc.stdout.strip().splitlines()[-1])["steps"]
+    assert all(step["finite_loss"] for step in steps)
+    assert [step["skipped"] for step in steps] == [False, True, False] == [step["accelerator_says"] for step in steps]
+    assert [step["weights_moved"] for step in steps] == [True, False, True]
+    assert [step["lr"] for step in steps] == pytest.approx([1e-2 / 2, 1e-2 / 2, 1e-2 / 3])
+

@@ -154,6 +154,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
         # Accelerate's own tests set it to fake an overflow); a fused fp16 step's is a DeviceVerdict,
         # read on the host only when asked.
         self._is_overflow: bool | DeviceVerdict = False
+        # A strategy's optimizer that steps through its engine says itself whether the engine took
+        # the step (DeepSpeed skips overflowing ones; its verdict is on the host already).
+        self._reports_skips = isinstance(getattr(type(optimizer), "step_was_skipped", None), property)
 
     @property
     def step_was_skipped(self) -> bool:
@@ -221,6 +224,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
                 self.step_was_skipped = True
                 return None
         result, self._is_overflow = rules.precision.optimizer_step(self.optimizer, closure)
+        if self._reports_skips and self._is_overflow is False:
+            self._is_overflow = self.optimizer.step_was_skipped
         # A fused optimizer's verdict stays on the device: the step ran, so the bookkeeping after it
         # runs too (a skipped update left the weights as they were, which is what it reads).
         if self._is_overflow is not True:
