@@ -12,6 +12,7 @@ import socket
 from typing import Any, Callable
 
 from lowbit.kernel.errors import ConfigError
+from lowbit.runtime.gpu_count import count_gpus_without_cuda_here
 
 
 def _free_port() -> int:
@@ -55,14 +56,13 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: int |
     """``function(*args)`` on every GPU of this machine (or ``num_processes`` of them); on a machine
     without one, ``num_processes`` CPU processes (1 if not given, run here). Multi-machine and
     elastic options (``num_nodes > 1``, rendezvous settings) are refused: use ``lowbit launch``."""
-    import torch
-
     if num_nodes != 1 or node_rank != 0 or any(v not in (None, "", 0, 0.1, "static", "none") for v in launcher_options.values()):
         raise ConfigError("notebook_launcher runs on this machine only; for several machines use `lowbit launch "
                           "--num_machines N --machine_rank R --main_process_ip ...`.")
     env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(use_port), "LOWBIT_MIXED_PRECISION": mixed_precision}
-    if torch.cuda.is_available():
-        _start(function, args, num_processes or torch.cuda.device_count(), env)
+    gpus = count_gpus_without_cuda_here()  # not torch.cuda.is_available(): the children it forks could not use CUDA
+    if gpus:
+        _start(function, args, num_processes or gpus, env)
     elif (num_processes or 1) == 1:
         os.environ.update({"LOWBIT_MIXED_PRECISION": mixed_precision})
         function(*args)
