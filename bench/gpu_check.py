@@ -1,26 +1,40 @@
-"""The GPU machine's verdict in one table: every `gpu` test, then the Llama benchmark.
+"""The GPU machine's verdict in two calls, each inside a short GPU slot (at most 10 minutes a command).
 
-    python bench/gpu_check.py            # (bench/gpu_check.sh run calls this)
+    python bench/gpu_check.py tests [--budget 540]   # (a) every `gpu` test file, each under its own limit
+    python bench/gpu_check.py bench [--budget 540]   # (b) the Llama benchmark, lowbit rows beside their raw twins
+    python bench/gpu_check.py tests --dry-run         # both on a CPU, tiny (CI runs these: the script cannot rot)
+    python bench/gpu_check.py bench --dry-run
 
-Runs ``pytest -m gpu`` over the plugin tests (a test whose library or GPU is absent is skipped
-with the reason), reads the outcome of each from pytest's JUnit XML, and prints one table: test,
-outcome, and why it was skipped or how it failed. Then ``bench/gpu_llama.py``'s table, when a
-CUDA GPU is here. Exit status: 1 when a test failed.
+``bench/gpu_check.sh tests`` and ``... bench`` install the carried wheels and call these. Each part
+prints as it goes, so a call cut short still returns what was done:
+
+(a) ``pytest -m gpu`` on one test file at a time (a file whose library or GPU is absent skips with the
+    reason), each in its own process group under ``--file-timeout`` seconds and the total ``--budget``;
+    a file past its limit is killed with everything it started (``lowbit launch`` grandchildren
+    included) and named. A line per test as its file ends, then the counts. Exit 1 when a test failed.
+(b) ``bench/gpu_llama.py`` with its rows in pairs (each lowbit row next to the hand-written row doing
+    the same work, so every pair is a ratio on its own), every row printed when it ends, stopping
+    cleanly when the budget would not hold another row.
 """
 from __future__ import annotations
 
+import argparse
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-# A lent GPU comes for minutes: each part stops at its limit and the rest still runs.
-TESTS_TIMEOUT_S = 240
-ROW_TIMEOUT_S = 120
+# A lent GPU comes for minutes: one command may run 10, so each part stops itself before 9.
+BUDGET_S = 540
+FILE_TIMEOUT_S = 180
+# Llama-3-8B's layers (4 of them, seq 8192, batch 1, compiled): the hot path's configuration (issue 45).
+BENCH_SHAPE = "llama3-8b-4l"
 
 
 def gpu_test_files() -> list[str]:
@@ -50,45 +64,78 @@ def test_outcomes(report: Path) -> list[tuple[str, str, str]]:
             node = case.find(tag)
             if node is not None:
                 outcome = {"failure": "FAILED", "error": "ERROR", "skipped": "skipped"}[tag]
-                detail = (node.get("message") or node.text or "").strip().splitlines()[0] if (node.get("message") or node.text) else ""
+                text = node.get("message") or node.text or ""
+                detail = text.strip().splitlines()[0] if text.strip() else ""
                 break
         rows.append((name, outcome, detail))
     return rows
 
 
-def main() -> int:
-    print(f"GPU check: {gpu_description()}")
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "gpu.xml"
-        try:
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                                   f"--junitxml={report}", *gpu_test_files()], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=TESTS_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            print(f"the gpu tests ran past {TESTS_TIMEOUT_S} s; stopped (the benchmark still runs)")
-            proc = None
-        if not report.exists():
-            if proc is not None:
-                print(f"pytest did not run (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-            rows = []
-        else:
-            rows = test_outcomes(report)
-    width = max(len(r[0]) for r in rows) if rows else 10
-    print(f"\n{'gpu test':<{width}}  {'outcome':<8}  why")
-    for name, outcome, detail in rows:
-        print(f"{name:<{width}}  {outcome:<8}  {detail[:110]}")
-    counts = {o: sum(1 for r in rows if r[1] == o) for o in ("passed", "skipped", "FAILED", "ERROR")}
-    print("\n" + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
-    import torch
+def run_group(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess | None:
+    """``cmd`` in a process group of its own; past ``timeout`` the whole group is killed (None)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
-    if torch.cuda.is_available():
-        print()
-        # the hot path's configuration (issue 45): Llama-3-8B's layers, 4 of them, seq 8192, batch 1, compiled
-        subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_llama.py"), "--shape", "llama3-8b-4l",
-                        "--row-timeout", str(ROW_TIMEOUT_S)], cwd=ROOT)
-    else:
-        print("benchmark: skipped (bench/gpu_llama.py needs a CUDA GPU)")
-    return 1 if counts["FAILED"] or counts["ERROR"] or not rows else 0
+
+def run_tests(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.budget
+    counts = {"passed": 0, "skipped": 0, "FAILED": 0, "ERROR": 0}
+    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if args.dry_run else {})}
+    files = gpu_test_files()
+    print(f"{len(files)} files hold gpu tests; each may take {args.file_timeout:.0f} s, all {args.budget:.0f} s", flush=True)
+    for index, path in enumerate(files):
+        left = deadline - time.monotonic()
+        if left < 10:
+            print(f"budget spent: not run: {', '.join(files[index:])}", flush=True)
+            counts["ERROR"] += 1
+            break
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "gpu.xml"
+            start = time.monotonic()
+            proc = run_group([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                              f"--junitxml={report}", path], min(args.file_timeout, left), env=env)
+            took = time.monotonic() - start
+            if proc is None:
+                print(f"{path}: stopped after {took:.0f} s, its processes killed", flush=True)
+                counts["ERROR"] += 1
+                continue
+            if not report.exists():
+                print(f"{path}: pytest did not run (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}", flush=True)
+                counts["ERROR"] += 1
+                continue
+            rows = test_outcomes(report)
+        print(f"{path} ({took:.0f} s)", flush=True)
+        for name, outcome, detail in rows:
+            counts[outcome] += 1
+            print(f"  {name:<70} {outcome:<8} {detail[:110]}", flush=True)
+    print(", ".join(f"{n} {o}" for o, n in counts.items() if n) or "no gpu test ran", flush=True)
+    return 1 if counts["FAILED"] or counts["ERROR"] else 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    shape = ["--device", "cpu", "--tiny", "--steps", "1", "--warmup", "1", "--no-compile"] if args.dry_run else \
+        ["--shape", BENCH_SHAPE]
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_llama.py"), *shape, "--budget", str(args.budget)]
+    return subprocess.run(cmd, cwd=ROOT).returncode
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("part", choices=("tests", "bench"))
+    parser.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for the whole part (default {BUDGET_S})")
+    parser.add_argument("--file-timeout", type=float, default=FILE_TIMEOUT_S,
+                        help=f"seconds for one test file (default {FILE_TIMEOUT_S})")
+    parser.add_argument("--dry-run", action="store_true", help="on the CPU, tiny: checks this script, measures nothing")
+    args = parser.parse_args()
+    print(f"GPU check ({args.part}): {'dry run on the CPU' if args.dry_run else gpu_description()}", flush=True)
+    return run_tests(args) if args.part == "tests" else run_bench(args)
 
 
 if __name__ == "__main__":

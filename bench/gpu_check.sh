@@ -4,10 +4,15 @@
 #   bash bench/gpu_check.sh wheels [DIR]   # where pip reaches PyPI: lowbit, its plugins and what a GPU
 #                                          # machine lacks (torchao, pluggy, pytest), as wheels in DIR
 #                                          # (default dist/gpu-wheels; about 5 MiB, printed)
-#   bash bench/gpu_check.sh run [DIR]      # on the GPU machine, no network: installs those wheels beside
-#                                          # the machine's own torch, transformers and accelerate, runs
-#                                          # every `gpu` test that can run and the benchmark, one table
-#   bash bench/gpu_check.sh                # both, on a GPU machine that has network
+#   bash bench/gpu_check.sh tests [DIR]    # on the GPU machine, no network: installs those wheels beside
+#                                          # the machine's own torch, transformers and accelerate and runs
+#                                          # every `gpu` test file, each under its own limit (under 9 min)
+#   bash bench/gpu_check.sh bench [DIR]    # the same install, then the Llama benchmark in pairs (under 9 min)
+#   bash bench/gpu_check.sh run [DIR]      # tests, then bench (a machine without a time slot)
+#   bash bench/gpu_check.sh                # wheels and run, on a GPU machine that has network
+#
+# A lent GPU slot gives 10 minutes a command: `tests` and `bench` are one command each, every
+# result printed as it comes (bench/gpu_check.py). GPU_CHECK_BUDGET sets each part's seconds (540).
 #
 # The run step downloads and builds nothing: the wheels go into a folder on PYTHONPATH (no venv, no
 # build isolation, no editable install); GPU_PYTHON picks the interpreter with the CUDA torch
@@ -35,19 +40,24 @@ make_wheels() {
   echo "wheels in $DIR: $(ls "$DIR" | wc -l) files, $(du -sh "$DIR" | cut -f1) in all"
 }
 
-run_checks() {
+install_wheels() {
   local py=${GPU_PYTHON:-python3} site=.gpu-site
   ls "$DIR"/*.whl > /dev/null || { echo "no wheels in $DIR: run 'bash bench/gpu_check.sh wheels $DIR' where pip works" >&2; exit 2; }
   "$py" -c "import torch" || { echo "$py has no torch: set GPU_PYTHON to the interpreter with the machine's CUDA torch" >&2; exit 2; }
   rm -rf "$site"
   "$py" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$DIR"/*.whl
-  PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}" "$py" -m lowbit.cli.main env
-  PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}" "$py" bench/gpu_check.py
+  export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
+  "$py" -m lowbit.cli.main env
+}
+
+check() {  # one part of bench/gpu_check.py: tests or bench
+  "${GPU_PYTHON:-python3}" bench/gpu_check.py "$1" --budget "${GPU_CHECK_BUDGET:-540}"
 }
 
 case "$STEP" in
   wheels) make_wheels ;;
-  run) run_checks ;;
-  all) make_wheels && run_checks ;;
-  *) echo "usage: bash bench/gpu_check.sh [wheels|run|all] [DIR]" >&2; exit 2 ;;
+  tests|bench) install_wheels && check "$STEP" ;;
+  run) install_wheels && { check tests || status=$?; check bench; exit "${status:-0}"; } ;;
+  all) make_wheels && install_wheels && { check tests || status=$?; check bench; exit "${status:-0}"; } ;;
+  *) echo "usage: bash bench/gpu_check.sh [wheels|tests|bench|run|all] [DIR]" >&2; exit 2 ;;
 esac

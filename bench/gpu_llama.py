@@ -30,15 +30,21 @@ import subprocess
 import sys
 import time
 
-# (label, kind, fp8 backend, its recipe option) for the FP8 rows.
+# (label, kind, fp8 backend, its recipe option) for the FP8 rows, in the order they run: each lowbit
+# torchao row next to its hand-written twin, so that a run cut short still holds whole pairs; then
+# Accelerate's, lowbit without its NaN check (the one host read per step), and the backends that have
+# no raw twin here.
 FP8_ROWS = [("fp8 ao tensorwise", "lowbit", "ao", {"recipe": "tensorwise"}),
+            ("raw torchao tensorwise", "raw_torchao", "ao", {"recipe": "tensorwise"}),
             ("fp8 ao rowwise", "lowbit", "ao", {"recipe": "rowwise"}),
+            ("raw torchao rowwise", "raw_torchao", "ao", {"recipe": "rowwise"}),
+            ("accelerate fp8 (ao)", "accelerate", "ao", {}),
+            ("fp8 ao tensorwise continue", "lowbit_continue", "ao", {"recipe": "tensorwise"}),
             ("fp8 te delayed", "lowbit", "te", {"scaling": "delayed"}),
             ("fp8 te current", "lowbit", "te", {"scaling": "current"}),
-            ("fp8 msamp O2", "lowbit", "msamp", {"opt_level": "O2"}),
-            ("raw torchao tensorwise", "raw_torchao", "ao", {"recipe": "tensorwise"}),
-            ("raw torchao rowwise", "raw_torchao", "ao", {"recipe": "rowwise"}),
-            ("accelerate fp8 (ao)", "accelerate", "ao", {})]
+            ("fp8 msamp O2", "lowbit", "msamp", {"opt_level": "O2"})]
+# Seconds a row is given at least: with less of the budget left, the run stops before it.
+MIN_ROW_S = 60
 
 # Model shapes (LlamaConfig fields), and the sequence length and batch each is run at by default.
 SHAPES = {
@@ -60,12 +66,12 @@ def model_config(seq: int, shape: str):
     return LlamaConfig(**SHAPES[shape][0], max_position_embeddings=seq, use_cache=False)
 
 
-def _lowbit(model, optimizer, precision: str, backend: str | None, options: dict):
+def _lowbit(model, optimizer, precision: str, backend: str | None, options: dict, on_nonfinite_loss: str = "skip"):
     from lowbit import Accelerator
     from lowbit.utils import FP8RecipeKwargs
 
     handlers = [FP8RecipeKwargs(backend=backend, **options)] if precision == "fp8" else []
-    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
+    accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers, on_nonfinite_loss=on_nonfinite_loss)
     model, optimizer = accelerator.prepare(model, optimizer)
     return model, optimizer, accelerator.backward, accelerator.device
 
@@ -128,9 +134,8 @@ def run_one(row: dict, args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     config = model_config(args.seq, args.shape)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    if device.type == "cuda":
-        model.cuda()
+    with torch.device(device):  # built where it trains: 1.9 B parameters initialised on a CPU take minutes
+        model = LlamaForCausalLM(config)
     params = sum(p.numel() for p in model.parameters())
     non_embedding = params - model.get_input_embeddings().weight.numel()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
@@ -140,6 +145,9 @@ def run_one(row: dict, args: argparse.Namespace) -> dict:
         model, optimizer, backward, device = _raw_bf16(model, optimizer, device)
     elif row["kind"] == "accelerate":
         model, optimizer, backward, device = _accelerate(model, optimizer, device)
+    elif row["kind"] == "lowbit_continue":
+        model, optimizer, backward, device = _lowbit(model, optimizer, row["precision"], row["backend"], row["options"],
+                                                     on_nonfinite_loss="continue")
     else:
         model, optimizer, backward, device = _lowbit(model, optimizer, row["precision"], row["backend"], row["options"])
     compiled = args.compile and row["backend"] != "te"
@@ -232,37 +240,61 @@ def raw_counterpart(row: dict, results: list[dict]) -> dict | None:
         return None
     if row["label"] == "bf16":
         return by_label.get("raw bf16")
-    if " ao " in f" {row['label']} " or row["label"].startswith("accelerate"):
-        recipe = row["label"].rsplit(" ", 1)[-1] if " ao " in f" {row['label']} " else "tensorwise"
-        return by_label.get(f"raw torchao {recipe}")
+    if row["backend"] == "ao":  # Accelerate's default recipe is tensorwise
+        return by_label.get(f"raw torchao {row['options'].get('recipe', 'tensorwise')}")
     return None
 
 
-def print_table(results: list[dict], args: argparse.Namespace) -> None:
-    base = results[0]
-    gpu = device_peak(args.device)
-    peak = gpu.tflops if gpu else None
-    predicted = predicted_speedups(args, [r["label"] for r in results], gpu)
-    print(f"Llama-shaped model ({args.shape}), {base['params'] / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} "
-          f"tokens, AdamW, "
-          f"median of {args.steps} steps after {args.warmup}, {'compiled' if args.compile else 'eager'}"
+def print_header(params: int, args: argparse.Namespace, peak) -> None:
+    print(f"Llama-shaped model ({args.shape}), {params / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} "
+          f"tokens, AdamW, median of {args.steps} steps after {args.warmup}, {'compiled' if args.compile else 'eager'}"
           + ("" if peak else "; MFU: dense peak of this device unknown"))
-    print(f"{'row':<24}{'step ms':>9}{'tok/s':>10}{'vs bf16':>9}{'predicted':>10}{'peak GiB':>10}{'vs bf16':>9}"
-          f"{'vs raw':>9}{'MFU':>7}{'loss':>9}  compiled")
-    for r in results:
-        raw = raw_counterpart(r, results)
+    print(f"{'row':<28}{'step ms':>9}{'tok/s':>10}{'vs bf16':>9}{'predicted':>10}{'peak GiB':>10}{'vs bf16':>9}"
+          f"{'vs raw':>9}{'MFU':>7}{'loss':>9}  compiled", flush=True)
+
+
+def row_line(r: dict, results: list[dict], args: argparse.Namespace, peak, predicted: dict[str, float]) -> str:
+    """One row of the table; "vs raw" where its hand-written twin has run (for a raw row: its lowbit
+    twin's ratio, so each pair's overhead shows as soon as the pair is done)."""
+    base = results[0]
+    raw = raw_counterpart(r, results)
+    if raw is None and r["label"].startswith("raw "):
+        twins = [t for t in results if raw_counterpart(t, results) is r and t["kind"] == "lowbit"]
+        vs_raw = f"{twins[0]['step_ms'] / r['step_ms']:>8.3f}x" if twins else f"{'-':>9}"
+    else:
         vs_raw = f"{r['step_ms'] / raw['step_ms']:>8.3f}x" if raw else f"{'-':>9}"
-        graphs = f"  {r['graphs']} graphs, {r['graph_breaks']} breaks" if r["compiled"] else "  eager"
-        mfu = f"{100 * r['tflops'] / peak:>6.1f}%" if peak else f"{'-':>7}"
-        guess = f"{predicted[r['label']]:>9.2f}x" if r["label"] in predicted else f"{'-':>10}"
-        print(f"{r['label'] + ('' if r['compiled'] or not args.compile else ' (eager)'):<24}{r['step_ms']:>9.1f}"
-              f"{r['tokens_per_s']:>10.0f}{base['step_ms'] / r['step_ms']:>8.2f}x{guess}{r['peak_gib']:>10.2f}"
-              f"{r['peak_gib'] / base['peak_gib']:>8.2f}x{vs_raw}{mfu}{r['final_loss']:>9.4f}{graphs}")
+    graphs = f"  {r['graphs']} graphs, {r['graph_breaks']} breaks" if r["compiled"] else "  eager"
+    mfu = f"{100 * r['tflops'] / peak:>6.1f}%" if peak else f"{'-':>7}"
+    guess = f"{predicted[r['label']]:>9.2f}x" if r["label"] in predicted else f"{'-':>10}"
+    return (f"{r['label'] + ('' if r['compiled'] or not args.compile else ' (eager)'):<28}{r['step_ms']:>9.1f}"
+            f"{r['tokens_per_s']:>10.0f}{base['step_ms'] / r['step_ms']:>8.2f}x{guess}{r['peak_gib']:>10.2f}"
+            f"{r['peak_gib'] / base['peak_gib']:>8.2f}x{vs_raw}{mfu}{r['final_loss']:>9.4f}{graphs}")
+
+
+def print_legend(gpu) -> None:
     print("vs bf16: speed-up (bf16 step time / this one) and memory ratio; predicted: lowbit's FP8 payoff prediction "
           f"of that speed-up{'' if gpu and gpu.memory_tbps else ' (for an H100: this device has no figures)'} "
           "(docs/fp8-payoff.md); vs raw: step time / the hand-written row doing the same work (raw bf16, raw torchao "
-          "of the same recipe): lowbit's and Accelerate's overhead; "
+          "of the same recipe), on a raw row its lowbit twin's: lowbit's and Accelerate's overhead; "
           "MFU against the dense bf16 peak.")
+
+
+def run_row(cmd: list[str], timeout: float) -> tuple[str, str | dict]:
+    """One row in its own process group (a row cut short leaves no process on the GPU):
+    ("ok", result), ("timeout", ""), or ("failed", stderr)."""
+    import os
+    import signal
+
+    proc = subprocess.Popen(cmd, start_new_session=True, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return "timeout", ""
+    if proc.returncode != 0:
+        return "failed", err
+    return "ok", json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -276,6 +308,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="--shape tiny: checks the script, measures nothing")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--row-timeout", type=float, default=1800, help="seconds a row may take (default 1800)")
+    parser.add_argument("--budget", type=float, default=float("inf"),
+                        help="seconds for all rows: a row that would start with less than a minute left is not run")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.shape = "tiny" if args.tiny else args.shape
@@ -284,24 +318,35 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(json.loads(args.one), args)))
         return
-    results = []
-    for row in rows_to_run(args):
+    deadline = time.monotonic() + args.budget
+    gpu = device_peak(args.device)
+    peak = gpu.tflops if gpu else None
+    rows = rows_to_run(args)
+    predicted = predicted_speedups(args, [r["label"] for r in rows], gpu)
+    results: list[dict] = []
+    for index, row in enumerate(rows):
+        left = deadline - time.monotonic()
+        if left < MIN_ROW_S:
+            print(f"budget of {args.budget:.0f} s spent: not run: {', '.join(r['label'] for r in rows[index:])}", flush=True)
+            break
         cmd = [sys.executable, __file__, "--one", json.dumps(row), "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device, "--shape", args.shape,
                *([] if args.compile else ["--no-compile"])]
         print(f"running {row['label']} ...", file=sys.stderr, flush=True)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.row_timeout)
-        except subprocess.TimeoutExpired:
-            print(f"{row['label']}: stopped after {args.row_timeout:.0f} s", file=sys.stderr)
+        timeout = min(args.row_timeout, left)
+        status, result = run_row(cmd, timeout)
+        if status != "ok":
+            print(f"{row['label']}: " + (f"stopped after {timeout:.0f} s" if status == "timeout" else f"failed\n{result[-2000:]}"),
+                  file=sys.stderr, flush=True)
+            if index == 0:
+                sys.exit("bf16 did not run: nothing to compare with")
             continue
-        if proc.returncode != 0:
-            print(f"{row['label']}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
-            continue
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    if not results or results[0]["label"] != "bf16":
-        sys.exit("bf16 did not run: nothing to compare with")
-    print_table(results, args)
+        result.update(kind=row["kind"], backend=row["backend"], options=row["options"])
+        results.append(result)
+        if index == 0:
+            print_header(result["params"], args, peak)
+        print(row_line(result, results, args, peak, predicted), flush=True)
+    print_legend(gpu)
 
 
 if __name__ == "__main__":

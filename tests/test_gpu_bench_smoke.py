@@ -2,6 +2,7 @@
 tiny model, every row that can run here. Checks the script and its table, measures nothing."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,17 +12,56 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_gpu_benchmark_runs_every_row_it_can_and_prints_its_table():
+def test_the_gpu_check_bench_part_runs_its_rows_in_pairs_each_printed_when_done():
+    """``bench/gpu_check.py bench --dry-run``: the benchmark part of the GPU check on the CPU, tiny:
+    every row that can run here, each lowbit row followed by its hand-written twin, every row's line
+    printed (with the pair's ratio) as it ends, not after the last."""
     pytest.importorskip("transformers")
     pytest.importorskip("lowbit_ao")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_llama.py"), "--device", "cpu", "--tiny", "--steps", "1",
-                           "--warmup", "1", "--no-compile", "--seq", "32", "--batch", "2"],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "bench", "--dry-run"],
                           capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    table = proc.stdout
-    for row in ("bf16", "raw bf16", "fp8 ao tensorwise", "fp8 ao rowwise", "raw torchao tensorwise", "raw torchao rowwise"):
-        assert f"\n{row} " in table, table
+    lines = [line.split("  ")[0].strip() for line in proc.stdout.splitlines()]
+    pairs = ["bf16", "raw bf16", "fp8 ao tensorwise", "raw torchao tensorwise", "fp8 ao rowwise", "raw torchao rowwise"]
+    found = [line for line in lines if line in pairs]
+    assert found == pairs, proc.stdout
+    for twin in ("raw bf16", "raw torchao tensorwise", "raw torchao rowwise"):  # the pair's ratio on the twin's line
+        line = next(line for line in proc.stdout.splitlines() if line.startswith(twin + " "))
+        assert re.search(r" \d+\.\d{3}x", line), line  # "vs raw" has three decimals
+    assert "fp8 ao tensorwise continue" in proc.stdout
     assert "failed" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_the_gpu_benchmark_stops_cleanly_when_its_budget_would_not_hold_another_row():
+    pytest.importorskip("transformers")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_llama.py"), "--device", "cpu", "--tiny", "--steps", "1",
+                           "--warmup", "1", "--no-compile", "--budget", "75"],
+                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "\nbf16 " in proc.stdout and "budget of 75 s spent: not run: " in proc.stdout, proc.stdout
+
+
+def test_the_gpu_check_tests_part_runs_each_file_alone_and_names_each_outcome():
+    """``bench/gpu_check.py tests --dry-run``: every file holding `gpu` tests, one pytest each, a line
+    per test with its outcome (here: skipped, saying what is missing), the counts last."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "tests", "--dry-run"],
+                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "tests/plugins/ao/test_ao_gpu.py (" in proc.stdout
+    assert "test_ao_gpu::test_real_fp8_gemms_train_close_to_bf16[tensorwise]" in proc.stdout
+    assert "needs a CUDA GPU" in proc.stdout and proc.stdout.rstrip().splitlines()[-1].endswith("skipped")
+
+
+def test_a_test_file_past_its_limit_is_killed_with_every_process_it_started(tmp_path):
+    """A stalled file (a `lowbit launch` grandchild waiting on a GPU) must not outlive its limit:
+    the whole process group goes, grandchildren included."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_check
+
+    pid_file = tmp_path / "grandchild.pid"
+    assert gpu_check.run_group(["bash", "-c", f"sleep 300 & echo $! > {pid_file}; wait"], timeout=2) is None
+    state = Path(f"/proc/{pid_file.read_text().strip()}/status")
+    assert not state.exists() or "zombie" in state.read_text()
 
 
 def test_the_formats_benchmark_runs_every_format_and_prints_the_gap_to_bf16(tmp_path):
