@@ -184,6 +184,10 @@ def test_telemetry_off_by_default_and_unsupported_backends_say_so():
 
 @pytest.mark.multiprocess
 def test_profile_under_two_processes_writes_one_trace_per_rank(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "builtin"))  # test_distributed.py
     from test_distributed import launch
 
     launch(tmp_path, "profile")

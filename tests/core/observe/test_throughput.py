@@ -197,7 +197,10 @@ def test_under_model_parallelism_the_count_is_per_device_and_tokens_per_data_par
     def metered(data_parallel: int, model_parallel: int) -> ThroughputMeter:
         meter = ThroughputMeter(torch.device("cpu"), data_parallel, "bf16", is_main=False, model_parallel=model_parallel)
         meter.copy_structure(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 8)))
-        meter.on_batch({"input_ids": torch.zeros(4, 16, dtype=torch.long), "x": torch.randn(4, 16, 32)}, 0.0)
+        batch = {"input_ids": torch.zeros(4, 16, dtype=torch.long), "x": torch.randn(4, 16, 32)}
+        meter.on_batch(batch, 0.0)
+        meter.on_step()
+        meter.on_batch(batch, 0.0)  # counted here, at the batch after the first step
         meter.on_step()
         return meter
 
@@ -206,3 +209,172 @@ def test_under_model_parallelism_the_count_is_per_device_and_tokens_per_data_par
     assert whole.flops_per_unit == 3 * 2 * 16 * (32 * 64 + 64 * 8) * 4 / 64  # per token of the 4 x 16 batch
     assert split.flops_per_unit == whole.flops_per_unit / 2
     assert split.latest["throughput/tokens_per_s"] == pytest.approx(split.latest["throughput/tokens_per_s_per_device"] * 2)
+
+
+# ---------------------------------------------------------------- the meter never changes a run
+
+
+class _Stochastic(torch.nn.Module):
+    """Draws from every global stream in its forward: dropout (torch's CPU generator), a layer drop
+    by torch.rand, and Python's and NumPy's random modules."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+        self.dropout = torch.nn.Dropout(0.3)
+
+    def forward(self, x):
+        import random
+
+        import numpy
+
+        for layer in self.layers:
+            if self.training and random.random() < 0.2:  # layer drop
+                continue
+            keep = (torch.rand(x.shape[0], 1) > 0.1).to(x.device)  # stochastic depth per sample, drawn on the CPU
+            x = self.dropout(torch.relu(layer(x))) * keep * (1 + 0.01 * float(numpy.random.rand()))
+        return x
+
+
+def _losses(meter_on: bool, monkeypatch) -> list[float]:
+    import random
+
+    import numpy
+
+    monkeypatch.setenv("LOWBIT_THROUGHPUT", "1" if meter_on else "0")
+    torch.manual_seed(0)
+    random.seed(0)
+    numpy.random.seed(0)
+    accelerator = Accelerator(cpu=True)
+    model = _Stochastic()
+    data = DataLoader(torch.randn(48, 16), batch_size=4, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), data)
+    losses = []
+    for batch in loader:
+        loss = model(batch).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert (accelerator._throughput is not None and accelerator._throughput.flops_per_unit) or not meter_on
+    return losses
+
+
+def test_the_count_leaves_every_random_stream_as_it_found_it(monkeypatch):
+    """The count's forward draws too (dropout, layer drop): with the meter on, a stochastic model
+    trained differently from step 2 on. Now the run is the same, bit for bit."""
+    assert _losses(True, monkeypatch) == _losses(False, monkeypatch)
+
+
+def test_the_count_runs_no_hook_of_the_users_and_copies_no_tensor_for_real():
+    """A hook on the user's model (a logger, a counter, one that calls .cpu()) ran during the count,
+    with fake values; a plain tensor attribute (not a parameter or buffer) was copied for real."""
+    from lowbit.runtime.observe.fp8_payoff import meta_copy
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    model.table = torch.ones(4096, 4096)  # 64 MB, a plain attribute
+    seen = []
+    model[0].register_forward_hook(lambda module, args, out: seen.append(out.detach().cpu().sum().item()))
+    model[1].register_forward_pre_hook(lambda module, args: seen.append("pre"))
+    copy = meta_copy(model)
+    assert copy.table.device.type == "meta" and copy[0].weight.device.type == "meta"
+    assert not copy[0]._forward_hooks and not copy[1]._forward_pre_hooks and model[0]._forward_hooks
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                                   DataLoader(torch.randn(12, 8), batch_size=4))
+    for batch in loader:
+        accelerator.backward(model(batch).sum())
+        optimizer.step()
+    assert len(seen) == 6  # three forwards, two hooks each: none during the count
+    assert accelerator._throughput.flops_per_unit == 3 * 2 * (8 * 8 + 8 * 2)
+
+
+def test_torchs_own_hooks_stay_in_the_copy():
+    """weight_norm computes its weight in a forward pre-hook: part of the module's computation."""
+    from lowbit.runtime.observe.fp8_payoff import meta_copy, trace_work
+
+    model = torch.nn.utils.weight_norm(torch.nn.Linear(8, 4))
+    work = trace_work(meta_copy(model), (torch.zeros(2, 8, device="meta"),), {})
+    assert [(layer.in_features, layer.out_features) for layer in work.linears] == [(8, 4)]
+
+
+class _SharedBlock(torch.nn.Module):
+    """ALBERT-style: one block applied three times per forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        for _ in range(3):
+            x = torch.relu(self.block(x))
+        return self.head(x)
+
+
+class _ItemShape(torch.nn.Module):
+    """Uses a tensor's value as a shape: how many rows to keep."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        keep = int((x[:, 0] > -100).sum().item())
+        return self.linear(x[:keep])
+
+
+def _counted(model, batches=3):
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                                                   DataLoader(torch.randn(4 * batches, 16), batch_size=4))
+    for batch in loader:
+        accelerator.backward(model(batch).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+    return accelerator
+
+
+def test_a_block_applied_several_times_is_counted_each_time():
+    assert _counted(_SharedBlock())._throughput.flops_per_unit == 3 * 2 * (3 * 16 * 16 + 16 * 4)
+
+
+def test_a_forward_sized_by_a_host_read_value_is_not_counted_but_said(recwarn):
+    """``.item()`` as a shape has no value on meta: the count took it as 1 (1/64 of the work here)."""
+    accelerator = _counted(_ItemShape())
+    assert "throughput/tflops_per_device" not in accelerator.throughput and "throughput/samples_per_s" in accelerator.throughput
+    notes = [str(w.message) for w in recwarn if "FLOPs were not counted" in str(w.message)]
+    assert len(notes) == 1 and ".item()" in notes[0]
+
+
+def test_grouped_gemms_are_counted_and_a_custom_op_leaves_the_figure_out():
+    """MoE experts run as one grouped GEMM (torch._grouped_mm): its work counts. A library's custom
+    op (flash-attn's, Transformer Engine's) has work the tracer cannot see: refused, not zero."""
+    from lowbit.runtime.observe.fp8_payoff import UncountableForward, trace_work
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(4, 32, 16, dtype=torch.bfloat16))
+
+        def forward(self, x):
+            offsets = torch.tensor([16, 32, 48, 64], dtype=torch.int32, device=x.device)
+            return torch._grouped_mm(x, self.weight, offs=offsets)
+
+    x = torch.zeros(64, 32, dtype=torch.bfloat16, device="meta")
+    assert trace_work(Experts(), (x,), {}).other_gemm_flops == 2 * 64 * 32 * 16
+
+    @torch.library.custom_op("lowbit_test::fused_thing", mutates_args=())
+    def fused_thing(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @fused_thing.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class UsesCustomOp(torch.nn.Module):
+        def forward(self, x):
+            return fused_thing(x)
+
+    with pytest.raises(UncountableForward, match="lowbit_test::fused_thing"):
+        trace_work(UsesCustomOp(), (torch.zeros(4, 8, device="meta"),), {})

@@ -20,6 +20,7 @@ Calibration and validation, with sources: docs/fp8-payoff.md.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -208,7 +209,16 @@ def predict(work: ModelWork, gpu: DevicePeak, recipe: str, cost: RecipeCost, kee
 
 # --- counting the model's work on the meta device --------------------------------------------
 
-_GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm"}
+# Each a GEMM of 2 x (elements of A) x (columns of B) FLOPs; grouped GEMMs (MoE experts) too, the
+# groups partitioning A's rows (or, for the weight gradient, the shared inner dim).
+_GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_mm", "_scaled_grouped_mm"}
+# Namespaces of the ops whose work the tracer knows (anything else, a library's custom op such as
+# flash-attn's or Transformer Engine's, has work it cannot see: the count is refused, never short).
+_KNOWN_NAMESPACES = {"aten", "prim", "prims"}
+
+
+class UncountableForward(Exception):
+    """The forward's work cannot be counted from shapes alone; the message says what and why."""
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -252,6 +262,8 @@ class _PointwiseTracer(TorchDispatchMode):
         self.other_gemm_flops = 0.0
         self.in_linear = 0
         self.seen: list[Any] = []  # holds every tensor seen, so that ids are never reused
+        # Why the count would be wrong, if it would: a value read on the host, an op of unknown work.
+        self.uncountable: list[str] = []
 
     def _root(self, tensor: torch.Tensor) -> int:
         key = id(tensor)
@@ -274,9 +286,15 @@ class _PointwiseTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.name() == "aten::_local_scalar_dense":
-            # A value read on the host (a model's data-dependent check, e.g. transformers' test for
-            # packed sequences) has no value on meta: taken as 1 (true), the plain path.
+            # A value read on the host has no value on meta. A yes/no check (transformers' test for
+            # packed sequences) takes the plain path (true); a number may size the work that follows
+            # (``.item()`` as a shape), which a shape-only count cannot know.
+            if args[0].dtype != torch.bool:
+                self.uncountable.append("it reads a tensor's value on the host (.item(), int(t)), which may size its "
+                                        "work, and a count from shapes alone cannot know it")
             return True if args[0].dtype == torch.bool else 1
+        if func.namespace not in _KNOWN_NAMESPACES:
+            self.uncountable.append(f"it calls {func.name()}, a custom op whose work lowbit cannot see")
         out = func(*args, **kwargs)
         inputs = [t for t in _flat(args, kwargs) if isinstance(t, torch.Tensor)]
         outputs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]
@@ -293,7 +311,7 @@ class _PointwiseTracer(TorchDispatchMode):
                 if self.region_of[r] is not None:
                     self.read_outside.add(r)
             if name in _GEMM_OPS and not self.in_linear:
-                a, b = inputs[-2], inputs[-1]
+                a, b = inputs[-2:] if name in ("addmm", "baddbmm") else inputs[:2]  # after the bias / before scales
                 self.other_gemm_flops += 2 * a.numel() * b.shape[-1]
             for t in outputs:
                 self.boundary(t, level + 1)
@@ -389,6 +407,8 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
     finally:
         for handle in handles:
             handle.remove()
+    if tracer.uncountable:
+        raise UncountableForward("; ".join(dict.fromkeys(tracer.uncountable)))
     return ModelWork(linears, counter.attention_flops, tracer.other_gemm_flops, pointwise,
                      tracer.eager_bytes, sum(_meta_like(p).numel() for p in model.parameters()))
 
@@ -399,22 +419,63 @@ def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model``'s structure whose weights and buffers are meta tensors: no memory, and
-    tracing it touches nothing of the model (no strategy hook, no compiled code, no state)."""
+    """A copy of ``model``'s structure whose every tensor is a meta tensor: no memory, and tracing it
+    touches nothing of the model (no strategy hook, no compiled code, no state, no hook of the user's).
+
+    Not only parameters and buffers: any tensor the copy meets (a plain attribute such as a rotary
+    cache, a tensor in a list) becomes a meta tensor of its shape, so the copy allocates nothing on
+    any device. Hooks registered on the model (a logging hook, a counter, one that calls ``.cpu()``)
+    are left out of the copy unless torch's own (weight norm, pruning): the count runs no code of the
+    user's but the modules' forwards."""
     import copy
 
     model = getattr(model, "_orig_mod", model)
-    memo: dict[int, Any] = {}
-    for tensor in [*model.parameters(), *model.buffers()]:
-        meta = _meta_like(tensor)
-        memo[id(tensor)] = nn.Parameter(meta, requires_grad=tensor.requires_grad) if isinstance(tensor, nn.Parameter) else meta
-    copied = copy.deepcopy(model, memo)
-    # A forward set on an instance (TRL's SFTTrainer, Accelerate's autocast, a script's patch) often
-    # closes over the original module's bound forward, which a copy cannot rebind: tracing it would
-    # run the original model. The copy counts its class's forward, the model's own computation.
+    with _tensors_copied_as_meta():
+        copied = copy.deepcopy(model)
     for module in copied.modules():
+        # A forward set on an instance (TRL's SFTTrainer, Accelerate's autocast, a script's patch) often
+        # closes over the original module's bound forward, which a copy cannot rebind: tracing it would
+        # run the original model. The copy counts its class's forward, the model's own computation.
         module.__dict__.pop("forward", None)
+        for hooks in _HOOK_DICTS:
+            table = getattr(module, hooks, None)
+            if isinstance(table, dict):
+                for key in [key for key, hook in table.items() if not _is_torchs_own(hook)]:
+                    del table[key]
     return copied
+
+
+# nn.Module's hook tables (each an ordered dict id -> hook) that run during a forward or backward.
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _is_torchs_own(hook: Any) -> bool:
+    """A hook torch registers as part of a module's computation (weight norm, spectral norm, pruning)."""
+    owner = getattr(hook, "__module__", None) or getattr(type(hook), "__module__", "")
+    return owner.startswith("torch.")
+
+
+@contextlib.contextmanager
+def _tensors_copied_as_meta():
+    """Within: ``copy.deepcopy`` turns each tensor into a meta tensor of its (whole) shape and dtype,
+    a Parameter into a meta Parameter. Patched on the classes for the copy's length: the memo of a
+    deepcopy only reaches the tensors it is told of, and a model's plain tensor attributes are not."""
+    def tensor_copy(tensor, memo):
+        meta = _meta_like(tensor)
+        memo[id(tensor)] = meta
+        return meta
+
+    def parameter_copy(param, memo):
+        meta = nn.Parameter(_meta_like(param), requires_grad=param.requires_grad)
+        memo[id(param)] = meta
+        return meta
+
+    saved = torch.Tensor.__deepcopy__, nn.Parameter.__deepcopy__
+    torch.Tensor.__deepcopy__, nn.Parameter.__deepcopy__ = tensor_copy, parameter_copy
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__, nn.Parameter.__deepcopy__ = saved
 
 
 def first_last(work: ModelWork) -> dict[str, str]:

@@ -13,9 +13,11 @@ beside it: one peak does not describe a mixed run. Nothing here reads the device
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -135,6 +137,11 @@ class ThroughputMeter:
         self._low_precision_layers = set(low_precision_layers)
 
     def on_batch(self, batch: Any, wait_s: float) -> None:
+        if self._first_batch is not None and self.steps:
+            # once, at the first batch after the first optimizer step: in the loader, never inside a
+            # step the user may have compiled (torch.compile(optimizer.step)), which the count's eager
+            # trace cannot run in
+            self.count_flops()
         self._batch = batch_counts(batch)
         self._since["samples"] += self._batch[0]
         self._since["tokens"] += self._batch[1] or 0
@@ -147,8 +154,9 @@ class ThroughputMeter:
         self._batch = (self._batch[0], int(tokens))
 
     def count_flops(self) -> None:
-        """The one FLOP count (after the first step): the watched model's forward traced on the
-        first batch's shapes. A count that fails leaves TFLOP/s and MFU out, with one note."""
+        """The one FLOP count (at the batch after the first step): the watched model's forward traced
+        on the first batch's shapes. A count that fails, or that could be wrong (a value read on the
+        host sizes the work, a custom op's work is unseen), leaves TFLOP/s and MFU out, with one note."""
         if self._model is None or self._first_batch is None or self.flops_per_unit is not None:
             return
         model, self._model = self._model, None  # counted once; the copy is not kept
@@ -157,7 +165,8 @@ class ThroughputMeter:
         try:
             if isinstance(model, Exception):
                 raise model
-            work, call = _trace_first_batch(model, batch)
+            with _random_state_kept(self.device):
+                work, call = _trace_first_batch(model, batch)
         except Exception as exc:  # noqa: BLE001 - an instrument never breaks the run
             from lowbit.kernel.notices import note
 
@@ -166,7 +175,9 @@ class ThroughputMeter:
                  f"({_calls_tried(batch)}): {type(exc).__name__}: {str(exc)[:200]}")
             return
         units = tokens or samples
-        linear = {layer.name: 2 * layer.tokens * layer.in_features * layer.out_features for layer in work.linears}
+        linear: dict[str, float] = {}  # per layer, every call summed (a block shared across depth runs each time)
+        for layer in work.linears:
+            linear[layer.name] = linear.get(layer.name, 0) + 2 * layer.tokens * layer.in_features * layer.out_features
         gemm = sum(linear.values()) + work.other_gemm_flops + work.attention_flops
         if not units or not gemm:
             return
@@ -182,8 +193,6 @@ class ThroughputMeter:
         since, self._last_step = self._since, now
         self._since = {"samples": 0, "tokens": 0, "wait": 0.0}
         self.steps += 1
-        if self._first_batch is not None:
-            self.count_flops()  # once: after the first step a prepared dataloader fed (then None again)
         self._last = (seconds, since)  # the figures are worked out when read, not every step
         if self.is_main and self.every_s > 0 and now - self._last_said >= self.every_s:
             self._last_said = now
@@ -285,6 +294,26 @@ def _trace_first_batch(model: torch.nn.Module, batch: Any) -> tuple[Any, str]:
         except Exception as exc:  # noqa: BLE001 - try the next convention
             first_error = first_error or exc
     raise first_error or ValueError("the batch holds no tensor")
+
+
+@contextlib.contextmanager
+def _random_state_kept(device: torch.device):
+    """Every random stream the user's run draws from, as it was before: torch's CPU generator and the
+    device's, Python's ``random`` and NumPy's global one. The count's forward may draw (dropout, layer
+    drop, stochastic depth); the run must train as it would with the meter off."""
+    import random
+
+    numpy = sys.modules.get("numpy")  # only if the run imported it
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            if numpy_state is not None:
+                numpy.random.set_state(numpy_state)
 
 
 def _flops(tflops: float) -> str:
