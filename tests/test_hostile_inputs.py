@@ -178,6 +178,23 @@ def test_a_nan_gradient_under_a_finite_loss_is_reported_and_its_step_skipped(cli
     assert torch.isfinite(model.weight).all()
 
 
+def test_a_nan_gradient_outside_the_clipped_parameters_is_caught_too(recwarn):
+    """clip_grad_norm_(body) and a NaN in the head's gradient: the norm is finite, yet the head's
+    step would make its weights NaN. The verdict covers every parameter the optimizer updates."""
+    torch.manual_seed(0)
+    acc = Accelerator(cpu=True)
+    body, head = nn.Linear(4, 4), nn.Linear(4, 1)
+    model = nn.Sequential(body, head)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    head.weight.register_hook(lambda grad: grad * float("nan"))
+    acc.backward(model(torch.randn(8, 4)).pow(2).mean())
+    norm = acc.clip_grad_norm_(body.parameters(), 1.0)
+    assert torch.isfinite(norm)
+    opt.step()
+    assert acc.optimizer_step_was_skipped and torch.isfinite(head.weight).all()
+    assert any("optimizer step 1 is NaN or inf" in str(w.message) for w in recwarn)
+
+
 def test_a_checkpoint_on_read_only_storage_loads_beside_a_leftover_temp_directory(tmp_path, monkeypatch, recwarn):
     import shutil
 

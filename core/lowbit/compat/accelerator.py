@@ -651,7 +651,7 @@ class Accelerator(RankFacts):
         if torch.is_tensor(norm) and not self._strategy_owns_precision():
             # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
             plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
-            self.step_rules.observe_finite(plain, gradients=True)
+            self.step_rules.observe_finite(plain, clipped=parameters)
         return norm
 
     @contextlib.contextmanager

@@ -65,8 +65,9 @@ class StepRules:
     # Whether every loss (and gradient) since the last optimizer step was finite: one bool tensor,
     # folded on the device and read once, at the step (None: nothing seen yet).
     finite_since_step: Any = None
-    # clip_grad_norm_ folded the gradients' norm since the last step, so the step need not read them.
-    gradients_observed: bool = False
+    # The parameters whose gradients clip_grad_norm_ folded (by its norm) since the last step: the
+    # step reads the others' only (a script may clip the body and leave the head unclipped).
+    clipped: set[int] = field(default_factory=set)
     optimizer_steps: int = 0
 
     @property
@@ -75,29 +76,34 @@ class StepRules:
         behaviour: no check, so no host sync), nor where the loss scaler or the strategy does."""
         return self.on_nonfinite_loss != "continue" and not self.precision.skips_nonfinite_steps
 
-    def observe_finite(self, value: torch.Tensor, gradients: bool = False) -> None:
-        """Fold a loss or gradient norm into the flag the next optimizer step reads (no host sync)."""
+    def observe_finite(self, value: torch.Tensor, clipped: list[torch.Tensor] | None = None) -> None:
+        """Fold a loss or gradient norm into the flag the next optimizer step reads (no host sync);
+        ``clipped``: the parameters whose gradients ``value`` is the norm of."""
         if not self.checks_nonfinite:
             return
+        if clipped is not None:
+            self.clipped.update(id(p) for p in clipped)
         flag = torch.isfinite(value.detach()).all()
         if self.finite_since_step is None:
             self.finite_since_step = flag
         else:  # a model spread over devices (device_map) gives flags on several
             self.finite_since_step = self.finite_since_step & flag.to(self.finite_since_step.device)
-        self.gradients_observed |= gradients
 
     def observe_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        """Fold whether the gradients this step applies are finite, unless clip_grad_norm_ already did.
+        """Fold whether the gradients this step applies are finite: every parameter ``optimizer``
+        updates, but those clip_grad_norm_ already folded.
 
         A NaN/inf gradient can come from a finite loss (an overflow in backward); NaN and inf
         survive the reduction (``finite_reduction``), read with the step's verdict: no host sync
         here. Each rank reads its own shard."""
-        if self.check_gradients and self.checks_nonfinite and not self.gradients_observed:
+        if self.check_gradients and self.checks_nonfinite:
+            clipped = self.clipped
             grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"]
-                     if isinstance(getattr(p, "grad", None), torch.Tensor) and p.grad.is_floating_point()]
+                     if id(p) not in clipped and isinstance(getattr(p, "grad", None), torch.Tensor)
+                     and p.grad.is_floating_point()]
             if grads:
-                self.observe_finite(finite_reduction(grads, self.precision.device), gradients=True)
-        self.gradients_observed = False
+                self.observe_finite(finite_reduction(grads, self.precision.device))
+        self.clipped = set()
 
     def nonfinite_before_step(self) -> bool:
         """Whether a loss or gradient since the last step was NaN/inf: the one host sync of a step
