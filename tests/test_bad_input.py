@@ -118,3 +118,22 @@ def test_launch_with_fp8_options_but_no_fp8_precision_is_an_error(tmp_path, caps
     assert main(["launch", "--fp8_backend", "te", str(script)]) == 2
     err = capsys.readouterr().err
     assert "LOWBIT_FP8_BACKEND" in err and "mixed_precision is 'no'" in err and "--mixed_precision fp8" in err
+
+
+@pytest.mark.parametrize("name, value, wanted", [
+    ("LOWBIT_PREEMPTION_POLL_STEPS", "abc", "a whole number at least 1"),
+    ("LOWBIT_PREEMPTION_POLL_STEPS", "0", "out of range: it takes a whole number at least 1"),
+    ("LOWBIT_THROUGHPUT_EVERY", "abc", "a number at least 0"),
+    ("LOWBIT_THROUGHPUT_EVERY", "-5", "out of range"),
+    ("LOWBIT_ARRIVAL_TIMEOUT", "0", "more than 0"),
+])
+def test_a_bad_number_in_a_lowbit_variable_is_refused_at_the_start_naming_it(monkeypatch, name, value, wanted):
+    """LOWBIT_PREEMPTION_POLL_STEPS=0 was a ZeroDivisionError on rank 1 mid-run, =abc a bare
+    ValueError at import; LOWBIT_THROUGHPUT_EVERY=abc named nothing. Read when the Accelerator is
+    made, refused with the variable, its value and the range it takes."""
+    from lowbit.kernel.errors import ConfigError
+    from lowbit.runtime.process_group import arrival_timeout
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=rf"{name}={value!r}.*{wanted}.*unset it for the default"):
+        arrival_timeout() if name == "LOWBIT_ARRIVAL_TIMEOUT" else Accelerator(cpu=True)

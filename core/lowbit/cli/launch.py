@@ -24,6 +24,7 @@ from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
 from lowbit.kernel.first_party import first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.cli.run_script import patching_wanted
+from lowbit.kernel.env_numbers import env_number
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.recipes import FP8_ENV_PREFIX
 from lowbit.kernel.types import NATIVE_PRECISIONS
@@ -130,8 +131,13 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     env_raw = config_from_env(os.environ)
     config = validate_config(merge_raw(file_raw, env_raw, flags_raw), where=str(path), check_fp8_keys=False)
     gpu_ids = _gpu_ids(config.gpu_ids)
+    machine_gpus = _visible_gpu_count() if not config.use_cpu else 0
+    if gpu_ids and not machine_gpus:
+        print(f"lowbit launch: note: --gpu_ids {config.gpu_ids} names GPUs, but {'--cpu was given' if config.use_cpu else 'this machine shows none'}: "
+              "the flag does nothing here (--num_processes sets how many CPU processes).", file=sys.stderr, flush=True)
+        gpu_ids = []
     if not any("num_processes" in raw for raw in (file_raw, env_raw, flags_raw)) and not config.use_cpu:
-        visible = len(gpu_ids) if gpu_ids else _visible_gpu_count()
+        visible = len(gpu_ids) if gpu_ids else machine_gpus
         if visible > 1:  # as accelerate launch: one process per visible GPU, on each machine
             config.num_processes = visible * config.num_machines
             print(f"lowbit launch: {visible} GPUs visible: {config.num_processes} processes, one per GPU "
@@ -143,6 +149,11 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
             f"--num_processes is the total across machines (as in Accelerate): {config.num_processes} processes cannot be "
             f"split evenly over {config.num_machines} machines. Give a multiple of {config.num_machines}."
         )
+    if gpu_ids and config.num_processes // config.num_machines > len(gpu_ids):
+        raise ConfigError(
+            f"--gpu_ids {config.gpu_ids} gives {len(gpu_ids)} GPU(s) to {config.num_processes // config.num_machines} processes "
+            "per machine: each process needs a GPU of its own (two ranks on one GPU fail in NCCL). Give as many ids as "
+            "processes, or lower --num_processes.")
     if config.distributed_type == "NO" and config.num_processes > 1:
         config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
 
@@ -218,6 +229,10 @@ def _gpu_ids(given: str | None) -> list[str]:
     if bad or not ids:
         raise ConfigError(f"--gpu_ids {given!r} is not a list of GPU numbers: give them comma-separated, e.g. "
                           "--gpu_ids 0,1 (or all).")
+    twice = sorted({part for part in ids if ids.count(part) > 1}, key=int)
+    if twice:
+        raise ConfigError(f"--gpu_ids {given!r} names GPU {', '.join(twice)} more than once: each process needs a GPU of "
+                          "its own (two ranks on one GPU fail in NCCL). Name each GPU once.")
     return ids
 
 
@@ -274,7 +289,7 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
     import signal
     import time
 
-    grace = float(os.environ.get("LOWBIT_PREEMPTION_GRACE", "60"))
+    grace = env_number("LOWBIT_PREEMPTION_GRACE", 60.0, meaning="seconds the processes get to save after SIGTERM")
     own_group = "torch.distributed.run" in command
     # os.setpgrp rather than Popen(process_group=0): that argument needs Python 3.11; lowbit runs on 3.10.
     job = subprocess.Popen(command, env=env, preexec_fn=os.setpgrp if own_group else None)

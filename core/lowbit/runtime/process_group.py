@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 
 from lowbit.runtime.collective_device import hold_to_nccl_rules
+from lowbit.kernel.env_numbers import env_number
 from lowbit.kernel.errors import ConfigError, LowbitError
 
 
@@ -259,14 +260,7 @@ _arrivals = {"count": 0}
 
 
 def arrival_timeout() -> float:
-    value = os.environ.get(ARRIVAL_TIMEOUT_ENV, "")
-    try:
-        seconds = float(value) if value else DEFAULT_ARRIVAL_TIMEOUT
-    except ValueError:
-        raise ConfigError(f"{ARRIVAL_TIMEOUT_ENV}={value!r} must be a number of seconds.") from None
-    if not seconds > 0:
-        raise ConfigError(f"{ARRIVAL_TIMEOUT_ENV}={value!r} must be more than 0 seconds.")
-    return seconds
+    return env_number(ARRIVAL_TIMEOUT_ENV, DEFAULT_ARRIVAL_TIMEOUT, above_minimum=True, meaning="seconds")
 
 
 def every_rank_must_arrive(what: str) -> None:

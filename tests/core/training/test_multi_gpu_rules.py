@@ -167,6 +167,24 @@ def test_gpu_ids_choose_the_gpus_and_the_process_count(tmp_path, monkeypatch):
         launch_command(tmp_path, monkeypatch, "--gpu_ids", "first")
 
 
+def test_gpu_ids_without_gpus_start_one_process_and_say_the_flag_does_nothing(tmp_path, monkeypatch, capsys):
+    """On a machine without GPUs, --gpu_ids 0,1 started 2 processes (Accelerate starts 1)."""
+    command, env, _ = launch_command(tmp_path, monkeypatch, "--gpu_ids", "0,1", gpus=0)
+    assert "torch.distributed.run" not in command and "CUDA_VISIBLE_DEVICES" not in env
+    assert "--gpu_ids 0,1 names GPUs, but this machine shows none" in capsys.readouterr().err
+
+
+def test_gpu_ids_refuse_a_gpu_named_twice_and_more_processes_than_gpus(tmp_path, monkeypatch):
+    """'0,0' put two ranks on one GPU; --num_processes 4 with --gpu_ids 0,1 wrapped ranks onto the
+    same GPUs: NCCL's "Duplicate GPU" much later, or a hang."""
+    from lowbit.kernel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="names GPU 0 more than once"):
+        launch_command(tmp_path, monkeypatch, "--gpu_ids", "0,0")
+    with pytest.raises(ConfigError, match="gives 2 GPU\\(s\\) to 4 processes per machine"):
+        launch_command(tmp_path, monkeypatch, "--gpu_ids", "0,1", "--num_processes", "4")
+
+
 # ---------------------------------------------------------------------- launchers
 
 

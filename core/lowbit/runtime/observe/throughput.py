@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from lowbit.kernel.env_numbers import env_number
 from lowbit.runtime.observe.gpu_specs import DevicePeak, gpu_peak
 
 # Env: seconds between the progress lines (0: none), and 0 to turn the meter off.
@@ -103,7 +104,7 @@ class ThroughputMeter:
                  say: Callable[[str], None] = print, model_parallel: int = 1):
         self.device, self.num_processes, self.precision, self.is_main, self.say = device, num_processes, precision, is_main, say
         self.model_parallel = model_parallel  # processes sharing one batch's work (tensor/context parallel)
-        self.every_s = float(os.environ.get(EVERY_ENV, DEFAULT_EVERY_S))
+        self.every_s = env_number(EVERY_ENV, DEFAULT_EVERY_S, meaning="seconds between progress lines; 0: none")
         self._last: tuple[float, dict[str, float]] | None = None  # the last step's seconds and counts
         self.flops_per_unit: float | None = None  # per token, or per sample when batches have no tokens
         self.fp8_gemm_share: float | None = None

@@ -19,19 +19,23 @@ from typing import Callable
 
 import torch
 
+from lowbit.kernel.env_numbers import env_number
 from lowbit.runtime.collective_device import on_group_device
 
 
 # Several processes poll the stop signal together this often (in optimizer steps): the all-reduce
 # it takes is a host sync. lowbit launch's grace period (60 s) covers 10 steps of up to 6 s; a
 # scheduler's shorter grace or longer steps: lower it (LOWBIT_PREEMPTION_POLL_STEPS).
-POLL_EVERY_STEPS = int(os.environ.get("LOWBIT_PREEMPTION_POLL_STEPS", "10"))
+POLL_STEPS_ENV = "LOWBIT_PREEMPTION_POLL_STEPS"
+DEFAULT_POLL_STEPS = 10
 
 class PreemptionWatch:
     """One per Accelerator: the SIGTERM flag, the callbacks, and the agreement between ranks."""
 
     def __init__(self, num_processes: int) -> None:
         self.num_processes = num_processes
+        self.poll_every_steps = int(env_number(POLL_STEPS_ENV, DEFAULT_POLL_STEPS, whole=True, minimum=1,
+                                               meaning="optimizer steps between the ranks' polls"))
         self.signalled = False
         self.callbacks: list[Callable[[], None]] = []
         self._installed = False
@@ -67,12 +71,12 @@ class PreemptionWatch:
 
     def after_step(self) -> None:
         """Run the callbacks once, at the first optimizer step after the signal, then exit. Several
-        processes agree on the signal every ``POLL_EVERY_STEPS`` steps (one small all-reduce and
+        processes agree on the signal every ``poll_every_steps`` steps (one small all-reduce and
         host read then; none in between), one process at every step (a flag, no device read)."""
         self.steps += 1
         if self._handled or not self.callbacks:
             return
-        if self.num_processes > 1 and self.steps % POLL_EVERY_STEPS:
+        if self.num_processes > 1 and self.steps % self.poll_every_steps:
             return
         if not self.requested():
             return

@@ -1,0 +1,35 @@
+"""A number from an environment variable, read where the run starts, refused with its name.
+
+``LOWBIT_PREEMPTION_POLL_STEPS=abc`` once surfaced as a ZeroDivisionError on rank 1 mid-run: every
+numeric ``LOWBIT_*`` variable is read through :func:`env_number`, whose error names the variable,
+the value it held, and the range it takes.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+from lowbit.kernel.errors import ConfigError
+
+
+def env_number(name: str, default: float, *, whole: bool = False, minimum: float = 0.0,
+               above_minimum: bool = False, meaning: str = "") -> float:
+    """``name``'s value as a number (``whole``: an int), ``default`` when unset or empty.
+
+    It must be at least ``minimum`` (more than it with ``above_minimum``); ``meaning`` says what it
+    counts ("seconds", "optimizer steps") in the error."""
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return int(default) if whole else default
+    kind = "a whole number" if whole else "a number"
+    bound = f"{'more than' if above_minimum else 'at least'} {minimum:g}"
+    wanted = f"{kind} {bound}{f' ({meaning})' if meaning else ''}"
+    try:
+        value = int(raw) if whole else float(raw)
+    except ValueError:
+        raise ConfigError(f"Environment variable {name}={raw!r} is not {kind}: it takes {wanted}; unset it for "
+                          f"the default, {default:g}.") from None
+    if math.isnan(value) or value < minimum or (above_minimum and value == minimum):
+        raise ConfigError(f"Environment variable {name}={raw!r} is out of range: it takes {wanted}; unset it for "
+                          f"the default, {default:g}.")
+    return value
