@@ -33,12 +33,15 @@ def _wait_for(paths: list[Path], timeout: float) -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world", [1, 2])
-def test_sigterm_to_the_launcher_saves_on_every_rank_and_leaves_nothing_running(tmp_path, world):
+@pytest.mark.parametrize("world, loader_workers", [(1, 0), (2, 0), (2, 2)])
+def test_sigterm_to_the_launcher_saves_on_every_rank_and_leaves_nothing_running(tmp_path, world, loader_workers):
+    """With DataLoader workers too: the signal reaches them as well (the job's process group), and a
+    worker it killed ended the epoch with an error before the checkpoint was written."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOWBIT_PREEMPTION_GRACE="120")
     flags = ["--cpu", "--num_processes", str(world)]
-    launcher = subprocess.Popen([sys.executable, "-m", "lowbit.cli.main", "launch", *flags, str(WORKER), str(tmp_path)],
+    launcher = subprocess.Popen([sys.executable, "-m", "lowbit.cli.main", "launch", *flags, str(WORKER), str(tmp_path),
+                                 str(loader_workers)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for([tmp_path / f"training_{r}" for r in range(world)], timeout=600)

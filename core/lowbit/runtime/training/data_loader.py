@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from lowbit.runtime.training.dispatch import dispatched
 from lowbit.runtime.training.gradient_sync import loader_ended, loader_started
-from lowbit.runtime.training.loader_shards import BatchSamplerShard, IterableDatasetShard, loading_settings, natively_sharded
+from lowbit.runtime.training.loader_shards import (
+    BatchSamplerShard, IterableDatasetShard, loading_settings, natively_sharded, workers_outlive_sigterm)
 from lowbit.runtime.training.operations import broadcast, send_to_device
 
 
@@ -84,6 +85,7 @@ class PreparedDataLoader:
         # Several processes: this process's share of each epoch's batches, loaded by a DataLoader
         # with the user's own loading settings (workers, pinning, prefetching), built once so that
         # persistent workers persist.
+        workers_outlive_sigterm(dataloader)  # a preempted job's checkpoint must not wait on its loader's workers
         self._shard_batches = _ShardBatches()
         self._shard_loader = _loader_like(dataloader, self._shard_batches) if self._sharded else None
         if self._streamed:  # a stream read by every process, each keeping its share (dispatch_batches=False)

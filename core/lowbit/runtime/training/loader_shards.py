@@ -258,6 +258,31 @@ LOADING_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worke
                     "generator", "prefetch_factor", "persistent_workers", "in_order")
 
 
+class WorkerInitIgnoringSigterm:
+    """A DataLoader worker's init: SIGTERM ignored, then the user's own ``worker_init_fn``.
+
+    A scheduler's SIGTERM (SLURM, Kubernetes, ``lowbit launch``) reaches the whole process group: a
+    worker it killed ended the main process's epoch with "DataLoader worker is killed by signal"
+    before the preemption checkpoint could be written. The main process stops its workers itself,
+    and a worker exits when its main process does (torch's watchdog), so none outlives the job."""
+
+    def __init__(self, user_init: Any = None):
+        self.user_init = user_init
+
+    def __call__(self, worker_id: int) -> None:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.user_init is not None:
+            self.user_init(worker_id)
+
+
+def workers_outlive_sigterm(dataloader: DataLoader) -> None:
+    """Give ``dataloader``'s workers :class:`WorkerInitIgnoringSigterm` (once)."""
+    if dataloader.num_workers > 0 and not isinstance(dataloader.worker_init_fn, WorkerInitIgnoringSigterm):
+        dataloader.worker_init_fn = WorkerInitIgnoringSigterm(dataloader.worker_init_fn)
+
+
 def loading_settings(dataloader: DataLoader) -> dict[str, Any]:
     """``dataloader``'s LOADING_SETTINGS, as DataLoader takes them (the worker ones only with workers)."""
     settings = {name: getattr(dataloader, name) for name in LOADING_SETTINGS if hasattr(dataloader, name)}
