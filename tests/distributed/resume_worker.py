@@ -17,7 +17,8 @@ from lowbit.utils import set_seed
 EPOCHS, BATCH = 3, 4
 # How the data is drawn and stepped: "shuffle" (a shuffling DataLoader), "accumulate" (2 micro-steps
 # per optimizer step), "batch_sampler" (a BatchSampler over a RandomSampler), "iterable" (an
-# IterableDataset that shuffles each epoch from the global RNG), "fp8" (shuffle, in fp8 with lowbit-ao).
+# IterableDataset that shuffles each epoch from the global RNG), "fp8" (shuffle, in fp8 with lowbit-ao),
+# "seedable" (shuffle with use_seedable_sampler: each epoch's order from seed + epoch).
 VARIANT = sys.argv[3] if len(sys.argv) > 3 else "shuffle"
 ACCUMULATE = 2 if VARIANT == "accumulate" else 1
 
@@ -35,8 +36,11 @@ class ShuffledStream(torch.utils.data.IterableDataset):
 
 def build():
     set_seed(0)
+    from lowbit.utils import DataLoaderConfiguration
+
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE,
-                              mixed_precision="fp8" if VARIANT == "fp8" else None)
+                              mixed_precision="fp8" if VARIANT == "fp8" else None,
+                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=VARIANT == "seedable"))
     width = 32 if VARIANT != "fp8" else 64  # fp8: a middle Linear with dims divisible by 16 to convert
     model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, width), nn.ReLU(),
                           nn.Linear(width, 1))

@@ -16,7 +16,7 @@ WORKER = TESTS / "distributed" / "resume_worker.py"
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.mark.parametrize("variant", ["shuffle", "accumulate", "batch_sampler", "iterable", "fp8"])
+@pytest.mark.parametrize("variant", ["shuffle", "accumulate", "batch_sampler", "iterable", "fp8", "seedable"])
 @pytest.mark.parametrize("world", [1, 2])
 def test_kill_and_resume_at_every_step_is_bit_identical(tmp_path, world, variant):
     """Saved right after each step, inside the loop; at an epoch's last step that resumed into the

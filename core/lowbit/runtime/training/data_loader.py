@@ -209,11 +209,17 @@ class PreparedDataLoader:
         and the RNG put back after, so that everything else draws as at the checkpoint."""
         if resume is None:
             return iter(self.base)
+        # The workers' base seed is drawn from the loader's generator, or torch's global RNG: when that
+        # is not the order's (use_seedable_sampler), the resumed epoch drew it before the checkpoint.
+        seed_rng = self.base.generator
+        seed_before = _rng_state(seed_rng) if seed_rng is not rng else None
         now = _rng_state(rng)
         _set_rng_state(rng, resume)
         batches = iter(self.base)
         first = next(batches, _END)  # the sampler draws its order at the first batch
         _set_rng_state(rng, now)
+        if seed_before is not None:
+            _set_rng_state(seed_rng, seed_before)
         return iter(()) if first is _END else itertools.chain([first], batches)
 
     def __iter__(self) -> Iterator[Any]:
