@@ -299,22 +299,32 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signum) if own_group else job.send_signal(signum)
 
+    received: list[int] = []
+
     def forward(signum, frame):
         send(signum)
+        received.append(signum)
         deadline.append(time.monotonic() + grace)
+
+    def stopped(returncode: int) -> int:
+        # torchrun reports ranks that exited 143 on the forwarded SIGTERM as a failure (1): the job
+        # stopped as asked, and says so as a one-process job does, 128 + the signal.
+        if received and own_group and returncode > 0:
+            return 128 + received[0]
+        return _exit_code(returncode)
 
     forwarded = (signal.SIGTERM, signal.SIGINT) if own_group else (signal.SIGTERM,)
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     try:
         while True:
             try:
-                return _exit_code(job.wait(timeout=0.5))
+                return stopped(job.wait(timeout=0.5))
             except subprocess.TimeoutExpired:
                 if deadline and time.monotonic() > deadline[0]:
                     print(f"lowbit launch: the job did not stop within {grace:.0f} s of the signal; killing it.",
                           file=sys.stderr, flush=True)
                     send(signal.SIGKILL)
-                    return _exit_code(job.wait())
+                    return stopped(job.wait())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

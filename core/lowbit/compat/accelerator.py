@@ -426,8 +426,9 @@ class Accelerator(RankFacts):
         return self._preemption.requested()
 
     def on_preemption(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` (e.g. ``lambda: accelerator.save_state("ckpt")``) on every rank at the
-        first optimizer step after SIGTERM, then exit with code 143."""
+        """Run ``callback`` (e.g. ``lambda: accelerator.save_state("ckpt")``) on every rank after the
+        first optimizer step that follows SIGTERM, once that iteration is whole (when the loop asks
+        for its next batch, or the next backward starts), then exit with code 143."""
         self._preemption.listen()
         self._preemption.callbacks.append(callback)
 
@@ -547,12 +548,15 @@ class Accelerator(RankFacts):
         Returns them in the order given (a single object is returned as itself).
         """
         result = self._preparation.prepare(*objects)
-        self._meter_what_was_prepared()
+        self._observe_what_was_prepared()
         return result
 
-    def _meter_what_was_prepared(self) -> None:
-        """The throughput meter hears each prepared dataloader's batches, and counts the FLOPs of
-        the first prepared model once, after the first optimizer step (nothing in its forward)."""
+    def _observe_what_was_prepared(self) -> None:
+        """Each prepared dataloader tells the preemption watch when an iteration ends, and the
+        throughput meter its batches; the meter counts the FLOPs of the first prepared model once,
+        after the first optimizer step (nothing in its forward)."""
+        for loader in self.prepared.dataloaders:
+            loader.at_iteration_start = self._preemption.at_iteration_start
         meter = self._throughput
         if meter is None:
             return
@@ -597,6 +601,7 @@ class Accelerator(RankFacts):
 
         A strategy that owns backward (DeepSpeed's engine) gets the undivided loss: it divides
         by its own accumulation steps."""
+        self._preemption.at_iteration_start()  # a loop that feeds its own batches ends its iteration here
         model = self.prepared.models[0] if self.prepared.models else None
         if model is None and self._backend is not None:
             raise ConfigError(

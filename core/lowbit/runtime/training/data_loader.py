@@ -55,6 +55,8 @@ class PreparedDataLoader:
         self.remainder = -1
         # Told each batch and the seconds spent waiting for it (the Accelerator's throughput meter).
         self.observe_batch: Any = None
+        # Called each time the loop asks for its next batch (its last body finished): the preemption stop.
+        self.at_iteration_start: Callable[[], None] | None = None
         # The shuffle RNG's state when this epoch's order was drawn ("start"; None between epochs),
         # one to draw the next epoch's order from ("resume", set by load_state mid-epoch), whether
         # the epoch's last batch was handed out ("ended": a save then belongs to the next epoch),
@@ -323,6 +325,8 @@ class PreparedDataLoader:
             if self.observe_batch is not None:
                 self.observe_batch(current, time.perf_counter() - start)
             yield send_to_device(current, self.device, self.non_blocking) if self.device_placement else current
+            if self.at_iteration_start is not None:
+                self.at_iteration_start()
             start = time.perf_counter()
             current = following
 

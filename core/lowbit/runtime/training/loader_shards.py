@@ -259,12 +259,16 @@ LOADING_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worke
 
 
 class WorkerInitIgnoringSigterm:
-    """A DataLoader worker's init: SIGTERM ignored, then the user's own ``worker_init_fn``.
+    """A DataLoader worker's init: a SIGTERM from anyone but its own main process is ignored, then
+    the user's own ``worker_init_fn`` runs.
 
     A scheduler's SIGTERM (SLURM, Kubernetes, ``lowbit launch``) reaches the whole process group: a
     worker it killed ended the main process's epoch with "DataLoader worker is killed by signal"
-    before the preemption checkpoint could be written. The main process stops its workers itself,
-    and a worker exits when its main process does (torch's watchdog), so none outlives the job."""
+    before the preemption checkpoint could be written. The main process stops its workers itself
+    (torch's shutdown, or multiprocessing's at exit, sends them SIGTERM: that one still ends them,
+    as torch's own worker handler does), and a worker exits when its main process dies (torch's
+    watchdog), so none outlives the job. The sender is known from ``sigwaitinfo`` (Linux); where
+    that is missing, torch's behaviour is kept."""
 
     def __init__(self, user_init: Any = None):
         self.user_init = user_init
@@ -272,7 +276,19 @@ class WorkerInitIgnoringSigterm:
     def __call__(self, worker_id: int) -> None:
         import signal
 
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if hasattr(signal, "sigwaitinfo") and hasattr(signal, "pthread_sigmask"):
+            import os
+            import threading
+
+            main_process = os.getppid()
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # taken by the thread below only
+
+            def on_sigterm() -> None:
+                while True:
+                    if signal.sigwaitinfo({signal.SIGTERM}).si_pid == main_process:
+                        os._exit(0)
+
+            threading.Thread(target=on_sigterm, name="lowbit-sigterm", daemon=True).start()
         if self.user_init is not None:
             self.user_init(worker_id)
 

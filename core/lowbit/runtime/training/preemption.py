@@ -40,6 +40,9 @@ class PreemptionWatch:
         self.callbacks: list[Callable[[], None]] = []
         self._installed = False
         self._handled = False
+        # The ranks agreed to stop at an optimizer step; the callbacks run at the next iteration's
+        # start, once the script's loop body finished (its scheduler step, its counters).
+        self.stop_pending = False
         self.steps = 0
 
     def listen(self) -> None:
@@ -70,15 +73,23 @@ class PreemptionWatch:
         return flag
 
     def after_step(self) -> None:
-        """Run the callbacks once, at the first optimizer step after the signal, then exit. Several
-        processes agree on the signal every ``poll_every_steps`` steps (one small all-reduce and
-        host read then; none in between), one process at every step (a flag, no device read)."""
+        """At each optimizer step: whether to stop. Several processes agree on the signal every
+        ``poll_every_steps`` steps (one small all-reduce and host read then; none in between), one
+        process at every step (a flag, no device read). The stop itself waits for the iteration's end
+        (:meth:`at_iteration_start`): inside ``optimizer.step()`` the weights have moved but the
+        script's own step (its LR scheduler, its counters) has not, so a checkpoint written there
+        would hold step N's weights and say step N-1."""
         self.steps += 1
-        if self._handled or not self.callbacks:
+        if self._handled or self.stop_pending or not self.callbacks:
             return
         if self.num_processes > 1 and self.steps % self.poll_every_steps:
             return
-        if not self.requested():
+        self.stop_pending = self.requested()
+
+    def at_iteration_start(self) -> None:
+        """The next batch is asked for (a prepared dataloader), or the next backward starts: the last
+        iteration is whole. After an agreed stop: run the callbacks once, then exit (code 143)."""
+        if not self.stop_pending or self._handled:
             return
         self._handled = True
         for callback in self.callbacks:
