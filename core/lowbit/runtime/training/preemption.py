@@ -12,7 +12,6 @@ flag every rank reads is the maximum over the ranks (one small all-reduce per re
 """
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from typing import Callable
