@@ -6,7 +6,9 @@ For tests/core/training/test_multi_gpu_rules.py.
 SCENARIO: ``placement`` (where prepare() moves the model, in order with fully_shard),
 ``gather-dtype`` (the dtype each linear layer's weight has when its forward runs),
 ``sync-each-batch`` (gradients after a micro-batch that does not step, with sync_each_batch),
-``moe`` (which modules become FSDP units, and training with experts that no token reaches on a rank).
+``moe`` (which modules become FSDP units, and training with experts that no token reaches on a rank),
+``shared`` (ALBERT-style: one block listed three times and applied three times, and a head tied to
+the embedding; trains under FSDP2 or, without --use_fsdp, DDP, to compare).
 """
 from __future__ import annotations
 
@@ -114,10 +116,48 @@ def moe(out: dict) -> None:
     out.update(units=units, losses=losses, process_index=accelerator.process_index)
 
 
+class SharedBlocks(nn.Module):
+    """One block object in a ModuleList three times (ALBERT's shared layers), a tied head."""
+
+    def __init__(self, width: int = 32, vocab: int = 64):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        block = nn.Sequential(nn.Linear(width, width), nn.Tanh())
+        self.layers = nn.ModuleList([block, block, block])
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+def shared(out: dict) -> None:
+    accelerator = Accelerator()
+    model = SharedBlocks()
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randint(0, 64, (8, 6), generator=generator) for _ in range(8)]
+    losses = []
+    for ids in batches[accelerator.process_index::2]:
+        ids = ids.to(accelerator.device)
+        logits = model(ids)
+        loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    out.update(losses=losses, process_index=accelerator.process_index)
+
+
 def main() -> None:
     scenario, out_dir = sys.argv[1], Path(sys.argv[2])
     out: dict = {}
-    {"placement": placement, "gather-dtype": gather_dtype, "sync-each-batch": sync_each_batch, "moe": moe}[scenario](out)
+    {"placement": placement, "gather-dtype": gather_dtype, "sync-each-batch": sync_each_batch, "moe": moe,
+     "shared": shared}[scenario](out)
     (out_dir / f"rank{out['process_index']}.json").write_text(json.dumps(out))
 
 

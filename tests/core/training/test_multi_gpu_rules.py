@@ -128,6 +128,17 @@ def test_fsdp2_shards_blocks_not_the_experts_inside_them(tmp_path):
         assert len(rank["losses"]) == 3
 
 
+@pytest.mark.multiprocess
+def test_fsdp2_shards_a_block_listed_several_times_once_and_trains_as_ddp_does(tmp_path):
+    """ALBERT-style shared layers (one block three times in a ModuleList) with a tied head: prepare
+    crashed ("fully_shard has already been applied"); DDP trained it. Each distinct module is one unit."""
+    fsdp, _ = launch(tmp_path, "shared", "--use_fsdp", worker=FSDP_WORKER)
+    (tmp_path / "ddp").mkdir()  # the same scenario again, under DDP
+    ddp, _ = launch(tmp_path / "ddp", "shared", worker=FSDP_WORKER)
+    assert fsdp[0]["losses"] == pytest.approx(ddp[0]["losses"], rel=1e-4, abs=1e-5), (fsdp[0]["losses"], ddp[0]["losses"])
+    assert fsdp[0]["losses"][-1] < fsdp[0]["losses"][0]
+
+
 # ---------------------------------------------------------------------- lowbit launch
 
 

@@ -54,7 +54,7 @@ def _units_to_shard(model, class_names: list[str] | None):
 
     if class_names:
         wanted = set(class_names)
-        units = [m for m in model.modules() if type(m).__name__ in wanted and m is not model]
+        units = [m for m in model.modules() if type(m).__name__ in wanted and m is not model]  # each module once
         found = {type(m).__name__ for m in units}
         missing = wanted - found
         if missing:
@@ -74,7 +74,8 @@ def _units_to_shard(model, class_names: list[str] | None):
         if isinstance(module, nn.ModuleList) and not any(name.startswith(prefix) for prefix in inside):
             blocks.extend(module)
             inside.append(f"{name}.")
-    return blocks
+    # A block listed several times (ALBERT's shared layers) is one unit: fully_shard applies once per module.
+    return list(dict.fromkeys(blocks))
 
 
 @hookimpl
