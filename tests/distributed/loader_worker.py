@@ -7,7 +7,9 @@ SCENARIO: ``workers`` (num_workers=2, pin_memory, persistent workers, a worker_i
 ``hop-reverted`` (the shuffle order's broadcast without the device hop: what item 1 of #46 was),
 ``user-gather`` (a script gathers and reduces CPU tensors of its own), ``train`` (a model trained
 from the shuffled loader in workers, under the launch's strategy), ``hop`` (where the device hop puts
-a generator's state, and whether the group takes a host tensor as it is: NCCL does not).
+a generator's state, and whether the group takes a host tensor as it is: NCCL does not),
+``dispatch-strings`` (dispatch_batches with batches that hold a list of names beside the ids, with and
+without split_batches: each rank records the (id, name) pairs it got).
 The GPU tests (test_multi_gpu_rules_gpu.py) run ``train`` and ``hop`` on one GPU over NCCL.
 """
 from __future__ import annotations
@@ -89,6 +91,20 @@ def main() -> None:
         train(accelerator, result)
     elif scenario == "hop":
         hop(result)
+    elif scenario == "dispatch-strings":
+        from lowbit.utils import DataLoaderConfiguration
+
+        class Named(Dataset):
+            def __len__(self) -> int:
+                return 22  # not a multiple of 4: the last global batch is completed with the first samples
+
+            def __getitem__(self, index: int):
+                return {"id": torch.tensor(index), "name": f"s{index}"}
+
+        for split in (True, False):
+            accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True, split_batches=split))
+            loader = accelerator.prepare(DataLoader(Named(), batch_size=4))
+            result[f"split={split}"] = [list(zip(batch["id"].tolist(), batch["name"])) for batch in loader]
     elif scenario == "user-gather":
         mine = torch.full((2,), float(accelerator.process_index))
         result["gathered"] = accelerator.gather(mine).tolist()

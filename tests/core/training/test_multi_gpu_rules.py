@@ -63,6 +63,18 @@ def test_the_loader_of_several_processes_loads_in_the_users_workers(tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_dispatched_batches_split_their_lists_of_names_with_their_tensors(tmp_path):
+    """split_batches with dispatch: rank 0 got ids [0, 1] with names s0..s3 (tensors were split,
+    lists not); without split_batches the lists did not join. Each name stays with its id."""
+    ranks, _ = launch(tmp_path, "dispatch-strings")
+    for split in ("split=True", "split=False"):
+        pairs = [pair for rank in ranks for batch in rank[split] for pair in batch]
+        assert pairs and all(name == f"s{index}" for index, name in pairs), pairs
+        assert {index for index, _ in pairs} == set(range(22))
+        assert [len(batch) for batch in ranks[0][split]] == [len(batch) for batch in ranks[1][split]]
+
+
+@pytest.mark.multiprocess
 def test_a_scripts_cpu_tensors_gather_and_reduce_and_come_back_on_the_cpu(tmp_path):
     ranks, _ = launch(tmp_path, "user-gather")
     for rank in ranks:

@@ -17,7 +17,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from lowbit.runtime.training.operations import broadcast, broadcast_object_list, concatenate, recursively_apply, slice_tensors
+from collections.abc import Mapping
+
+from lowbit.runtime.training.operations import broadcast, broadcast_object_list, recursively_apply
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +58,49 @@ def _batch_size(batch: Any) -> int:
     return found[0]
 
 
+def _per_sample(leaf: Any, size: int) -> bool:
+    """A list of plain values, one per sample (names, ids, texts), which splits with the tensors."""
+    return (isinstance(leaf, (list, tuple)) and len(leaf) == size
+            and not any(isinstance(item, (torch.Tensor, list, tuple, Mapping)) for item in leaf))
+
+
+def slice_samples(data: Any, part: slice, size: int) -> Any:
+    """Samples ``part`` of a batch of ``size``: each tensor cut along its first dimension, each list
+    of per-sample values (``_per_sample``) cut with them; any other value is the batch's, kept."""
+    if isinstance(data, torch.Tensor):
+        return data[part]
+    if isinstance(data, Mapping):
+        return type(data)({key: slice_samples(value, part, size) for key, value in data.items()})
+    if _per_sample(data, size):
+        return type(data)(data[part])
+    if isinstance(data, (list, tuple)):
+        return type(data)(slice_samples(item, part, size) for item in data)
+    return data
+
+
+def join_samples(parts: list[Any]) -> Any:
+    """Batches joined into one: tensors concatenated, lists of per-sample values too; a value that
+    is the batch's must be the same in each, or the batches do not join (an error names it)."""
+    sizes = [_batch_size(part) for part in parts]
+
+    def join(items: list[Any], where: str) -> Any:
+        first = items[0]
+        if isinstance(first, torch.Tensor):
+            return torch.cat(items, dim=0)
+        if isinstance(first, Mapping):
+            return type(first)({key: join([item[key] for item in items], f"{where}[{key!r}]") for key in first})
+        if all(_per_sample(item, size) for item, size in zip(items, sizes)):
+            return type(first)(value for item in items for value in item)
+        if isinstance(first, (list, tuple)) and all(len(item) == len(first) for item in items):
+            return type(first)(join([item[i] for item in items], f"{where}[{i}]") for i in range(len(first)))
+        if any(item != first for item in items):
+            raise TypeError(f"the batches hold {where or 'a value'} = {first!r} in one and {items[-1]!r} in another: "
+                            "neither a tensor nor one value per sample, so it cannot be joined or split")
+        return first
+
+    return join(parts, "batch")
+
+
 def global_batches(batches: Iterator[Any], num_processes: int, split_batches: bool, drop_last: bool) -> Iterator[Any]:
     """The main process's global batches: ``num_processes`` batches joined (one with ``split_batches``);
     a last, incomplete round is one more unless ``drop_last``."""
@@ -70,8 +115,8 @@ def global_batches(batches: Iterator[Any], num_processes: int, split_batches: bo
         if not parts or (len(parts) < wanted and drop_last):
             return
         try:
-            yield concatenate(parts, dim=0)
-        except RuntimeError as exc:
+            yield join_samples(parts)
+        except (RuntimeError, TypeError) as exc:
             raise RuntimeError(
                 f"dispatch_batches=True joins {wanted} batches into one per step, and these do not join ({exc}): batches "
                 "of different shapes. Pad them to one shape in the collate_fn, use split_batches=True (the main process "
@@ -85,7 +130,6 @@ def dispatched(batches: Iterator[Any] | None, num_processes: int, process_index:
     """This process's slices of the global batches the main process reads from ``batches`` (None on
     the other processes). One object broadcast and one tensor broadcast per leaf per step; the main
     process reads one global batch ahead, so every process knows which one is the last."""
-    slice_fn = slice_fn or slice_tensors
     main = process_index == 0
     source = global_batches(batches, num_processes, split_batches, drop_last) if main else None
     current = next(source, _END) if main else None
@@ -99,14 +143,16 @@ def dispatched(batches: Iterator[Any] | None, num_processes: int, process_index:
             return
         batch = recursively_apply(lambda t: t.to(device), current) if main else _allocate(layout, device)
         batch = broadcast(batch)
-        if first is None and not drop_last:  # what completes a last batch that does not split evenly
-            first = slice_fn(batch, slice(0, num_processes), process_index=process_index, num_processes=num_processes)
         size = _batch_size(batch)
+        if first is None and not drop_last:  # what completes a last batch that does not split evenly
+            first = slice_samples(batch, slice(0, num_processes), size)
         share = size // num_processes
         if last and not drop_last and size % num_processes:
-            batch, share = concatenate([batch, first], dim=0), share + 1
+            batch, share = join_samples([batch, first]), share + 1
         mine = slice(process_index * share, (process_index + 1) * share)
-        yield DispatchedBatch(slice_fn(batch, mine, process_index=process_index, num_processes=num_processes), size, last)
+        cut = slice_fn(batch, mine, process_index=process_index, num_processes=num_processes) if slice_fn is not None \
+            else slice_samples(batch, mine, _batch_size(batch))
+        yield DispatchedBatch(cut, size, last)
         if last:
             return
         current = following
