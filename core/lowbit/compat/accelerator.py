@@ -59,6 +59,7 @@ from lowbit.kernel.precision import Precision, SlowPrecisionNotice
 from lowbit.runtime.training.data_loader import PreparedDataLoader
 from lowbit.runtime.training.loader_shards import skip_first_batches
 from lowbit.runtime.training.prepared import PreparedObjects, StepRules, TrainingCounters
+from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
 from lowbit.runtime.training.preparation import Preparation, PreparationSettings, unwrap
 from lowbit.kernel.types import PrepareContext
 
@@ -557,6 +558,7 @@ class Accelerator(RankFacts):
         after the first optimizer step (nothing in its forward)."""
         for loader in self.prepared.dataloaders:
             loader.at_iteration_start = self._preemption.at_iteration_start
+        self.step_rules.explain_nonfinite = self._nonfinite_origin
         meter = self._throughput
         if meter is None:
             return
@@ -566,6 +568,23 @@ class Accelerator(RankFacts):
         if self.prepared.models:
             report = self.prepared.conversion_reports.get(unwrap(self.prepared.models[0]))
             meter.converted(report.converted if report is not None else ())
+
+    def _nonfinite_origin(self) -> str | None:
+        """Where a non-finite step's NaN/inf began: the last batch of the loop's prepared dataloader
+        replayed on the first prepared model (lowbit.runtime.observe.nonfinite_origin)."""
+        from lowbit.runtime.observe.nonfinite_origin import find_nonfinite_origin
+        from lowbit.runtime.training.gradient_sync import active_loader
+
+        loader = active_loader() or (self.prepared.dataloaders[-1] if self.prepared.dataloaders else None)
+        batch = getattr(loader, "last_batch", None)
+        if not self.prepared.models or batch is None:
+            return None
+        model = unwrap(self.prepared.models[0], keep_fp32_wrapper=True)
+        # One process replays alone only with whole weights it runs itself (DDP's module, not a
+        # sharded one, whose forward gathers from every rank, nor an engine that runs the model).
+        if self._strategy_owns_precision() or any(callable(getattr(p, "to_local", None)) for p in model.parameters()):
+            return f"not replayed under {self.context.strategy} (its weights are sharded, or its engine runs the model)"
+        return find_nonfinite_origin(model, batch)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
@@ -811,18 +830,22 @@ class Accelerator(RankFacts):
         self._checkpointer.load_pre_hooks[handle.id] = hook
         return handle
 
-    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-                   **save_model_func_kwargs: Any) -> Path:
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *,
+                   allow_nonfinite: bool = False, **save_model_func_kwargs: Any) -> Path:
         """Save everything needed to resume: model, optimizer, scheduler, scaler, RNG, counters and
         registered objects. Files go beside any others in ``output_dir``; none of those is touched,
         and a crash at any point leaves the previous checkpoint (see ``lowbit.runtime.checkpoint.files``).
         With no ``output_dir``, ``ProjectConfiguration(automatic_checkpoint_naming=True)`` names it
         ``<project_dir>/checkpoints/checkpoint_<N>`` and keeps the newest ``total_limit``.
         ``safe_serialization`` is accepted as in Accelerate; lowbit's files are read back with
-        ``torch.load(weights_only=True)`` either way, so both values write the same safe files."""
+        ``torch.load(weights_only=True)`` either way, so both values write the same safe files.
+        Weights holding NaN/inf are refused (nothing written, nothing pruned) unless ``allow_nonfinite``
+        (lowbit's; Accelerate writes them)."""
         if save_model_func_kwargs:
             raise ConfigError(f"save_state got {', '.join(save_model_func_kwargs)}: lowbit's save_state writes its own "
                               "files and takes no save function options; use save_model(...) for those.")
+        if not allow_nonfinite:
+            self._checkpointer.refuse_nonfinite_weights()
         if output_dir is None:
             output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
         return self._checkpointer.save(output_dir)
@@ -854,12 +877,15 @@ class Accelerator(RankFacts):
         return detached_copy(tied_as_in(inner, state), inner)
 
     def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
-                   safe_serialization: bool = True) -> Path:
+                   safe_serialization: bool = True, *, allow_nonfinite: bool = False) -> Path:
         """Write the model's weights as Accelerate does: ``model.safetensors`` (``pytorch_model.bin``
         with ``safe_serialization=False``), sharded with an index above ``max_shard_size``. The
         names and layout are the unconverted model's, whichever backend trained it. Returns the
-        file written (the index when sharded)."""
+        file written (the index when sharded). Weights holding NaN/inf are refused unless
+        ``allow_nonfinite`` (lowbit's; Accelerate writes them)."""
         _refuse_weights_not_in_memory(unwrap(model))
+        if not allow_nonfinite:
+            refuse_nonfinite_weights([unwrap(model)], "save_model", self.num_processes)
         state = self.get_state_dict(model)
         path = Path(save_directory) / (SAFE_WEIGHTS if safe_serialization else TORCH_WEIGHTS)
         if self.is_main_process:

@@ -20,6 +20,7 @@ import torch
 from lowbit.runtime.checkpoint import files as checkpoint
 from lowbit.runtime.checkpoint.accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
 from lowbit.runtime.checkpoint.cuda_rng import set_cuda_rng_states
+from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
 from lowbit.kernel.errors import CheckpointError, ConfigError
 from lowbit.kernel.notices import note
 from lowbit.runtime.training.preparation import unwrap
@@ -60,6 +61,10 @@ class TrainingStateCheckpointer:
         """The model and (inner) optimizer a strategy saves and loads itself."""
         prepared = self.prepared
         return prepared.models[0], (prepared.optimizers[0].optimizer if prepared.optimizers else None)
+
+    def refuse_nonfinite_weights(self) -> None:
+        """Before a save (and before an automatic name prunes old checkpoints): no NaN/inf weight."""
+        refuse_nonfinite_weights([unwrap(model) for model in self.prepared.models], "save_state", self.facts.num_processes)
 
     def save(self, output_dir: str | Path) -> Path:
         prepared, plugins, is_main = self.prepared, self.plugins, self.facts.is_main_process

@@ -166,7 +166,7 @@ class ThroughputMeter:
         try:
             if isinstance(model, Exception):
                 raise model
-            with _random_state_kept(self.device):
+            with random_state_kept(self.device):
                 work, call = _trace_first_batch(model, batch)
         except Exception as exc:  # noqa: BLE001 - an instrument never breaks the run
             from lowbit.kernel.notices import note
@@ -270,7 +270,7 @@ def _meta_tree(data: Any) -> Any:
     return data
 
 
-def _calls(batch: Any) -> list[tuple[str, tuple, dict]]:
+def feeding_calls(batch: Any) -> list[tuple[str, tuple, dict]]:
     """The ways a training loop usually feeds a batch to the model, most likely first."""
     if isinstance(batch, dict):
         tensors = [(key, value) for key, value in batch.items() if isinstance(value, torch.Tensor)]
@@ -281,7 +281,7 @@ def _calls(batch: Any) -> list[tuple[str, tuple, dict]]:
 
 
 def _calls_tried(batch: Any) -> str:
-    return ", ".join(name for name, _, _ in _calls(batch)) or "an empty batch"
+    return ", ".join(name for name, _, _ in feeding_calls(batch)) or "an empty batch"
 
 
 def _trace_first_batch(model: torch.nn.Module, batch: Any) -> tuple[Any, str]:
@@ -289,7 +289,7 @@ def _trace_first_batch(model: torch.nn.Module, batch: Any) -> tuple[Any, str]:
     from lowbit.runtime.observe.fp8_payoff import trace_work
 
     first_error: Exception | None = None
-    for name, args, kwargs in _calls(batch):
+    for name, args, kwargs in feeding_calls(batch):
         try:
             return trace_work(model, args, kwargs), name
         except Exception as exc:  # noqa: BLE001 - try the next convention
@@ -298,7 +298,7 @@ def _trace_first_batch(model: torch.nn.Module, batch: Any) -> tuple[Any, str]:
 
 
 @contextlib.contextmanager
-def _random_state_kept(device: torch.device):
+def random_state_kept(device: torch.device):
     """Every random stream the user's run draws from, as it was before: torch's CPU generator and the
     device's, Python's ``random`` and NumPy's global one. The count's forward may draw (dropout, layer
     drop, stochastic depth); the run must train as it would with the meter off."""

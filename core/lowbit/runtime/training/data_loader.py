@@ -57,6 +57,8 @@ class PreparedDataLoader:
         self.observe_batch: Any = None
         # Called each time the loop asks for its next batch (its last body finished): the preemption stop.
         self.at_iteration_start: Callable[[], None] | None = None
+        # The batch last handed out, as the loop got it: what a non-finite step's diagnosis replays.
+        self.last_batch: Any = None
         # The shuffle RNG's state when this epoch's order was drawn ("start"; None between epochs),
         # one to draw the next epoch's order from ("resume", set by load_state mid-epoch), whether
         # the epoch's last batch was handed out ("ended": a save then belongs to the next epoch),
@@ -324,7 +326,8 @@ class PreparedDataLoader:
                 self._replay["ended"] = True
             if self.observe_batch is not None:
                 self.observe_batch(current, time.perf_counter() - start)
-            yield send_to_device(current, self.device, self.non_blocking) if self.device_placement else current
+            self.last_batch = send_to_device(current, self.device, self.non_blocking) if self.device_placement else current
+            yield self.last_batch
             if self.at_iteration_start is not None:
                 self.at_iteration_start()
             start = time.perf_counter()

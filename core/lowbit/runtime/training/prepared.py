@@ -69,6 +69,8 @@ class StepRules:
     # step reads the others' only (a script may clip the body and leave the head unclipped).
     clipped: set[int] = field(default_factory=set)
     optimizer_steps: int = 0
+    # Where a non-finite step's NaN/inf began, asked only when a step is found non-finite (None: not known).
+    explain_nonfinite: Callable[[], str | None] | None = None
 
     @property
     def checks_nonfinite(self) -> bool:
@@ -251,11 +253,24 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def _nonfinite_continues(rules: StepRules) -> bool:
         """Say so, then raise, skip (False) or continue (True), as ``on_nonfinite_loss`` asks."""
         what = f"the loss or a gradient of optimizer step {rules.optimizer_steps} is NaN or inf"
+        origin = _origin(rules)
+        if origin:
+            what += f" (replayed: {origin})"
         if rules.on_nonfinite_loss == "raise":
             raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
         notices.warn(f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
                      "accelerator.optimizer_step_was_skipped is True).")
         return False
+
+
+def _origin(rules: StepRules) -> str | None:
+    """Where the NaN/inf began (a replay of the step's batch), or None; a replay that fails says so."""
+    if rules.explain_nonfinite is None:
+        return None
+    try:
+        return rules.explain_nonfinite()
+    except Exception as exc:  # noqa: BLE001 - the diagnosis never replaces the report it adds to
+        return f"the replay to find where it began failed: {type(exc).__name__}: {str(exc)[:200]}"
 
 
 class PreparedScheduler:

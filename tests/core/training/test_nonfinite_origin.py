@@ -1,0 +1,153 @@
+"""The NaN guard names where a non-finite step began (the step's batch replayed once, after the
+check failed: nothing on healthy steps), and saves never write NaN/inf weights unseen."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lowbit import Accelerator
+from lowbit.kernel.errors import CheckpointError
+
+
+class _Overflow(nn.Module):
+    """Finite input, inf output (divides by zero) when ``on``."""
+
+    on = False
+
+    def forward(self, x):
+        return x / (x.abs().amax() * 0) if self.on else x
+
+
+class _NaNBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+class _BadBackward(nn.Module):
+    """Passes its input on; its backward turns the finite gradient it gets into NaN when ``on``."""
+
+    on = False
+
+    def forward(self, x):
+        return _NaNBackward.apply(x) if self.on else x
+
+
+class _Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = nn.Linear(8, 16)
+        self.act = nn.ReLU()
+        self.overflow = _Overflow()
+        self.middle = nn.Linear(16, 16)
+        self.bad_backward = _BadBackward()
+        self.head = nn.Linear(16, 1)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        x = self.overflow(self.act(self.first(x)))
+        x = self.bad_backward(self.dropout(self.middle(x)))
+        return self.head(x)
+
+
+def _run(poison, mixed_precision="no", steps=3):
+    """Train ``steps`` steps; at step 2 ``poison(model)`` switches the fault on. Returns the
+    warnings said, the RNG state just before and after the poisoned step, and the model."""
+    acc = Accelerator(cpu=True, mixed_precision=mixed_precision)
+    model = _Model()
+    loader = DataLoader(torch.randn(4 * steps, 8), batch_size=4)
+    prepared, optimizer, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    rng = {}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step, batch in enumerate(loader, start=1):
+            if step == 2:
+                poison(model)
+            acc.backward(prepared(batch).float().pow(2).mean())
+            if step == 2:
+                rng["before"], grads = torch.get_rng_state(), [p.grad.clone() for p in model.parameters()]
+            optimizer.step()
+            if step == 2:
+                rng["after"] = torch.get_rng_state()
+                rng["grads_kept"] = all(torch.allclose(g, p.grad, equal_nan=True) for g, p in zip(grads, model.parameters()))
+            optimizer.zero_grad()
+            if step == 2:
+                model.overflow.on = model.bad_backward.on = False
+    messages = [str(w.message) for w in said if "NaN or inf" in str(w.message)]
+    return messages, rng, model
+
+
+def _on(part):
+    def poison(model):
+        getattr(model, part).on = True
+    return poison
+
+
+def test_a_nan_that_begins_in_a_forward_is_named_with_its_module():
+    messages, rng, _ = _run(_on("overflow"))
+    assert len(messages) == 1 and "optimizer step 2" in messages[0]
+    assert "replayed: forward: overflow (_Overflow) made its finite input non-finite" in messages[0], messages
+    assert torch.equal(rng["before"], rng["after"]) and rng["grads_kept"]  # the replay drew nothing, wrote no .grad
+
+
+def test_a_nan_that_begins_in_a_backward_is_named_with_the_module_whose_backward_made_it():
+    messages, _, _ = _run(_on("bad_backward"))
+    assert "replayed: backward: in the input-gradient computation of bad_backward (_BadBackward)" in messages[0], messages
+
+
+def test_a_layer_whose_weights_already_held_nan_is_said_so():
+    def corrupt(model):
+        with torch.no_grad():
+            model.middle.weight[0, 0] = float("nan")
+
+    messages, _, _ = _run(corrupt)
+    assert "forward: middle (Linear) made its finite input non-finite; its weight already held NaN/inf" in messages[0]
+
+
+def test_an_fp8_layer_that_overflows_is_named():
+    pytest.importorskip("lowbit_ao")
+
+    def corrupt(model):
+        with torch.no_grad():
+            model.middle.weight[0, 0] = float("inf")
+
+    messages, _, model = _run(corrupt, mixed_precision="fp8")
+    assert type(model.middle).__name__ == "Float8Linear"
+    assert "forward: middle (Float8Linear) made its finite input non-finite; its weight already held NaN/inf" in messages[0]
+
+
+def test_a_healthy_step_replays_nothing(monkeypatch):
+    import lowbit.runtime.observe.nonfinite_origin as origin
+
+    monkeypatch.setattr(origin, "find_nonfinite_origin", lambda *a: pytest.fail("replayed on a healthy step"))
+    messages, _, _ = _run(lambda model: None)
+    assert messages == []
+
+
+def test_save_state_and_save_model_refuse_nonfinite_weights_unless_asked(tmp_path):
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(nn.Linear(4, 4))
+    acc.save_state(tmp_path / "good")
+    with torch.no_grad():
+        model.weight[1, 2] = float("nan")
+    with pytest.raises(CheckpointError, match=r"save_state: 1 weight tensor\(s\) hold NaN or inf: weight\. Nothing was written"):
+        acc.save_state(tmp_path / "good")
+    with pytest.raises(CheckpointError, match=r"save_model: 1 weight tensor\(s\) hold NaN or inf: weight"):
+        acc.save_model(model, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+    loaded = Accelerator(cpu=True)
+    fresh = loaded.prepare(nn.Linear(4, 4))
+    loaded.load_state(tmp_path / "good")  # the good checkpoint was left as it was
+    assert torch.isfinite(fresh.weight).all()
+    acc.save_state(tmp_path / "inspect", allow_nonfinite=True)
+    acc.save_model(model, tmp_path / "model", allow_nonfinite=True)
+    assert (tmp_path / "model" / "model.safetensors").exists()
