@@ -113,14 +113,14 @@ class TelemetryRecorder:
         self.saturation_warning = saturation_warning
         self.underflow_warning = underflow_warning
         self.step = 0
+        # Whether this step is sampled (backends skip the work otherwise): a bool set between steps,
+        # not worked out from ``step`` in the hooks, so that under torch.compile the hooks' guard is on
+        # this flag (two graphs at most: sampled and not) rather than on the step count (a recompile
+        # every step).
+        self.active = True
         self.layers: dict[str, LayerStats] = {}
         self.removers: list[Any] = []
         self._pending: list[tuple[str, str, PendingStats]] = []  # this step's figures, read together
-
-    @property
-    def active(self) -> bool:
-        """Whether this step is sampled: backends skip the work otherwise."""
-        return self.step % self.every_n_steps == 0
 
     def record(self, layer: str, role: str, x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor") -> None:
         if self.active:
@@ -173,6 +173,7 @@ class TelemetryRecorder:
     def next_step(self) -> None:
         self.read_pending()
         self.step += 1
+        self.active = self.step % self.every_n_steps == 0
 
     def remove(self) -> None:
         for remover in self.removers:

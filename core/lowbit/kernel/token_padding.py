@@ -16,34 +16,30 @@ from torch import nn
 from torch.nn import functional as F
 
 
-def _pad(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    x = args[0] if args else None
-    pending = module._lowbit_unpadded_shapes
-    if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        pending.append(None)
-        return None
-    tokens = math.prod(x.shape[:-1])
-    missing = (-tokens) % module._lowbit_token_multiple
-    if not missing:
-        pending.append(None)
-        return None
-    pending.append(x.shape[:-1])
-    return (F.pad(x.reshape(tokens, x.shape[-1]), (0, 0, 0, missing)), *args[1:])
+class PaddedForward:
+    """A module's forward with its input tokens padded to ``multiple`` and its output unpadded, in
+    one call: set as the module's ``forward``. (A pre-hook and a post-hook passed the shapes on a
+    list, a side effect torch.compile cannot trace inside an activation-checkpointed block: one
+    graph break per block.) Holds the module, not its bound forward, so copies stay whole."""
 
+    def __init__(self, module: nn.Module, multiple: int, previous: Any = None):
+        self.module, self.multiple, self.previous = module, multiple, previous
 
-def _unpad(module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-    shape = module._lowbit_unpadded_shapes.pop()
-    if shape is None:
-        return None
-    return output[: math.prod(shape)].reshape(*shape, output.shape[-1])
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        forward = self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
+        if not isinstance(x, torch.Tensor) or x.dim() < 2:
+            return forward(x, *args, **kwargs)
+        tokens = math.prod(x.shape[:-1])
+        missing = (-tokens) % self.multiple
+        if not missing:
+            return forward(x, *args, **kwargs)
+        output = forward(F.pad(x.reshape(tokens, x.shape[-1]), (0, 0, 0, missing)), *args, **kwargs)
+        return output[:tokens].reshape(*x.shape[:-1], output.shape[-1])
 
 
 def pad_tokens(module: nn.Module, multiple: int) -> None:
-    """Pad ``module``'s input tokens to ``multiple`` and unpad its output (hooks; idempotent).
-    The shapes wait on a stack, so a re-run forward (activation checkpointing) pairs up too."""
-    if getattr(module, "_lowbit_token_multiple", None) is not None:
+    """Pad ``module``'s input tokens to ``multiple`` and unpad its output (idempotent). A re-run
+    forward (activation checkpointing) pads and unpads the same way: nothing is kept between calls."""
+    if isinstance(module.__dict__.get("forward"), PaddedForward):
         return
-    module._lowbit_token_multiple = multiple
-    module._lowbit_unpadded_shapes = []
-    module.register_forward_pre_hook(_pad)
-    module.register_forward_hook(_unpad)
+    module.forward = PaddedForward(module, multiple, module.__dict__.get("forward"))
