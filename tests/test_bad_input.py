@@ -41,6 +41,22 @@ def test_inductor_on_cpu_without_a_compiler_is_refused_at_prepare(monkeypatch, t
     Accelerator(dynamo_backend="aot_eager", cpu=True, plugin_manager=manager_with()).prepare(mlp())
 
 
+def test_inductor_on_a_gpu_without_a_c_compiler_is_refused_before_triton_needs_one(monkeypatch, tmp_path):
+    """On a GPU, Triton builds each kernel's launcher with a C compiler (gcc or clang, or $CC): a GPU
+    image without one failed inside the first compiled call. The check held for the CPU only."""
+    from lowbit.runtime.training.toolchain import check_compiler_for
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    advice = check_compiler_for("inductor", "cuda")
+    assert advice and "Triton build each GPU kernel's launcher" in advice and "looked for gcc, clang" in advice
+    assert "apt install gcc" in advice
+    (tmp_path / "gcc").write_text("#!/bin/sh\n")
+    (tmp_path / "gcc").chmod(0o755)
+    assert check_compiler_for("inductor", "cuda") is None
+    assert check_compiler_for("aot_eager", "cuda") is None
+
+
 def test_config_file_that_is_not_utf8(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_bytes("mixed_precision: bf16\n# caf\xe9\n".encode("latin-1"))

@@ -9,7 +9,8 @@ SCENARIO: ``workers`` (num_workers=2, pin_memory, persistent workers, a worker_i
 from the shuffled loader in workers, under the launch's strategy), ``hop`` (where the device hop puts
 a generator's state, and whether the group takes a host tensor as it is: NCCL does not),
 ``dispatch-strings`` (dispatch_batches with batches that hold a list of names beside the ids, with and
-without split_batches: each rank records the (id, name) pairs it got).
+without split_batches: each rank records the (id, name) pairs it got), ``nccl-rules`` (reduces of
+shapes that differ between ranks, of an int16 and of a transposed tensor, under the simulated rule).
 The GPU tests (test_multi_gpu_rules_gpu.py) run ``train`` and ``hop`` on one GPU over NCCL.
 """
 from __future__ import annotations
@@ -105,6 +106,16 @@ def main() -> None:
             accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True, split_batches=split))
             loader = accelerator.prepare(DataLoader(Named(), batch_size=4))
             result[f"split={split}"] = [list(zip(batch["id"].tolist(), batch["name"])) for batch in loader]
+    elif scenario == "nccl-rules":
+        rank = accelerator.process_index
+        cases = {"shapes": lambda: accelerator.reduce(torch.ones(2 + rank), "sum"),
+                 "int16": lambda: accelerator.reduce(torch.ones(2, dtype=torch.int16), "sum"),
+                 "transposed": lambda: accelerator.reduce(torch.arange(6.0).reshape(2, 3).t(), "sum").tolist()}
+        for case, run in cases.items():
+            try:
+                result[case] = run() if case == "transposed" else str(run().tolist())
+            except Exception as error:  # noqa: BLE001 - recorded for the test
+                result[case] = f"{type(error).__name__}: {error}"
     elif scenario == "user-gather":
         mine = torch.full((2,), float(accelerator.process_index))
         result["gathered"] = accelerator.gather(mine).tolist()

@@ -13,7 +13,10 @@ test suite sets it for every multi-process run; a run over NCCL itself ignores i
 same device, so a gloo run cannot show that a host tensor would reach NCCL. Under the simulation
 the group refuses, as NCCL would, any tensor a lowbit module hands to a collective without
 passing it through :func:`on_group_device` (which, having no GPU to copy to, records the tensor
-as if it were on one). Collectives issued by torch itself (DDP, FSDP2, ``*_object``) and by the
+as if it were on one), a tensor that is not contiguous or of a dtype NCCL has no type for, and
+inputs whose shape or dtype differ between ranks (NCCL does not compare them: it hangs or reads
+past the smaller buffer; the error names both). :func:`on_group_device` hands NCCL what it takes:
+contiguous, int16 as int32. Collectives issued by torch itself (DDP, FSDP2, ``*_object``) and by the
 user's own code are not checked: torch places theirs, and the user's are the user's.
 """
 from __future__ import annotations
@@ -42,6 +45,17 @@ CHECKED_COLLECTIVES = {
 # objects per call: a debugging aid, off by default; ACCELERATE_DEBUG_MODE=1, or
 # PartialState().debug = True). training/operations.py checks it.
 SHAPE_CHECKS = {"on": os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes")}
+
+
+# Collectives whose input NCCL takes to be the same shape and dtype on every rank without checking
+# (gloo aborts on a mismatch; NCCL hangs or reads past the smaller buffer): compared under the simulation.
+SAME_SHAPE_COLLECTIVES = frozenset({"broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
+                                    "reduce_scatter_tensor"})
+# dtypes NCCL has no type for (c10d's NCCL type table, torch 2.11-2.13: int16 and the unsigned
+# 16/32-bit types are missing; bool travels as uint8).
+NCCL_REFUSED_DTYPES = frozenset({torch.int16, torch.uint16, torch.uint32})
+# What on_group_device sends each as (wide enough for every value).
+NCCL_WIRE_DTYPES = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
 
 
 class NcclRuleError(RuntimeError):
@@ -85,8 +99,11 @@ def _served_device_types() -> tuple[frozenset[str], torch.device | None]:
 def on_group_device(tensor: torch.Tensor, copy: bool = False) -> torch.Tensor:
     """``tensor`` where the process group can take it: as it is (or a copy, with ``copy``, for a
     collective that writes into it) when the group serves its device type, else copied to this
-    process's accelerator. The caller moves the result back (``.to(tensor.device)``: free when
-    nothing moved)."""
+    process's accelerator; contiguous, and in a dtype NCCL has (int16 travels as int32, ...). The
+    caller moves the result back (``.to(tensor.device, tensor.dtype)``: free when nothing moved)."""
+    wire = NCCL_WIRE_DTYPES.get(tensor.dtype)
+    if wire is not None or not tensor.is_contiguous():  # a new tensor: NCCL's dtype, one dense buffer
+        tensor, copy = tensor.contiguous().to(wire or tensor.dtype), False
     if _simulation["on"]:
         out = tensor.clone() if copy else tensor
         _on_simulated_device[id(out)] = out
@@ -121,18 +138,47 @@ def _checked(name: str, collective: Callable[..., Any], position: int, keyword: 
         caller = _caller_module(2)
         if caller.split(".")[0].startswith("lowbit"):
             given = args[position] if len(args) > position else kwargs.get(keyword)
-            for tensor in _tensors_in(given):
-                if _on_simulated_device.get(id(tensor)) is not tensor:
-                    raise NcclRuleError(
-                        f"{caller} called torch.distributed.{name} on a {tensor.device.type} tensor "
-                        f"({tuple(tensor.shape)}, {tensor.dtype}) that was not put on the process group's device. NCCL "
-                        "takes tensors on this process's GPU only, so this collective would fail on a GPU cluster "
-                        f"({SIMULATE_ENV}=1 holds CPU runs to that rule). Hand the tensor to "
-                        "lowbit.runtime.collective_device.on_group_device first and move the result back.")
+            tensors = _tensors_in(given)
+            for tensor in tensors:
+                _check_one(name, caller, tensor)
+            if name in SAME_SHAPE_COLLECTIVES and tensors:
+                _check_same_shape_everywhere(name, caller, tensors[0])
         return collective(*args, **kwargs)
 
     call._lowbit_nccl_rule = True  # type: ignore[attr-defined]
     return call
+
+
+def _check_one(name: str, caller: str, tensor: torch.Tensor) -> None:
+    """One tensor against NCCL's rule: on the group's device, contiguous, a dtype NCCL has."""
+    what = f"{caller} called torch.distributed.{name} on a {tensor.device.type} tensor ({tuple(tensor.shape)}, {tensor.dtype})"
+    if _on_simulated_device.get(id(tensor)) is not tensor:
+        raise NcclRuleError(
+            f"{what} that was not put on the process group's device. NCCL takes tensors on this process's GPU only, so "
+            f"this collective would fail on a GPU cluster ({SIMULATE_ENV}=1 holds CPU runs to that rule). Hand the tensor "
+            "to lowbit.runtime.collective_device.on_group_device first and move the result back.")
+    if not tensor.is_contiguous():
+        raise NcclRuleError(f"{what} that is not contiguous: NCCL reads a tensor as one dense buffer and refuses it. "
+                            "Pass tensor.contiguous().")
+    if tensor.dtype in NCCL_REFUSED_DTYPES:
+        raise NcclRuleError(f"{what}: NCCL has no {tensor.dtype} type and refuses it. Send it as int32/int64 (or "
+                            "uint8) and convert back.")
+
+
+def _check_same_shape_everywhere(name: str, caller: str, tensor: torch.Tensor) -> None:
+    """Every rank's input of the same shape and dtype (one object gather: the simulation only)."""
+    import torch.distributed as dist
+
+    mine = (tuple(tensor.shape), str(tensor.dtype))
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    others = {rank: seen for rank, seen in enumerate(everyone) if seen != mine}
+    if others:
+        rank, (shape, dtype) = next(iter(others.items()))
+        raise NcclRuleError(
+            f"{caller} called torch.distributed.{name} with a tensor of shape {mine[0]} ({mine[1]}) on rank "
+            f"{dist.get_rank()} and {shape} ({dtype}) on rank {rank}. NCCL does not compare them: it would hang or read "
+            "past the smaller buffer (gloo aborts). Every rank must pass the same shape and dtype.")
 
 
 def hold_to_nccl_rules() -> None:

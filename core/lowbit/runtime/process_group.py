@@ -232,6 +232,7 @@ def process_facts(device_type: str, device_count: int, group_options: dict | Non
         if device.type == "cuda":
             torch.cuda.set_device(device)
     elif device_type == "cuda":
+        _refuse_ranks_sharing_a_gpu(device_count)
         device = torch.device("cuda", local % max(device_count, 1))
         torch.cuda.set_device(device)
     else:
@@ -240,6 +241,19 @@ def process_facts(device_type: str, device_count: int, group_options: dict | Non
         init_process_group(device.type, group_options)
         hold_to_nccl_rules()
     return ProcessFacts(world, rank, local, device)
+
+
+def _refuse_ranks_sharing_a_gpu(device_count: int) -> None:
+    """More processes on this machine than the GPUs they all see would put two ranks on one GPU
+    (rank % GPUs), which NCCL refuses later ("Duplicate GPU") or which runs out of memory. One GPU
+    each by CUDA_VISIBLE_DEVICES (a scheduler's per-task GPUs) is fine: each sees one."""
+    local_world = _env_int("LOCAL_WORLD_SIZE", 1)
+    per_process_gpu = device_count == 1 and "CUDA_VISIBLE_DEVICES" in os.environ
+    if device_count and local_world > device_count and not per_process_gpu:
+        raise ConfigError(
+            f"{local_world} processes on this machine but they see {device_count} GPU(s): two ranks would share a GPU "
+            "(NCCL refuses that). Start one process per GPU (lowbit launch --num_processes "
+            f"{device_count}), or give each its own GPU (--gpu_ids with as many ids as processes).")
 
 
 def wait_for_everyone() -> None:

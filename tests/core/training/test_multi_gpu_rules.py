@@ -49,6 +49,34 @@ def test_the_simulated_nccl_rule_catches_a_host_tensor_in_a_lowbit_collective(tm
 
 
 @pytest.mark.multiprocess
+def test_the_simulated_nccl_rule_holds_shapes_dtypes_and_contiguity(tmp_path):
+    """NCCL's whole rule on a CPU: shapes that differ between ranks (NCCL hangs or reads past the
+    smaller buffer; the simulation names both), and what lowbit's own collectives now do for NCCL:
+    an int16 tensor travels as int32, a transposed one contiguous (both refused by NCCL before)."""
+    ranks, _ = launch(tmp_path, "nccl-rules")
+    for rank in ranks:
+        assert rank["shapes"].startswith("NcclRuleError") and "(2,)" in rank["shapes"] and "(3,)" in rank["shapes"]
+        assert "on rank 0" in rank["shapes"] and "on rank 1" in rank["shapes"]
+        assert rank["int16"] == "[2, 2]"
+        assert rank["transposed"] == [[0.0, 6.0], [2.0, 8.0], [4.0, 10.0]]
+
+
+def test_processes_that_would_share_a_gpu_are_refused(monkeypatch):
+    """4 processes on a machine whose processes all see 2 GPUs: rank % GPUs put two on each
+    ("Duplicate GPU" in NCCL later). One GPU each by CUDA_VISIBLE_DEVICES is fine."""
+    from lowbit.kernel.errors import ConfigError
+    from lowbit.runtime.process_group import _refuse_ranks_sharing_a_gpu
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with pytest.raises(ConfigError, match="4 processes on this machine but they see 2 GPU"):
+        _refuse_ranks_sharing_a_gpu(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    _refuse_ranks_sharing_a_gpu(1)  # each process given its own GPU
+    _refuse_ranks_sharing_a_gpu(4)
+
+
+@pytest.mark.multiprocess
 def test_the_loader_of_several_processes_loads_in_the_users_workers(tmp_path):
     """num_workers=2 with pin_memory and persistent workers: each rank's items are read by two
     worker processes (before, by the training process itself), and every item once per epoch."""
@@ -260,7 +288,28 @@ def test_cuda_rng_states_are_restored_on_a_rank_that_sees_fewer_gpus(monkeypatch
     state = {"python": __import__("random").getstate(), "torch": torch.get_rng_state(),
              "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)]}
     set_rng_state(state)
-    assert restored == [(7, 0)]
+    assert restored == [(7, 0)]  # Accelerate's save (no own GPU's state): the first state
+
+
+def test_a_rank_that_sees_other_gpus_now_gets_its_own_gpus_saved_rng_state(monkeypatch):
+    """Rank 1 saved on a machine showing 2 GPUs (its own: GPU 1, state 9); resumed with only its GPU
+    visible, it took GPU 0's state (7), rank 0's stream. lowbit's save also keeps the own GPU's."""
+    from lowbit.runtime.checkpoint.training_state import set_rng_state
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((int(state[0]), device)))
+    state = {"python": __import__("random").getstate(), "torch": torch.get_rng_state(),
+             "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)],
+             "cuda_own": torch.tensor([9], dtype=torch.uint8)}
+    set_rng_state(state)
+    assert restored == [(9, 0)]
+    restored.clear()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # the same view as at the save: by position
+    set_rng_state(state)
+    assert restored == [(7, 0), (9, 1)]
 
 
 @pytest.mark.parametrize("capability, slow", [((7, 5), True), ((7, 0), True), ((8, 0), False), ((9, 0), False)])

@@ -19,7 +19,7 @@ import torch
 
 from lowbit.runtime.checkpoint import files as checkpoint
 from lowbit.runtime.checkpoint.accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
-from lowbit.runtime.checkpoint.cuda_rng import set_cuda_rng_states
+from lowbit.runtime.checkpoint.cuda_rng import cuda_rng_state, set_cuda_rng_states
 from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
 from lowbit.kernel.errors import CheckpointError, ConfigError
 from lowbit.kernel.notices import note
@@ -235,8 +235,7 @@ def rng_state(loader_generators: list[Any] = (), epoch_orders: list[Any] = ()) -
     else:
         name, keys, pos, has_gauss, gauss = np.random.get_state()
         state["numpy"] = (name, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss)
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    state.update(cuda_rng_state())
     return state
 
 
@@ -256,5 +255,5 @@ def set_rng_state(state: dict[str, Any], loader_generators: list[Any] = ()) -> N
         name, keys, pos, has_gauss, gauss = state["numpy"]
         np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
     if "cuda" in state:
-        set_cuda_rng_states(state["cuda"])
+        set_cuda_rng_states(state["cuda"], state.get("cuda_own"))
 

@@ -115,10 +115,10 @@ def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = F
 
 
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
-    sent = on_group_device(tensor.reshape(1) if tensor.dim() == 0 else tensor.contiguous())
+    sent = on_group_device(tensor.reshape(1) if tensor.dim() == 0 else tensor)
     parts = [torch.empty_like(sent) for _ in range(_world())]
     torch.distributed.all_gather(parts, sent)
-    return torch.cat(parts, dim=0).to(tensor.device)
+    return torch.cat(parts, dim=0).to(tensor.device, tensor.dtype)
 
 
 def gather(data: Any) -> Any:
@@ -151,7 +151,7 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float) -> torch.Ten
         out = on_group_device(tensor, copy=True)
         op = torch.distributed.ReduceOp.MAX if reduction == "max" else torch.distributed.ReduceOp.SUM
         torch.distributed.all_reduce(out, op=op)
-        out = out.to(tensor.device)
+        out = out.to(tensor.device, tensor.dtype)
     else:
         out = tensor.clone()
     if reduction == "mean":
@@ -212,9 +212,9 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     _check_shapes_agree("broadcast", data)
 
     def one(tensor: torch.Tensor) -> torch.Tensor:
-        out = on_group_device(tensor.contiguous(), copy=True)
+        out = on_group_device(tensor, copy=True)
         torch.distributed.broadcast(out, src=from_process)
-        return out.to(tensor.device)
+        return out.to(tensor.device, tensor.dtype)
 
     return recursively_apply(one, data)
 
