@@ -378,3 +378,40 @@ def test_grouped_gemms_are_counted_and_a_custom_op_leaves_the_figure_out():
 
     with pytest.raises(UncountableForward, match="lowbit_test::fused_thing"):
         trace_work(UsesCustomOp(), (torch.zeros(4, 8, device="meta"),), {})
+
+
+def test_on_a_gpu_the_step_time_is_the_devices_read_without_a_sync(monkeypatch):
+    """The host clock measures when the CPU queued a step: with nothing syncing (on_nonfinite_loss=
+    "continue", a fused fp16 optimizer, DeepSpeed) it runs ahead of the GPU. The meter times steps
+    by events recorded at each step's end, read once the GPU finished them (query(): no sync). A
+    stand-in event plays the GPU: 50 ms a step, the last step not finished yet."""
+    from lowbit.runtime.observe.throughput import ThroughputMeter
+
+    class Event:
+        made: list = []
+
+        def __init__(self, enable_timing=False):
+            self.at, self.done = None, True
+            Event.made.append(self)
+
+        def record(self):
+            self.at = 0.05 * len(Event.made)
+
+        def query(self):
+            return self.done
+
+        def elapsed_time(self, end):
+            assert self.query() and end.query(), "read before the GPU finished it: a sync"
+            return (end.at - self.at) * 1000
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    meter = ThroughputMeter(torch.device("cuda", 0), 1, "bf16", is_main=False)
+    batch = {"input_ids": torch.zeros(4, 16, dtype=torch.long)}
+    for _ in range(4):
+        meter.on_batch(batch, 0.0)
+        meter.on_step()
+    Event.made[-1].done = False  # the newest step is still running on the GPU
+    assert meter.latest["throughput/step_s"] == pytest.approx(0.05)
+    assert meter.latest["throughput/tokens_per_s"] == pytest.approx(64 / 0.05)

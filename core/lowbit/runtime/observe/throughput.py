@@ -2,8 +2,8 @@
 
 Tokens and samples are counted from the batches the prepared dataloaders hand out (``input_ids``,
 else the first 2-D integer tensor; ``accelerator.set_batch_tokens(n)`` tells another count), the
-time between optimizer steps from the clock, and the model's FLOPs once, after the first optimizer
-step and outside it: one forward of the prepared model traced on meta stand-ins at the first
+time between optimizer steps (on a GPU, the device's, from events read once it finished them; on
+a CPU, the clock), and the model's FLOPs once, after the first optimizer step and outside it: one forward of the prepared model traced on meta stand-ins at the first
 batch's shapes, by the work counter ``lowbit fp8-payoff`` uses (:func:`~lowbit.runtime.observe.fp8_payoff.trace_work`),
 never inside the user's forward or a compiled region. A training step counts three times the
 forward's GEMM and attention FLOPs (forward, grad-input, grad-weight). MFU is against the device's
@@ -13,6 +13,7 @@ beside it: one peak does not describe a mixed run. Nothing here reads the device
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -117,6 +118,10 @@ class ThroughputMeter:
         self._batch: tuple[int, int | None] = (0, None)
         self._since: dict[str, float] = {"samples": 0, "tokens": 0, "wait": 0.0}
         self._last_step = self._last_said = time.perf_counter()
+        # On a GPU, an event recorded at each step's end, with the step's counts: the step's seconds are
+        # the device's, read from the newest pair of steps the GPU has finished (event.query(): no sync).
+        # The host clock alone measures when the CPU queued work, right only when something synced.
+        self._marks: collections.deque = collections.deque(maxlen=16)
 
     # ------------------------------------------------------------------ what the run tells it
 
@@ -195,6 +200,10 @@ class ThroughputMeter:
         self._since = {"samples": 0, "tokens": 0, "wait": 0.0}
         self.steps += 1
         self._last = (seconds, since)  # the figures are worked out when read, not every step
+        if self.device.type == "cuda":
+            mark = torch.cuda.Event(enable_timing=True)
+            mark.record()
+            self._marks.append((mark, since))
         if self.is_main and self.every_s > 0 and now - self._last_said >= self.every_s:
             self._last_said = now
             self.say(self.progress_line())
@@ -204,7 +213,7 @@ class ThroughputMeter:
         """The last optimizer step's figures (empty before the first step)."""
         if self._last is None:
             return {}
-        seconds, since = self._last
+        seconds, since = self._device_timed() or self._last
         figures = {"throughput/step_s": seconds}
         if since["samples"]:  # batches came from a prepared dataloader (a script may feed tensors itself)
             figures["throughput/samples_per_s"] = since["samples"] / seconds
@@ -221,6 +230,14 @@ class ThroughputMeter:
             figures["throughput/fp8_gemm_share"] = self.fp8_gemm_share
         figures["throughput/peak_memory_mb"] = self._peak_memory_mb()
         return figures
+
+    def _device_timed(self) -> tuple[float, dict[str, float]] | None:
+        """The newest step the GPU has finished: its seconds between step-end events, and its counts."""
+        marks = list(self._marks)
+        for index in range(len(marks) - 1, 0, -1):
+            if marks[index][0].query():
+                return max(marks[index - 1][0].elapsed_time(marks[index][0]) / 1000, 1e-9), marks[index][1]
+        return None
 
     # ------------------------------------------------------------------ what it says
 
