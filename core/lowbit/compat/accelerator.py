@@ -1,9 +1,11 @@
-"""The Accelerator: the four-line facade over the chosen plugins.
+"""Accelerate's ``Accelerator`` on lowbit's run.
 
-It resolves settings, chooses one precision plugin, at most one FP8 backend and at most one
-distributed strategy, and from then on calls only those (routed hooks). Order of preparation:
-FP8 conversion, then distribution, then the forward is wrapped in the autocast contexts
-(native autocast outside, the FP8 backend's own context inside).
+It reads the settings (arguments, Accelerate's handler objects, the config file, ``LOWBIT_*``),
+builds the run's ``Precision``, chooses at most one low-precision backend and at most one
+distributed strategy, and from then on calls only those (routed hooks); ``prepare`` hands the work
+to :class:`~lowbit.runtime.training.preparation.Preparation`. Order of preparation: the backend's
+conversion, then distribution, then the forward is wrapped in the autocast contexts (native
+autocast outside, the backend's own context inside). After ``prepare()`` the step is plain torch.
 """
 from __future__ import annotations
 

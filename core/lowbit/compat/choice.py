@@ -1,9 +1,10 @@
 """Choosing one run's plugins from its settings.
 
-The precision plugin always; the low-precision backend when ``mixed_precision`` names a precision
-a backend serves (the one asked for, else the best ranked), with its recipe options resolved
-(handler argument > env > config file > default), or the fallback the user allowed; and the
-distributed strategy that ``distributed_type`` names, by the strategies' own descriptions.
+The low-precision backend when ``mixed_precision`` names a precision a backend serves (the one
+asked for, else the best ranked), with its recipe options resolved (handler argument > env >
+config file > default), or the fallback the user allowed; and the distributed strategy that
+``distributed_type`` names, by the strategies' own descriptions. (fp32, fp16 and bf16 need no
+plugin: :class:`lowbit.kernel.precision.Precision` serves them.)
 """
 from __future__ import annotations
 

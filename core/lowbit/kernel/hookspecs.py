@@ -5,8 +5,8 @@ the specs below. A hookimpl may accept any subset of a spec's arguments.
 
 Routing: only ``describe_backend``, ``detect_hardware``, the launcher hooks and
 ``register_trackers`` are broadcast to every plugin. All other hooks are *routed*: lowbit calls
-them on the one chosen low-precision backend, the one chosen precision plugin, or the one chosen
-distributed strategy, never on the others, so each has one answer and none is ``firstresult``
+them on the one chosen low-precision backend or the one chosen distributed strategy, never on the
+others, so each has one answer and none is ``firstresult``
 (``detect_hardware`` is: the first detector to answer wins). A routed hook that a plugin does not
 implement falls back to the default stated in its docstring.
 

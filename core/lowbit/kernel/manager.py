@@ -1,7 +1,7 @@
 """The plugin system. This module builds the plugin manager: built-ins first, then entry points,
-each loaded in isolation. Beside it: ``selection`` (ranking and choosing backends, with the
-reasons), ``routing`` (the chosen plugins, one typed method per routed hook) and ``scaffold``
-(``lowbit new-backend``). The contract itself is :mod:`lowbit.kernel.hookspecs`; the data hooks exchange,
+each loaded in isolation. Beside it: :mod:`lowbit.kernel.registry` (ranking and choosing backends
+and strategies, with the reasons); elsewhere :mod:`lowbit.runtime.routing` (the chosen plugins, one
+typed method per routed hook) and :mod:`lowbit.cli.scaffold` (``lowbit new-backend``). The contract itself is :mod:`lowbit.kernel.hookspecs`; the data hooks exchange,
 :mod:`lowbit.kernel.types`.
 
 Discovery is cheap by contract: loading an entry point imports only the plugin's small entry

@@ -8,8 +8,8 @@ if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
-# mixed_precision values torch's autocast serves (the built-in precision plugin); every other
-# name ("fp8", "fp4", ...) is served by a low-precision backend that declares it.
+# mixed_precision values torch's autocast serves (lowbit.kernel.precision.Precision, no plugin);
+# every other name ("fp8", "fp4", ...) is served by a low-precision backend that declares it.
 NATIVE_PRECISIONS = frozenset({"no", "fp16", "bf16"})
 
 # FP8 tensor-core GEMMs exist from Ada (sm_89) on; MXFP8 and NVFP4 from Blackwell (sm_100) on.

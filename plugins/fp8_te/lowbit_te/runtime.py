@@ -196,4 +196,6 @@ def _data_parallel_group(context: PrepareContext) -> Any:
         return None
     import torch.distributed as dist
 
-    return dist.group.WORLD  # lowbit runs data parallelism only: every rank is in the DP group
+    # TE reduces its amax over the data-parallel group; lowbit gives TE data parallelism only (FSDP2
+    # or DDP over every rank; tensor parallel is not offered with TE), so that group is the world.
+    return dist.group.WORLD
