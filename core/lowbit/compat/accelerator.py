@@ -463,7 +463,7 @@ class Accelerator(RankFacts):
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, minus the samples repeated to even out the last batch across processes, so
         a metric over the gathered predictions counts every sample exactly once."""
-        all_tensors = all(isinstance(t, torch.Tensor) for t in _leaves(input_data))
+        all_tensors = all(isinstance(t, torch.Tensor) for t in operations.leaves(input_data))
         use_gather_object = use_gather_object or not all_tensors
         data = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
         remainder = self.gradient_state.remainder
@@ -983,17 +983,6 @@ def _force_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) ->
         stack.callback(lambda: setattr(model, "require_forward_param_sync", before[1]))
     elif hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(True)
-
-
-def _leaves(data: Any) -> Iterator[Any]:
-    if isinstance(data, dict):
-        for value in data.values():
-            yield from _leaves(value)
-    elif isinstance(data, (list, tuple)):
-        for value in data:
-            yield from _leaves(value)
-    else:
-        yield data
 
 
 def _check_dynamo_backend(backend: str | None) -> None:

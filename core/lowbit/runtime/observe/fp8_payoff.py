@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lowbit.kernel.errors import ConfigError, did_you_mean
 from lowbit.kernel.notices import LowbitNote, note
 from lowbit.runtime.observe.gpu_specs import GPU_PEAKS, DevicePeak, gpu_peak
+from lowbit.runtime.training.operations import tensor_leaves
 from lowbit.kernel.types import BF16_BYTES, RecipeCost
 
 # torchao roofline_utils.py (H100, "experimental observation with sample large inputs"; torchao
@@ -296,8 +297,8 @@ class _PointwiseTracer(TorchDispatchMode):
         if func.namespace not in _KNOWN_NAMESPACES:
             self.uncountable.append(f"it calls {func.name()}, a custom op whose work lowbit cannot see")
         out = func(*args, **kwargs)
-        inputs = [t for t in _flat(args, kwargs) if isinstance(t, torch.Tensor)]
-        outputs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]
+        inputs = list(tensor_leaves((args, kwargs)))
+        outputs = list(tensor_leaves(out))
         roots = [self._root(t) for t in inputs]
         level = max((self.level[r] for r in roots), default=0)
         name = func.overloadpacket.__name__
@@ -337,16 +338,6 @@ class _PointwiseTracer(TorchDispatchMode):
         it (or are the model's outputs); a lookup reads only what it gathers."""
         written = self.read_outside | {self._root(t) for t in outputs if self.region_of.get(self._root(t)) is not None}
         return sum(self.size[r] for _, r in self.reads) + sum(self.size[r] for r in written)
-
-
-def _flat(*trees: Any):
-    for tree in trees:
-        if isinstance(tree, (list, tuple)):
-            yield from _flat(*tree)
-        elif isinstance(tree, dict):
-            yield from _flat(*tree.values())
-        else:
-            yield tree
 
 
 def count_work(model: nn.Module, batch_size: int, seq_len: int, causal: bool | None = None) -> ModelWork:
@@ -402,7 +393,7 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
             stand_ins = {name: _meta_like(tensor)
                          for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
             out = torch.func.functional_call(model, stand_ins, args, kwargs)
-            outputs = [t for t in _flat(out) if isinstance(t, torch.Tensor)]
+            outputs = list(tensor_leaves(out))
             pointwise = tracer.fused_bytes(outputs)
     finally:
         for handle in handles:

@@ -23,22 +23,12 @@ import torch
 from torch import nn
 
 from lowbit.runtime.observe.throughput import feeding_calls, random_state_kept
+from lowbit.runtime.training.operations import tensor_leaves
 
 
 def _finite(value: Any) -> bool:
-    tensors = [t for t in _leaves(value) if t.is_floating_point() or t.is_complex()]
+    tensors = [t for t in tensor_leaves(value) if t.is_floating_point() or t.is_complex()]
     return all(bool(torch.isfinite(t).all()) for t in tensors)
-
-
-def _leaves(value: Any):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict) or hasattr(value, "values") and hasattr(value, "keys"):
-        for item in value.values():
-            yield from _leaves(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _leaves(item)
 
 
 def _weights_note(module: nn.Module) -> str:
@@ -69,7 +59,7 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
                 else:
                     forward_origin.append(f"forward: the input of {name} ({kind}) was already non-finite: it began "
                                           "between modules (a function in the model's forward), or in the batch")
-            for tensor in _leaves(output):
+            for tensor in tensor_leaves(output):
                 if tensor.requires_grad:
                     tensor.register_hook(lambda grad, position=position: grad_finite.__setitem__(
                         position, grad_finite.get(position, True) and bool(torch.isfinite(grad).all())))
@@ -85,7 +75,7 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
             if not _finite(output):
                 return "forward: every module's output is finite, yet the model's output is not (it began after the last module)"
             loss = getattr(output, "loss", None)
-            loss = loss if isinstance(loss, torch.Tensor) else sum(t.float().sum() for t in _leaves(output) if t.requires_grad)
+            loss = loss if isinstance(loss, torch.Tensor) else sum(t.float().sum() for t in tensor_leaves(output) if t.requires_grad)
             params = [p for p in model.parameters() if p.requires_grad]
             if not isinstance(loss, torch.Tensor) or not params:
                 return "the replayed forward is finite, and it has no loss to replay the backward from"

@@ -27,6 +27,7 @@ import torch
 
 from lowbit.kernel.env_numbers import env_number
 from lowbit.runtime.observe.gpu_specs import DevicePeak, gpu_peak
+from lowbit.runtime.training.operations import tensor_leaves
 
 # Env: seconds between the progress lines (0: none), and 0 to turn the meter off.
 EVERY_ENV = "LOWBIT_THROUGHPUT_EVERY"
@@ -71,10 +72,11 @@ def cpu_peak(dtype: torch.dtype, cache: Path | None = None) -> DevicePeak:
     return DevicePeak(name, known[key], None, f"measured here, cached in {cache}")
 
 
-def batch_counts(batch: Any) -> tuple[int, int | None]:
+def batch_counts(batch: Any, tensors: list[torch.Tensor] | None = None) -> tuple[int, int | None]:
     """Samples (the first tensor's first dimension) and tokens (``input_ids``' elements, else the
-    first 2-D integer tensor's) of a batch; tokens None when there is no such tensor."""
-    tensors = list(_tensors(batch))
+    first 2-D integer tensor's) of a batch; tokens None when there is no such tensor. ``tensors``:
+    the batch's tensors in order, when the caller walked it already."""
+    tensors = list(tensor_leaves(batch)) if tensors is None else tensors
     if not tensors:
         return 0, None
     samples = int(tensors[0].shape[0]) if tensors[0].dim() else 1
@@ -82,17 +84,6 @@ def batch_counts(batch: Any) -> tuple[int, int | None]:
     if not isinstance(ids, torch.Tensor):
         ids = next((t for t in tensors if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex()), None)
     return samples, (int(ids.numel()) if ids is not None else None)
-
-
-def _tensors(data: Any):
-    if isinstance(data, torch.Tensor):
-        yield data
-    elif isinstance(data, dict) or hasattr(data, "values") and hasattr(data, "keys"):
-        for value in data.values():
-            yield from _tensors(value)
-    elif isinstance(data, (list, tuple)):
-        for value in data:
-            yield from _tensors(value)
 
 
 class ThroughputMeter:
@@ -142,13 +133,13 @@ class ThroughputMeter:
         """The layers the backend converted (names in the model as prepare() got it): their GEMMs count as FP8."""
         self._low_precision_layers = set(low_precision_layers)
 
-    def on_batch(self, batch: Any, wait_s: float) -> None:
+    def on_batch(self, batch: Any, wait_s: float, tensors: list[torch.Tensor] | None = None) -> None:
         if self._first_batch is not None and self.steps:
             # once, at the first batch after the first optimizer step: in the loader, never inside a
             # step the user may have compiled (torch.compile(optimizer.step)), which the count's eager
             # trace cannot run in
             self.count_flops()
-        self._batch = batch_counts(batch)
+        self._batch = batch_counts(batch, tensors)
         self._since["samples"] += self._batch[0]
         self._since["tokens"] += self._batch[1] or 0
         self._since["wait"] += wait_s

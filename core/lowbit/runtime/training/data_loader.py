@@ -324,9 +324,15 @@ class PreparedDataLoader:
             if following is _END:
                 self.end_of_dataloader, self.remainder = True, remainder()
                 self._replay["ended"] = True
-            if self.observe_batch is not None:
-                self.observe_batch(current, time.perf_counter() - start)
-            self.last_batch = send_to_device(current, self.device, self.non_blocking) if self.device_placement else current
+            waited = time.perf_counter() - start
+            if self.observe_batch is not None and self.device_placement:  # counted in the pass that moves it
+                seen: list[torch.Tensor] = []
+                self.last_batch = send_to_device(current, self.device, self.non_blocking, seen=seen)
+                self.observe_batch(current, waited, seen)
+            else:
+                if self.observe_batch is not None:
+                    self.observe_batch(current, waited)
+                self.last_batch = send_to_device(current, self.device, self.non_blocking) if self.device_placement else current
             yield self.last_batch
             if self.at_iteration_start is not None:
                 self.at_iteration_start()

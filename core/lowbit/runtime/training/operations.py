@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -67,6 +67,25 @@ def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type
     return walk(data)
 
 
+def leaves(data: Any) -> Iterator[Any]:
+    """Every leaf of a nest, in order: the one walk over batches, outputs and arguments that does not
+    rebuild them (``recursively_apply`` does). Dicts, lists, tuples (named too) and mapping-likes
+    (transformers' ModelOutput, BatchEncoding) are walked into; everything else is a leaf."""
+    if isinstance(data, dict) or (hasattr(data, "keys") and hasattr(data, "__getitem__") and not isinstance(data, torch.Tensor)):
+        for key in data.keys():
+            yield from leaves(data[key])
+    elif isinstance(data, (list, tuple)):
+        for item in data:
+            yield from leaves(item)
+    else:
+        yield data
+
+
+def tensor_leaves(data: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a nest, in order (:func:`leaves`)."""
+    return (leaf for leaf in leaves(data) if isinstance(leaf, torch.Tensor))
+
+
 def listify(data: Any) -> Any:
     """Tensors in a nest turned into Python numbers and lists (for logging, JSON)."""
     return recursively_apply(lambda t: t.tolist(), data)
@@ -110,8 +129,13 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     return torch.cat(data, dim=dim)
 
 
-def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
-    return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), data)
+def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False,
+                   seen: list[torch.Tensor] | None = None) -> Any:
+    """Every tensor of a nest on ``device``; ``seen`` gets each tensor as it passes (one walk for a
+    caller that also looks at them: the throughput meter counts a batch in this pass)."""
+    if seen is None:
+        return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), data)
+    return recursively_apply(lambda t: seen.append(t) or t.to(device, non_blocking=non_blocking), data)
 
 
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
