@@ -248,3 +248,40 @@ def test_lowbits_figures_reach_trainers_reporting_integrations(patched, tmp_path
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert {"train/throughput/tokens_per_s", "train/throughput/mfu", "train/loss"} <= set(events.Tags()["scalars"])
+
+
+def test_under_trainer_a_nan_step_is_skipped_and_said_where_it_began(patched, tmp_path):
+    """transformers' Trainer filters NaN losses out of its logs and keeps stepping: on lowbit's
+    Accelerator the step is skipped and the warning names where the NaN began (the replay)."""
+    import warnings
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2)
+    model = LlamaForCausalLM(config)
+    data = [{"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))} for _ in range(12)]
+    down = model.model.layers[1].mlp.down_proj
+    poisoned = {"on": False}
+    down.register_forward_hook(lambda module, args, out: out * float("inf") if poisoned["on"] else out)
+
+    class Poison:  # a TrainerCallback by duck typing: poisons step 2's forward (and its replay)
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            poisoned["on"] = state.global_step == 1
+
+    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=3, report_to=[], use_cpu=True,
+                             save_strategy="no", logging_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.add_callback(Poison())
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        trainer.train()
+    messages = [str(w.message) for w in said if "NaN or inf" in str(w.message)]
+    assert len(messages) == 1 and "optimizer step 2" in messages[0], messages
+    assert "model.layers.1.mlp.down_proj (Linear) made its finite input non-finite" in messages[0], messages
+    assert all(torch.isfinite(p).all() for p in model.parameters())
