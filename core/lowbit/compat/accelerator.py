@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import weakref
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -560,7 +561,9 @@ class Accelerator(RankFacts):
         after the first optimizer step (nothing in its forward)."""
         for loader in self.prepared.dataloaders:
             loader.at_iteration_start = self._preemption.at_iteration_start
-        self.step_rules.explain_nonfinite = self._nonfinite_origin
+        # by a weak reference: the rules the Accelerator owns must not keep it alive (a cycle outlives `del`)
+        accelerator = weakref.ref(self)
+        self.step_rules.explain_nonfinite = lambda: (None if accelerator() is None else accelerator()._nonfinite_origin())
         meter = self._throughput
         if meter is None:
             return

@@ -72,6 +72,11 @@ class StepRules:
     # Where a non-finite step's NaN/inf began, asked only when a step is found non-finite (None: not known).
     explain_nonfinite: Callable[[], str | None] | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled or copied optimizer carries its rules, not the Accelerator the diagnosis asks
+        # (it holds modules and process-group state, which do not pickle): a copy reports without it.
+        return {**self.__dict__, "explain_nonfinite": None}
+
     @property
     def checks_nonfinite(self) -> bool:
         """Whether steps look for NaN/inf at all: not with on_nonfinite_loss="continue" (Accelerate's
