@@ -59,9 +59,14 @@ def test_a_test_file_past_its_limit_is_killed_with_every_process_it_started(tmp_
     import gpu_check
 
     pid_file = tmp_path / "grandchild.pid"
-    assert gpu_check.run_group(["bash", "-c", f"sleep 300 & echo $! > {pid_file}; wait"], timeout=2) is None
-    state = Path(f"/proc/{pid_file.read_text().strip()}/status")
-    assert not state.exists() or "zombie" in state.read_text()
+    duration = "301.2345"  # names this grandchild: a busy machine may give its pid to another process after
+    assert gpu_check.run_group(["bash", "-c", f"sleep {duration} & echo $! > {pid_file}; wait"], timeout=5) is None
+    proc = Path(f"/proc/{pid_file.read_text().strip()}")
+    try:
+        ours = duration in (proc / "cmdline").read_text() and "zombie" not in (proc / "status").read_text()
+    except OSError:  # gone
+        ours = False
+    assert not ours, "the grandchild outlived its group's kill"
 
 
 def test_the_formats_benchmark_runs_every_format_and_prints_the_gap_to_bf16(tmp_path):

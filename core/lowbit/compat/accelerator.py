@@ -55,7 +55,7 @@ from lowbit.kernel.manager import LowbitPluginManager, make_plugin_manager
 from lowbit.compat.choice import choose_plugins
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.kernel.registry import BackendRegistry, Selection
-from lowbit.runtime.process_group import ProcessFacts, RankFacts, process_facts, wait_for_everyone
+from lowbit.runtime.process_group import ProcessFacts, RankFacts, every_rank_must_arrive, process_facts, wait_for_everyone
 from lowbit.compat.state import AcceleratorState, DistributedType, GradientState, PartialState
 from lowbit.runtime.training import operations
 from lowbit.kernel.precision import Precision, SlowPrecisionNotice
@@ -850,6 +850,9 @@ class Accelerator(RankFacts):
             raise ConfigError(f"save_state got {', '.join(save_model_func_kwargs)}: lowbit's save_state writes its own "
                               "files and takes no save function options; use save_model(...) for those.")
         if not allow_nonfinite:
+            # every rank first (the check agrees across ranks, a collective: a save on the main
+            # process only must be named as that mistake, not crash in a mismatched all-reduce)
+            every_rank_must_arrive("save_state")
             self._checkpointer.refuse_nonfinite_weights()
         if output_dir is None:
             output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
