@@ -25,15 +25,20 @@ class PaddedForward:
     def __init__(self, module: nn.Module, multiple: int, previous: Any = None):
         self.module, self.multiple, self.previous = module, multiple, previous
 
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        # the class's forward called with the module (torch 2.11's dynamo cannot trace binding it by __get__)
+        if self.previous is not None:
+            return self.previous(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
     def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        forward = self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
         if not isinstance(x, torch.Tensor) or x.dim() < 2:
-            return forward(x, *args, **kwargs)
+            return self._forward(x, *args, **kwargs)
         tokens = math.prod(x.shape[:-1])
         missing = (-tokens) % self.multiple
         if not missing:
-            return forward(x, *args, **kwargs)
-        output = forward(F.pad(x.reshape(tokens, x.shape[-1]), (0, 0, 0, missing)), *args, **kwargs)
+            return self._forward(x, *args, **kwargs)
+        output = self._forward(F.pad(x.reshape(tokens, x.shape[-1]), (0, 0, 0, missing)), *args, **kwargs)
         return output[:tokens].reshape(*x.shape[:-1], output.shape[-1])
 
 
