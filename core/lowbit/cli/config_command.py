@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
+from lowbit.kernel.types import NATIVE_PRECISIONS
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
@@ -48,7 +49,7 @@ def _interactive() -> dict[str, Any]:
         raw["num_processes"] = int(_ask("Processes in all, across every machine?", "2"))
     raw["use_cpu"] = _ask("Train on CPU only?", "no", ("yes", "no")) == "yes"
     raw["mixed_precision"] = _ask("Mixed precision?", "no", precisions)
-    if raw["mixed_precision"] not in ("no", "fp16", "bf16"):
+    if raw["mixed_precision"] not in NATIVE_PRECISIONS:
         backend = _ask(f"{raw['mixed_precision']} backend (empty: best available)?", "auto")
         if backend != "auto":
             raw["fp8_config"] = {"backend": backend}

@@ -57,6 +57,7 @@ from lowbit.runtime.routing import ChosenPlugins
 from lowbit.kernel.registry import BackendRegistry, Selection
 from lowbit.runtime.process_group import ProcessFacts, RankFacts, every_rank_must_arrive, process_facts, wait_for_everyone
 from lowbit.compat.state import AcceleratorState, DistributedType, GradientState, PartialState
+from lowbit.runtime.nests import leaves
 from lowbit.runtime.training import operations
 from lowbit.kernel.precision import Precision, SlowPrecisionNotice
 from lowbit.runtime.training.data_loader import PreparedDataLoader
@@ -208,7 +209,7 @@ class Accelerator(RankFacts):
         self._preemption = PreemptionWatch(self.num_processes)
         self.step_rules.step_observers.append(self._preemption.after_step)
         data_parallel = data_parallel_slot(self._layout, self.num_processes, self.process_index)[0]
-        self._throughput = (ThroughputMeter(self.device, data_parallel, self.mixed_precision, self.is_main_process,
+        self._throughput = (ThroughputMeter(self.device, data_parallel, self.precision, self.is_main_process,
                                             model_parallel=max(self.num_processes // data_parallel, 1))
                             if meter_is_on() else None)
         self._preparation.before_conversion = self._throughput.copy_structure if self._throughput is not None else None
@@ -464,7 +465,7 @@ class Accelerator(RankFacts):
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, minus the samples repeated to even out the last batch across processes, so
         a metric over the gathered predictions counts every sample exactly once."""
-        all_tensors = all(isinstance(t, torch.Tensor) for t in operations.leaves(input_data))
+        all_tensors = all(isinstance(t, torch.Tensor) for t in leaves(input_data))
         use_gather_object = use_gather_object or not all_tensors
         data = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
         remainder = self.gradient_state.remainder
@@ -561,9 +562,8 @@ class Accelerator(RankFacts):
         after the first optimizer step (nothing in its forward)."""
         for loader in self.prepared.dataloaders:
             loader.at_iteration_start = self._preemption.at_iteration_start
-        # by a weak reference: the rules the Accelerator owns must not keep it alive (a cycle outlives `del`)
-        accelerator = weakref.ref(self)
-        self.step_rules.explain_nonfinite = lambda: (None if accelerator() is None else accelerator()._nonfinite_origin())
+        # weakly: the rules the Accelerator owns must not keep it alive (a cycle outlives `del`)
+        self.step_rules.explain_nonfinite = _called_weakly(self._nonfinite_origin)
         meter = self._throughput
         if meter is None:
             return
@@ -903,6 +903,17 @@ class Accelerator(RankFacts):
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _called_weakly(method: Callable[[], Any]) -> Callable[[], Any]:
+    """``method()`` through a weak reference to its object (None once the object is gone)."""
+    weak = weakref.WeakMethod(method)
+
+    def call() -> Any:
+        bound = weak()
+        return None if bound is None else bound()
+
+    return call
 
 
 def _refuse_weights_not_in_memory(model: torch.nn.Module) -> None:

@@ -98,7 +98,8 @@ class LowbitConfig:
     dynamo_use_dynamic: bool | None = _setting(bool, None, "torch.compile dynamic shapes")
     dynamo_use_regional_compilation: bool | None = _setting(
         bool, None, "compile each repeated block (the items of the model's ModuleLists) instead of the whole model")
-    fp8_fallback: str | None = _setting(str, None, "precision to fall back to when FP8 cannot run", ("no", "fp16", "bf16"))
+    fp8_fallback: str | None = _setting(str, None, "precision to fall back to when FP8 cannot run",
+                                     tuple(sorted(NATIVE_PRECISIONS)))
     debug: bool = _setting(bool, False, "print the launcher's underlying command")
     on_nonfinite_loss: str = _setting(str, "skip", "a NaN/inf loss or gradient: skip that optimizer step (with a warning "
                                                    "naming it; one host read per step), raise, or continue (Accelerate's behaviour: no check, no host "

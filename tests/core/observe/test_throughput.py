@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
+from lowbit.kernel.precision import Precision
 from lowbit.runtime.observe.gpu_specs import gpu_peak
 from lowbit.runtime.observe.throughput import batch_counts
 from lowbit.tracking import GeneralTracker
@@ -195,7 +196,8 @@ def test_under_model_parallelism_the_count_is_per_device_and_tokens_per_data_par
     from lowbit.runtime.observe.throughput import ThroughputMeter
 
     def metered(data_parallel: int, model_parallel: int) -> ThroughputMeter:
-        meter = ThroughputMeter(torch.device("cpu"), data_parallel, "bf16", is_main=False, model_parallel=model_parallel)
+        meter = ThroughputMeter(torch.device("cpu"), data_parallel, Precision.for_run("bf16", torch.device("cpu")),
+                                is_main=False, model_parallel=model_parallel)
         meter.copy_structure(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 8)))
         batch = {"input_ids": torch.zeros(4, 16, dtype=torch.long), "x": torch.randn(4, 16, 32)}
         meter.on_batch(batch, 0.0)
@@ -407,7 +409,7 @@ def test_on_a_gpu_the_step_time_is_the_devices_read_without_a_sync(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    meter = ThroughputMeter(torch.device("cuda", 0), 1, "bf16", is_main=False)
+    meter = ThroughputMeter(torch.device("cuda", 0), 1, Precision.for_run("bf16", torch.device("cuda", 0)), is_main=False)
     batch = {"input_ids": torch.zeros(4, 16, dtype=torch.long)}
     for _ in range(4):
         meter.on_batch(batch, 0.0)

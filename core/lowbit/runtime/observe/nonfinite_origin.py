@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from lowbit.runtime.observe.throughput import feeding_calls, random_state_kept
-from lowbit.runtime.training.operations import tensor_leaves
+from lowbit.runtime.nests import tensor_leaves
 
 
 def _finite(value: Any) -> bool:

@@ -26,8 +26,9 @@ from typing import Any, Callable, Iterable
 import torch
 
 from lowbit.kernel.env_numbers import env_number
+from lowbit.kernel.precision import Precision
 from lowbit.runtime.observe.gpu_specs import DevicePeak, gpu_peak
-from lowbit.runtime.training.operations import tensor_leaves
+from lowbit.runtime.nests import tensor_leaves
 
 # Env: seconds between the progress lines (0: none), and 0 to turn the meter off.
 EVERY_ENV = "LOWBIT_THROUGHPUT_EVERY"
@@ -92,7 +93,7 @@ class ThroughputMeter:
     ``num_processes``: how many processes read different batches (data parallel; tensor-parallel
     ranks share theirs)."""
 
-    def __init__(self, device: torch.device, num_processes: int, precision: str, is_main: bool,
+    def __init__(self, device: torch.device, num_processes: int, precision: Precision, is_main: bool,
                  say: Callable[[str], None] = print, model_parallel: int = 1):
         self.device, self.num_processes, self.precision, self.is_main, self.say = device, num_processes, precision, is_main, say
         self.model_parallel = model_parallel  # processes sharing one batch's work (tensor/context parallel)
@@ -217,7 +218,7 @@ class ThroughputMeter:
             tflops = self.flops_per_unit * units / seconds / 1e12
             figures["throughput/tflops_per_device"] = tflops
             figures["throughput/mfu"] = tflops / self.peak().tflops
-        if self.fp8_gemm_share is not None and self.precision not in ("no", "fp16", "bf16"):
+        if self.fp8_gemm_share is not None and self.precision.served_by_backend:
             figures["throughput/fp8_gemm_share"] = self.fp8_gemm_share
         figures["throughput/peak_memory_mb"] = self._peak_memory_mb()
         return figures
@@ -238,7 +239,8 @@ class ThroughputMeter:
                 name = torch.cuda.get_device_name(self.device)
                 self._peak = gpu_peak(name) or DevicePeak(name, float("nan"), None, "not in lowbit's table")
             else:  # FP8 on a CPU is emulated inside bf16 autocast: its GEMMs run in bf16
-                self._peak = cpu_peak(torch.float32 if self.precision == "no" else torch.bfloat16)
+                # the compute dtype of the run's GEMMs (FP8 on a CPU is emulated inside bf16 autocast)
+                self._peak = cpu_peak(self.precision.autocast_dtype or torch.float32)
         return self._peak
 
     def progress_line(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -65,25 +65,6 @@ def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type
         return item
 
     return walk(data)
-
-
-def leaves(data: Any) -> Iterator[Any]:
-    """Every leaf of a nest, in order: the one walk over batches, outputs and arguments that does not
-    rebuild them (``recursively_apply`` does). Dicts, lists, tuples (named too) and mapping-likes
-    (transformers' ModelOutput, BatchEncoding) are walked into; everything else is a leaf."""
-    if isinstance(data, dict) or (hasattr(data, "keys") and hasattr(data, "__getitem__") and not isinstance(data, torch.Tensor)):
-        for key in data.keys():
-            yield from leaves(data[key])
-    elif isinstance(data, (list, tuple)):
-        for item in data:
-            yield from leaves(item)
-    else:
-        yield data
-
-
-def tensor_leaves(data: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a nest, in order (:func:`leaves`)."""
-    return (leaf for leaf in leaves(data) if isinstance(leaf, torch.Tensor))
 
 
 def listify(data: Any) -> Any:
