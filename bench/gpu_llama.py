@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import time
 
@@ -280,21 +279,16 @@ def print_legend(gpu) -> None:
 
 
 def run_row(cmd: list[str], timeout: float) -> tuple[str, str | dict]:
-    """One row in its own process group (a row cut short leaves no process on the GPU):
-    ("ok", result), ("timeout", ""), or ("failed", stderr)."""
-    import os
-    import signal
+    """One row in its own process group, killed whole past ``timeout`` (a row cut short leaves no
+    process on the GPU): ("ok", result), ("timeout", ""), or ("failed", stderr)."""
+    from gpu_check import run_group  # beside this file (bench/ is the script's folder on sys.path)
 
-    proc = subprocess.Popen(cmd, start_new_session=True, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    proc = run_group(cmd, timeout)
+    if proc is None:
         return "timeout", ""
     if proc.returncode != 0:
-        return "failed", err
-    return "ok", json.loads(out.strip().splitlines()[-1])
+        return "failed", proc.stderr
+    return "ok", json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
