@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from lowbit import hookimpl
-from lowbit.kernel.manager import make_plugin_manager
+from lowbit.run.plugin_manager import make_plugin_manager
 from lowbit.kernel.recipes import RecipeKwargs, recipe_option
 from lowbit.kernel.types import BackendDescription
 

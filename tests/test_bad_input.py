@@ -8,7 +8,7 @@ import torch
 from helpers import FakeBackend, manager_with, mlp
 
 from lowbit import Accelerator
-from lowbit.compat.settings import read_config_file, resolve_config, validate_config
+from lowbit.run.settings import read_config_file, resolve_config, validate_config
 from lowbit.kernel.errors import ConfigError
 
 
@@ -79,7 +79,7 @@ def test_config_file_over_the_size_limit_is_refused_before_parsing(tmp_path, mon
 def test_the_config_file_is_read_once_per_accelerator(tmp_path, monkeypatch):
     path = tmp_path / "c.yaml"
     path.write_text("mixed_precision: bf16\n")
-    import lowbit.compat.settings as config
+    import lowbit.run.settings as config
 
     reads = []
     real = config.read_config_file

@@ -10,9 +10,9 @@ from torch import nn
 
 from helpers import FakeBackend
 from lowbit import Accelerator
-from lowbit.compat.settings import read_config_file
+from lowbit.run.settings import read_config_file
 from lowbit.kernel.errors import CheckpointError, ConfigError, UnsupportedCombinationError
-from lowbit.kernel.manager import make_plugin_manager
+from lowbit.run.plugin_manager import make_plugin_manager
 
 
 def test_a_key_given_twice_in_a_config_file_is_an_error_naming_both_lines(tmp_path):
@@ -32,7 +32,7 @@ def test_out_of_range_fp8_options_are_refused_in_code_and_in_files(tmp_path, opt
     te_recipe = pytest.importorskip("lowbit_te.recipe")
     with pytest.raises(ConfigError, match=message):
         te_recipe.TERecipeKwargs(**option)
-    from lowbit.compat.settings import validate_config
+    from lowbit.run.settings import validate_config
 
     with pytest.raises(ConfigError, match=message):
         validate_config({"mixed_precision": "fp8", "fp8_config": option})

@@ -1,9 +1,11 @@
 """The core's three layers, checked on its import statements (every one: module level, inside
-functions and under TYPE_CHECKING).
+functions and under TYPE_CHECKING), and every module named in a string (``importlib.import_module("lowbit....")``,
+a constant holding a module path): a module loaded by name is an import the layers see.
 
     kernel   (lowbit/kernel/)    imports only the kernel
     runtime  (lowbit/runtime/)   the kernel and itself
-    compat   (lowbit/compat/)    the kernel, the runtime and itself
+    run      (lowbit/run/)       the kernel, the runtime and itself: lowbit's settings, plugin choice, layout, TrainingRun
+    compat   (lowbit/compat/)    the layers below and itself
     top                          the command line (lowbit/cli/), the conformance kit
                                  (lowbit/conformance/), Accelerate's test kit (lowbit/test_utils/) and
                                  Accelerate's module paths (lowbit/state.py, lowbit/utils/, ...)
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,9 +31,9 @@ CORE = ROOT / "core"
 PACKAGE = CORE / "lowbit"
 PLUGINS = ROOT / "plugins"
 
-LAYERS = ("kernel", "runtime", "compat", "top")
+LAYERS = ("kernel", "runtime", "run", "compat", "top")
 # A folder of the package -> its layer; a module outside these folders is one of Accelerate's paths (top).
-FOLDER_LAYER = {"kernel": "kernel", "runtime": "runtime", "compat": "compat", "cli": "top", "conformance": "top",
+FOLDER_LAYER = {"kernel": "kernel", "runtime": "runtime", "run": "run", "compat": "compat", "cli": "top", "conformance": "top",
                 "test_utils": "top"}
 
 
@@ -54,7 +57,13 @@ def imported_modules(path: Path, name: str) -> list[tuple[str, int]]:
             else:
                 module = node.module or ""
             found += [(_existing(f"{module}.{alias.name}") or module, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_PATH.fullmatch(node.value):
+            found += [(node.value, node.lineno)] if _existing(node.value) else []
     return [(m, line) for m, line in found if m == "lowbit" or m.startswith("lowbit.")]
+
+
+# A string that is a module path of the core ("lowbit.runtime.builtin.ddp"): loaded by name somewhere.
+MODULE_PATH = re.compile(r"lowbit(\.[a-z_][a-z0-9_]*)+")
 
 
 def _existing(module: str) -> str | None:
@@ -185,6 +194,8 @@ def test_the_checks_find_an_import_against_the_order():
     planted = ROOT / "tests" / "fixtures" / "kernel_module_importing_compat.py"
     (module, line), = imported_modules(planted, "lowbit.kernel.planted")
     assert (layer_of("lowbit.kernel.planted"), layer_of(module), line) == ("kernel", "compat", 6)
+    loaded_by_name = ROOT / "tests" / "fixtures" / "kernel_module_loading_runtime_by_name.py"
+    assert [(layer_of(m), line) for m, line in imported_modules(loaded_by_name, "lowbit.kernel.planted")] == [("runtime", 7)]
     assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
 
 
@@ -192,12 +203,14 @@ def test_the_checks_find_an_import_against_the_order():
 
 ACCELERATE_PATHS = ("accelerator", "state", "hooks", "optimizer", "scheduler", "inference", "big_modeling", "data_loader",
                     "local_sgd", "tracking", "logging", "launchers", "parallelism_config")
+# The paths whose code is lowbit's own run, not the compatibility layer (the layout is the run's).
+HELD_IN_RUN = {"parallelism_config": "lowbit.run.layout"}
 
 
 @pytest.mark.parametrize("path", ACCELERATE_PATHS)
 def test_an_accelerate_module_path_is_the_compat_module_itself(path):
     public = importlib.import_module(f"lowbit.{path}")
-    assert public is importlib.import_module(f"lowbit.compat.{path}")
+    assert public is importlib.import_module(HELD_IN_RUN.get(path, f"lowbit.compat.{path}"))
     assert len((PACKAGE / f"{path}.py").read_text().splitlines()) <= 4  # a shell, not code
 
 

@@ -25,7 +25,7 @@ _LAZY = {
     "DistributedType": "lowbit.compat.state",
     "find_executable_batch_size": "lowbit.runtime.training.memory",
     "skip_first_batches": "lowbit.runtime.training.loader_shards",
-    "ParallelismConfig": "lowbit.compat.parallelism_config",
+    "ParallelismConfig": "lowbit.run.layout",
     "debug_launcher": "lowbit.compat.launchers",
     "notebook_launcher": "lowbit.compat.launchers",
     "init_empty_weights": "lowbit.compat.big_modeling",

@@ -1,4 +1,4 @@
-"""Accelerate's ``accelerate.parallelism_config``: an alias of :mod:`lowbit.compat.parallelism_config`, which holds the code."""
+"""Accelerate's ``accelerate.parallelism_config``: an alias of :mod:`lowbit.run.layout`, which holds the code."""
 from lowbit.compat.paths import alias_module
 
-alias_module(__name__, "lowbit.compat.parallelism_config")
+alias_module(__name__, "lowbit.run.layout")

@@ -18,7 +18,7 @@ def load(which: str) -> None:
     elif which == "accelerator":
         from lowbit import Accelerator  # noqa: F401
     elif which == "plugin_manager":
-        import lowbit.kernel.manager  # noqa: F401
+        import lowbit.run.plugin_manager  # noqa: F401
     else:
         raise SystemExit(f"unknown import {which!r}: root, set_seed, accelerator or plugin_manager")
 

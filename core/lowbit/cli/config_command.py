@@ -30,8 +30,8 @@ def _ask(question: str, default: str, choices: tuple[str, ...] | None = None) ->
 
 def _installed_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The precisions and distributed types the installed plugins offer (they name them, not the core)."""
-    from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
-    from lowbit.kernel.manager import make_plugin_manager
+    from lowbit.run.settings import SINGLE_PROCESS_TYPES
+    from lowbit.run.plugin_manager import make_plugin_manager
     from lowbit.kernel.registry import BackendRegistry
     from lowbit.kernel.types import NATIVE_PRECISIONS
 
@@ -57,7 +57,7 @@ def _interactive() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lowbit.compat.settings import default_config_path, validate_config, write_config_file
+    from lowbit.run.settings import default_config_path, validate_config, write_config_file
 
     raw = raw_config_from_args(args)
     if not raw and not args.default and sys.stdin.isatty():

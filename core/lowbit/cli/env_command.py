@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lowbit.cli.plugins_command import collect
     from lowbit.kernel.recipe_names import describe_recipes
-    from lowbit.compat.settings import default_config_path, read_config_file
+    from lowbit.run.settings import default_config_path, read_config_file
     from lowbit.runtime.training.toolchain import find_cxx_compiler
 
     report = collect()

@@ -24,17 +24,17 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 
 def backend_memory() -> dict[str, dict[str, float]]:
     """What each installed low-precision backend declares about its bytes per parameter."""
-    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.run.plugin_manager import registry_for_names
 
-    return {c.name: dict(c.description.memory_per_parameter) for c in BackendRegistry.for_names().ranked("backend")}
+    return {c.name: dict(c.description.memory_per_parameter) for c in registry_for_names().ranked("backend")}
 
 
 def strategy_memory(asked: str | None) -> dict[str, StrategyMemory]:
     """The memory layouts the installed strategies declare, by name, the ones ``asked`` for (all when None)."""
     from lowbit.kernel.errors import ConfigError, did_you_mean
-    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.run.plugin_manager import registry_for_names
 
-    declared = {name: memory for c in BackendRegistry.for_names().ranked("strategy")
+    declared = {name: memory for c in registry_for_names().ranked("strategy")
                 for name, memory in c.description.memory.items()}
     names = list(declared) if asked is None else [s.strip() for s in asked.split(",") if s.strip()]
     for name in names:

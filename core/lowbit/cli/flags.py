@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowbit.compat.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, PARALLELISM_PREFIX, note_ignored, translate_fsdp
-from lowbit.compat.settings import TOP_LEVEL
+from lowbit.run.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, PARALLELISM_PREFIX, note_ignored, translate_fsdp
+from lowbit.run.settings import TOP_LEVEL
 from lowbit.kernel.errors import ConfigError
 
 # Flags that set distributed_type, as in Accelerate's launcher.
@@ -50,9 +50,9 @@ PARALLELISM_FLAGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size",
 
 def _strategy_switches() -> dict[str, str]:
     """The launch switches installed strategies declare, beyond Accelerate's own."""
-    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.run.plugin_manager import registry_for_names
 
-    return {flag: name for flag, name in BackendRegistry.for_names().launch_switches().items() if flag not in DISTRIBUTED_FLAGS}
+    return {flag: name for flag, name in registry_for_names().launch_switches().items() if flag not in DISTRIBUTED_FLAGS}
 
 
 def raw_config_from_args(args: argparse.Namespace) -> dict[str, Any]:

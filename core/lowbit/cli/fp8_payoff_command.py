@@ -35,9 +35,9 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 def installed_costs(backend: str | None = None) -> dict[str, tuple[str, RecipeCost]]:
     """recipe -> (backend, its cost), from the installed backends' descriptions (``recipe_costs``),
     the first in their ranking for each recipe, or ``backend``'s alone."""
-    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.run.plugin_manager import registry_for_names
 
-    registry = BackendRegistry.for_names()
+    registry = registry_for_names()
     costs: dict[str, tuple[str, RecipeCost]] = {}
     for choice in registry.ranked("backend"):
         if backend is None or choice.name == backend:

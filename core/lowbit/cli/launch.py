@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from lowbit.kernel import notices
 from lowbit.runtime.collective_device import SIMULATE_ENV
-from lowbit.compat.accelerate_config import note_ignored
-from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
+from lowbit.run.accelerate_config import note_ignored
+from lowbit.run.settings import SINGLE_PROCESS_TYPES
 from lowbit.kernel.first_party import first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.cli.run_script import patching_wanted
@@ -30,7 +30,7 @@ from lowbit.kernel.recipes import FP8_ENV_PREFIX
 from lowbit.kernel.types import NATIVE_PRECISIONS
 
 if TYPE_CHECKING:
-    from lowbit.compat.settings import LowbitConfig
+    from lowbit.run.settings import LowbitConfig
 
 
 RUNNER = "lowbit.cli.run_script"
@@ -69,7 +69,7 @@ def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _plugin_manager():
-    from lowbit.kernel.manager import make_plugin_manager
+    from lowbit.run.plugin_manager import make_plugin_manager
 
     return make_plugin_manager()
 
@@ -111,9 +111,9 @@ def _check_port_free(port: int) -> None:
 
 def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], "LowbitConfig"]:
     """The command to run and the env vars to add, from the config file and the flags."""
-    from lowbit.compat.settings import (check_plugin_names, config_from_env, config_to_env, default_config_path, merge_raw,
+    from lowbit.run.settings import (check_plugin_names, config_from_env, config_to_env, default_config_path, merge_raw,
                                read_config_file, validate_config)
-    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.run.plugin_manager import registry_for_names
 
     # `lowbit test` builds its command here too, without the launcher-only flags.
     module = getattr(args, "module", False)
@@ -166,7 +166,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     for _plugin, extra in manager.call_each("launch_environment", args=args):
         for key, value in extra.items():
             env[key] = _merge_section(env.get(key), str(value)) if _is_section_env_var(key) else str(value)
-    registry = BackendRegistry.for_names(manager)
+    registry = registry_for_names(manager)
     _check_strategy_installed(config, registry)
     check_plugin_names(config, registry.precision_names(), registry.distributed_type_names(), where=str(path))
     fp8_settings = sorted(k for k in env if k.startswith(FP8_ENV_PREFIX))
@@ -258,7 +258,7 @@ def file_sources(file_raw: dict, overrides: dict, path: Path) -> dict[str, str]:
     """Which exported fp8 settings came from the config file (not a flag or a variable), so that an
     error in a rank names the file and key, not the variable the launcher passed it in."""
     from lowbit.kernel.recipes import fp8_env_var
-    from lowbit.compat.settings import SOURCES_ENV
+    from lowbit.run.settings import SOURCES_ENV
 
     from_file = {key for key in (file_raw.get("fp8_config") or {}) if key not in (overrides.get("fp8_config") or {})}
     sources = {fp8_env_var(key): f"config file {path}, fp8_config.{key}" for key in sorted(from_file)}

@@ -18,7 +18,8 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 def collect(cpu: bool = False) -> dict[str, Any]:
     """Everything ``lowbit plugins`` reports, as plain data."""
     from lowbit.kernel.errors import LowbitError
-    from lowbit.kernel.manager import SLOW_IMPORT_SECONDS, make_plugin_manager
+    from lowbit.kernel.manager import SLOW_IMPORT_SECONDS
+    from lowbit.run.plugin_manager import make_plugin_manager
     from lowbit.kernel.registry import BackendRegistry, choose_backend
 
     manager = make_plugin_manager()

@@ -13,7 +13,7 @@ import runpy
 import sys
 from typing import Mapping
 
-from lowbit.compat.settings import PATCH_ENV
+from lowbit.run.settings import PATCH_ENV
 
 
 def patching_wanted(environ: Mapping[str, str] = os.environ) -> bool:

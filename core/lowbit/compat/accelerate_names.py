@@ -16,15 +16,6 @@ from lowbit.compat.paths import public_path
 from lowbit.kernel.errors import NOT_OFFERED_MARK
 
 
-# The distributed types Accelerate runs on one process when there is only one.
-SINGLE_PROCESS_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
-# Accelerate's config sections whose strategy is a separately installed lowbit plugin -> that plugin.
-FIRST_PARTY_SECTIONS = {"deepspeed_config": "deepspeed"}
-
-# Accelerate's ``fp8_backend`` values, each a first-party lowbit backend.
-ACCELERATE_FP8_BACKENDS = ("msamp", "te", "ao")
-
-
 # Accelerate's distributed type for "data parallel on this device type".
 _DATA_PARALLEL_BY_DEVICE = {"cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
 
@@ -114,10 +105,6 @@ DynamoBackend = _vocabulary("DynamoBackend", "NO EAGER AOT_EAGER INDUCTOR AOT_TS
 ComputeEnvironment = _vocabulary("ComputeEnvironment", "LOCAL_MACHINE AMAZON_SAGEMAKER", "Where a job runs.")
 SageMakerDistributedType = _vocabulary("SageMakerDistributedType", "NO DATA_PARALLEL MODEL_PARALLEL",
                                        "SageMaker's kinds of distribution (lowbit launches no SageMaker jobs).")
-
-# ParallelismConfig's sp_backend values (Accelerate's default names DeepSpeed's Ulysses); lowbit
-# accepts the name, and refuses sp_size > 1.
-SEQUENCE_PARALLEL_BACKENDS = ("deepspeed",)
 
 # Accelerate's top-level names for jobs lowbit does not do (``lowbit.<name>`` raises), and what to use.
 NOT_OFFERED_AT_TOP_LEVEL = {

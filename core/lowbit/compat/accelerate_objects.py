@@ -32,7 +32,7 @@ def lowbit_counterpart(obj: Any) -> Any:
     name = getattr(obj, "__name__", None)
     if not name or not _in_accelerate(module):
         return None
-    for path in ("lowbit" + module[len("accelerate"):], "lowbit", "lowbit.utils"):
+    for path in ("lowbit" + module[len("accelerate"):], "lowbit", "lowbit.compat.utils"):
         try:
             found = getattr(importlib.import_module(path), name)
         except (ImportError, AttributeError):

@@ -13,59 +13,53 @@ import contextlib
 import dataclasses
 import itertools
 import os
-import weakref
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
+from lowbit.kernel.manager import LowbitPluginManager
+from lowbit.kernel.notices import note
+from lowbit.kernel.recipes import RecipeKwargs
+from lowbit.kernel.telemetry import FP8StatsTable, TelemetryRecorder
+from lowbit.kernel.types import HardwareInfo, PrepareContext
 from lowbit.runtime.checkpoint import automatic as automatic_checkpoint
 from lowbit.runtime.checkpoint import files as checkpoint
+from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
 from lowbit.runtime.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
-from lowbit.runtime.checkpoint.training_state import TrainingStateCheckpointer
+from lowbit.runtime.nests import leaves
+from lowbit.runtime.observe.fp8_report import conversion_report
+from lowbit.runtime.observe.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, Trackers
+from lowbit.runtime.precision import Precision
+from lowbit.runtime.process_group import ProcessFacts, RankFacts, every_rank_must_arrive, wait_for_everyone
+from lowbit.runtime.routing import ChosenPlugins
+from lowbit.runtime.training import operations
+from lowbit.runtime.training.data_loader import PreparedDataLoader
+from lowbit.runtime.training.loader_shards import skip_first_batches
+from lowbit.runtime.training.preparation import unwrap
+from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
+from lowbit.run.layout import ParallelismConfig
+from lowbit.run.settings import LowbitConfig
+from lowbit.run.training_run import LoaderOptions, RunRequest, TrainingRun
 from lowbit.compat.accelerate_names import reported_distributed_type
 from lowbit.compat.accelerate_objects import from_accelerate
-from lowbit.kernel.notices import note
-from lowbit.runtime.training.preemption import PreemptionWatch
 from lowbit.compat.handlers import (
+    AutocastKwargs,
     DataLoaderConfiguration,
     DeepSpeedPlugin,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
-    AutocastKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
     settings_from_plugin_objects,
+    sort_handlers,
 )
-from lowbit.compat.settings import LowbitConfig, check_plugin_names, read_config_layer, resolve_config, setting_before_plugins
-from lowbit.compat.settings import PARALLELISM_SECTION
-from lowbit.kernel.recipes import RecipeKwargs
-from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError, did_you_mean
-from lowbit.runtime.observe.fp8_payoff import slower_layers
-from lowbit.runtime.observe.fp8_report import conversion_report
-from lowbit.kernel.telemetry import FP8StatsTable, TelemetryRecorder
-from lowbit.runtime.observe.throughput import ThroughputMeter, meter_is_on
-from lowbit.runtime.observe.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, Trackers
-from lowbit.compat.parallelism_config import ParallelismConfig, data_parallel_slot, settle_layout
-from lowbit.kernel.manager import LowbitPluginManager, make_plugin_manager
-from lowbit.compat.choice import choose_plugins
-from lowbit.runtime.routing import ChosenPlugins
-from lowbit.kernel.registry import BackendRegistry, Selection
-from lowbit.runtime.process_group import ProcessFacts, RankFacts, every_rank_must_arrive, process_facts, wait_for_everyone
 from lowbit.compat.state import AcceleratorState, DistributedType, GradientState, PartialState
-from lowbit.runtime.nests import leaves
-from lowbit.runtime.training import operations
-from lowbit.kernel.precision import Precision, SlowPrecisionNotice
-from lowbit.runtime.training.data_loader import PreparedDataLoader
-from lowbit.runtime.training.loader_shards import skip_first_batches
-from lowbit.runtime.training.prepared import PreparedObjects, StepRules, TrainingCounters
-from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
-from lowbit.runtime.training.preparation import Preparation, PreparationSettings, unwrap
-from lowbit.kernel.types import PrepareContext
 
 
 class Accelerator(RankFacts):
@@ -110,140 +104,89 @@ class Accelerator(RankFacts):
     ) -> None:
         if kwargs_handlers is not None and kwarg_handlers is not None:
             raise ConfigError("Give kwargs_handlers or kwarg_handlers (the spelling in Accelerate's docs), not both.")
-        handlers = kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or []
-        if not isinstance(handlers, (list, tuple)):
-            raise ConfigError(
-                f"kwargs_handlers must be a list of handler objects, e.g. kwargs_handlers=[{type(handlers).__name__}()]; "
-                f"got a single {type(handlers).__name__}."
-            )
+        given = kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or []
         # Accelerate's own handler and plugin objects (transformers' Trainer builds some) become lowbit's, field by field.
-        handlers = [from_accelerate(handler) for handler in handlers]
-        (gradient_accumulation_plugin, dataloader_config, fsdp_plugin, deepspeed_plugin, dynamo_plugin, project_config,
-         parallelism_config) = (from_accelerate(given) for given in (
-            gradient_accumulation_plugin, dataloader_config, fsdp_plugin, deepspeed_plugin, dynamo_plugin, project_config,
-            parallelism_config))
-        explicit = dict(
-            mixed_precision=mixed_precision,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            use_cpu=cpu,
-            dynamo_backend=dynamo_backend,
-            fp8_fallback=fp8_fallback,
-            on_nonfinite_loss=on_nonfinite_loss,
-        )
-        explicit.update(settings_from_plugin_objects(gradient_accumulation_plugin, fsdp_plugin, deepspeed_plugin, dynamo_plugin, explicit))
-        self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin = fsdp_plugin, deepspeed_plugin, dynamo_plugin
-        self.gradient_accumulation_plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
+        recipe_handler, self.handlers = sort_handlers([from_accelerate(h) for h in given] if isinstance(given, (list, tuple)) else given)
+        (accumulation, dataloader_config, self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin, project_config,
+         parallelism_config) = (from_accelerate(obj) for obj in (gradient_accumulation_plugin, dataloader_config, fsdp_plugin,
+                                                                 deepspeed_plugin, dynamo_plugin, project_config, parallelism_config))
+        settings = dict(mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps, use_cpu=cpu,
+                        dynamo_backend=dynamo_backend, fp8_fallback=fp8_fallback, on_nonfinite_loss=on_nonfinite_loss)
+        settings.update(settings_from_plugin_objects(accumulation, self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin, settings))
+        self.gradient_accumulation_plugin = accumulation or GradientAccumulationPlugin()
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(
             split_batches=bool(split_batches), even_batches=True if even_batches is None else even_batches)
-        self.split_batches = self.dataloader_config.split_batches
-        self.device_placement = device_placement
+        self.split_batches, self.device_placement = self.dataloader_config.split_batches, device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(str(project_dir))
-        # Hardware detection needs use_cpu before the plugins are known; the settings are validated
-        # once the plugins' option names are, so fp8_config keys can be checked against them.
-        file_layer = read_config_layer(config_file)
-        self._plugins = plugin_manager or make_plugin_manager()
-        self.hardware = self._plugins.detect_hardware(cpu=setting_before_plugins("use_cpu", explicit, file_layer))
-        self._registry = BackendRegistry(self._plugins, self.hardware)
-        fp8_specs = {}
-        for cand in self._registry.ranked("backend"):
-            if cand.description.options_class is not None:
-                fp8_specs.update(cand.description.options_class.option_specs())
-        self.config: LowbitConfig = resolve_config(explicit, fp8_specs=fp8_specs, file_layer=file_layer,
-                                                   sections=tuple(self._registry.config_sections()))
-        check_plugin_names(self.config, self._registry.precision_names(), self._registry.distributed_type_names(),
-                           where="the settings (argument, env var or config file)")
-        if self.config.gradient_accumulation_steps < 1:
-            raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {self.config.gradient_accumulation_steps}.")
-        _check_dynamo_backend(self.config.dynamo_backend)
-
-        group = next((h for h in handlers if isinstance(h, InitProcessGroupKwargs)), None)
-        self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count,
-                                                 dataclasses.asdict(group) if group is not None else None,
-                                                 group_of_one=self.config.distributed_type.upper() not in ("NO", "MULTI_CPU"))
-        choice = choose_plugins(self._registry, self.config, handlers, self.num_processes)
-        self._backend, self._strategy = choice.backend, choice.strategy
-        self.mixed_precision, self.handlers = choice.mixed_precision, choice.handlers
-        scaler_kwargs = self.handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in self.handlers else {}
-        autocast_kwargs = self.handlers[AutocastKwargs].to_kwargs() if AutocastKwargs in self.handlers else {}
-        self.precision = Precision.for_run(self.mixed_precision, self.device, self._strategy_owns_precision(),
-                                           scaler_kwargs, autocast_kwargs)
-        slow = self.precision.slow_reason()
-        if slow:
-            note(slow, SlowPrecisionNotice)
-        self._layout = self._settle_layout(parallelism_config)
-
-        self.context = PrepareContext(
-            hardware=self.hardware,
-            mixed_precision=self.mixed_precision,
-            device=self.device,
-            backend_options=choice.backend_options,
-            recipe_runs=choice.recipe.status if choice.recipe else "native",
-            strategy=self._strategy.name if self._strategy else "none",
-            strategy_options=choice.strategy_options(self.config),
-            world_size=self.num_processes,
-            rank=self.process_index,
-            local_rank=self.local_process_index,
-            gradient_accumulation_steps=self.config.gradient_accumulation_steps,
-            compiled=str(self.config.dynamo_backend).lower() != "no",
-            autocast_dtype=self.precision.autocast_dtype,
-            device_mesh=self.torch_device_mesh,
-            parallelism=self._layout,
-            predict_slower_layers=slower_layers,
-        )
-        self.state = AcceleratorState(self)
         self.gradient_state = GradientState(self)
-        self.counters = TrainingCounters()
+        self._run = TrainingRun(self._run_request(settings, config_file, recipe_handler, parallelism_config), plugin_manager)
+        self.state = AcceleratorState(self)
         self.flag_tensor: torch.Tensor | None = None
         self._trackers = Trackers(log_with, self._registered_trackers() if log_with is not None else {}, self.logging_dir)
-        # The collaborators: each gets what it needs, never the Accelerator.
-        self.plugins = ChosenPlugins(self._plugins, self._backend, self._strategy, self.context)
-        self.prepared = PreparedObjects()
-        self.step_rules = StepRules(self.gradient_state.sync, self.precision, self.num_processes, self.split_batches,
-                                    self.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss,
-                                    check_gradients=not self._strategy_owns_precision())
-        self._preparation = Preparation(self.plugins, self.prepared, self.step_rules, self._preparation_settings())
-        self._telemetry: TelemetryRecorder | None = None
-        self._preemption = PreemptionWatch(self.num_processes)
-        self.step_rules.step_observers.append(self._preemption.after_step)
-        data_parallel = data_parallel_slot(self._layout, self.num_processes, self.process_index)[0]
-        self._throughput = (ThroughputMeter(self.device, data_parallel, self.precision, self.is_main_process,
-                                            model_parallel=max(self.num_processes // data_parallel, 1))
-                            if meter_is_on() else None)
-        self._preparation.before_conversion = self._throughput.copy_structure if self._throughput is not None else None
-        if self._throughput is not None:
-            self.step_rules.step_observers.append(self._throughput.on_step)
-        self._checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_rules, self.facts, self.counters)
 
-    # ------------------------------------------------------------------ choosing
+    def _run_request(self, settings: dict[str, Any], config_file: Any, recipe_handler: Any,
+                     layout: ParallelismConfig | None) -> RunRequest:
+        """This Accelerator's arguments and Accelerate's handler objects, as the run takes them."""
+        group, scaler, autocast = (self.handlers.get(cls) for cls in (InitProcessGroupKwargs, GradScalerKwargs, AutocastKwargs))
+        loaders = self.dataloader_config
+        return RunRequest(
+            settings, config_file, recipe_handler, self.handlers,
+            process_group_options=dataclasses.asdict(group) if group is not None else None,
+            scaler_options=scaler.to_kwargs() if scaler is not None else {},
+            autocast_options=autocast.to_kwargs() if autocast is not None else {},
+            layout=layout,
+            loaders=LoaderOptions(loaders.split_batches, loaders.even_batches, bool(loaders.non_blocking),
+                                  loaders.dispatch_batches, bool(loaders.use_seedable_sampler), loaders.data_seed),
+            device_placement=self.device_placement, step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
+            compile_options=self.dynamo_plugin.options if self.dynamo_plugin is not None else None,
+            sync=self.gradient_state.sync, gradient_state=self.gradient_state)
 
-    def _strategy_owns_precision(self) -> bool:
-        return self._strategy is not None and self._strategy.chosen.description.owns_precision
+    # ------------------------------------------------------------------ the run's decisions (lowbit.run.training_run)
 
-    def _settle_layout(self, given: ParallelismConfig | None) -> ParallelismConfig | None:
-        strategy = self._strategy.chosen if self._strategy else None
-        others = {c.name: c.description.mesh_dims for c in self._registry.ranked("strategy")}
-        return settle_layout(given, self.config.section(PARALLELISM_SECTION), "the settings", self.num_processes,
-                             self.device.type, strategy.name if strategy else "none",
-                             strategy.description.mesh_dims if strategy else (), others)
+    @property
+    def hardware(self) -> HardwareInfo:
+        return self._run.hardware
 
-    def _preparation_settings(self) -> PreparationSettings:
-        config = self.config
-        batches, batch_index = data_parallel_slot(self._layout, self.num_processes, self.process_index)
-        given = {"mode": config.dynamo_mode, "fullgraph": config.dynamo_use_fullgraph, "dynamic": config.dynamo_use_dynamic,
-                 "options": self.dynamo_plugin.options if self.dynamo_plugin is not None else None}
-        return PreparationSettings(
-            device=self.device, num_processes=batches, process_index=batch_index,
-            split_batches=self.split_batches, even_batches=self.dataloader_config.even_batches,
-            device_placement=self.device_placement, dynamo_backend=config.dynamo_backend,
-            compile_options={k: v for k, v in given.items() if v is not None},
-            regional_compilation=bool(config.dynamo_use_regional_compilation),
-            non_blocking=bool(self.dataloader_config.non_blocking),
-            dispatch_batches=self.dataloader_config.dispatch_batches,
-            use_seedable_sampler=bool(self.dataloader_config.use_seedable_sampler),
-            data_seed=self.dataloader_config.data_seed, gradient_state=self.gradient_state)
+    @property
+    def config(self) -> LowbitConfig:
+        """The run's resolved settings (arguments < env vars < config file < defaults)."""
+        return self._run.config
+
+    @property
+    def facts(self) -> ProcessFacts:
+        return self._run.facts
+
+    @property
+    def mixed_precision(self) -> str:
+        """The precision the run trains in: as asked, or the fp8_fallback taken."""
+        return self._run.mixed_precision
+
+    @property
+    def precision(self) -> Precision:
+        return self._run.precision
+
+    @property
+    def context(self) -> PrepareContext:
+        return self._run.context
+
+    @property
+    def plugins(self) -> ChosenPlugins:
+        return self._run.plugins
+
+    @property
+    def prepared(self) -> PreparedObjects:
+        return self._run.prepared
+
+    @property
+    def step_state(self) -> StepState:
+        return self._run.step_state
+
+    @property
+    def counters(self) -> TrainingCounters:
+        return self._run.counters
 
     # ------------------------------------------------------------------ process facts (one source: lowbit.compat.state)
 
@@ -294,7 +237,7 @@ class Accelerator(RankFacts):
     @property
     def fp8_backend(self) -> str | None:
         """Name of the FP8 backend in use ("msamp", "te", "ao", ...), or None."""
-        return self._backend.name if self._backend else None
+        return self._run.backend.name if self._run.backend else None
 
     @property
     def fp8_options(self) -> RecipeKwargs | None:
@@ -307,12 +250,7 @@ class Accelerator(RankFacts):
 
     def explain_backend_choice(self) -> str:
         """Why this backend: every installed backend with its priority and reason to decline."""
-        if self._backend is None:
-            unused = Selection("backend", None, None, "ranking", self._registry.ranked("backend"), self.hardware,
-                               list(self._plugins.broken))
-            return (f"mixed_precision={self.mixed_precision!r}: torch's own autocast and loss scaling; no "
-                    f"low-precision backend in use (they train mixed_precision='fp8' or 'fp4').\n{unused.explain()}")
-        return self._backend.explain()
+        return self._run.explain_backend_choice()
 
     # ------------------------------------------------------------------ processes
 
@@ -328,9 +266,9 @@ class Accelerator(RankFacts):
     def distributed_type(self) -> DistributedType | str:
         """Accelerate's name for how work is spread: what the chosen strategy reports itself as
         (an Accelerate ``DistributedType``, or the strategy's own name when it stands for none)."""
-        if self._strategy is None:
+        if self._run.strategy is None:
             return DistributedType.NO if self.num_processes == 1 else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
-        reported = reported_distributed_type(self._strategy.chosen.description.reports_as, self.device.type)
+        reported = reported_distributed_type(self._run.strategy.chosen.description.reports_as, self.device.type)
         return DistributedType(reported) if reported in DistributedType.__members__ else reported
 
     # ------------------------------------------------------------------ parallel layout
@@ -338,19 +276,19 @@ class Accelerator(RankFacts):
     @property
     def parallelism_config(self) -> ParallelismConfig | None:
         """The run's ParallelismConfig (sizes settled against the job), or None."""
-        return self._layout
+        return self._run.layout
 
     @property
     def torch_device_mesh(self):
         """The run's DeviceMesh (dimensions named as in ParallelismConfig, with the flattened
         ``dp``, ``dp_shard_cp`` and ``dp_cp``), or None without a parallel layout."""
-        return self._layout.device_mesh if self._layout is not None else None
+        return self._run.layout.device_mesh if self._run.layout is not None else None
 
     def _mesh_rank(self, dim: str) -> int:
         """This process's index along ``dim`` of the mesh; 0 when that dimension is off."""
-        if self._layout is None:
+        if self._run.layout is None:
             raise ConfigError(f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank.")
-        return self.torch_device_mesh.get_local_rank(dim) if getattr(self._layout, f"{dim}_size") > 1 else 0
+        return self.torch_device_mesh.get_local_rank(dim) if getattr(self._run.layout, f"{dim}_size") > 1 else 0
 
     @property
     def tensor_parallel_rank(self) -> int:
@@ -374,14 +312,14 @@ class Accelerator(RankFacts):
         """Split ``buffers`` (inputs, labels, position ids) along their sequence dimension over the
         context-parallel ranks for the block (torch's ``context_parallel``); does nothing, with a
         note, when cp_size is 1. Enter it anew for each step."""
-        if self._layout is None or not self._layout.cp_enabled:
+        if self._run.layout is None or not self._run.layout.cp_enabled:
             note("maybe_context_parallel does nothing: context parallelism is off (cp_size is 1).")
             yield
             return
         from torch.distributed.tensor.experimental import context_parallel
         from torch.distributed.tensor.experimental._attention import set_rotate_method
 
-        set_rotate_method(self._layout.cp_handler.cp_comm_strategy)
+        set_rotate_method(self._run.layout.cp_handler.cp_comm_strategy)
         with context_parallel(self.torch_device_mesh["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims,
                               no_restore_buffers=no_restore_buffers):
             yield
@@ -428,14 +366,14 @@ class Accelerator(RankFacts):
     def preemption_requested(self) -> bool:
         """True once the job got SIGTERM (a scheduler taking the machine), on every rank alike:
         save and stop. The first read makes lowbit take over SIGTERM (see training/preemption.py)."""
-        return self._preemption.requested()
+        return self._run.preemption.requested()
 
     def on_preemption(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` (e.g. ``lambda: accelerator.save_state("ckpt")``) on every rank after the
         first optimizer step that follows SIGTERM, once that iteration is whole (when the loop asks
         for its next batch, or the next backward starts), then exit with code 143."""
-        self._preemption.listen()
-        self._preemption.callbacks.append(callback)
+        self._run.preemption.listen()
+        self._run.preemption.callbacks.append(callback)
 
     def main_process_first(self) -> ContextManager[None]:
         return PartialState().main_process_first()
@@ -500,7 +438,7 @@ class Accelerator(RankFacts):
 
     def _registered_trackers(self) -> dict[str, type]:
         registered: dict[str, type] = {}
-        for _plugin, trackers in self._plugins.call_each("register_trackers"):
+        for _plugin, trackers in self._run.plugin_manager.call_each("register_trackers"):
             registered.update(trackers)
         return {**registered, **LOGGER_TYPE_TO_CLASS}
 
@@ -522,8 +460,8 @@ class Accelerator(RankFacts):
         """Log ``values`` to the trackers; the throughput of the last optimizer step goes with them
         (``throughput/...``, see ``accelerator.throughput``)."""
         self._trackers.log(values, step, log_kwargs or {})
-        if self._throughput is not None and self._throughput.latest:
-            self._trackers.log({k: v for k, v in self._throughput.latest.items() if k not in values}, step, {})
+        if self._run.throughput is not None and self._run.throughput.latest:
+            self._trackers.log({k: v for k, v in self._run.throughput.latest.items() if k not in values}, step, {})
 
     @property
     def throughput(self) -> dict[str, float]:
@@ -532,13 +470,13 @@ class Accelerator(RankFacts):
         dense bf16 peak; on a CPU its measured GEMM rate), ``fp8_gemm_share``, ``data_wait_share``,
         ``peak_memory_mb``, ``step_s`` (lowbit/runtime/observe/throughput.py); empty before the first step
         or with LOWBIT_THROUGHPUT=0."""
-        return dict(self._throughput.latest) if self._throughput is not None else {}
+        return dict(self._run.throughput.latest) if self._run.throughput is not None else {}
 
     def set_batch_tokens(self, tokens: int) -> None:
         """Tell the throughput meter how many tokens the current batch holds (when its shape does
         not say: packed sequences, padding to leave out)."""
-        if self._throughput is not None:
-            self._throughput.set_batch_tokens(tokens)
+        if self._run.throughput is not None:
+            self._run.throughput.set_batch_tokens(tokens)
 
     def end_training(self) -> None:
         """Close the trackers and wait for every process."""
@@ -552,44 +490,7 @@ class Accelerator(RankFacts):
 
         Returns them in the order given (a single object is returned as itself).
         """
-        result = self._preparation.prepare(*objects)
-        self._observe_what_was_prepared()
-        return result
-
-    def _observe_what_was_prepared(self) -> None:
-        """Each prepared dataloader tells the preemption watch when an iteration ends, and the
-        throughput meter its batches; the meter counts the FLOPs of the first prepared model once,
-        after the first optimizer step (nothing in its forward)."""
-        for loader in self.prepared.dataloaders:
-            loader.at_iteration_start = self._preemption.at_iteration_start
-        # weakly: the rules the Accelerator owns must not keep it alive (a cycle outlives `del`)
-        self.step_rules.explain_nonfinite = _called_weakly(self._nonfinite_origin)
-        meter = self._throughput
-        if meter is None:
-            return
-        for loader in self.prepared.dataloaders:
-            if loader.observe_batch is None:
-                loader.observe_batch = meter.on_batch
-        if self.prepared.models:
-            report = self.prepared.conversion_reports.get(unwrap(self.prepared.models[0]))
-            meter.converted(report.converted if report is not None else ())
-
-    def _nonfinite_origin(self) -> str | None:
-        """Where a non-finite step's NaN/inf began: the last batch of the loop's prepared dataloader
-        replayed on the first prepared model (lowbit.runtime.observe.nonfinite_origin)."""
-        from lowbit.runtime.observe.nonfinite_origin import find_nonfinite_origin
-        from lowbit.runtime.training.gradient_sync import active_loader
-
-        loader = active_loader() or (self.prepared.dataloaders[-1] if self.prepared.dataloaders else None)
-        batch = getattr(loader, "last_batch", None)
-        if not self.prepared.models or batch is None:
-            return None
-        model = unwrap(self.prepared.models[0], keep_fp32_wrapper=True)
-        # One process replays alone only with whole weights it runs itself (DDP's module, not a
-        # sharded one, whose forward gathers from every rank, nor an engine that runs the model).
-        if self._strategy_owns_precision() or any(callable(getattr(p, "to_local", None)) for p in model.parameters()):
-            return f"not replayed under {self.context.strategy} (its weights are sharded, or its engine runs the model)"
-        return find_nonfinite_origin(model, batch)
+        return self._run.prepare(*objects)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> torch.nn.Module:
@@ -598,7 +499,7 @@ class Accelerator(RankFacts):
         transformers' Trainer asks for a model it laid out over the devices itself) and given the
         precision's forward, not distributed."""
         if evaluation_mode:
-            return self._preparation.prepare_for_evaluation(model, place=device_placement is not False)
+            return self._run.preparation.prepare_for_evaluation(model, place=device_placement is not False)
         if device_placement is False:
             raise ConfigError("prepare_model(device_placement=False): lowbit always places a model prepared for "
                               "training on its device (the strategy and the backend need it there); only "
@@ -625,9 +526,9 @@ class Accelerator(RankFacts):
 
         A strategy that owns backward (DeepSpeed's engine) gets the undivided loss: it divides
         by its own accumulation steps."""
-        self._preemption.at_iteration_start()  # a loop that feeds its own batches ends its iteration here
+        self._run.preemption.at_iteration_start()  # a loop that feeds its own batches ends its iteration here
         model = self.prepared.models[0] if self.prepared.models else None
-        if model is None and self._backend is not None:
+        if model is None and self._run.backend is not None:
             raise ConfigError(
                 "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
                 "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
@@ -635,7 +536,7 @@ class Accelerator(RankFacts):
         if self.plugins.backward(loss, model, kwargs):
             return
         # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
-        self.step_rules.observe_finite(loss)
+        self.step_state.observe_finite(loss)
         if self.config.gradient_accumulation_steps > 1:
             loss = loss / self.config.gradient_accumulation_steps
         self.precision.backward(loss, **kwargs)
@@ -677,10 +578,10 @@ class Accelerator(RankFacts):
         norm = norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         # The total norm comes free here: a NaN/inf gradient counts as a NaN/inf loss does (a strategy
         # that owns precision, DeepSpeed, handles its own overflows).
-        if torch.is_tensor(norm) and not self._strategy_owns_precision():
+        if torch.is_tensor(norm) and not self._run.strategy_owns_precision:
             # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
             plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
-            self.step_rules.observe_finite(plain, clipped=parameters)
+            self.step_state.observe_finite(plain, clipped=parameters)
         return norm
 
     @contextlib.contextmanager
@@ -751,7 +652,7 @@ class Accelerator(RankFacts):
     def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
         """What FP8 took in a prepared model (the first one by default): how many Linear layers
         train in FP8 and why the others stay in high precision. None without FP8."""
-        if self._backend is None or not (model is not None or self.prepared.models):
+        if self._run.backend is None or not (model is not None or self.prepared.models):
             return None
         record = self.prepared.conversion_reports.get(self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False))
         return conversion_report(record, self.fp8_backend,
@@ -765,7 +666,7 @@ class Accelerator(RankFacts):
         :class:`~lowbit.runtime.observe.fp8_payoff.StepPrediction` (``.speedup``; ``table()`` prints it)."""
         from lowbit.runtime.observe import fp8_payoff
 
-        if self._backend is None or not (model is not None or self.prepared.models):
+        if self._run.backend is None or not (model is not None or self.prepared.models):
             raise ConfigError("fp8_payoff() predicts for a model prepared with a low-precision backend "
                               f"(mixed_precision='fp8' or 'fp4'); this Accelerator uses {self.mixed_precision!r}"
                               f"{'' if self.prepared.models else ' and has prepared no model'}.")
@@ -786,7 +687,7 @@ class Accelerator(RankFacts):
         ``every_n_steps`` optimizer steps; warn when a tensor's saturated fraction passes
         ``saturation_warning`` (0.1%) or its flushed-to-zero fraction passes ``underflow_warning`` (1%).
         Off by default: when off, nothing is observed and training speed is unchanged."""
-        if self._backend is None:
+        if self._run.backend is None:
             raise ConfigError(f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
                               f"this Accelerator uses {self.mixed_precision!r}.")
         if model is None:
@@ -794,45 +695,39 @@ class Accelerator(RankFacts):
                 raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")
             model = self.prepared.models[0]
         recorder = TelemetryRecorder(every_n_steps, saturation_warning, underflow_warning)
-        if not self.plugins.enable_fp8_telemetry(self.unwrap_model(model, keep_torch_compile=False), recorder):
+        if not self._run.start_telemetry(self.unwrap_model(model, keep_torch_compile=False), recorder):
             raise UnsupportedCombinationError(f"FP8 telemetry is not supported by the {self.fp8_backend!r} backend.")
-        self.disable_fp8_telemetry()
-        self._telemetry = recorder
-        self.step_rules.step_observers.append(recorder.next_step)
 
     def fp8_stats(self) -> FP8StatsTable:
         """The latest sampled FP8 numerics, one row per layer and tensor (prints as a table)."""
-        if self._telemetry is None:
+        if self._run.telemetry is None:
             raise ConfigError("Call accelerator.enable_fp8_telemetry() first (it is off by default).")
-        self._telemetry.read_pending()
-        return FP8StatsTable(sorted(self._telemetry.layers.values(), key=lambda s: s.layer))
+        self._run.telemetry.read_pending()
+        return FP8StatsTable(sorted(self._run.telemetry.layers.values(), key=lambda s: s.layer))
 
     def disable_fp8_telemetry(self) -> None:
-        if self._telemetry is not None:
-            self._telemetry.remove()
-            self.step_rules.step_observers.remove(self._telemetry.next_step)
-            self._telemetry = None
+        self._run.stop_telemetry()
 
     # ------------------------------------------------------------------ checkpoints
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Carry more objects (anything with ``state_dict``/``load_state_dict``) through
         ``save_state``/``load_state``; register them in the same order before loading."""
-        self._checkpointer.register(*objects)
+        self._run.checkpointer.register(*objects)
 
     def register_save_state_pre_hook(self, hook: Callable[[list, list, str], None]) -> RemovableHandle:
         """``hook(models, weights, output_dir)`` runs at the start of every ``save_state``, on every
         process; taking a model's weights out of ``weights`` leaves that model to the hook (e.g.
         ``save_pretrained`` into ``output_dir``, beside lowbit's files). ``handle.remove()`` unregisters it."""
-        handle = RemovableHandle(self._checkpointer.save_pre_hooks)
-        self._checkpointer.save_pre_hooks[handle.id] = hook
+        handle = RemovableHandle(self._run.checkpointer.save_pre_hooks)
+        self._run.checkpointer.save_pre_hooks[handle.id] = hook
         return handle
 
     def register_load_state_pre_hook(self, hook: Callable[[list, str], None]) -> RemovableHandle:
         """``hook(models, input_dir)`` runs at the start of every ``load_state``, on every process;
         taking a model out of ``models`` leaves loading it to the hook."""
-        handle = RemovableHandle(self._checkpointer.load_pre_hooks)
-        self._checkpointer.load_pre_hooks[handle.id] = hook
+        handle = RemovableHandle(self._run.checkpointer.load_pre_hooks)
+        self._run.checkpointer.load_pre_hooks[handle.id] = hook
         return handle
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *,
@@ -853,10 +748,10 @@ class Accelerator(RankFacts):
             # every rank first (the check agrees across ranks, a collective: a save on the main
             # process only must be named as that mistake, not crash in a mismatched all-reduce)
             every_rank_must_arrive("save_state")
-            self._checkpointer.refuse_nonfinite_weights()
+            self._run.checkpointer.refuse_nonfinite_weights()
         if output_dir is None:
             output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
-        return self._checkpointer.save(output_dir)
+        return self._run.checkpointer.save(output_dir)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, *, allow_precision_change: bool = False,
                    **load_model_func_kwargs: Any) -> None:
@@ -870,7 +765,7 @@ class Accelerator(RankFacts):
                               "function options.")
         if input_dir is None:
             input_dir = automatic_checkpoint.latest_directory(self.project_configuration)
-        self._checkpointer.load(input_dir, allow_precision_change=allow_precision_change)
+        self._run.checkpointer.load(input_dir, allow_precision_change=allow_precision_change)
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full, plain state dict an unconverted model loads, on the CPU. Call it on every
@@ -903,17 +798,6 @@ class Accelerator(RankFacts):
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _called_weakly(method: Callable[[], Any]) -> Callable[[], Any]:
-    """``method()`` through a weak reference to its object (None once the object is gone)."""
-    weak = weakref.WeakMethod(method)
-
-    def call() -> Any:
-        bound = weak()
-        return None if bound is None else bound()
-
-    return call
 
 
 def _refuse_weights_not_in_memory(model: torch.nn.Module) -> None:
@@ -1000,15 +884,3 @@ def _force_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) ->
         stack.callback(lambda: setattr(model, "require_forward_param_sync", before[1]))
     elif hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(True)
-
-
-def _check_dynamo_backend(backend: str | None) -> None:
-    """A typo in the torch.compile backend is an error now, not at the first forward."""
-    if backend is None or backend.lower() == "no":
-        return
-    import torch._dynamo
-
-    names = torch._dynamo.list_backends(exclude_tags=())
-    if backend.lower() not in names:
-        raise ConfigError(f"dynamo_backend {backend!r} is not a torch.compile backend here.{did_you_mean(backend.lower(), names)} "
-                          f"Available: {', '.join(sorted(names))}, or 'no' to not compile.")

@@ -11,8 +11,9 @@ import enum
 import os
 from typing import Any
 
-from lowbit.compat.accelerate_config import note_ignored, translate_fsdp
+from lowbit.run.accelerate_config import note_ignored, translate_fsdp
 from lowbit.kernel.errors import ConfigError
+from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs
 
 
 def refuse_unsupported(obj: Any, unsupported: dict[str, str]) -> None:
@@ -265,6 +266,28 @@ class ProfileKwargs(KwargsHandler):
 
 
 HANDLER_CLASSES = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs, ProfileKwargs)
+
+
+def sort_handlers(handlers: Any) -> tuple[Any, dict[type, Any]]:
+    """``kwargs_handlers`` as the run takes them: the one recipe handler (or None), and the other
+    handler objects by class."""
+    if not isinstance(handlers, (list, tuple)):
+        raise ConfigError(
+            f"kwargs_handlers must be a list of handler objects, e.g. kwargs_handlers=[{type(handlers).__name__}()]; "
+            f"got a single {type(handlers).__name__}."
+        )
+    recipe_handlers = [h for h in handlers if isinstance(h, (RecipeKwargs, FP8RecipeKwargs))]
+    unknown = [h for h in handlers if h not in recipe_handlers and not isinstance(h, HANDLER_CLASSES)]
+    if unknown:
+        raise ConfigError(
+            f"kwargs_handlers got {type(unknown[0]).__name__}, which lowbit does not use. It takes FP8RecipeKwargs, "
+            "a backend's recipe class (AORecipeKwargs, TERecipeKwargs, ...), and "
+            + ", ".join(c.__name__ for c in HANDLER_CLASSES) + "."
+        )
+    if len(recipe_handlers) > 1:
+        names = ", ".join(type(h).__name__ for h in recipe_handlers)
+        raise ConfigError(f"Give one FP8 recipe handler, got {len(recipe_handlers)}: {names}.")
+    return (recipe_handlers[0] if recipe_handlers else None), {type(h): h for h in handlers if isinstance(h, HANDLER_CLASSES)}
 
 
 def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, dynamo: Any, explicit: dict[str, Any]) -> dict[str, Any]:

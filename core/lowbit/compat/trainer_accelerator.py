@@ -21,7 +21,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from lowbit.compat.accelerator import Accelerator
-from lowbit.compat.settings import normalize_precision, read_config_layer, setting_layers
+from lowbit.run.settings import normalize_precision, read_config_layer, setting_layers
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.notices import note
 

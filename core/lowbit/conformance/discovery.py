@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from lowbit.kernel.registry import BackendRegistry
+from lowbit.run.plugin_manager import registry_for_names
 from lowbit.conformance.setup import fail, make_manager
 from lowbit.kernel.types import BackendDescription, HardwareInfo
 
@@ -17,7 +18,7 @@ def backend_library_modules() -> tuple[str, ...]:
     (``BackendDescription.libraries``, distribution names)."""
     import importlib.metadata
 
-    libraries = {lib.lower().replace("_", "-") for c in BackendRegistry.for_names().candidates for lib in c.description.libraries}
+    libraries = {lib.lower().replace("_", "-") for c in registry_for_names().candidates for lib in c.description.libraries}
     modules = [module for module, dists in importlib.metadata.packages_distributions().items()
                if any(d.lower().replace("_", "-") in libraries for d in dists)]
     return ("torch", *sorted(set(modules)))

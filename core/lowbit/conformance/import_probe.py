@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.path == "discovery":
         if args.plugins is not None:
             os.environ["LOWBIT_PLUGINS"] = args.plugins
-        from lowbit.kernel.manager import make_plugin_manager
+        from lowbit.run.plugin_manager import make_plugin_manager
         from lowbit.kernel.registry import BackendRegistry
         from lowbit.kernel.types import HardwareInfo
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lowbit.kernel.manager import LowbitPluginManager, make_plugin_manager
+from lowbit.kernel.manager import LowbitPluginManager
+from lowbit.run.plugin_manager import make_plugin_manager
 from lowbit.kernel.types import HardwareInfo
 
 
@@ -40,9 +41,9 @@ def default_model_factory():
 
 def backend_precision(backend: str, manager: LowbitPluginManager) -> str:
     """The precision a low-precision backend trains in (the first it declares: "fp8", "fp4", ...)."""
-    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.run.plugin_manager import registry_for_names
 
-    found = BackendRegistry.for_names(manager).find("backend", backend)
+    found = registry_for_names(manager).find("backend", backend)
     return found.description.precisions[0] if found is not None else "fp8"
 
 

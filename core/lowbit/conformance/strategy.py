@@ -60,9 +60,9 @@ def run_strategy_conformance(strategy: str, tmp_path: str | os.PathLike, num_pro
     reference = json.loads((reference_out / "reference.json").read_text())
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(num_processes)]
 
-    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.run.plugin_manager import registry_for_names
 
-    found = BackendRegistry.for_names().strategy_for(strategy)
+    found = registry_for_names().strategy_for(strategy)
     expected = found.name if found is not None else strategy
     if {r["strategy"] for r in ranks} != {expected} or any(r["world_size"] != num_processes for r in ranks):
         fail(strategy, "strategy choice", f"ran {[r['strategy'] for r in ranks]} on {ranks[0]['world_size']} processes, "

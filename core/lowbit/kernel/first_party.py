@@ -12,6 +12,10 @@ FIRST_PARTY = {
     "ao": ("lowbit-ao", "plugins/fp8_ao"),
     "deepspeed": ("lowbit-deepspeed", "plugins/dist_deepspeed"),
 }
+# The low-precision backends among them (Accelerate's ``fp8_backend`` values).
+FIRST_PARTY_BACKENDS = ("msamp", "te", "ao")
+# Config sections read by a first-party strategy -> that plugin (named when it is absent).
+FIRST_PARTY_SECTIONS = {"deepspeed_config": "deepspeed"}
 
 
 def install_command(backend: str) -> str:

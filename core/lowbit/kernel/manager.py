@@ -24,13 +24,6 @@ from lowbit.kernel.errors import ConfigError, PluginError
 from lowbit.kernel.tracker import GeneralTracker
 
 ENTRY_POINT_GROUP = "lowbit"
-# The plugins that ship inside the core (lowbit.runtime.builtin), registered before any entry point.
-BUILTIN_PLUGINS = (
-    "lowbit.runtime.builtin.hardware",
-    "lowbit.runtime.builtin.ddp",
-    "lowbit.runtime.builtin.fsdp",
-    "lowbit.runtime.builtin.trackers",
-)
 # Comma-separated entry-point names to load; set but empty loads only the built-ins.
 PLUGINS_ENV = "LOWBIT_PLUGINS"
 # "1" turns a broken plugin into an error instead of a report line.
@@ -69,6 +62,7 @@ class LowbitPluginManager(pluggy.PluginManager):
         self.strict = strict
         self.broken: list[BrokenPlugin] = []
         self.origins: dict[str, PluginOrigin] = {}
+        self.builtin_names: set[str] = set()  # the plugins that ship in the core (they keep a name two plugins claim)
 
     def record_broken(self, name: str, distribution: str, error: BaseException | str) -> None:
         message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -185,22 +179,25 @@ def _strict_from_env() -> bool:
     return os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes"}
 
 
-def make_plugin_manager(
+def build_plugin_manager(
+    builtins: Iterable[Any] = (),
     *,
     load_entry_points: bool = True,
     extra_plugins: Iterable[object] = (),
     strict: bool | None = None,
     entry_point_loader: Callable[[importlib.metadata.EntryPoint], object] | None = None,
 ) -> LowbitPluginManager:
-    """Create a fresh manager: built-ins, then ``extra_plugins`` (tests), then entry points.
+    """Create a fresh manager: ``builtins`` (the core's own plugins, which its caller hands over:
+    :mod:`lowbit.run.plugin_manager`), then ``extra_plugins`` (tests), then entry points.
 
     Each entry point loads inside its own try/except: a plugin that fails to import or registers
     badly is recorded in ``manager.broken`` and the others still load. ``check_pending`` then
     rejects hookimpls whose names match no spec (a typo in a plugin), again per plugin.
     """
     manager = LowbitPluginManager(strict=_strict_from_env() if strict is None else strict)
-    for module_name in BUILTIN_PLUGINS:
-        manager.register(importlib.import_module(module_name), name=module_name)
+    for module in builtins:
+        manager.register(module, name=module.__name__)
+        manager.builtin_names.add(module.__name__)
     for plugin in extra_plugins:
         manager.register(plugin)
     if load_entry_points:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from lowbit.kernel.first_party import FIRST_PARTY, first_party, fp8_install_hint, install_command
 from lowbit.kernel.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
-from lowbit.kernel.manager import BUILTIN_PLUGINS, BrokenPlugin, LowbitPluginManager
+from lowbit.kernel.manager import BrokenPlugin, LowbitPluginManager
 from lowbit.kernel.types import NATIVE_PRECISIONS, ROLES, BackendDescription, HardwareInfo, PluginDescription, normalize_name
 
 
@@ -60,7 +60,7 @@ class BackendRegistry:
         for key, same in by_name.items():
             if len(same) < 2:
                 continue
-            built_in = [c for c in same if self.manager.get_name(c.plugin) in BUILTIN_PLUGINS]
+            built_in = [c for c in same if self.manager.get_name(c.plugin) in self.manager.builtin_names]
             label = same[0].description.LABEL
             if built_in:
                 message = (f"its {label} is named {same[0].name!r}, as lowbit's built-in one, which keeps the name; "
@@ -76,13 +76,11 @@ class BackendRegistry:
                 self.candidates.remove(cand)
 
     @classmethod
-    def for_names(cls, manager: LowbitPluginManager | None = None) -> "BackendRegistry":
+    def for_names(cls, manager: LowbitPluginManager) -> "BackendRegistry":
         """The installed plugins' descriptions, for the names they answer to (precisions,
         distributed types, sections, launch switches), without detecting hardware or importing
         torch: availability in it means nothing."""
-        from lowbit.kernel.manager import make_plugin_manager
-
-        return cls(manager or make_plugin_manager(), HardwareInfo("cpu", "CPU"))
+        return cls(manager, HardwareInfo("cpu", "CPU"))
 
     def rule_out_under(self, strategy: str) -> None:
         """Backends that say they cannot run under ``strategy`` (``unusable_under``) become

@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
-# mixed_precision values torch's autocast serves (lowbit.kernel.precision.Precision, no plugin);
+# mixed_precision values torch's autocast serves (lowbit.runtime.precision.Precision, no plugin);
 # every other name ("fp8", "fp4", ...) is served by a low-precision backend that declares it.
 NATIVE_PRECISIONS = frozenset({"no", "fp16", "bf16"})
 
@@ -305,7 +305,7 @@ class PrepareContext:
     batch_size: int | None = None  # per-process micro-batch size, when a dataloader told us
     compiled: bool = False  # the model's forward is run through torch.compile (dynamo_backend)
     # The native autocast dtype of the forward (None: fp32), as the run's Precision says
-    # (lowbit.kernel.precision): bf16 for bf16 and every low-precision backend's precision.
+    # (lowbit.runtime.precision): bf16 for bf16 and every low-precision backend's precision.
     autocast_dtype: "torch.dtype | None" = None
     # The run's DeviceMesh and the ParallelismConfig it was built from (None: no parallel layout
     # was asked for; the strategy spreads the model over every process its own way).

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from helpers import TESTS, said
-from lowbit.compat.settings import read_config_file, resolve_config, validate_config
+from lowbit.run.settings import read_config_file, resolve_config, validate_config
 from lowbit.kernel.errors import ConfigError
 
 

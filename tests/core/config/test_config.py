@@ -6,7 +6,7 @@ import yaml
 from helpers import FakeBackend, FakeRecipe, manager_with
 
 from lowbit import Accelerator
-from lowbit.compat.settings import (
+from lowbit.run.settings import (
     LowbitConfig, config_from_env, config_to_env, read_config_file, resolve_config, validate_config, write_config_file,
 )
 from lowbit.kernel.errors import ConfigError
@@ -160,7 +160,7 @@ def test_written_yaml_is_plain(tmp_path):
 def test_an_accelerator_validates_each_settings_layer_once(monkeypatch):
     """File, ACCELERATE_*, LOWBIT_* and arguments: each layer's keys parsed once, the merge not again
     (it was ten validations per Accelerator: two passes of four layers and their merge)."""
-    from lowbit.compat import settings
+    from lowbit.run import settings
 
     layers = []
     parse = settings._parse_layer

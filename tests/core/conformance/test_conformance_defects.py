@@ -101,7 +101,7 @@ def test_a_module_level_torch_import_fails_discovery(tmp_path, monkeypatch):
 
 
 def test_an_autocast_context_that_is_not_a_context_manager_fails_at_prepare():
-    from lowbit.kernel.manager import make_plugin_manager
+    from lowbit.run.plugin_manager import make_plugin_manager
 
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
                       plugin_manager=make_plugin_manager(extra_plugins=[TinyFP8("autocast_returns_42")]))
@@ -115,7 +115,7 @@ def test_a_convert_model_that_returns_something_else_fails_at_prepare():
         def convert_model(self, model, context):
             return {"model": model}
 
-    from lowbit.kernel.manager import make_plugin_manager
+    from lowbit.run.plugin_manager import make_plugin_manager
 
     acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
                       plugin_manager=make_plugin_manager(extra_plugins=[ReturnsDict()]))

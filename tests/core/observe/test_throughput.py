@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
-from lowbit.kernel.precision import Precision
+from lowbit.runtime.precision import Precision
 from lowbit.runtime.observe.gpu_specs import gpu_peak
 from lowbit.runtime.observe.throughput import batch_counts
 from lowbit.tracking import GeneralTracker
@@ -73,9 +73,9 @@ def test_a_training_loop_reports_tokens_flops_and_mfu_and_its_trackers_get_them(
     assert figures["throughput/tokens_per_s"] == pytest.approx(32 * figures["throughput/samples_per_s"])
     assert figures["throughput/peak_memory_mb"] > 0
     # 6 FLOPs per Linear weight and token (forward 2, backward 4), plus attention's (counted on CPU too)
-    per_token = accelerator._throughput.flops_per_unit
+    per_token = accelerator._run.throughput.flops_per_unit
     assert 6 * gemm_params < per_token < 10 * gemm_params, (per_token, gemm_params)
-    assert accelerator._throughput.counted_as == "model(**batch)"
+    assert accelerator._run.throughput.counted_as == "model(**batch)"
     assert 0 < figures["throughput/mfu"] < 1.5
     assert 0 <= figures["throughput/data_wait_share"] <= 1
     assert any("throughput/mfu" in logged for logged in recorder.logged)  # the trackers got them too
@@ -94,7 +94,7 @@ def test_the_count_is_exact_for_a_known_model():
         accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
         optimizer.zero_grad()
-    meter = accelerator._throughput
+    meter = accelerator._run.throughput
     assert meter.counted_as == "model(batch[0])"
     assert meter.flops_per_unit == 3 * 2 * (32 * 64 + 64 * 8)
 
@@ -154,7 +154,7 @@ def test_the_meter_runs_nothing_inside_the_users_forward():
         optimizer.step()
     # three forwards, none under a mode (the meter traced a meta copy, between steps)
     assert model.modes == [False, False, False]
-    assert accelerator._throughput.flops_per_unit == 3 * 2 * 16
+    assert accelerator._run.throughput.flops_per_unit == 3 * 2 * 16
 
 
 def test_a_count_that_fails_leaves_flops_out_with_one_note_and_never_breaks_the_step(monkeypatch, recwarn):
@@ -187,7 +187,7 @@ def test_fp8_gemm_share_counts_the_layers_the_backend_converted():
         optimizer.step()
     converted = [m for m in accelerator.unwrap_model(model).modules() if type(m).__name__ == "Float8Linear"]
     assert 0 < len(converted) < 3  # the first and last Linear stay in bf16 by default
-    assert accelerator._throughput.fp8_gemm_share == pytest.approx(len(converted) / 3)
+    assert accelerator._run.throughput.fp8_gemm_share == pytest.approx(len(converted) / 3)
 
 
 def test_under_model_parallelism_the_count_is_per_device_and_tokens_per_data_parallel_batch():
@@ -258,7 +258,7 @@ def _losses(meter_on: bool, monkeypatch) -> list[float]:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    assert (accelerator._throughput is not None and accelerator._throughput.flops_per_unit) or not meter_on
+    assert (accelerator._run.throughput is not None and accelerator._run.throughput.flops_per_unit) or not meter_on
     return losses
 
 
@@ -288,7 +288,7 @@ def test_the_count_runs_no_hook_of_the_users_and_copies_no_tensor_for_real():
         accelerator.backward(model(batch).sum())
         optimizer.step()
     assert len(seen) == 6  # three forwards, two hooks each: none during the count
-    assert accelerator._throughput.flops_per_unit == 3 * 2 * (8 * 8 + 8 * 2)
+    assert accelerator._run.throughput.flops_per_unit == 3 * 2 * (8 * 8 + 8 * 2)
 
 
 def test_torchs_own_hooks_stay_in_the_copy():
@@ -338,7 +338,7 @@ def _counted(model, batches=3):
 
 
 def test_a_block_applied_several_times_is_counted_each_time():
-    assert _counted(_SharedBlock())._throughput.flops_per_unit == 3 * 2 * (3 * 16 * 16 + 16 * 4)
+    assert _counted(_SharedBlock())._run.throughput.flops_per_unit == 3 * 2 * (3 * 16 * 16 + 16 * 4)
 
 
 def test_a_forward_sized_by_a_host_read_value_is_not_counted_but_said(recwarn):

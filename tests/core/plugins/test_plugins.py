@@ -10,7 +10,7 @@ from helpers import BrokenOnDescribe, FakeBackend, install_plugin_module, manage
 
 from lowbit import Accelerator, hookimpl
 from lowbit.kernel.errors import BackendNotFoundError, BackendUnavailableError, PluginError
-from lowbit.kernel.manager import make_plugin_manager
+from lowbit.run.plugin_manager import make_plugin_manager
 from lowbit.kernel.registry import BackendRegistry, choose_backend
 from lowbit.kernel.types import HardwareInfo, StrategyDescription
 

@@ -67,7 +67,7 @@ def test_a_steady_state_step_makes_no_plugin_call(precision):
     accelerator = accelerator_for(precision)
     model, loader = model_and_data()
     calls: list[str] = []
-    manager = accelerator._plugins
+    manager = accelerator._run.plugin_manager
     real = manager._inner_hookexec
 
     def counting(hook_name, *args, **kwargs):

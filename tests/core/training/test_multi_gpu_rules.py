@@ -314,7 +314,7 @@ def test_a_rank_that_sees_other_gpus_now_gets_its_own_gpus_saved_rng_state(monke
 
 @pytest.mark.parametrize("capability, slow", [((7, 5), True), ((7, 0), True), ((8, 0), False), ((9, 0), False)])
 def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_said_to_be_slow(monkeypatch, capability, slow):
-    from lowbit.kernel.precision import Precision
+    from lowbit.runtime.precision import Precision
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")

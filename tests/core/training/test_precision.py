@@ -1,4 +1,4 @@
-"""lowbit.kernel.precision: what each precision means, answered once (autocast dtype, loss
+"""lowbit.runtime.precision: what each precision means, answered once (autocast dtype, loss
 scaling, unscale, step, state, whether this CPU runs it slowly), and the Accelerator asking it."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.kernel.precision import Precision, SlowPrecisionNotice
+from lowbit.runtime.precision import Precision, SlowPrecisionNotice
 
 CPU = torch.device("cpu")
 
@@ -102,7 +102,7 @@ def test_fp16_with_a_fused_optimizer_reports_the_step_it_skipped_on_the_device(m
 def test_fused_fp16_steps_skipped_in_a_row_are_counted_one_step_late():
     """A fused step's verdict is counted at the next step (its kernels long done): the "not
     training" warning comes, one step after a synchronous read would have said it."""
-    from lowbit.kernel.precision import FP16_SKIP_RUN
+    from lowbit.runtime.precision import FP16_SKIP_RUN
 
     precision = Precision.for_run("fp16", CPU)
     weight = nn.Parameter(torch.ones(3))

@@ -20,7 +20,7 @@ from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 import lowbit_ao  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
 from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
-from lowbit.kernel.manager import make_plugin_manager  # noqa: E402
+from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
 from lowbit.cli.self_test import train_steps  # noqa: E402
 from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs  # noqa: E402
 from lowbit_ao.convert import EmulationNotice, default_module_filter  # noqa: E402

@@ -322,7 +322,7 @@ def test_a_native_mxfp8_run_whose_op_has_no_kernel_falls_back_to_the_emulated_ke
     CUDA kernel once torchao is imported (here: no CUDA at all): the run trains on the emulated
     kernels and says why, instead of failing in the first GEMM."""
     import lowbit_ao
-    from lowbit.kernel.manager import make_plugin_manager
+    from lowbit.run.plugin_manager import make_plugin_manager
     from lowbit_ao import native_kernels
 
     from helpers import HardwareDetector, said

@@ -23,7 +23,7 @@ from torch import nn  # noqa: E402
 import lowbit_msamp  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
 from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
-from lowbit.kernel.manager import make_plugin_manager  # noqa: E402
+from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
 from lowbit.kernel.types import HardwareInfo  # noqa: E402
 from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs  # noqa: E402
 

@@ -21,7 +21,7 @@ from helpers import HardwareDetector, TiedLM, needs_fp8_gpu_with, said  # noqa: 
 
 from lowbit import Accelerator  # noqa: E402
 from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
-from lowbit.kernel.manager import make_plugin_manager  # noqa: E402
+from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
 from lowbit.kernel.registry import BackendRegistry, choose_backend  # noqa: E402
 from lowbit.kernel.types import HardwareInfo  # noqa: E402
 from lowbit.utils import TERecipeKwargs  # noqa: E402

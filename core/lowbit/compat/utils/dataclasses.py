@@ -25,7 +25,7 @@ from lowbit.compat.handlers import (  # noqa: F401 - re-exported under Accelerat
     TorchDynamoPlugin,
 )
 from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs  # noqa: F401
-from lowbit.compat.parallelism_config import (  # noqa: F401
+from lowbit.run.layout import (  # noqa: F401
     DeepSpeedSequenceParallelConfig,
     ParallelismConfig,
     TorchContextParallelConfig,

@@ -123,7 +123,7 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     one exists there; returns its path, or False when a file was already there (left as it is)."""
     import torch
 
-    from lowbit.compat.settings import LowbitConfig, default_config_path, write_config_file
+    from lowbit.run.settings import LowbitConfig, default_config_path, write_config_file
 
     path = default_config_path() if save_location is None else save_location
     if os.path.exists(path):

@@ -24,7 +24,7 @@ from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
 from lowbit.kernel.errors import CheckpointError, ConfigError
 from lowbit.kernel.notices import note
 from lowbit.runtime.training.preparation import unwrap
-from lowbit.runtime.training.prepared import PreparedObjects, StepRules, TrainingCounters
+from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.process_group import ProcessFacts, every_rank_must_arrive, wait_for_everyone
 from lowbit.kernel import version as lowbit_version
@@ -32,11 +32,11 @@ from lowbit.kernel import version as lowbit_version
 
 class TrainingStateCheckpointer:
     """Saves and restores a run. Given the chosen plugins (strategy- and backend-owned state), the
-    prepared objects, the step rules (the run's precision: the fp16 scaler), the process facts and the counters."""
+    prepared objects, the step state (the run's precision: the fp16 scaler), the process facts and the counters."""
 
-    def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, rules: StepRules, facts: ProcessFacts,
+    def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, step_state: StepState, facts: ProcessFacts,
                  counters: TrainingCounters) -> None:
-        self.plugins, self.prepared, self.rules, self.facts, self.counters = plugins, prepared, rules, facts, counters
+        self.plugins, self.prepared, self.step_state, self.facts, self.counters = plugins, prepared, step_state, facts, counters
         self.custom_objects: list[Any] = []
         # Accelerate's save/load pre-hooks, by handle id (register_save_state_pre_hook, ...); an
         # OrderedDict, which torch's RemovableHandle can hold a weak reference to.
@@ -95,7 +95,7 @@ class TrainingStateCheckpointer:
                         checkpoint.write_file_atomically(backend_state, tmp / f"fp8_state_{i}.pt")
                 for i, sched in enumerate(prepared.schedulers):
                     checkpoint.write_file_atomically(sched.state_dict(), tmp / f"scheduler_{i}.pt")
-                precision_state = self.rules.precision.state_dict()
+                precision_state = self.step_state.precision.state_dict()
                 if precision_state is not None:
                     checkpoint.write_file_atomically(precision_state, tmp / "scaler.pt")
                 for i, obj in enumerate(self.custom_objects):
@@ -170,8 +170,8 @@ class TrainingStateCheckpointer:
                 loads.append(functools.partial(self._load_backend_state, unwrap(model), checkpoint.read_tensor_file(path), path))
         for i, sched in enumerate(prepared.schedulers):
             loads.append(functools.partial(sched.load_state_dict, checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt")))
-        if self.rules.precision.scaler is not None and "scaler.pt" in meta["files"]:
-            loads.append(functools.partial(self.rules.precision.load_state_dict,
+        if self.step_state.precision.scaler is not None and "scaler.pt" in meta["files"]:
+            loads.append(functools.partial(self.step_state.precision.load_state_dict,
                                            checkpoint.read_tensor_file(directory / "scaler.pt")))
         for i, obj in enumerate(self.custom_objects):
             loads.append(functools.partial(obj.load_state_dict, checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt")))

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from lowbit.kernel.env_numbers import env_number
-from lowbit.kernel.precision import Precision
+from lowbit.runtime.precision import Precision
 from lowbit.runtime.observe.gpu_specs import DevicePeak, gpu_peak
 from lowbit.runtime.nests import tensor_leaves
 

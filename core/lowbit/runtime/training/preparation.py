@@ -3,7 +3,7 @@
 A model goes through the low-precision backend (conversion, or model and optimizer together),
 then the distributed strategy, then gets its forward wrapped in the autocast contexts (and
 ``torch.compile``); optimizers, schedulers and dataloaders get lowbit's wrappers. It works with
-the chosen plugins, the prepared objects and the step rules it is given, not with the Accelerator.
+the chosen plugins, the prepared objects and the step state it is given, not with the Accelerator.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from lowbit.kernel import notices
 from lowbit.runtime.observe.fp8_payoff import report_prediction, report_work
 from lowbit.runtime.observe.fp8_report import conversion_report, converted_nothing
-from lowbit.runtime.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepRules
+from lowbit.runtime.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepState
 from lowbit.runtime.routing import ChosenPlugins, plugin_label
 from lowbit.runtime.training.toolchain import check_compiler_for
 from lowbit.kernel.types import PrepareContext
@@ -70,9 +70,9 @@ class Preparation:
     """Runs each prepared object through the chosen plugins; what it prepares goes into ``prepared``.
     The FP8 report of each model is said as a lowbit notice (once, on the main rank)."""
 
-    def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, rules: StepRules,
+    def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, step_state: StepState,
                  settings: PreparationSettings) -> None:
-        self.plugins, self.prepared, self.rules, self.settings = plugins, prepared, rules, settings
+        self.plugins, self.prepared, self.step_state, self.settings = plugins, prepared, step_state, settings
         self.context: PrepareContext = plugins.context
         # Told each model as prepare() got it, before conversion (the throughput meter copies its structure).
         self.before_conversion: Callable[[torch.nn.Module], None] | None = None
@@ -232,7 +232,7 @@ class Preparation:
             options = dict(self.settings.compile_options, backend=backend.lower())
             model = (compile_blocks_in_place(model, **options) if self.settings.regional_compilation
                      else torch.compile(model, **options))
-        contexts = [f for f in (self.rules.precision.autocast_factory(), self.plugins.backend_context_factory(model))
+        contexts = [f for f in (self.step_state.precision.autocast_factory(), self.plugins.backend_context_factory(model))
                     if f is not None]
         if not contexts:
             return model
@@ -251,9 +251,9 @@ class Preparation:
         if isinstance(optimizer, PreparedOptimizer):
             return optimizer
         model = self.prepared.models[-1] if self.prepared.models else None
-        prepared = PreparedOptimizer(optimizer, self.rules, self.plugins.after_step_work(model, optimizer))
+        prepared = PreparedOptimizer(optimizer, self.step_state, self.plugins.after_step_work(model, optimizer))
         self.prepared.optimizers.append(prepared)
-        self.rules.precision.optimizers_per_step = len(self.prepared.optimizers)  # fp16's scale: one update per iteration
+        self.step_state.precision.optimizers_per_step = len(self.prepared.optimizers)  # fp16's scale: one update per iteration
         return prepared
 
     def _prepare_scheduler(self, scheduler: Any, replaced: dict[int, PreparedOptimizer]) -> PreparedScheduler:
@@ -264,7 +264,7 @@ class Preparation:
             scheduler.optimizer = prepared_opt.optimizer
             _mark_step_tracked(prepared_opt.optimizer)
         optimizers = [prepared_opt] if prepared_opt is not None else list(self.prepared.optimizers)
-        prepared = PreparedScheduler(scheduler, optimizers, self.rules)
+        prepared = PreparedScheduler(scheduler, optimizers, self.step_state)
         self.prepared.schedulers.append(prepared)
         return prepared
 

@@ -1,7 +1,7 @@
 """What ``Accelerator.prepare`` hands back for optimizers and schedulers.
 
 The wrappers add what a plain script must not have to write: the precision's optimizer step (fp16
-loss scaling with skipped steps on inf/nan, :mod:`lowbit.kernel.precision`), gradient accumulation (step only on sync micro-batches), and the learning
+loss scaling with skipped steps on inf/nan, :mod:`lowbit.runtime.precision`), gradient accumulation (step only on sync micro-batches), and the learning
 rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.runtime.training.data_loader`.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from lowbit.kernel import notices
 from lowbit.runtime.collective_device import on_group_device
 
 from lowbit.runtime.training.gradient_sync import GradientSync
-from lowbit.kernel.precision import DeviceVerdict, Precision
+from lowbit.runtime.precision import DeviceVerdict, Precision
 from lowbit.kernel.types import ConversionReport
 
 
@@ -47,7 +47,7 @@ class TrainingCounters:
 
 
 @dataclass
-class StepRules:
+class StepState:
     """What the prepared optimizers and schedulers need to know of the training loop: whether this
     micro-batch syncs, the run's precision (how an optimizer steps), how a schedule counts steps,
     and who observes each optimizer step (FP8 telemetry)."""
@@ -73,7 +73,7 @@ class StepRules:
     explain_nonfinite: Callable[[], str | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # A pickled or copied optimizer carries its rules, not the Accelerator the diagnosis asks
+        # A pickled or copied optimizer carries its step state, not the Accelerator the diagnosis asks
         # (it holds modules and process-group state, which do not pickle): a copy reports without it.
         return {**self.__dict__, "explain_nonfinite": None}
 
@@ -159,9 +159,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
     check ``isinstance(optimizer, Optimizer)``, accept it.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, rules: StepRules, after_step: Callable[[], None] | None = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, step_state: StepState, after_step: Callable[[], None] | None = None):
         self.optimizer = optimizer
-        self._rules = rules
+        self._step_state = step_state
         self._after_step = after_step
         # Whether the last step was skipped, under Accelerate's attribute name (scripts and
         # Accelerate's own tests set it to fake an overflow); a fused fp16 step's is a DeviceVerdict,
@@ -223,20 +223,20 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.add_param_group(param_group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._rules.sync_gradients:
+        if self._step_state.sync_gradients:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
-        if not self._rules.sync_gradients:
+        if not self._step_state.sync_gradients:
             return None
-        rules = self._rules
-        rules.optimizer_steps += 1
-        if rules.checks_nonfinite:
-            rules.observe_gradients(self.optimizer)
-            if rules.nonfinite_before_step() and not self._nonfinite_continues(rules):
+        step_state = self._step_state
+        step_state.optimizer_steps += 1
+        if step_state.checks_nonfinite:
+            step_state.observe_gradients(self.optimizer)
+            if step_state.nonfinite_before_step() and not self._nonfinite_continues(step_state):
                 self.step_was_skipped = True
                 return None
-        result, self._is_overflow = rules.precision.optimizer_step(self.optimizer, closure)
+        result, self._is_overflow = step_state.precision.optimizer_step(self.optimizer, closure)
         if self._reports_skips and self._is_overflow is False:
             self._is_overflow = self.optimizer.step_was_skipped
         # A fused optimizer's verdict stays on the device: the step ran, so the bookkeeping after it
@@ -244,7 +244,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if self._is_overflow is not True:
             if self._after_step is not None:
                 self._after_step()
-            for observe in self._rules.step_observers:
+            for observe in self._step_state.step_observers:
                 observe()
         return result
 
@@ -255,25 +255,25 @@ class PreparedOptimizer(torch.optim.Optimizer):
             self._after_step()
 
     @staticmethod
-    def _nonfinite_continues(rules: StepRules) -> bool:
+    def _nonfinite_continues(step_state: StepState) -> bool:
         """Say so, then raise, skip (False) or continue (True), as ``on_nonfinite_loss`` asks."""
-        what = f"the loss or a gradient of optimizer step {rules.optimizer_steps} is NaN or inf"
-        origin = _origin(rules)
+        what = f"the loss or a gradient of optimizer step {step_state.optimizer_steps} is NaN or inf"
+        origin = _origin(step_state)
         if origin:
             what += f" (replayed: {origin})"
-        if rules.on_nonfinite_loss == "raise":
+        if step_state.on_nonfinite_loss == "raise":
             raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
         notices.warn(f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
                      "accelerator.optimizer_step_was_skipped is True).")
         return False
 
 
-def _origin(rules: StepRules) -> str | None:
+def _origin(step_state: StepState) -> str | None:
     """Where the NaN/inf began (a replay of the step's batch), or None; a replay that fails says so."""
-    if rules.explain_nonfinite is None:
+    if step_state.explain_nonfinite is None:
         return None
     try:
-        return rules.explain_nonfinite()
+        return step_state.explain_nonfinite()
     except Exception as exc:  # noqa: BLE001 - the diagnosis never replaces the report it adds to
         return f"the replay to find where it began failed: {type(exc).__name__}: {str(exc)[:200]}"
 
@@ -287,18 +287,18 @@ class PreparedScheduler:
     ``step_scheduler_with_optimizer=False`` every call steps once, as the user wrote it.
     """
 
-    def __init__(self, scheduler, optimizers: list[PreparedOptimizer], rules: StepRules):
+    def __init__(self, scheduler, optimizers: list[PreparedOptimizer], step_state: StepState):
         self.scheduler = scheduler
         self.optimizers = optimizers
-        self._rules = rules
+        self._step_state = step_state
 
     def step(self, *args, **kwargs):
-        rules = self._rules
-        if not rules.step_scheduler_with_optimizer:
+        step_state = self._step_state
+        if not step_state.step_scheduler_with_optimizer:
             return self.scheduler.step(*args, **kwargs)
-        if not rules.sync_gradients or any(opt.step_was_skipped for opt in self.optimizers):
+        if not step_state.sync_gradients or any(opt.step_was_skipped for opt in self.optimizers):
             return None
-        repeats = 1 if rules.split_batches else rules.num_processes
+        repeats = 1 if step_state.split_batches else step_state.num_processes
         for _ in range(repeats):
             total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises past its end
             if total is None or self.scheduler._step_count <= total:

@@ -14,20 +14,21 @@ from typing import Any, Mapping
 
 import yaml
 
-from lowbit.compat.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
+from lowbit.run.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
 from lowbit.kernel import notices
 from lowbit.runtime.atomic_write import write_atomically
 from lowbit.runtime.collective_device import SIMULATE_ENV
-from lowbit.compat.accelerate_names import FIRST_PARTY_SECTIONS, SINGLE_PROCESS_TYPES
-from lowbit.kernel.first_party import install_command
+from lowbit.kernel.first_party import FIRST_PARTY_SECTIONS, install_command
 from lowbit.kernel.errors import ConfigError, did_you_mean
 from lowbit.kernel.options import OptionSpec, to_text
 from lowbit.kernel.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
 from lowbit.kernel.types import NATIVE_PRECISIONS
 
 CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
+# distributed_type values that need no strategy on one process (Accelerate's names for plain data parallel).
+SINGLE_PROCESS_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
 FP8_SECTION = "fp8_config"
-# The run's parallel layout (lowbit.compat.parallelism_config reads and checks it when the Accelerator starts).
+# The run's parallel layout (lowbit.run.layout reads and checks it when the Accelerator starts).
 PARALLELISM_SECTION = "parallelism_config"
 # Strategy sections (``fsdp_config``, ...) are named by the strategies themselves
 # (StrategyDescription.config_section); before the plugins are known, any ``*_config`` mapping passes.

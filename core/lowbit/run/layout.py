@@ -14,7 +14,6 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from lowbit.compat.accelerate_names import SEQUENCE_PARALLEL_BACKENDS
 from lowbit.kernel.errors import ConfigError, did_you_mean
 
 # Canonical order of the mesh's dimensions (outermost first), as Accelerate and torchtitan lay them.
@@ -22,6 +21,9 @@ MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 ENV_PREFIX = "PARALLELISM_CONFIG_"  # the variables Accelerate's launcher exports, read when a field is not given
 USE_ENV = "ACCELERATE_USE_PARALLELISM_CONFIG"  # set by a launcher: build a ParallelismConfig from those variables
 CP_BACKENDS = ("torch",)
+# sp_backend values (Accelerate's default names DeepSpeed's Ulysses); lowbit accepts the name and
+# refuses sp_size > 1.
+SEQUENCE_PARALLEL_BACKENDS = ("deepspeed",)
 
 
 @dataclasses.dataclass

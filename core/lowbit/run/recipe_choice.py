@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowbit.compat.accelerate_names import ACCELERATE_FP8_BACKENDS
-
-from lowbit.kernel.first_party import install_command
+from lowbit.kernel.first_party import FIRST_PARTY_BACKENDS, install_command
 from lowbit.kernel.recipe_names import declared_recipes, default_recipe, known_recipes, recipe_status
 from lowbit.kernel.errors import BackendUnavailableError, ConfigError
 from lowbit.kernel.registry import BackendRegistry, Candidate, Selection, choose_backend
@@ -103,7 +101,7 @@ def _who_offers(registry: BackendRegistry, recipe: str, emulating: bool = False)
     if emulating and "emulated" in statuses.values():
         statuses = {name: status for name, status in statuses.items() if status == "emulated"}
     here = [f"{name} ({status})" for name, status in statuses.items()]
-    elsewhere = [f"{backend} ({install_command(backend)})" for backend in ACCELERATE_FP8_BACKENDS if backend not in installed]
+    elsewhere = [f"{backend} ({install_command(backend)})" for backend in FIRST_PARTY_BACKENDS if backend not in installed]
     parts = []
     if here:
         parts.append(f"Installed backends offering {recipe!r}: {'; '.join(here)}.")

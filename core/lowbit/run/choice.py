@@ -4,7 +4,7 @@ The low-precision backend when ``mixed_precision`` names a precision a backend s
 asked for, else the best ranked), with its recipe options resolved (handler argument > env >
 config file > default), or the fallback the user allowed; and the distributed strategy that
 ``distributed_type`` names, by the strategies' own descriptions. (fp32, fp16 and bf16 need no
-plugin: :class:`lowbit.kernel.precision.Precision` serves them.)
+plugin: :class:`lowbit.runtime.precision.Precision` serves them.)
 """
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lowbit.kernel import notices
-from lowbit.compat.accelerate_names import SINGLE_PROCESS_TYPES
-from lowbit.compat.handlers import HANDLER_CLASSES
+from lowbit.run.settings import SINGLE_PROCESS_TYPES
 from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
-from lowbit.compat.settings import env_source
+from lowbit.run.settings import env_source
 from lowbit.kernel.errors import BackendUnavailableError, ConfigError
-from lowbit.compat.recipe_choice import RecipeChoice, choose_with_recipe
+from lowbit.run.recipe_choice import RecipeChoice, choose_with_recipe
 from lowbit.kernel.registry import BackendRegistry, Candidate, Selection, choose_backend
 from lowbit.kernel.types import NATIVE_PRECISIONS
 
@@ -46,30 +45,16 @@ class PluginChoice:
         return options
 
 
-def choose_plugins(registry: BackendRegistry, config: Any, handlers: list[Any], num_processes: int) -> PluginChoice:
-    recipe_handler, by_class = _sort_handlers(handlers)
-    choice = PluginChoice(mixed_precision=config.mixed_precision, handlers=by_class)
+def choose_plugins(registry: BackendRegistry, config: Any, recipe_handler: Any, handlers: dict[type, Any],
+                   num_processes: int) -> PluginChoice:
+    """``recipe_handler``: the one FP8 recipe object given (or None); ``handlers``: the other
+    handler objects by class (a strategy takes options from the one it names)."""
+    choice = PluginChoice(mixed_precision=config.mixed_precision, handlers=handlers)
     choice.strategy = _choose_strategy(registry, config.distributed_type, num_processes)
     if choice.strategy is not None:
         registry.rule_out_under(choice.strategy.name)
     _choose_backend(choice, registry, config, recipe_handler)
     return choice
-
-
-def _sort_handlers(handlers: list[Any]) -> tuple[Any, dict[type, Any]]:
-    """The one recipe handler (or None), and Accelerate's other kwargs handlers by class."""
-    recipe_handlers = [h for h in handlers if isinstance(h, (RecipeKwargs, FP8RecipeKwargs))]
-    unknown = [h for h in handlers if h not in recipe_handlers and not isinstance(h, HANDLER_CLASSES)]
-    if unknown:
-        raise ConfigError(
-            f"kwargs_handlers got {type(unknown[0]).__name__}, which lowbit does not use. It takes FP8RecipeKwargs, "
-            "a backend's recipe class (AORecipeKwargs, TERecipeKwargs, ...), and "
-            + ", ".join(c.__name__ for c in HANDLER_CLASSES) + "."
-        )
-    if len(recipe_handlers) > 1:
-        names = ", ".join(type(h).__name__ for h in recipe_handlers)
-        raise ConfigError(f"Give one FP8 recipe handler, got {len(recipe_handlers)}: {names}.")
-    return (recipe_handlers[0] if recipe_handlers else None), {type(h): h for h in handlers if isinstance(h, HANDLER_CLASSES)}
 
 
 def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any, handler: Any) -> None:

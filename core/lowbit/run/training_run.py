@@ -1,0 +1,271 @@
+"""One training run, built from its settings: the object a front (Accelerate's ``Accelerator``,
+:mod:`lowbit.compat.accelerator`) builds once and hands every call to.
+
+Built in this order, each step deciding once: the settings (arguments < env vars < the config
+file's, validated against the installed plugins' option names), the hardware, this process's
+place in the job, the plugins (at most one low-precision backend, at most one distributed
+strategy), the run's ``Precision``, the parallel layout, and the collaborators that ``prepare()``
+and the training step use (preparation, prepared objects, the step's state, the preemption watch,
+the throughput meter, checkpoints). Nothing here knows Accelerate's classes: the front translates
+its arguments and handler objects into a :class:`RunRequest`.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from lowbit.kernel.errors import ConfigError, did_you_mean
+from lowbit.kernel.manager import LowbitPluginManager
+from lowbit.kernel.notices import note
+from lowbit.kernel.registry import BackendRegistry, Selection
+from lowbit.kernel.telemetry import TelemetryRecorder
+from lowbit.kernel.types import PrepareContext
+from lowbit.runtime.checkpoint.training_state import TrainingStateCheckpointer
+from lowbit.runtime.observe.fp8_payoff import slower_layers
+from lowbit.runtime.observe.throughput import ThroughputMeter, meter_is_on
+from lowbit.runtime.precision import Precision, SlowPrecisionNotice
+from lowbit.runtime.process_group import ProcessFacts, process_facts
+from lowbit.runtime.routing import ChosenPlugins
+from lowbit.runtime.training.gradient_sync import GradientSync
+from lowbit.runtime.training.preemption import PreemptionWatch
+from lowbit.runtime.training.preparation import Preparation, PreparationSettings, unwrap
+from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
+from lowbit.run.choice import choose_plugins
+from lowbit.run.layout import ParallelismConfig, data_parallel_slot, settle_layout
+from lowbit.run.plugin_manager import make_plugin_manager
+from lowbit.run.settings import (PARALLELISM_SECTION, LowbitConfig, check_plugin_names, read_config_layer,
+                                 resolve_config, setting_before_plugins)
+
+
+@dataclass
+class LoaderOptions:
+    """How prepared dataloaders split and move batches (Accelerate's DataLoaderConfiguration, as values)."""
+
+    split_batches: bool = False
+    even_batches: bool = True
+    non_blocking: bool = False
+    dispatch_batches: bool | None = None
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+
+
+@dataclass
+class RunRequest:
+    """What a front asks of a run, in lowbit's terms."""
+
+    settings: dict[str, Any]  # the settings given as arguments (None: not given, the lower layers decide)
+    config_file: str | os.PathLike | None = None
+    recipe_handler: Any = None  # the one FP8 recipe object given, or None
+    handlers: dict[type, Any] = field(default_factory=dict)  # other handler objects by class (a strategy names its own)
+    process_group_options: dict[str, Any] | None = None  # init_process_group's arguments (timeout, backend)
+    scaler_options: dict[str, Any] = field(default_factory=dict)  # fp16's GradScaler arguments
+    autocast_options: dict[str, Any] = field(default_factory=dict)  # autocast's arguments (cache_enabled)
+    layout: ParallelismConfig | None = None
+    loaders: LoaderOptions = field(default_factory=LoaderOptions)
+    device_placement: bool = True
+    step_scheduler_with_optimizer: bool = True
+    compile_options: dict[str, Any] | None = None  # torch.compile's options dict, as given
+    sync: GradientSync = field(default_factory=GradientSync)  # whether this micro-batch syncs (the front's view)
+    gradient_state: Any = None  # what prepared loaders show as ``.gradient_state``
+
+
+class TrainingRun:
+    """The run's decisions and collaborators; see the module's docstring for the order."""
+
+    def __init__(self, request: RunRequest, plugin_manager: LowbitPluginManager | None = None) -> None:
+        # Hardware detection needs use_cpu before the plugins are known; the settings are validated
+        # once the plugins' option names are, so fp8_config keys can be checked against them.
+        file_layer = read_config_layer(request.config_file)
+        self.plugin_manager = plugin_manager or make_plugin_manager()
+        self.hardware = self.plugin_manager.detect_hardware(cpu=setting_before_plugins("use_cpu", request.settings, file_layer))
+        self.registry = BackendRegistry(self.plugin_manager, self.hardware)
+        self.config: LowbitConfig = self._resolve_settings(request.settings, file_layer)
+        self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count,
+                                                 request.process_group_options,
+                                                 group_of_one=self.config.distributed_type.upper() not in ("NO", "MULTI_CPU"))
+        choice = choose_plugins(self.registry, self.config, request.recipe_handler, request.handlers,
+                                self.facts.num_processes)
+        self.backend: Selection | None = choice.backend
+        self.strategy: Selection | None = choice.strategy
+        self.mixed_precision = choice.mixed_precision
+        self.precision = Precision.for_run(self.mixed_precision, self.facts.device, self.strategy_owns_precision,
+                                           request.scaler_options, request.autocast_options)
+        slow = self.precision.slow_reason()
+        if slow:
+            note(slow, SlowPrecisionNotice)
+        self.layout = self._settle_layout(request.layout)
+        self.context = PrepareContext(
+            hardware=self.hardware,
+            mixed_precision=self.mixed_precision,
+            device=self.facts.device,
+            backend_options=choice.backend_options,
+            recipe_runs=choice.recipe.status if choice.recipe else "native",
+            strategy=self.strategy.name if self.strategy else "none",
+            strategy_options=choice.strategy_options(self.config),
+            world_size=self.facts.num_processes,
+            rank=self.facts.process_index,
+            local_rank=self.facts.local_process_index,
+            gradient_accumulation_steps=self.config.gradient_accumulation_steps,
+            compiled=str(self.config.dynamo_backend).lower() != "no",
+            autocast_dtype=self.precision.autocast_dtype,
+            device_mesh=self.layout.device_mesh if self.layout is not None else None,
+            parallelism=self.layout,
+            predict_slower_layers=slower_layers,
+        )
+        # The collaborators: each gets what it needs, never the run or the front.
+        self.counters = TrainingCounters()
+        self.plugins = ChosenPlugins(self.plugin_manager, self.backend, self.strategy, self.context)
+        self.prepared = PreparedObjects()
+        self.step_state = StepState(request.sync, self.precision, self.facts.num_processes, request.loaders.split_batches,
+                                    request.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss,
+                                    check_gradients=not self.strategy_owns_precision)
+        self.preparation = Preparation(self.plugins, self.prepared, self.step_state, self._preparation_settings(request))
+        self.preemption = PreemptionWatch(self.facts.num_processes)
+        self.step_state.step_observers.append(self.preemption.after_step)
+        data_parallel = data_parallel_slot(self.layout, self.facts.num_processes, self.facts.process_index)[0]
+        self.throughput = (ThroughputMeter(self.facts.device, data_parallel, self.precision, self.facts.is_main_process,
+                                           model_parallel=max(self.facts.num_processes // data_parallel, 1))
+                           if meter_is_on() else None)
+        if self.throughput is not None:
+            self.preparation.before_conversion = self.throughput.copy_structure
+            self.step_state.step_observers.append(self.throughput.on_step)
+        self.checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_state, self.facts, self.counters)
+        self.telemetry: TelemetryRecorder | None = None
+
+    # ------------------------------------------------------------------ deciding
+
+    def _resolve_settings(self, given: dict[str, Any], file_layer: tuple[dict[str, Any], str]) -> LowbitConfig:
+        fp8_specs = {}
+        for cand in self.registry.ranked("backend"):
+            if cand.description.options_class is not None:
+                fp8_specs.update(cand.description.options_class.option_specs())
+        config = resolve_config(given, fp8_specs=fp8_specs, file_layer=file_layer,
+                                sections=tuple(self.registry.config_sections()))
+        check_plugin_names(config, self.registry.precision_names(), self.registry.distributed_type_names(),
+                           where="the settings (argument, env var or config file)")
+        if config.gradient_accumulation_steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {config.gradient_accumulation_steps}.")
+        _check_dynamo_backend(config.dynamo_backend)
+        return config
+
+    @property
+    def strategy_owns_precision(self) -> bool:
+        """Whether the strategy runs precision itself (DeepSpeed's engine: its own loss scaling and overflow checks)."""
+        return self.strategy is not None and self.strategy.chosen.description.owns_precision
+
+    def _settle_layout(self, given: ParallelismConfig | None) -> ParallelismConfig | None:
+        strategy = self.strategy.chosen if self.strategy else None
+        others = {c.name: c.description.mesh_dims for c in self.registry.ranked("strategy")}
+        return settle_layout(given, self.config.section(PARALLELISM_SECTION), "the settings", self.facts.num_processes,
+                             self.facts.device.type, strategy.name if strategy else "none",
+                             strategy.description.mesh_dims if strategy else (), others)
+
+    def _preparation_settings(self, request: RunRequest) -> PreparationSettings:
+        config, loaders = self.config, request.loaders
+        batches, batch_index = data_parallel_slot(self.layout, self.facts.num_processes, self.facts.process_index)
+        given = {"mode": config.dynamo_mode, "fullgraph": config.dynamo_use_fullgraph, "dynamic": config.dynamo_use_dynamic,
+                 "options": request.compile_options}
+        return PreparationSettings(
+            device=self.facts.device, num_processes=batches, process_index=batch_index,
+            split_batches=loaders.split_batches, even_batches=loaders.even_batches,
+            device_placement=request.device_placement, dynamo_backend=config.dynamo_backend,
+            compile_options={k: v for k, v in given.items() if v is not None},
+            regional_compilation=bool(config.dynamo_use_regional_compilation),
+            non_blocking=bool(loaders.non_blocking), dispatch_batches=loaders.dispatch_batches,
+            use_seedable_sampler=bool(loaders.use_seedable_sampler), data_seed=loaders.data_seed,
+            gradient_state=request.gradient_state)
+
+    def explain_backend_choice(self) -> str:
+        """Why this backend: every installed backend with its priority and reason to decline."""
+        if self.backend is None:
+            unused = Selection("backend", None, None, "ranking", self.registry.ranked("backend"), self.hardware,
+                               list(self.plugin_manager.broken))
+            return (f"mixed_precision={self.mixed_precision!r}: torch's own autocast and loss scaling; no "
+                    f"low-precision backend in use (they train mixed_precision='fp8' or 'fp4').\n{unused.explain()}")
+        return self.backend.explain()
+
+    # ------------------------------------------------------------------ preparing and watching
+
+    def prepare(self, *objects: Any) -> Any:
+        """``Preparation.prepare``, then the watchers wired to what it prepared."""
+        result = self.preparation.prepare(*objects)
+        self._observe_what_was_prepared()
+        return result
+
+    def _observe_what_was_prepared(self) -> None:
+        """Each prepared dataloader tells the preemption watch when an iteration ends, and the
+        throughput meter its batches; the meter counts the FLOPs of the first prepared model once,
+        after the first optimizer step (nothing in its forward)."""
+        for loader in self.prepared.dataloaders:
+            loader.at_iteration_start = self.preemption.at_iteration_start
+        # weakly: the step state the run owns must not keep it alive (a cycle outlives `del`)
+        self.step_state.explain_nonfinite = _called_weakly(self._nonfinite_origin)
+        meter = self.throughput
+        if meter is None:
+            return
+        for loader in self.prepared.dataloaders:
+            if loader.observe_batch is None:
+                loader.observe_batch = meter.on_batch
+        if self.prepared.models:
+            report = self.prepared.conversion_reports.get(unwrap(self.prepared.models[0]))
+            meter.converted(report.converted if report is not None else ())
+
+    def _nonfinite_origin(self) -> str | None:
+        """Where a non-finite step's NaN/inf began: the last batch of the loop's prepared dataloader
+        replayed on the first prepared model (lowbit.runtime.observe.nonfinite_origin)."""
+        from lowbit.runtime.observe.nonfinite_origin import find_nonfinite_origin
+        from lowbit.runtime.training.gradient_sync import active_loader
+
+        loader = active_loader() or (self.prepared.dataloaders[-1] if self.prepared.dataloaders else None)
+        batch = getattr(loader, "last_batch", None)
+        if not self.prepared.models or batch is None:
+            return None
+        model = unwrap(self.prepared.models[0], keep_fp32_wrapper=True)
+        # One process replays alone only with whole weights it runs itself (DDP's module, not a
+        # sharded one, whose forward gathers from every rank, nor an engine that runs the model).
+        if self.strategy_owns_precision or any(callable(getattr(p, "to_local", None)) for p in model.parameters()):
+            return f"not replayed under {self.context.strategy} (its weights are sharded, or its engine runs the model)"
+        return find_nonfinite_origin(model, batch)
+
+    def start_telemetry(self, model: torch.nn.Module, recorder: TelemetryRecorder) -> bool:
+        """Have the backend record FP8 numerics of ``model`` into ``recorder`` after each optimizer
+        step (replacing any recorder before); False when the backend cannot."""
+        if not self.plugins.enable_fp8_telemetry(model, recorder):
+            return False
+        self.stop_telemetry()
+        self.telemetry = recorder
+        self.step_state.step_observers.append(recorder.next_step)
+        return True
+
+    def stop_telemetry(self) -> None:
+        if self.telemetry is not None:
+            self.telemetry.remove()
+            self.step_state.step_observers.remove(self.telemetry.next_step)
+            self.telemetry = None
+
+
+def _called_weakly(method: Callable[[], Any]) -> Callable[[], Any]:
+    """``method()`` through a weak reference to its object (None once the object is gone)."""
+    weak = weakref.WeakMethod(method)
+
+    def call() -> Any:
+        bound = weak()
+        return None if bound is None else bound()
+
+    return call
+
+
+def _check_dynamo_backend(backend: str | None) -> None:
+    """A typo in the torch.compile backend is an error now, not at the first forward."""
+    if backend is None or backend.lower() == "no":
+        return
+    import torch._dynamo
+
+    names = torch._dynamo.list_backends(exclude_tags=())
+    if backend.lower() not in names:
+        raise ConfigError(f"dynamo_backend {backend!r} is not a torch.compile backend here.{did_you_mean(backend.lower(), names)} "
+                          f"Available: {', '.join(sorted(names))}, or 'no' to not compile.")
