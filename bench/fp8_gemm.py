@@ -14,9 +14,10 @@ import argparse
 from types import SimpleNamespace
 
 import torch
-
 from common import median_seconds
+
 from lowbit.kernel.cpu_features import cpu_has_native_bf16
+
 from lowbit_ao.fast_emulation import scaled_mm
 
 torch.set_num_threads(1)

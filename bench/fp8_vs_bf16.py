@@ -18,8 +18,8 @@ import argparse
 import warnings
 
 import torch
-
 from common import batch, compare, make_model, print_table, step_fn
+
 from lowbit import Accelerator
 from lowbit.utils import AORecipeKwargs
 

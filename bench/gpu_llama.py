@@ -125,10 +125,9 @@ def _accelerate(model, optimizer, device):
 
 def run_one(row: dict, args: argparse.Namespace) -> dict:
     import torch
-    from transformers import LlamaForCausalLM
-
     import torch._dynamo
     from torch._dynamo.utils import counters
+    from transformers import LlamaForCausalLM
 
     device = torch.device(args.device)
     config = model_config(args.seq, args.shape)
@@ -195,7 +194,9 @@ def predicted_speedups(args: argparse.Namespace, labels: list[str], gpu) -> dict
     from transformers import LlamaForCausalLM
 
     from lowbit.cli.fp8_payoff_command import installed_costs
+
     from lowbit.kernel.errors import ConfigError
+
     from lowbit.runtime.observe.fp8_payoff import count_work, first_last, known_gpu, predict
 
     gpu = gpu if gpu is not None and gpu.memory_tbps else known_gpu("H100")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import warnings
 
 import torch
-
 from common import batch, make_model, print_table, step_fn
+
 from lowbit import Accelerator
 from lowbit.utils import AORecipeKwargs
 

@@ -19,8 +19,8 @@ import dataclasses
 import warnings
 
 import torch
-
 from common import batch, compare, lowbit_loop, make_model, print_table, step_fn
+
 from lowbit.utils import AORecipeKwargs
 
 warnings.filterwarnings("ignore")

@@ -15,7 +15,6 @@ import argparse
 import warnings
 
 import torch
-
 from common import batch, compare, lowbit_loop, make_model, print_table, step_fn
 
 warnings.filterwarnings("ignore")

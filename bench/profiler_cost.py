@@ -27,7 +27,6 @@ import warnings
 from pathlib import Path
 
 import torch
-
 from common import batch, make_model, median_seconds, print_table, step_fn
 
 warnings.filterwarnings("ignore")

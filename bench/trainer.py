@@ -56,8 +56,9 @@ class StepTimer:
 
 def one_run(library: str, precision: str, args: argparse.Namespace) -> tuple[float, str]:
     """Median step seconds of one Trainer run, and the Accelerator class that ran it."""
-    import lowbit
     from transformers import Trainer, TrainingArguments
+
+    import lowbit
 
     (lowbit.patch_trainer if library == "lowbit" else lowbit.unpatch_trainer)()
     os.environ.pop("LOWBIT_MIXED_PRECISION", None)

@@ -8,9 +8,11 @@ import torch
 from torch import nn
 
 from lowbit import hookimpl
-from lowbit.run.plugin_manager import make_plugin_manager
+
 from lowbit.kernel.recipes import RecipeKwargs, recipe_option
 from lowbit.kernel.types import BackendDescription
+
+from lowbit.run.plugin_manager import make_plugin_manager
 
 
 def mlp(seed: int = 0, width: int = 64) -> nn.Module:

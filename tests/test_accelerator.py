@@ -6,17 +6,17 @@ import warnings
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from helpers import FakeBackend, manager_with, mlp, regression_data
-
-from lowbit import hookimpl
+from safetensors.torch import load_file
 from torch import nn
 
-from lowbit import Accelerator
-from lowbit.kernel.errors import BackendUnavailableError, ConfigError
-from lowbit.runtime.training.prepared import PreparedOptimizer
+from lowbit import Accelerator, hookimpl
 from lowbit.cli.self_test import train_steps
 from lowbit.utils import FP8RecipeKwargs
+
+from lowbit.kernel.errors import BackendUnavailableError, ConfigError
+
+from lowbit.runtime.training.prepared import PreparedOptimizer
 
 
 def no_fp8_manager():

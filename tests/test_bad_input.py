@@ -8,8 +8,10 @@ import torch
 from helpers import FakeBackend, manager_with, mlp
 
 from lowbit import Accelerator
-from lowbit.run.settings import read_config_file, resolve_config, validate_config
+
 from lowbit.kernel.errors import ConfigError
+
+from lowbit.run.settings import read_config_file, resolve_config, validate_config
 
 
 def test_kwargs_handlers_must_be_a_list():
@@ -148,6 +150,7 @@ def test_a_bad_number_in_a_lowbit_variable_is_refused_at_the_start_naming_it(mon
     ValueError at import; LOWBIT_THROUGHPUT_EVERY=abc named nothing. Read when the Accelerator is
     made, refused with the variable, its value and the range it takes."""
     from lowbit.kernel.errors import ConfigError
+
     from lowbit.runtime.process_group import arrival_timeout
 
     monkeypatch.setenv(name, value)

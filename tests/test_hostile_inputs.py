@@ -6,13 +6,15 @@ import sys
 
 import pytest
 import torch
+from helpers import FakeBackend
 from torch import nn
 
-from helpers import FakeBackend
 from lowbit import Accelerator
-from lowbit.run.settings import read_config_file
+
 from lowbit.kernel.errors import CheckpointError, ConfigError, UnsupportedCombinationError
+
 from lowbit.run.plugin_manager import make_plugin_manager
+from lowbit.run.settings import read_config_file
 
 
 def test_a_key_given_twice_in_a_config_file_is_an_error_naming_both_lines(tmp_path):
@@ -323,10 +325,9 @@ def test_ctrl_c_at_any_point_of_the_commit_leaves_the_directory_saveable(tmp_pat
     import os
 
     import torch
+    from helpers import Counter
 
     from lowbit.runtime.checkpoint import files
-
-    from helpers import Counter
 
     acc = Accelerator(cpu=True)
     counter = Counter()

@@ -29,6 +29,16 @@ def test_the_code_passes_ruff():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+# The layers formatted by ruff format (pyproject's [tool.ruff.format]); the others join as they are touched.
+FORMATTED = ("core/lowbit/kernel", "core/lowbit/run")
+
+
+def test_the_formatted_layers_stay_formatted():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", *FORMATTED],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, "run `ruff format " + " ".join(FORMATTED) + "`:\n" + proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
 def _docstring_nodes(tree: ast.AST) -> set[int]:
     found = set()
     for node in ast.walk(tree):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lowbit import Accelerator
+
 from lowbit.kernel.errors import ConfigError
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -31,6 +32,7 @@ def test_notices_are_one_line_once_with_no_lowbit_source_line():
     # No location line in lowbit's sources, and no source line echoed from them. (Not "lowbit" anywhere in a
     # line: a checkout in a folder named lowbit puts it in the user's own warning's location.)
     import lowbit
+
     import lowbit_ao
 
     sources = [str(Path(package.__file__).parent) for package in (lowbit, lowbit_ao)]

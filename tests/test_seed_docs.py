@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from lowbit import Accelerator
+
 from lowbit.kernel.errors import BackendUnavailableError
 
 

@@ -62,6 +62,7 @@ class SampleAfterEachOperation(TorchDispatchMode):
 def main() -> None:
     spec, precision, batch, seq, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     from lowbit import Accelerator
+
     from lowbit.runtime.observe.model_spec import example_inputs, load_model, load_model_on_meta
 
     accelerator = Accelerator(mixed_precision=precision)

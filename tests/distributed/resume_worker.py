@@ -10,8 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lowbit import Accelerator
-from lowbit import skip_first_batches
+from lowbit import Accelerator, skip_first_batches
 from lowbit.utils import set_seed
 
 EPOCHS, BATCH = 3, 4

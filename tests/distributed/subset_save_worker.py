@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from lowbit import Accelerator
+
 accelerator = Accelerator(cpu=True)  # torch's default process-group timeout: 30 minutes on gloo
 model, optimizer = accelerator.prepare(nn.Linear(4, 4), torch.optim.SGD(nn.Linear(4, 4).parameters(), lr=0.1))
 if accelerator.is_main_process:

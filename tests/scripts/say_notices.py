@@ -11,6 +11,7 @@ import warnings
 from torch import nn
 
 from lowbit import Accelerator
+
 from lowbit.kernel.notices import LowbitNote
 
 if "--ignore-lowbit-notes" in sys.argv:  # a user silencing lowbit's notes by their category

@@ -17,8 +17,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from lowbit import Accelerator  # noqa: E402
-from lowbit.compat import trainer_patch  # noqa: E402
+
 from lowbit.kernel.errors import ConfigError  # noqa: E402
+
+from lowbit.compat import trainer_patch  # noqa: E402
 
 
 @pytest.fixture
@@ -36,8 +38,8 @@ def test_the_patch_reaches_trainer_only_and_is_idempotent_and_reversible(patched
     import transformers.trainer
     import transformers.training_args
 
-    from lowbit.compat.trainer_accelerator import TrainerAccelerator
     from lowbit.compat.state import PartialState
+    from lowbit.compat.trainer_accelerator import TrainerAccelerator
 
     trainer_patch.patch_trainer()  # again: nothing more happens
     assert sys.meta_path.count(trainer_patch._FINDER) == 1
@@ -105,8 +107,13 @@ def test_a_precision_clash_is_an_error_naming_both(trainer, asked):
 
 
 def test_accelerates_handler_objects_and_enums_become_lowbits_field_by_field():
-    from accelerate.utils import (DataLoaderConfiguration, DDPCommunicationHookType, DistributedDataParallelKwargs,
-                                  GradientAccumulationPlugin, TorchDynamoPlugin)
+    from accelerate.utils import (
+        DataLoaderConfiguration,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        TorchDynamoPlugin,
+    )
 
     from lowbit.compat import handlers
 

@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--lowbit-line", action="store_true", help="the one documented line, for python/torchrun")
     args = parser.parse_args()
     if args.lowbit_line:
-        import lowbit; lowbit.patch_trainer()  # noqa: E702 - the documented line, as a user writes it
+        import lowbit; lowbit.patch_trainer()  # noqa: E702, I001 - the documented line, as a user writes it
     run = trainer(args)
     before = {name: p.detach().float().clone() for name, p in run.model.named_parameters() if p.requires_grad}
     run.train(resume_from_checkpoint=args.resume)

@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
+
 from lowbit.kernel.types import NATIVE_PRECISIONS
 
 
@@ -30,13 +31,14 @@ def _ask(question: str, default: str, choices: tuple[str, ...] | None = None) ->
 
 def _installed_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The precisions and distributed types the installed plugins offer (they name them, not the core)."""
-    from lowbit.run.settings import SINGLE_PROCESS_TYPES
-    from lowbit.run.plugin_manager import make_plugin_manager
-    from lowbit.kernel.registry import BackendRegistry
+    from lowbit.kernel.registry import PluginRegistry
     from lowbit.kernel.types import NATIVE_PRECISIONS
 
+    from lowbit.run.plugin_manager import make_plugin_manager
+    from lowbit.run.settings import SINGLE_PROCESS_TYPES
+
     manager = make_plugin_manager()
-    registry = BackendRegistry(manager, manager.detect_hardware(cpu=False))
+    registry = PluginRegistry(manager, manager.detect_hardware(cpu=False))
     precisions = (*sorted(NATIVE_PRECISIONS), *registry.precision_names())
     return precisions, tuple(dict.fromkeys((*SINGLE_PROCESS_TYPES, *registry.distributed_type_names())))
 

@@ -56,9 +56,12 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from lowbit.cli.plugins_command import collect
+
     from lowbit.kernel.recipe_names import describe_recipes
-    from lowbit.run.settings import default_config_path, read_config_file
+
     from lowbit.runtime.training.toolchain import find_cxx_compiler
+
+    from lowbit.run.settings import default_config_path, read_config_file
 
     report = collect()
     lines = [

@@ -7,7 +7,6 @@ from typing import Any
 from lowbit.kernel.types import StrategyMemory
 
 
-
 def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser = sub.add_parser(name, help=help_text, description=help_text + ". " + (
         "The model is built on the meta device: nothing is allocated or downloaded."))
@@ -32,6 +31,7 @@ def backend_memory() -> dict[str, dict[str, float]]:
 def strategy_memory(asked: str | None) -> dict[str, StrategyMemory]:
     """The memory layouts the installed strategies declare, by name, the ones ``asked`` for (all when None)."""
     from lowbit.kernel.errors import ConfigError, did_you_mean
+
     from lowbit.run.plugin_manager import registry_for_names
 
     declared = {name: memory for c in registry_for_names().ranked("strategy")
@@ -46,6 +46,7 @@ def strategy_memory(asked: str | None) -> dict[str, StrategyMemory]:
 
 def run(args: argparse.Namespace) -> int:
     from lowbit.kernel.errors import ConfigError
+
     from lowbit.runtime.observe.memory_estimate import estimate_all, table
 
     if args.num_processes < 1 or args.batch_size < 1 or args.seq_len < 1:

@@ -4,9 +4,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from lowbit.run.accelerate_config import FSDP_IGNORED, FSDP_MUST_BE_OFF, PARALLELISM_PREFIX, note_ignored, translate_fsdp
-from lowbit.run.settings import TOP_LEVEL
 from lowbit.kernel.errors import ConfigError
+
+from lowbit.run.accelerate_config import (
+    FSDP_IGNORED,
+    FSDP_MUST_BE_OFF,
+    PARALLELISM_PREFIX,
+    note_ignored,
+    translate_fsdp,
+)
+from lowbit.run.settings import TOP_LEVEL
 
 # Flags that set distributed_type, as in Accelerate's launcher.
 DISTRIBUTED_FLAGS = {"multi_gpu": "MULTI_GPU", "use_fsdp": "FSDP", "use_deepspeed": "DEEPSPEED"}

@@ -47,9 +47,9 @@ def installed_costs(backend: str | None = None) -> dict[str, tuple[str, RecipeCo
 
 
 def run(args: argparse.Namespace) -> int:
+    from lowbit.kernel.errors import ConfigError, did_you_mean
     from lowbit.kernel.recipe_names import canonical_recipe
-    from lowbit.kernel.errors import ConfigError
-    from lowbit.kernel.errors import did_you_mean
+
     from lowbit.runtime.observe.fp8_payoff import count_work, first_last, known_gpu, predict, table
     from lowbit.runtime.observe.model_spec import load_model_on_meta
 

@@ -17,17 +17,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lowbit.kernel import notices
-from lowbit.runtime.collective_device import SIMULATE_ENV
-from lowbit.run.accelerate_config import note_ignored
-from lowbit.run.settings import SINGLE_PROCESS_TYPES
-from lowbit.kernel.first_party import first_party, install_command
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.cli.run_script import patching_wanted
+
+from lowbit.kernel import notices
 from lowbit.kernel.env_numbers import env_number
 from lowbit.kernel.errors import ConfigError
+from lowbit.kernel.first_party import first_party, install_command
 from lowbit.kernel.recipes import FP8_ENV_PREFIX
 from lowbit.kernel.types import NATIVE_PRECISIONS
+
+from lowbit.runtime.collective_device import SIMULATE_ENV
+
+from lowbit.run.accelerate_config import note_ignored
+from lowbit.run.settings import SINGLE_PROCESS_TYPES
 
 if TYPE_CHECKING:
     from lowbit.run.settings import LowbitConfig
@@ -111,9 +114,16 @@ def _check_port_free(port: int) -> None:
 
 def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], "LowbitConfig"]:
     """The command to run and the env vars to add, from the config file and the flags."""
-    from lowbit.run.settings import (check_plugin_names, config_from_env, config_to_env, default_config_path, merge_raw,
-                               read_config_file, validate_config)
     from lowbit.run.plugin_manager import registry_for_names
+    from lowbit.run.settings import (
+        check_plugin_names,
+        config_from_env,
+        config_to_env,
+        default_config_path,
+        merge_raw,
+        read_config_file,
+        validate_config,
+    )
 
     # `lowbit test` builds its command here too, without the launcher-only flags.
     module = getattr(args, "module", False)
@@ -258,6 +268,7 @@ def file_sources(file_raw: dict, overrides: dict, path: Path) -> dict[str, str]:
     """Which exported fp8 settings came from the config file (not a flag or a variable), so that an
     error in a rank names the file and key, not the variable the launcher passed it in."""
     from lowbit.kernel.recipes import fp8_env_var
+
     from lowbit.run.settings import SOURCES_ENV
 
     from_file = {key for key in (file_raw.get("fp8_config") or {}) if key not in (overrides.get("fp8_config") or {})}

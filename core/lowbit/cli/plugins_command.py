@@ -19,14 +19,15 @@ def collect(cpu: bool = False) -> dict[str, Any]:
     """Everything ``lowbit plugins`` reports, as plain data."""
     from lowbit.kernel.errors import LowbitError
     from lowbit.kernel.manager import SLOW_IMPORT_SECONDS
+    from lowbit.kernel.registry import PluginRegistry, choose_plugin
+
     from lowbit.run.plugin_manager import make_plugin_manager
-    from lowbit.kernel.registry import BackendRegistry, choose_backend
 
     manager = make_plugin_manager()
     hardware = manager.detect_hardware(cpu=cpu)
-    registry = BackendRegistry(manager, hardware)
+    registry = PluginRegistry(manager, hardware)
     try:
-        selection = choose_backend(registry, "backend")
+        selection = choose_plugin(registry, "backend")
         chosen, why = selection.name, "highest priority available"
     except LowbitError as exc:
         chosen, why = None, str(exc)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from lowbit.compat.paths import public_path
 from lowbit.kernel.errors import NOT_OFFERED_MARK
 
+from lowbit.compat.paths import public_path
 
 # Accelerate's distributed type for "data parallel on this device type".
 _DATA_PARALLEL_BY_DEVICE = {"cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}

@@ -25,6 +25,7 @@ from lowbit.kernel.notices import note
 from lowbit.kernel.recipes import RecipeKwargs
 from lowbit.kernel.telemetry import FP8StatsTable, TelemetryRecorder
 from lowbit.kernel.types import HardwareInfo, PrepareContext
+
 from lowbit.runtime.checkpoint import automatic as automatic_checkpoint
 from lowbit.runtime.checkpoint import files as checkpoint
 from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
@@ -40,9 +41,11 @@ from lowbit.runtime.training.data_loader import PreparedDataLoader
 from lowbit.runtime.training.loader_shards import skip_first_batches
 from lowbit.runtime.training.preparation import unwrap
 from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
+
 from lowbit.run.layout import ParallelismConfig
 from lowbit.run.settings import LowbitConfig
 from lowbit.run.training_run import LoaderOptions, RunRequest, TrainingRun
+
 from lowbit.compat.accelerate_names import reported_distributed_type
 from lowbit.compat.accelerate_objects import from_accelerate
 from lowbit.compat.handlers import (

@@ -11,7 +11,6 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from lowbit.compat.state import PartialState
 from lowbit.runtime.training.data_loader import PreparedDataLoader
 from lowbit.runtime.training.dispatch import dispatched
 from lowbit.runtime.training.loader_shards import (
@@ -26,6 +25,8 @@ from lowbit.runtime.training.loader_shards import (
     natively_sharded,
     skip_first_batches,
 )
+
+from lowbit.compat.state import PartialState
 from lowbit.compat.utils.random import synchronize_rng_states
 
 __all__ = ["BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin", "IterableDatasetShard",

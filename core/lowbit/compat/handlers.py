@@ -11,9 +11,10 @@ import enum
 import os
 from typing import Any
 
-from lowbit.run.accelerate_config import note_ignored, translate_fsdp
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs
+
+from lowbit.run.accelerate_config import note_ignored, translate_fsdp
 
 
 def refuse_unsupported(obj: Any, unsupported: dict[str, str]) -> None:

@@ -12,6 +12,7 @@ import socket
 from typing import Any, Callable
 
 from lowbit.kernel.errors import ConfigError
+
 from lowbit.runtime.gpu_count import count_gpus_without_cuda_here
 
 

@@ -16,9 +16,16 @@ from typing import Any, Callable, Iterator
 import torch
 
 from lowbit.runtime.collective_device import SHAPE_CHECKS
-from lowbit.compat.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
 from lowbit.runtime.process_group import RankFacts, process_facts, wait_for_everyone
-from lowbit.runtime.training.gradient_sync import ITERATED_LOADERS, GradientSync, active_loader, loader_ended, loader_started
+from lowbit.runtime.training.gradient_sync import (
+    ITERATED_LOADERS,
+    GradientSync,
+    active_loader,
+    loader_ended,
+    loader_started,
+)
+
+from lowbit.compat.accelerate_names import DistributedType  # noqa: F401 - Accelerate's name, public here as in Accelerate
 
 
 class PartialState(RankFacts):

@@ -20,10 +20,12 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from lowbit.compat.accelerator import Accelerator
-from lowbit.run.settings import normalize_precision, read_config_layer, setting_layers
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.notices import note
+
+from lowbit.run.settings import normalize_precision, read_config_layer, setting_layers
+
+from lowbit.compat.accelerator import Accelerator
 
 # The Accelerator a Trainer built last: its figures callback, made in the same Trainer.__init__, reads it.
 _LATEST: dict[str, Any] = {"ref": lambda: None}

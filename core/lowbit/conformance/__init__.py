@@ -35,6 +35,7 @@ from lowbit.conformance.training import (
     check_save_model_is_portable,
     check_training,
 )
+
 from lowbit.kernel.types import HardwareInfo
 
 __all__ = [

@@ -5,11 +5,12 @@ import json
 import subprocess
 import sys
 
-from lowbit.kernel.registry import BackendRegistry
-from lowbit.run.plugin_manager import registry_for_names
 from lowbit.conformance.setup import fail, make_manager
+
+from lowbit.kernel.registry import PluginRegistry
 from lowbit.kernel.types import BackendDescription, HardwareInfo
 
+from lowbit.run.plugin_manager import registry_for_names
 
 
 def backend_library_modules() -> tuple[str, ...]:
@@ -27,7 +28,7 @@ def backend_library_modules() -> tuple[str, ...]:
 def check_description(backend: str, plugin: object | None = None, hardware: HardwareInfo | None = None) -> BackendDescription:
     """The backend describes itself: int priority, a known kind, a string reason (non-empty when unavailable)."""
     manager = make_manager(plugin, hardware)
-    registry = BackendRegistry(manager, manager.detect_hardware(cpu=False))
+    registry = PluginRegistry(manager, manager.detect_hardware(cpu=False))
     names = {backend} | ({manager.get_name(plugin)} if plugin is not None else set())
     broken = [b.error for b in manager.broken if b.name in names]
     if broken:

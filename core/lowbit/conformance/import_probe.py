@@ -29,11 +29,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.path == "discovery":
         if args.plugins is not None:
             os.environ["LOWBIT_PLUGINS"] = args.plugins
-        from lowbit.run.plugin_manager import make_plugin_manager
-        from lowbit.kernel.registry import BackendRegistry
+        from lowbit.kernel.registry import PluginRegistry
         from lowbit.kernel.types import HardwareInfo
 
-        registry = BackendRegistry(make_plugin_manager(), HardwareInfo("cpu", "CPU"))
+        from lowbit.run.plugin_manager import make_plugin_manager
+
+        registry = PluginRegistry(make_plugin_manager(), HardwareInfo("cpu", "CPU"))
         result["backends"] = [c.name for c in registry.ranked("backend")]
     else:
         from lowbit.cli.main import main as lowbit_main

@@ -4,8 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from lowbit.kernel.manager import LowbitPluginManager
-from lowbit.run.plugin_manager import make_plugin_manager
 from lowbit.kernel.types import HardwareInfo
+
+from lowbit.run.plugin_manager import make_plugin_manager
 
 
 class ConformanceFailure(AssertionError):
@@ -53,6 +54,7 @@ def prepare(backend: str, plugin: object | None, hardware: HardwareInfo | None, 
     import torch
 
     from lowbit import Accelerator
+
     from lowbit.kernel.recipes import FP8RecipeKwargs
 
     manager = make_manager(plugin, hardware)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lowbit.conformance.setup import conversion_hook, default_model_factory, fail, in_features, prepare, teacher_data
+
 from lowbit.kernel.types import HardwareInfo
 
 TRAIN_STEPS = 8

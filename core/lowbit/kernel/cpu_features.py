@@ -1,4 +1,5 @@
 """What this CPU can do fast, as torch reports it (one place for the probes lowbit relies on)."""
+
 from __future__ import annotations
 
 PROBES = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")

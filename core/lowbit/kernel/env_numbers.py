@@ -4,6 +4,7 @@
 numeric ``LOWBIT_*`` variable is read through :func:`env_number`, whose error names the variable,
 the value it held, and the range it takes.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,15 @@ import os
 from lowbit.kernel.errors import ConfigError
 
 
-def env_number(name: str, default: float, *, whole: bool = False, minimum: float = 0.0,
-               above_minimum: bool = False, meaning: str = "") -> float:
+def env_number(
+    name: str,
+    default: float,
+    *,
+    whole: bool = False,
+    minimum: float = 0.0,
+    above_minimum: bool = False,
+    meaning: str = "",
+) -> float:
     """``name``'s value as a number (``whole``: an int), ``default`` when unset or empty.
 
     It must be at least ``minimum`` (more than it with ``above_minimum``); ``meaning`` says what it
@@ -27,9 +35,13 @@ def env_number(name: str, default: float, *, whole: bool = False, minimum: float
     try:
         value = int(raw) if whole else float(raw)
     except ValueError:
-        raise ConfigError(f"Environment variable {name}={raw!r} is not {kind}: it takes {wanted}; unset it for "
-                          f"the default, {default:g}.") from None
+        raise ConfigError(
+            f"Environment variable {name}={raw!r} is not {kind}: it takes {wanted}; unset it for "
+            f"the default, {default:g}."
+        ) from None
     if math.isnan(value) or value < minimum or (above_minimum and value == minimum):
-        raise ConfigError(f"Environment variable {name}={raw!r} is out of range: it takes {wanted}; unset it for "
-                          f"the default, {default:g}.")
+        raise ConfigError(
+            f"Environment variable {name}={raw!r} is out of range: it takes {wanted}; unset it for "
+            f"the default, {default:g}."
+        )
     return value

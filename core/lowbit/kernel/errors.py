@@ -2,6 +2,7 @@
 
 Every error is written for a person: what was wrong, what was expected, what to do.
 """
+
 from __future__ import annotations
 
 import difflib

@@ -1,6 +1,7 @@
 """The plugins lowbit publishes itself, by name: which distribution to install when one is asked
 for and absent (an installed plugin describes itself; an absent one cannot, so the kernel knows
 these four)."""
+
 from __future__ import annotations
 
 from lowbit.kernel.types import normalize_name
@@ -32,5 +33,7 @@ def first_party(name: str) -> str | None:
 
 def fp8_install_hint() -> str:
     """Where to get a low-precision backend when none is installed."""
-    return (f" Install one: {install_command('ao')} (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
-            f" {install_command('te')} (Transformer Engine; sm_89+ GPU) or {install_command('msamp')} (MS-AMP; sm_89+ GPU).")
+    return (
+        f" Install one: {install_command('ao')} (torchao; runs on CPU and any CUDA GPU, emulated below sm_89),"
+        f" {install_command('te')} (Transformer Engine; sm_89+ GPU) or {install_command('msamp')} (MS-AMP; sm_89+ GPU)."
+    )

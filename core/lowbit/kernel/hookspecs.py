@@ -12,6 +12,7 @@ implement falls back to the default stated in its docstring.
 
 Importing this module must never import torch or any backend library.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
@@ -127,7 +128,9 @@ def autocast_context(model: torch.nn.Module | None, context: PrepareContext) -> 
 
 
 @hookspec
-def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, context: PrepareContext) -> Callable[[], None] | None:
+def after_optimizer_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, context: PrepareContext
+) -> Callable[[], None] | None:
     """Give the per-step bookkeeping to run after each real (not skipped) optimizer step, as a
     function of no arguments.
 
@@ -140,7 +143,9 @@ def after_optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 @hookspec
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, norm_type: float, context: PrepareContext) -> torch.Tensor | None:
+def clip_grad_norm(
+    parameters: list[torch.Tensor], max_norm: float, norm_type: float, context: PrepareContext
+) -> torch.Tensor | None:
     """Clip gradients where torch's ``clip_grad_norm_`` cannot: gradients of a type it does not
     handle (MS-AMP's ScalingTensor), or held by a strategy that clips inside its own step
     (DeepSpeed's ZeRO partitions).
@@ -180,7 +185,9 @@ def enable_fp8_telemetry(model: torch.nn.Module, recorder: Any, context: Prepare
 
 
 @hookspec
-def export_state_dict(model: torch.nn.Module, state_dict: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
+def export_state_dict(
+    model: torch.nn.Module, state_dict: dict[str, Any], context: PrepareContext
+) -> dict[str, Any] | None:
     """Map a converted model's state dict back to the plain model's names and tensors.
 
     Called by: ``Accelerator.save_model``, on the chosen low-precision backend, after the strategy has
@@ -190,7 +197,9 @@ def export_state_dict(model: torch.nn.Module, state_dict: dict[str, Any], contex
 
 
 @hookspec
-def encode_checkpoint_state(kind: str, owner: Any, state: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
+def encode_checkpoint_state(
+    kind: str, owner: Any, state: dict[str, Any], context: PrepareContext
+) -> dict[str, Any] | None:
     """Make a state dict that ``save_state`` writes readable with ``torch.load(weights_only=True)``.
 
     Called by: ``Accelerator.save_state``, on the chosen low-precision backend, for each prepared model
@@ -202,7 +211,9 @@ def encode_checkpoint_state(kind: str, owner: Any, state: dict[str, Any], contex
 
 
 @hookspec
-def decode_checkpoint_state(kind: str, owner: Any, state: dict[str, Any], context: PrepareContext) -> dict[str, Any] | None:
+def decode_checkpoint_state(
+    kind: str, owner: Any, state: dict[str, Any], context: PrepareContext
+) -> dict[str, Any] | None:
     """Undo :func:`encode_checkpoint_state` before the state is loaded.
 
     Called by: ``Accelerator.load_state``, on the chosen low-precision backend, with what was read back,
@@ -222,7 +233,9 @@ def backend_checkpoint_state(model: torch.nn.Module, context: PrepareContext) ->
 
 
 @hookspec
-def load_backend_checkpoint_state(model: torch.nn.Module, state: dict[str, Any], context: PrepareContext) -> bool | None:
+def load_backend_checkpoint_state(
+    model: torch.nn.Module, state: dict[str, Any], context: PrepareContext
+) -> bool | None:
     """Restore what :func:`backend_checkpoint_state` returned.
 
     Called by: ``Accelerator.load_state``, on the chosen low-precision backend, on every process, after the
@@ -247,8 +260,9 @@ def wrap_for_distribution(
 
 
 @hookspec
-def backward(loss: torch.Tensor, model: torch.nn.Module | None, context: PrepareContext,
-             options: dict[str, Any]) -> bool | None:
+def backward(
+    loss: torch.Tensor, model: torch.nn.Module | None, context: PrepareContext, options: dict[str, Any]
+) -> bool | None:
     """Run the backward pass when the strategy owns it (DeepSpeed's ``engine.backward``).
 
     Called by: ``Accelerator.backward``, on the chosen strategy. ``loss`` is not divided by the
@@ -322,4 +336,3 @@ def register_trackers() -> dict[str, type] | None:
     (``__init__(run_name, logging_dir, **init_kwargs)``, ``store_init_configuration``, ``log``,
     ``finish``); import the tracker's library inside the class, not at module level.
     """
-

@@ -1,12 +1,13 @@
 """The plugin system. This module builds the plugin manager: built-ins first, then entry points,
 each loaded in isolation. Beside it: :mod:`lowbit.kernel.registry` (ranking and choosing backends
 and strategies, with the reasons); elsewhere :mod:`lowbit.runtime.routing` (the chosen plugins, one
-typed method per routed hook) and :mod:`lowbit.cli.scaffold` (``lowbit new-backend``). The contract itself is :mod:`lowbit.kernel.hookspecs`; the data hooks exchange,
-:mod:`lowbit.kernel.types`.
+typed method per routed hook) and :mod:`lowbit.cli.scaffold` (``lowbit new-backend``). The
+contract itself is :mod:`lowbit.kernel.hookspecs`; the data hooks exchange, :mod:`lowbit.kernel.types`.
 
 Discovery is cheap by contract: loading an entry point imports only the plugin's small entry
 module, never torch's heavy backends (transformer_engine, msamp, deepspeed, torchao).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -84,14 +85,19 @@ class LowbitPluginManager(pluggy.PluginManager):
             try:
                 result = impl.function(cpu)
             except Exception as exc:  # noqa: BLE001 - isolation is the point
-                self.record_broken(impl.plugin_name, origin.distribution, f"detect_hardware raised {type(exc).__name__}: {exc}")
+                self.record_broken(
+                    impl.plugin_name, origin.distribution, f"detect_hardware raised {type(exc).__name__}: {exc}"
+                )
                 continue
             if result is None:
                 continue
             if isinstance(result, HardwareInfo):
                 return result
-            self.record_broken(impl.plugin_name, origin.distribution,
-                               f"detect_hardware returned {_short_repr(result)}: expected a lowbit.kernel.types.HardwareInfo or None")
+            self.record_broken(
+                impl.plugin_name,
+                origin.distribution,
+                f"detect_hardware returned {_short_repr(result)}: expected a lowbit.kernel.types.HardwareInfo or None",
+            )
         raise PluginError("No hardware detector answered (the built-in one was unregistered?).")
 
     def call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[object, Any]]:
@@ -115,7 +121,9 @@ class LowbitPluginManager(pluggy.PluginManager):
                 continue
             problem = check(result) if check is not None else ""
             if problem:
-                self.record_broken(impl.plugin_name, origin.distribution, f"{hook_name} returned {_short_repr(result)}: {problem}")
+                self.record_broken(
+                    impl.plugin_name, origin.distribution, f"{hook_name} returned {_short_repr(result)}: {problem}"
+                )
                 continue
             if result is not None:
                 results.append((impl.plugin, result))
@@ -151,8 +159,9 @@ def _expects_none(result: Any) -> str:
 def _expects_tracker_classes(result: Any) -> str:
     if result is None:
         return ""
-    if not isinstance(result, dict) or not all(isinstance(k, str) and isinstance(v, type) and issubclass(v, GeneralTracker)
-                                               for k, v in result.items()):
+    if not isinstance(result, dict) or not all(
+        isinstance(k, str) and isinstance(v, type) and issubclass(v, GeneralTracker) for k, v in result.items()
+    ):
         return "expected a dict of tracker names to GeneralTracker subclasses (lowbit.tracking.GeneralTracker), or None"
     return ""
 
@@ -213,8 +222,11 @@ def build_plugin_manager(
                 manager.register(plugin, name=ep.name)
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken plugin breaks nothing else
                 # sys.exit() in a plugin's import would end the user's program; Ctrl-C still stops it.
-                manager.record_broken(ep.name, dist, exc if not isinstance(exc, SystemExit)
-                                      else f"called sys.exit({exc.code!r}) while being imported")
+                manager.record_broken(
+                    ep.name,
+                    dist,
+                    exc if not isinstance(exc, SystemExit) else f"called sys.exit({exc.code!r}) while being imported",
+                )
                 continue
             manager.origins[ep.name] = PluginOrigin(dist, version, time.perf_counter() - started)
     _check_pending_per_plugin(manager)
@@ -231,13 +243,12 @@ def _check_pending_per_plugin(manager: LowbitPluginManager) -> None:
     known = {name for name, caller in vars(manager.hook).items() if caller.has_spec()}
     for name, plugin in list(manager.list_name_plugin()):
         unknown = [
-            attr
-            for attr in dir(plugin)
-            if manager.parse_hookimpl_opts(plugin, attr) is not None and attr not in known
+            attr for attr in dir(plugin) if manager.parse_hookimpl_opts(plugin, attr) is not None and attr not in known
         ]
         if unknown:
             manager.unregister(plugin)
             manager.record_broken(
-                name, manager.origins.get(name, PluginOrigin("", "")).distribution,
+                name,
+                manager.origins.get(name, PluginOrigin("", "")).distribution,
                 f"implements unknown hook(s) {', '.join(unknown)}; see lowbit/kernel/hookspecs.py for the valid names",
             )

@@ -7,6 +7,7 @@ Each is still a real ``warnings`` category, so users filter them as usual
 ``filterwarnings``); only their printed form is lowbit's. Plugins use :func:`note` and
 :func:`warn` too, and may subclass the two categories (``EmulationNotice(LowbitNote)``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,7 +62,9 @@ def note(message: str, category: type[LowbitNote] = LowbitNote, stacklevel: int 
     _say(message, category, stacklevel, every_rank)
 
 
-def warn(message: str, category: type[LowbitWarning] = LowbitWarning, stacklevel: int = 1, every_rank: bool = False) -> None:
+def warn(
+    message: str, category: type[LowbitWarning] = LowbitWarning, stacklevel: int = 1, every_rank: bool = False
+) -> None:
     """``lowbit: warning: <message>`` once, on the main rank (``every_rank``: on each rank that meets it)."""
     _say(message, category, stacklevel, every_rank)
 

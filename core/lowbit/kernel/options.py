@@ -3,6 +3,7 @@
 One spec per option gives its type, default, valid choices and env var, so the config file,
 the environment, the launcher and the recipe-kwargs classes all check values the same way.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,7 +39,8 @@ class OptionSpec:
             parsed = _convert(self.type, value)
         except (TypeError, ValueError) as exc:
             raise ConfigError(
-                f"Option {self.name!r}{at} expects {_type_name(self.type)}, got {value!r} ({type(value).__name__}). {exc}".rstrip()
+                f"Option {self.name!r}{at} expects {_type_name(self.type)}, got {value!r} "
+                f"({type(value).__name__}). {exc}".rstrip()
             ) from None
         if self.normalize is not None:
             try:
@@ -57,10 +59,12 @@ class OptionSpec:
 
 def at_least(minimum: int) -> Callable[[Any], Any]:
     """A ``normalize`` for a number option that must be ``minimum`` or more."""
+
     def check(value: Any) -> Any:
         if value is not None and value < minimum:
             raise ValueError(f"must be at least {minimum}, got {value}.")
         return value
+
     return check
 
 

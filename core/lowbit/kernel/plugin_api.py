@@ -5,21 +5,41 @@ the recipe-options vocabulary, version checks, and the helpers backends share (t
 FP8 GEMMs, cast statistics, the CPU's bf16 support), each loaded on first use so that discovering
 a plugin stays free of torch. A plugin needs nothing else of lowbit (``tests/test_layers.py``).
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
 from lowbit.kernel.errors import (  # noqa: F401
-    BackendUnavailableError, ConfigError, PluginError, UnsupportedCombinationError, did_you_mean)
+    BackendUnavailableError,
+    ConfigError,
+    PluginError,
+    UnsupportedCombinationError,
+    did_you_mean,
+)
 from lowbit.kernel.hookspecs import hookimpl  # noqa: F401
 from lowbit.kernel.notices import LowbitNote, note  # noqa: F401
 from lowbit.kernel.options import at_least  # noqa: F401
 from lowbit.kernel.recipes import (  # noqa: F401
-    FP4RecipeOptions, RecipeKwargs, fp4_layers_kept_bf16, recipe_launch_hooks, recipe_name_option, recipe_option)
+    FP4RecipeOptions,
+    RecipeKwargs,
+    fp4_layers_kept_bf16,
+    recipe_launch_hooks,
+    recipe_name_option,
+    recipe_option,
+)
 from lowbit.kernel.types import (  # noqa: F401
-    BackendDescription, ConversionReport, ConvertedModel, HardwareInfo, PrepareContext, RecipeCost, StrategyDescription,
-    StrategyIntegration, StrategyMemory)
+    BackendDescription,
+    ConversionReport,
+    ConvertedModel,
+    HardwareInfo,
+    PrepareContext,
+    RecipeCost,
+    StrategyDescription,
+    StrategyIntegration,
+    StrategyMemory,
+)
 from lowbit.kernel.version import installed_version, older_than  # noqa: F401
 
 # Helpers that need torch -> their kernel module, imported when a plugin first asks for one.

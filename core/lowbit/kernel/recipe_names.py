@@ -10,6 +10,7 @@ kernels in torch (``aten/src/ATen/native/cuda/RowwiseScaledMMSM89.cu``); TE's bl
 needs sm_90 and CUDA 12.9 (TE 2.20.2 ``pytorch/quantization.py``, ``_compute_fp8_block_scaling_support``);
 MXFP8 and NVFP4 GEMMs exist on Blackwell (sm_100) only.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -25,12 +26,28 @@ STANDARD_RECIPES: dict[str, RecipeInfo] = {
         RecipeInfo("rowwise_with_gw_hp", "fp8", "rowwise, with the weight-gradient GEMM in high precision"),
         RecipeInfo("delayed", "fp8", "E4M3/E5M2 values, per-tensor scales from an amax history (delayed scaling)"),
         RecipeInfo("current", "fp8", "E4M3/E5M2 values, per-tensor scales from the current amax"),
-        RecipeInfo("block", "fp8", "E4M3 values, fp32 scales per 1x128 (activations, gradients) and 128x128 (weights) block",
-                   block=128, min_capability=(9, 0), min_cuda=(12, 9)),
-        RecipeInfo("mxfp8", "fp8", "E4M3 values, one power-of-two (E8M0) scale per 32 elements (OCP MX)",
-                   block=32, min_capability=MXFP8_MIN_CAPABILITY),
-        RecipeInfo("nvfp4", "fp4", "E2M1 values, one E4M3 scale per 16 elements and an fp32 scale per tensor",
-                   block=16, min_capability=MXFP8_MIN_CAPABILITY),
+        RecipeInfo(
+            "block",
+            "fp8",
+            "E4M3 values, fp32 scales per 1x128 (activations, gradients) and 128x128 (weights) block",
+            block=128,
+            min_capability=(9, 0),
+            min_cuda=(12, 9),
+        ),
+        RecipeInfo(
+            "mxfp8",
+            "fp8",
+            "E4M3 values, one power-of-two (E8M0) scale per 32 elements (OCP MX)",
+            block=32,
+            min_capability=MXFP8_MIN_CAPABILITY,
+        ),
+        RecipeInfo(
+            "nvfp4",
+            "fp4",
+            "E2M1 values, one E4M3 scale per 16 elements and an fp32 scale per tensor",
+            block=16,
+            min_capability=MXFP8_MIN_CAPABILITY,
+        ),
     )
 }
 
@@ -78,8 +95,10 @@ def canonical_recipe(value: str, where: str = "recipe", declared: Iterable[Recip
     name = by_key.get(wanted) or RECIPE_SYNONYMS.get(wanted)
     if name in known:
         return name
-    raise ConfigError(f"{where}: unknown recipe {value!r}.{did_you_mean(str(value), known)} "
-                      f"Recipes: {', '.join(known)} (`lowbit plugins` shows which backend offers which).")
+    raise ConfigError(
+        f"{where}: unknown recipe {value!r}.{did_you_mean(str(value), known)} "
+        f"Recipes: {', '.join(known)} (`lowbit plugins` shows which backend offers which)."
+    )
 
 
 def recipe_status(description: BackendDescription, name: str, hardware) -> str:
@@ -113,8 +132,10 @@ def short_status(description: BackendDescription, name: str, hardware) -> str:
 
 def recipe_rows(description: BackendDescription, hardware) -> list[dict[str, str]]:
     """A backend's recipes with their precision and how ``hardware`` runs each (``lowbit plugins``/``env``)."""
-    return [{"recipe": name, "precision": info.precision, "here": short_status(description, name, hardware)}
-            for name, info in declared_recipes(description).items()]
+    return [
+        {"recipe": name, "precision": info.precision, "here": short_status(description, name, hardware)}
+        for name, info in declared_recipes(description).items()
+    ]
 
 
 def describe_recipes(rows: list[dict[str, str]]) -> str:

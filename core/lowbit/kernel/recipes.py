@@ -5,6 +5,7 @@ every field made by :func:`recipe_option`. Fields left as None are filled, in or
 ``LOWBIT_FP8_*`` environment variables (on construction), then from the config file's
 ``fp8_config`` section, then from the option's default. So an explicit argument always wins.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,13 @@ def fp8_env_var(key: str) -> str:
 
 
 def recipe_option(
-    default: Any = None, *, type: Any = str, choices: tuple[str, ...] | None = None, help: str = "",
-    code_only: bool = False, normalize: Any = None,
+    default: Any = None,
+    *,
+    type: Any = str,
+    choices: tuple[str, ...] | None = None,
+    help: str = "",
+    code_only: bool = False,
+    normalize: Any = None,
 ) -> Any:
     """A recipe field: None until filled, with its real default and type kept in metadata.
 
@@ -36,7 +42,11 @@ def recipe_option(
     it may raise ConfigError with a more helpful message than "unknown value"."""
     return dataclasses.field(
         default=None,
-        metadata={"lowbit": dict(type=type, default=default, choices=choices, help=help, code_only=code_only, normalize=normalize)},
+        metadata={
+            "lowbit": dict(
+                type=type, default=default, choices=choices, help=help, code_only=code_only, normalize=normalize
+            )
+        },
     )
 
 
@@ -48,8 +58,11 @@ def recipe_name_option(default: str | None, help: str = "", own: tuple[Any, ...]
     backends that do. ``default`` is the backend's fp8 default; fp4 takes its first fp4 recipe."""
     from lowbit.kernel.recipe_names import canonical_recipe
 
-    return recipe_option(default, help=help or "recipe: format and scaling (`lowbit plugins` lists each backend's)",
-                         normalize=lambda value: canonical_recipe(value, declared=own))
+    return recipe_option(
+        default,
+        help=help or "recipe: format and scaling (`lowbit plugins` lists each backend's)",
+        normalize=lambda value: canonical_recipe(value, declared=own),
+    )
 
 
 @dataclasses.dataclass
@@ -115,7 +128,9 @@ class FP8RecipeKwargs:
         for alias, real in OPTION_SYNONYMS.items():
             if alias in options:
                 if real in options:
-                    raise ConfigError(f"FP8RecipeKwargs got both {alias!r} and {real!r}; they are the same option, give one.")
+                    raise ConfigError(
+                        f"FP8RecipeKwargs got both {alias!r} and {real!r}; they are the same option, give one."
+                    )
                 options[real] = options.pop(alias)
         self.backend = backend if backend is not None else (os.environ.get(fp8_env_var("backend")) or None)
         self.options = options
@@ -171,7 +186,9 @@ def add_recipe_flags(parser: Any, recipe_class: type[RecipeKwargs], title: str) 
         flag = recipe_flag(name)
         if spec.code_only or flag in parser._option_string_actions:
             continue
-        metavar = "{" + ",".join(spec.choices) + "}" if spec.choices else getattr(spec.type, "__name__", "VALUE").upper()
+        metavar = (
+            "{" + ",".join(spec.choices) + "}" if spec.choices else getattr(spec.type, "__name__", "VALUE").upper()
+        )
         extra = {"nargs": "?", "const": "true"} if spec.type is bool else {}
         group.add_argument(flag, dest=flag[2:], default=None, metavar=metavar, help=spec.help, **extra)
 
@@ -189,7 +206,7 @@ def recipe_env_from_args(args: Any, recipe_class: type[RecipeKwargs]) -> dict[st
 def recipe_launch_hooks(recipe_class: type[RecipeKwargs], title: str) -> tuple[Any, Any]:
     """A backend's two launcher hookimpls when its flags are exactly its recipe options:
 
-        add_launch_arguments, launch_environment = recipe_launch_hooks(AORecipeKwargs, "fp8 backend ao")
+    add_launch_arguments, launch_environment = recipe_launch_hooks(AORecipeKwargs, "fp8 backend ao")
     """
     from lowbit.kernel.hookspecs import hookimpl
 
@@ -219,11 +236,20 @@ class FP4RecipeOptions:
     weight-gradient GEMM, and the last layers of the network kept in bf16."""
 
     fp4_last_layers_bf16: float | None = recipe_option(
-        0.15, type=float, normalize=_fraction, help="fraction of the Linear layers, counted from the model's end, kept in bf16 under fp4")
+        0.15,
+        type=float,
+        normalize=_fraction,
+        help="fraction of the Linear layers, counted from the model's end, kept in bf16 under fp4",
+    )
     nvfp4_random_hadamard: bool | None = recipe_option(
-        True, type=bool, help="random Hadamard transform (16x16) of the weight-gradient GEMM's operands")
-    nvfp4_stochastic_rounding: bool | None = recipe_option(True, type=bool, help="round gradients stochastically to FP4")
-    nvfp4_2d_weight_scaling: bool | None = recipe_option(True, type=bool, help="one scale per 16x16 weight block (else 1x16)")
+        True, type=bool, help="random Hadamard transform (16x16) of the weight-gradient GEMM's operands"
+    )
+    nvfp4_stochastic_rounding: bool | None = recipe_option(
+        True, type=bool, help="round gradients stochastically to FP4"
+    )
+    nvfp4_2d_weight_scaling: bool | None = recipe_option(
+        True, type=bool, help="one scale per 16x16 weight block (else 1x16)"
+    )
 
 
 def fp4_layers_kept_bf16(names: list[str], fraction: float) -> dict[str, str]:
@@ -231,4 +257,4 @@ def fp4_layers_kept_bf16(names: list[str], fraction: float) -> dict[str, str]:
     bf16 under fp4. ``fraction`` is checked (0 to 1) where the option is parsed."""
     count = math.ceil(round(len(names) * fraction, 6))  # round: 20 * 0.15 is 3.0000000000000004
     reason = f"in the last {fraction:.0%} of Linears, kept in bf16 (fp4_last_layers_bf16)"
-    return dict.fromkeys(names[len(names) - count:] if count else [], reason)
+    return dict.fromkeys(names[len(names) - count :] if count else [], reason)

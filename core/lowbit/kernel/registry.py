@@ -4,15 +4,23 @@ Ranking is explicit: higher ``priority`` wins, ties break by name, so the result
 on install order. A user's explicit choice always wins, and choosing a backend that is missing
 or unusable is an error that says what was detected and what to install.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 
-from lowbit.kernel.first_party import FIRST_PARTY, first_party, fp8_install_hint, install_command
 from lowbit.kernel.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
+from lowbit.kernel.first_party import FIRST_PARTY, first_party, fp8_install_hint, install_command
 from lowbit.kernel.manager import BrokenPlugin, LowbitPluginManager
-from lowbit.kernel.types import NATIVE_PRECISIONS, ROLES, BackendDescription, HardwareInfo, PluginDescription, normalize_name
+from lowbit.kernel.types import (
+    NATIVE_PRECISIONS,
+    ROLES,
+    BackendDescription,
+    HardwareInfo,
+    PluginDescription,
+    normalize_name,
+)
 
 
 @dataclass
@@ -29,8 +37,9 @@ class Candidate:
         return wanted in {normalize_name(n) for n in (self.name, *self.description.aliases)}
 
 
-class BackendRegistry:
-    """Every backend the installed plugins describe, for one hardware, with broken ones set aside."""
+class PluginRegistry:
+    """Every plugin the installed distributions describe (backends and strategies), for one hardware,
+    with broken ones set aside."""
 
     def __init__(self, manager: LowbitPluginManager, hardware: HardwareInfo) -> None:
         self.manager = manager
@@ -42,7 +51,9 @@ class BackendRegistry:
             origin = manager.origin(plugin)
             problem = _contract_problem(description)
             if problem:
-                manager.record_broken(manager.get_name(plugin) or "?", origin.distribution, f"describe_backend: {problem}")
+                manager.record_broken(
+                    manager.get_name(plugin) or "?", origin.distribution, f"describe_backend: {problem}"
+                )
                 continue
             description.distribution = description.distribution or origin.distribution
             description.version = description.version or origin.version
@@ -63,8 +74,10 @@ class BackendRegistry:
             built_in = [c for c in same if self.manager.get_name(c.plugin) in self.manager.builtin_names]
             label = same[0].description.LABEL
             if built_in:
-                message = (f"its {label} is named {same[0].name!r}, as lowbit's built-in one, which keeps the name; "
-                           "rename the plugin's")
+                message = (
+                    f"its {label} is named {same[0].name!r}, as lowbit's built-in one, which keeps the name; "
+                    "rename the plugin's"
+                )
                 clashing = [c for c in same if c not in built_in]
             else:
                 dists = " and ".join(sorted(c.description.distribution or "?" for c in same))
@@ -72,11 +85,13 @@ class BackendRegistry:
                 self.conflicts[key] = message
                 clashing = same
             for cand in clashing:
-                self.manager.record_broken(self.manager.get_name(cand.plugin) or cand.name, cand.description.distribution, message)
+                self.manager.record_broken(
+                    self.manager.get_name(cand.plugin) or cand.name, cand.description.distribution, message
+                )
                 self.candidates.remove(cand)
 
     @classmethod
-    def for_names(cls, manager: LowbitPluginManager) -> "BackendRegistry":
+    def for_names(cls, manager: LowbitPluginManager) -> "PluginRegistry":
         """The installed plugins' descriptions, for the names they answer to (precisions,
         distributed types, sections, launch switches), without detecting hardware or importing
         torch: availability in it means nothing."""
@@ -91,8 +106,9 @@ class BackendRegistry:
                 continue
             reason = cand.description.unusable_under.get(strategy)
             if cand.description.available and reason:
-                cand.description = dataclasses.replace(cand.description, available=False,
-                                                       reason=f"not under the {strategy} strategy: {reason}")
+                cand.description = dataclasses.replace(
+                    cand.description, available=False, reason=f"not under the {strategy} strategy: {reason}"
+                )
 
     def launch_switches(self) -> dict[str, str]:
         """``lowbit launch --<flag>`` switches the strategies declare -> the strategy's name."""
@@ -116,7 +132,8 @@ class BackendRegistry:
         wanted = normalize_name(distributed_type)
         ranked = self.ranked("strategy")
         return self.find("strategy", distributed_type) or next(
-            (c for c in ranked if wanted in {normalize_name(t) for t in c.description.distributed_types}), None)
+            (c for c in ranked if wanted in {normalize_name(t) for t in c.description.distributed_types}), None
+        )
 
     def distributed_type_names(self) -> list[str]:
         """Every distributed_type value some installed strategy answers to."""
@@ -133,8 +150,9 @@ class BackendRegistry:
 
     def config_sections(self) -> list[str]:
         """The YAML sections the installed strategies read (``fsdp_config``, ...)."""
-        return list(dict.fromkeys(c.description.config_section for c in self.ranked("strategy")
-                                  if c.description.config_section))
+        return list(
+            dict.fromkeys(c.description.config_section for c in self.ranked("strategy") if c.description.config_section)
+        )
 
 
 def _contract_problem(description: PluginDescription) -> str:
@@ -150,15 +168,19 @@ def _contract_problem(description: PluginDescription) -> str:
 
 
 def _backend_problem(description: BackendDescription) -> str:
-    if not isinstance(description.precisions, tuple) or not all(isinstance(p, str) and p for p in description.precisions):
+    if not isinstance(description.precisions, tuple) or not all(
+        isinstance(p, str) and p for p in description.precisions
+    ):
         return f"precisions must be a tuple of names, got {description.precisions!r}"
     if not isinstance(description.unusable_under, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and v for k, v in description.unusable_under.items()):
+        isinstance(k, str) and isinstance(v, str) and v for k, v in description.unusable_under.items()
+    ):
         return f"unusable_under must map strategy names to reasons, got {description.unusable_under!r}"
     if not description.precisions:
         return "precisions may not be empty: name the mixed_precision values it trains in"
     if set(description.precisions) & NATIVE_PRECISIONS:
-        return f"precisions may not claim the native ones ({', '.join(sorted(NATIVE_PRECISIONS))}), got {description.precisions!r}"
+        native = ", ".join(sorted(NATIVE_PRECISIONS))
+        return f"precisions may not claim the native ones ({native}), got {description.precisions!r}"
     return ""
 
 
@@ -211,17 +233,20 @@ class Selection:
 def _installed_summary(ranked: list[Candidate]) -> str:
     if not ranked:
         return "none"
-    return "; ".join(
-        f"{c.name} ({'available' if c.description.available else c.description.reason})" for c in ranked
-    )
+    return "; ".join(f"{c.name} ({'available' if c.description.available else c.description.reason})" for c in ranked)
 
 
 def _install_hint(role: str) -> str:
     return fp8_install_hint() if role == "backend" else ""
 
 
-def choose_backend(registry: BackendRegistry, role: str, requested: str | None = None, source: str = "ranking",
-                   precision: str | None = None) -> Selection:
+def choose_plugin(
+    registry: PluginRegistry,
+    role: str,
+    requested: str | None = None,
+    source: str = "ranking",
+    precision: str | None = None,
+) -> Selection:
     """Pick the plugin of ``role``: the requested one, or the best available one; for a
     low-precision ``precision`` ("fp8", "fp4", ...), among the backends that serve it.
 
@@ -234,7 +259,8 @@ def choose_backend(registry: BackendRegistry, role: str, requested: str | None =
         other = registry.find(role, requested)
         raise BackendUnavailableError(
             f"{label} {other.name!r} (from {source}) does not train in {precision!r}; it offers "
-            f"{', '.join(other.description.precisions)}. Backends for {precision!r}: {_installed_summary(ranked)}.")
+            f"{', '.join(other.description.precisions)}. Backends for {precision!r}: {_installed_summary(ranked)}."
+        )
     hardware = registry.hardware
     clash = registry.conflicts.get((role, normalize_name(requested or "")))
     if clash:
@@ -271,7 +297,8 @@ def choose_backend(registry: BackendRegistry, role: str, requested: str | None =
         if clashes:  # installed twice over: installing more would not help
             raise BackendUnavailableError(
                 f"No usable {label}: " + "; ".join(clashes) + f". Detected hardware: "
-                f"{hardware.describe()}. Other installed {label}s: {_installed_summary(ranked)}.")
+                f"{hardware.describe()}. Other installed {label}s: {_installed_summary(ranked)}."
+            )
         raise BackendUnavailableError(
             f"No usable {label}. Detected hardware: {hardware.describe()}. "
             f"Installed {label}s: {_installed_summary(ranked)}.{_install_hint(role)}"

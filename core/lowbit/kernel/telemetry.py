@@ -4,6 +4,7 @@ the fraction of values that saturate (beyond the format's max) or flush to zero.
 Backends decide which tensors are cast and with which scale (their hook
 ``enable_fp8_telemetry``); the arithmetic and the warning live here, once, for all of them.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,13 @@ def cast_stats(x: "torch.Tensor", fp8_dtype: "torch.dtype", scale: "torch.Tensor
     return PendingStats(torch.stack([x.abs().max(), scale.float().min(), saturated, flushed]))
 
 
-def block_cast_stats(x: "torch.Tensor", block: int, wanted_scale: "Callable[[torch.Tensor], torch.Tensor]",
-                     smallest: float, largest: float) -> "PendingStats":
+def block_cast_stats(
+    x: "torch.Tensor",
+    block: int,
+    wanted_scale: "Callable[[torch.Tensor], torch.Tensor]",
+    smallest: float,
+    largest: float,
+) -> "PendingStats":
     """What a block-scaled cast does to ``x`` (blocks of ``block`` along its last dim), computed on
     ``x``'s device and read later.
 
@@ -83,11 +89,19 @@ def block_cast_stats(x: "torch.Tensor", block: int, wanted_scale: "Callable[[tor
     count = max(block_amax.numel(), 1)
     nonzero = (blocks != 0).float()
     smallest_used = torch.where(block_amax > 0, wanted, torch.full_like(wanted, float("inf"))).min()
-    return PendingStats(torch.stack([
-        x.abs().max(), torch.where(torch.isfinite(smallest_used), smallest_used, torch.zeros_like(smallest_used)),
-        saturated_blocks.float().sum() * block / max(x.numel(), 1),
-        (nonzero * underflow_blocks.unsqueeze(-1)).sum() / max(x.numel(), 1),
-        saturated_blocks.float().sum() / count, underflow_blocks.float().sum() / count]), blocks=True)
+    return PendingStats(
+        torch.stack(
+            [
+                x.abs().max(),
+                torch.where(torch.isfinite(smallest_used), smallest_used, torch.zeros_like(smallest_used)),
+                saturated_blocks.float().sum() * block / max(x.numel(), 1),
+                (nonzero * underflow_blocks.unsqueeze(-1)).sum() / max(x.numel(), 1),
+                saturated_blocks.float().sum() / count,
+                underflow_blocks.float().sum() / count,
+            ]
+        ),
+        blocks=True,
+    )
 
 
 @dataclass
@@ -147,7 +161,7 @@ class TelemetryRecorder:
         at = 0
         for layer, role, stats in pending:
             width = stats.figures.numel()
-            self._keep(layer, role, stats.read(flat[at:at + width]))
+            self._keep(layer, role, stats.read(flat[at : at + width]))
             at += width
 
     def _keep(self, layer: str, role: str, stats: TensorStats) -> None:
@@ -156,19 +170,26 @@ class TelemetryRecorder:
             entry.step, entry.tensors = self.step, {}
         entry.tensors[role] = stats
         if not math.isfinite(stats.amax):
-            warn(f"FP8 telemetry: {layer}'s {role} holds NaN or inf at step {self.step} (amax {stats.amax}); "
-                 "the casts of this tensor are meaningless. See docs/troubleshooting.md, 'loss diverges under fp8'.",
-                 SaturationWarning)
+            warn(
+                f"FP8 telemetry: {layer}'s {role} holds NaN or inf at step {self.step} (amax {stats.amax}); "
+                "the casts of this tensor are meaningless. See docs/troubleshooting.md, 'loss diverges under fp8'.",
+                SaturationWarning,
+            )
         elif stats.saturated > self.saturation_warning:
-            warn(f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the format's range at step {self.step} "
-                 f"(threshold {self.saturation_warning:.2%}). See docs/troubleshooting.md, 'loss diverges under fp8'.",
-                 SaturationWarning)
+            warn(
+                f"FP8 saturation: {stats.saturated:.2%} of {layer}'s {role} exceeds the format's range "
+                f"at step {self.step} "
+                f"(threshold {self.saturation_warning:.2%}). See docs/troubleshooting.md, 'loss diverges under fp8'.",
+                SaturationWarning,
+            )
         if math.isfinite(stats.amax) and stats.flushed > self.underflow_warning:
-            warn(f"FP8 underflow: {stats.flushed:.2%} of {layer}'s {role} flushes to zero at step {self.step} "
-                 f"(threshold {self.underflow_warning:.2%}): its values span more than the format's range below "
-                 f"amax {stats.amax:.3g}. Keep the layer in high precision (module_filter_func) or use a recipe with "
-                 "finer scales (rowwise, mxfp8). See docs/troubleshooting.md, 'loss diverges under fp8'.",
-                 UnderflowWarning)
+            warn(
+                f"FP8 underflow: {stats.flushed:.2%} of {layer}'s {role} flushes to zero at step {self.step} "
+                f"(threshold {self.underflow_warning:.2%}): its values span more than the format's range below "
+                f"amax {stats.amax:.3g}. Keep the layer in high precision (module_filter_func) or use a recipe with "
+                "finer scales (rowwise, mxfp8). See docs/troubleshooting.md, 'loss diverges under fp8'.",
+                UnderflowWarning,
+            )
 
     def next_step(self) -> None:
         self.read_pending()
@@ -186,12 +207,17 @@ class FP8StatsTable(list):
 
     def __str__(self) -> str:
         blocks = any(s.blocks_saturated is not None for layer in self for s in layer.tensors.values())
-        header = f"{'layer':<24} {'tensor':<12} {'step':>5} {'amax':>10} {'scale':>10} {'saturated':>10} {'flushed':>10}"
+        header = (
+            f"{'layer':<24} {'tensor':<12} {'step':>5} {'amax':>10} {'scale':>10} {'saturated':>10} {'flushed':>10}"
+        )
         header += f" {'blk sat':>8} {'blk under':>9}" if blocks else ""
         lines = [header, "-" * len(header)]
         for layer in self:
             for role, s in layer.tensors.items():
-                line = f"{layer.layer:<24} {role:<12} {layer.step:>5} {s.amax:>10.4g} {s.scale:>10.4g} {s.saturated:>10.2%} {s.flushed:>10.2%}"
+                line = (
+                    f"{layer.layer:<24} {role:<12} {layer.step:>5} {s.amax:>10.4g} {s.scale:>10.4g} "
+                    f"{s.saturated:>10.2%} {s.flushed:>10.2%}"
+                )
                 if s.blocks_saturated is not None:
                     line += f" {s.blocks_saturated:>8.2%} {s.blocks_underflow:>9.2%}"
                 lines.append(line)

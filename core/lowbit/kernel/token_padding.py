@@ -6,6 +6,7 @@ scale, and its output row is dropped after the layer, so the results are those o
 batch. Used by lowbit-te (TE refuses odd counts) and lowbit-ao's block formats (MXFP8 and NVFP4
 scale the tokens in blocks of 32 and 16 in the weight-gradient GEMM).
 """
+
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 """What a tracker is: the base class every tracker derives from, the built-in ones
 (:mod:`lowbit.runtime.observe.tracking`) and those a plugin offers through ``register_trackers``.
 Accelerate's path for it is ``lowbit.tracking.GeneralTracker``."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """The plain data that hooks exchange. Importing this module never imports torch."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -172,8 +173,6 @@ class BackendDescription(PluginDescription):
     recipe_costs: dict[str, "RecipeCost"] = field(default_factory=dict)
 
 
-
-
 @dataclass(frozen=True)
 class StrategyMemory:
     """How a strategy spreads one process's training memory, for ``lowbit estimate-memory``:
@@ -235,7 +234,8 @@ class StrategyDescription(PluginDescription):
 
 # The roles a plugin takes, by the name lowbit gives each (``lowbit plugins``, errors).
 ROLES: dict[str, type[PluginDescription]] = {
-    record.ROLE: record for record in (BackendDescription, StrategyDescription)}
+    record.ROLE: record for record in (BackendDescription, StrategyDescription)
+}
 
 
 @dataclass

@@ -1,12 +1,12 @@
 """Versions: lowbit's own (its installed distribution's; pyproject.toml says it once), and how any
 installed distribution's version is read and compared, for every plugin alike (``packaging``'s
 rules: "2.10" is newer than "2.9", "0.13.0+cu126" is 0.13.0)."""
+
 from __future__ import annotations
 
 import importlib.metadata
 
 from packaging.version import InvalidVersion, Version
-
 
 # The torch versions lowbit's CI runs its tests under (.ci/run's lanes; the oldest is every
 # distribution's floor in its pyproject.toml): the CPU build of the newest, and the version the

@@ -6,12 +6,13 @@ templates) or from the ``ACCELERATE_*`` / ``FSDP_*`` variables that ``accelerate
 Keys that only tune what lowbit does its own way are accepted and named once in a note; a key
 that asks for something lowbit cannot do is an error, never a silent downgrade.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from lowbit.kernel.notices import note
 from lowbit.kernel.errors import ConfigError
+from lowbit.kernel.notices import note
 from lowbit.kernel.types import normalize_name
 
 ACCELERATE_TRUE = frozenset({"y", "yes", "t", "true", "on", "1"})
@@ -21,18 +22,42 @@ ACCELERATE_FALSE = frozenset({"n", "no", "f", "false", "off", "0"})
 # Top-level keys of Accelerate's config files with no meaning in lowbit (cloud, TPU, launcher
 # details of other back ends).
 IGNORED_TOP_LEVEL = frozenset(
-    {"compute_environment", "main_training_function", "downcast_bf16", "rdzv_backend", "same_network",
-     "enable_cpu_affinity", "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "tpu_name", "tpu_zone",
-     "tpu_vm", "command_file", "commands", "use_mps_device", "ipex_config", "mpirun_config", "megatron_lm_config"}
+    {
+        "compute_environment",
+        "main_training_function",
+        "downcast_bf16",
+        "rdzv_backend",
+        "same_network",
+        "enable_cpu_affinity",
+        "tpu_env",
+        "tpu_use_cluster",
+        "tpu_use_sudo",
+        "tpu_name",
+        "tpu_zone",
+        "tpu_vm",
+        "command_file",
+        "commands",
+        "use_mps_device",
+        "ipex_config",
+        "mpirun_config",
+        "megatron_lm_config",
+    }
 )
 # Accelerate's parallelism_config section spells each key with this prefix (parallelism_config_tp_size),
 # and its launcher exports each as PARALLELISM_CONFIG_<KEY> with ACCELERATE_USE_PARALLELISM_CONFIG=true.
 PARALLELISM_PREFIX = "parallelism_config_"
 PARALLELISM_ENV_PREFIX = PARALLELISM_PREFIX.upper()
 UNSUPPORTED_DISTRIBUTED_TYPES = {
-    "MULTI_XPU": "Intel XPUs", "MULTI_NPU": "Ascend NPUs", "MULTI_MLU": "Cambricon MLUs", "MULTI_SDAA": "SDAA devices",
-    "MULTI_MUSA": "Moore Threads GPUs", "MULTI_HPU": "Gaudi HPUs", "MULTI_NEURON": "AWS Neuron devices",
-    "XLA": "TPUs (XLA)", "TPU": "TPUs (XLA)", "MEGATRON_LM": "Megatron-LM",
+    "MULTI_XPU": "Intel XPUs",
+    "MULTI_NPU": "Ascend NPUs",
+    "MULTI_MLU": "Cambricon MLUs",
+    "MULTI_SDAA": "SDAA devices",
+    "MULTI_MUSA": "Moore Threads GPUs",
+    "MULTI_HPU": "Gaudi HPUs",
+    "MULTI_NEURON": "AWS Neuron devices",
+    "XLA": "TPUs (XLA)",
+    "TPU": "TPUs (XLA)",
+    "MEGATRON_LM": "Megatron-LM",
 }
 # YAML reads an unquoted `no` as false; for these keys it was meant as the word.
 NO_AS_FALSE = {"mixed_precision": "no", "dynamo_backend": "no", "distributed_type": "NO", "fp8_fallback": "no"}
@@ -44,7 +69,8 @@ NO_AS_FALSE = {"mixed_precision": "no", "dynamo_backend": "no", "distributed_typ
 FSDP_LOWBIT_KEYS = ("transformer_layer_cls_to_wrap", "reshard_after_forward", "activation_checkpointing")
 FSDP_IGNORED = {
     "fsdp_version": "lowbit always uses FSDP2 (fully_shard)",
-    "fsdp_backward_prefetch": "FSDP2 prefetches by itself", "fsdp_forward_prefetch": "FSDP2 prefetches by itself",
+    "fsdp_backward_prefetch": "FSDP2 prefetches by itself",
+    "fsdp_forward_prefetch": "FSDP2 prefetches by itself",
     "fsdp_use_orig_params": "FSDP2 always keeps the original parameters",
     "fsdp_sync_module_states": "FSDP2 shards the weights each rank built: seed every rank the same",
     "fsdp_cpu_ram_efficient_loading": "models are built on every rank",
@@ -70,7 +96,6 @@ DEEPSPEED_IGNORED = {
 }
 
 
-
 def translate_config_file(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     """An Accelerate config file's keys as lowbit's; a lowbit file passes through unchanged."""
     ignored: list[str] = []
@@ -89,7 +114,9 @@ def translate_config_file(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
         elif key == "fp8_config" and isinstance(value, Mapping):
             out[key] = _translate_fp8(value)
         elif key == "num_processes" and value == -1:
-            raise ConfigError(f"{where}: num_processes is -1 (Accelerate's 'ask the cluster'); give the total number of processes.")
+            raise ConfigError(
+                f"{where}: num_processes is -1 (Accelerate's 'ask the cluster'); give the total number of processes."
+            )
         else:
             out[key] = NO_AS_FALSE[key] if value is False and key in NO_AS_FALSE else value
     _check_distributed_type(out.get("distributed_type"), where)
@@ -100,7 +127,8 @@ def translate_config_file(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
 def _check_distributed_type(value: Any, where: str) -> None:
     if isinstance(value, str) and value.upper() in UNSUPPORTED_DISTRIBUTED_TYPES:
         raise ConfigError(
-            f"{where}: distributed_type {value} ({UNSUPPORTED_DISTRIBUTED_TYPES[value.upper()]}) is not supported by lowbit, "
+            f"{where}: distributed_type {value} ({UNSUPPORTED_DISTRIBUTED_TYPES[value.upper()]}) "
+            "is not supported by lowbit, "
             "which trains on CUDA GPUs and CPUs. Use NO, MULTI_GPU, MULTI_CPU, FSDP or DEEPSPEED."
         )
 
@@ -121,25 +149,33 @@ def translate_fsdp(section: Mapping[str, Any], where: str, ignored: list[str]) -
         if key == "fsdp_transformer_layer_cls_to_wrap":
             out["transformer_layer_cls_to_wrap"] = _names(value)
         elif key == "fsdp_activation_checkpointing":
-            out["activation_checkpointing"] = value if str(value).lower() in ("full", "selective") else _flag(value, key, where)
+            out["activation_checkpointing"] = (
+                value if str(value).lower() in ("full", "selective") else _flag(value, key, where)
+            )
         elif key == "fsdp_reshard_after_forward":
             out["reshard_after_forward"] = _reshard(value, where)
         elif key in FSDP_IGNORED:
             ignored.append(f"fsdp_config.{key} ({FSDP_IGNORED[key]})")
         elif key in FSDP_MUST_BE_OFF:
             if _truthy(value):
-                raise ConfigError(f"{where}: fsdp_config.{key} asks for {FSDP_MUST_BE_OFF[key]}, which lowbit's FSDP2 strategy "
-                                  f"does not offer. Set it to false.")
+                raise ConfigError(
+                    f"{where}: fsdp_config.{key} asks for {FSDP_MUST_BE_OFF[key]}, which lowbit's FSDP2 strategy "
+                    f"does not offer. Set it to false."
+                )
         elif key == "fsdp_sharding_strategy":
             if str(value).upper() not in SHARDING_TO_RESHARD:
-                raise ConfigError(f"{where}: fsdp_config.fsdp_sharding_strategy {value!r} is not supported by lowbit's FSDP2 "
-                                  "strategy; use FULL_SHARD or SHARD_GRAD_OP (or DDP for NO_SHARD). For HYBRID_SHARD (HSDP), give a "
-                                  "parallelism_config with dp_replicate_size and dp_shard_size.")
+                raise ConfigError(
+                    f"{where}: fsdp_config.fsdp_sharding_strategy {value!r} is not supported by lowbit's FSDP2 "
+                    "strategy; use FULL_SHARD or SHARD_GRAD_OP (or DDP for NO_SHARD). For HYBRID_SHARD (HSDP), give a "
+                    "parallelism_config with dp_replicate_size and dp_shard_size."
+                )
             out.setdefault("reshard_after_forward", SHARDING_TO_RESHARD[str(value).upper()])
         elif key == "fsdp_auto_wrap_policy":
             if str(value).upper() != "TRANSFORMER_BASED_WRAP":
-                ignored.append(f"fsdp_config.fsdp_auto_wrap_policy={value} (lowbit shards each block of the model's "
-                               "nn.ModuleLists, or the classes in fsdp_transformer_layer_cls_to_wrap)")
+                ignored.append(
+                    f"fsdp_config.fsdp_auto_wrap_policy={value} (lowbit shards each block of the model's "
+                    "nn.ModuleLists, or the classes in fsdp_transformer_layer_cls_to_wrap)"
+                )
         else:
             out[key] = value
     return out
@@ -159,8 +195,10 @@ def _reshard(value: Any, where: str) -> bool:
     try:
         return parse_bool(value)
     except ValueError:
-        raise ConfigError(f"{where}: fsdp_reshard_after_forward must be true/false or FULL_SHARD / SHARD_GRAD_OP / "
-                          f"NO_RESHARD, got {value!r}.") from None
+        raise ConfigError(
+            f"{where}: fsdp_reshard_after_forward must be true/false or FULL_SHARD / SHARD_GRAD_OP / "
+            f"NO_RESHARD, got {value!r}."
+        ) from None
 
 
 def _translate_fp8(section: Mapping[str, Any]) -> dict[str, Any]:
@@ -220,23 +258,46 @@ OVERRIDE_PARTS = ("OVERRIDE_FPROP", "OVERRIDE_DGRAD", "OVERRIDE_WGRAD")
 # accelerate launch exports every --fp8_* flag, with its default when not given. Each backend
 # takes its own keys; with no backend named, only the values a user changed are kept.
 FP8_ENV_KEYS = {
-    "te": ("USE_AUTOCAST_DURING_EVAL", "MARGIN", "INTERVAL", "FORMAT", "AMAX_HISTORY_LEN", "AMAX_COMPUTE_ALGO",
-           "USE_MXFP8_BLOCK_SCALING", *OVERRIDE_PARTS),
+    "te": (
+        "USE_AUTOCAST_DURING_EVAL",
+        "MARGIN",
+        "INTERVAL",
+        "FORMAT",
+        "AMAX_HISTORY_LEN",
+        "AMAX_COMPUTE_ALGO",
+        "USE_MXFP8_BLOCK_SCALING",
+        *OVERRIDE_PARTS,
+    ),
     "msamp": ("OPT_LEVEL",),
     "ao": ("ENABLE_FSDP_FLOAT8_ALL_GATHER", "PAD_INNER_DIM"),
 }
-FP8_LAUNCHER_DEFAULTS = {"USE_AUTOCAST_DURING_EVAL": "false", "MARGIN": "0", "INTERVAL": "1", "FORMAT": "hybrid",
-                         "AMAX_HISTORY_LEN": "1024", "AMAX_COMPUTE_ALGO": "most_recent", "OPT_LEVEL": "o2",
-                         "ENABLE_FSDP_FLOAT8_ALL_GATHER": "true", "PAD_INNER_DIM": "true", "USE_MXFP8_BLOCK_SCALING": "false",
-                         **{part: "false" for part in OVERRIDE_PARTS}}
-DEEPSPEED_ENV = {"ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage",
-                 "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "offload_optimizer_device",
-                 "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "offload_param_device",
-                 "ACCELERATE_GRADIENT_CLIPPING": "gradient_clipping",
-                 "ACCELERATE_DEEPSPEED_CONFIG_FILE": "deepspeed_config_file"}
-DYNAMO_ENV = {"ACCELERATE_DYNAMO_BACKEND": "dynamo_backend", "ACCELERATE_DYNAMO_MODE": "dynamo_mode",
-              "ACCELERATE_DYNAMO_USE_FULLGRAPH": "dynamo_use_fullgraph", "ACCELERATE_DYNAMO_USE_DYNAMIC": "dynamo_use_dynamic",
-              "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "dynamo_use_regional_compilation"}
+FP8_LAUNCHER_DEFAULTS = {
+    "USE_AUTOCAST_DURING_EVAL": "false",
+    "MARGIN": "0",
+    "INTERVAL": "1",
+    "FORMAT": "hybrid",
+    "AMAX_HISTORY_LEN": "1024",
+    "AMAX_COMPUTE_ALGO": "most_recent",
+    "OPT_LEVEL": "o2",
+    "ENABLE_FSDP_FLOAT8_ALL_GATHER": "true",
+    "PAD_INNER_DIM": "true",
+    "USE_MXFP8_BLOCK_SCALING": "false",
+    **{part: "false" for part in OVERRIDE_PARTS},
+}
+DEEPSPEED_ENV = {
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE": "zero_stage",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "offload_optimizer_device",
+    "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "offload_param_device",
+    "ACCELERATE_GRADIENT_CLIPPING": "gradient_clipping",
+    "ACCELERATE_DEEPSPEED_CONFIG_FILE": "deepspeed_config_file",
+}
+DYNAMO_ENV = {
+    "ACCELERATE_DYNAMO_BACKEND": "dynamo_backend",
+    "ACCELERATE_DYNAMO_MODE": "dynamo_mode",
+    "ACCELERATE_DYNAMO_USE_FULLGRAPH": "dynamo_use_fullgraph",
+    "ACCELERATE_DYNAMO_USE_DYNAMIC": "dynamo_use_dynamic",
+    "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "dynamo_use_regional_compilation",
+}
 WHERE_ENV = "ACCELERATE_* environment variables (set by accelerate launch)"
 
 
@@ -253,16 +314,23 @@ def settings_from_accelerate_env(environ: Mapping[str, str]) -> dict[str, Any]:
         raw["use_cpu"] = True
     raw.update(_translate_dynamo({key: environ[env] for env, key in DYNAMO_ENV.items() if environ.get(env)}))
     if _env_flag(environ, "ACCELERATE_USE_FSDP"):
-        section = {"fsdp_" + name[len("FSDP_"):].lower(): value for name, value in environ.items()
-                   if name.startswith("FSDP_") and value != ""}
+        section = {
+            "fsdp_" + name[len("FSDP_") :].lower(): value
+            for name, value in environ.items()
+            if name.startswith("FSDP_") and value != ""
+        }
         if "fsdp_transformer_cls_to_wrap" in section:  # the launcher's shorter name for the same key
             section["fsdp_transformer_layer_cls_to_wrap"] = section.pop("fsdp_transformer_cls_to_wrap")
         raw.update(distributed_type="FSDP", fsdp_config=translate_fsdp(section, WHERE_ENV, []))
         raw["fsdp_config"] = {k: v for k, v in raw["fsdp_config"].items() if k in FSDP_LOWBIT_KEYS}
     if _env_flag(environ, "ACCELERATE_USE_PARALLELISM_CONFIG"):
-        raw["parallelism_config"] = {name[len(PARALLELISM_ENV_PREFIX):].lower(): value for name, value in environ.items()
-                                     if name.startswith(PARALLELISM_ENV_PREFIX) and value != ""
-                                     and not name.startswith(PARALLELISM_ENV_PREFIX + "SP_")}
+        raw["parallelism_config"] = {
+            name[len(PARALLELISM_ENV_PREFIX) :].lower(): value
+            for name, value in environ.items()
+            if name.startswith(PARALLELISM_ENV_PREFIX)
+            and value != ""
+            and not name.startswith(PARALLELISM_ENV_PREFIX + "SP_")
+        }
     if _env_flag(environ, "ACCELERATE_USE_DEEPSPEED"):
         section = {key: environ[env] for env, key in DEEPSPEED_ENV.items() if environ.get(env)}
         raw.update(distributed_type="DEEPSPEED", deepspeed_config=section)

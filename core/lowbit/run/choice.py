@@ -6,6 +6,7 @@ config file > default), or the fallback the user allowed; and the distributed st
 ``distributed_type`` names, by the strategies' own descriptions. (fp32, fp16 and bf16 need no
 plugin: :class:`lowbit.runtime.precision.Precision` serves them.)
 """
+
 from __future__ import annotations
 
 import os
@@ -13,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lowbit.kernel import notices
-from lowbit.run.settings import SINGLE_PROCESS_TYPES
-from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
-from lowbit.run.settings import env_source
 from lowbit.kernel.errors import BackendUnavailableError, ConfigError
-from lowbit.run.recipe_choice import RecipeChoice, choose_with_recipe
-from lowbit.kernel.registry import BackendRegistry, Candidate, Selection, choose_backend
+from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs, fp8_env_var
+from lowbit.kernel.registry import Candidate, PluginRegistry, Selection, choose_plugin
 from lowbit.kernel.types import NATIVE_PRECISIONS
+
+from lowbit.run.recipe_choice import RecipeChoice, choose_with_recipe
+from lowbit.run.settings import SINGLE_PROCESS_TYPES, env_source
 
 
 @dataclass
@@ -45,8 +46,9 @@ class PluginChoice:
         return options
 
 
-def choose_plugins(registry: BackendRegistry, config: Any, recipe_handler: Any, handlers: dict[type, Any],
-                   num_processes: int) -> PluginChoice:
+def choose_plugins(
+    registry: PluginRegistry, config: Any, recipe_handler: Any, handlers: dict[type, Any], num_processes: int
+) -> PluginChoice:
     """``recipe_handler``: the one FP8 recipe object given (or None); ``handlers``: the other
     handler objects by class (a strategy takes options from the one it names)."""
     choice = PluginChoice(mixed_precision=config.mixed_precision, handlers=handlers)
@@ -57,19 +59,22 @@ def choose_plugins(registry: BackendRegistry, config: Any, recipe_handler: Any, 
     return choice
 
 
-def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any, handler: Any) -> None:
+def _choose_backend(choice: PluginChoice, registry: PluginRegistry, config: Any, handler: Any) -> None:
     if choice.mixed_precision in NATIVE_PRECISIONS:
         given = ([type(handler).__name__] if handler is not None else []) + _fp8_config_sources(config)
         if given:  # the same error as `lowbit launch` gives, whichever way the options arrived
             raise ConfigError(
-                f"FP8 options were given ({'; '.join(given)}) but mixed_precision is {choice.mixed_precision!r}, so they "
-                "would do nothing. Set mixed_precision='fp8' (or 'fp4'), or drop the FP8 options.")
+                f"FP8 options were given ({'; '.join(given)}) but mixed_precision is "
+                f"{choice.mixed_precision!r}, so they "
+                "would do nothing. Set mixed_precision='fp8' (or 'fp4'), or drop the FP8 options."
+            )
         return
     requested, source = _requested_backend(handler, config)
     recipe, recipe_source = _requested_recipe(registry, handler, config)
     try:
-        choice.backend, choice.recipe = choose_with_recipe(registry, choice.mixed_precision, requested, source,
-                                                           recipe, recipe_source)
+        choice.backend, choice.recipe = choose_with_recipe(
+            registry, choice.mixed_precision, requested, source, recipe, recipe_source
+        )
     except BackendUnavailableError as exc:
         fallback = config.fp8_fallback
         if not fallback:
@@ -78,7 +83,10 @@ def _choose_backend(choice: PluginChoice, registry: BackendRegistry, config: Any
         choice.mixed_precision = fallback
         return
     choice.backend_options = _resolve_options(choice.backend.chosen, handler, config)
-    if choice.recipe.name is not None and getattr(choice.backend_options, "recipe", choice.recipe.name) != choice.recipe.name:
+    if (
+        choice.recipe.name is not None
+        and getattr(choice.backend_options, "recipe", choice.recipe.name) != choice.recipe.name
+    ):
         # The option took the backend's fp8 default; this precision's default recipe is another.
         choice.backend_options.recipe = choice.recipe.name
 
@@ -92,7 +100,7 @@ def _fp8_config_sources(config: Any) -> list[str]:
     return out
 
 
-def _requested_recipe(registry: BackendRegistry, handler: Any, config: Any) -> tuple[str | None, str]:
+def _requested_recipe(registry: PluginRegistry, handler: Any, config: Any) -> tuple[str | None, str]:
     """The recipe the user named (vocabulary name, or one an installed backend declares), and
     where: the handler (which has read its env var), ``LOWBIT_FP8_RECIPE`` (``lowbit launch
     --fp8_recipe``), or the config file."""
@@ -109,7 +117,9 @@ def _requested_recipe(registry: BackendRegistry, handler: Any, config: Any) -> t
         where = env_source(env, f"env {env} / lowbit launch --fp8_recipe")
         return canonical_recipe(os.environ[env], where, declared), where
     if config.fp8_config.get("recipe") is not None:
-        return canonical_recipe(config.fp8_config["recipe"], "fp8_config.recipe", declared), "config file fp8_config.recipe"
+        return canonical_recipe(
+            config.fp8_config["recipe"], "fp8_config.recipe", declared
+        ), "config file fp8_config.recipe"
     return None, "default"
 
 
@@ -143,21 +153,27 @@ def _resolve_options(chosen: Candidate, handler: Any, config: Any) -> RecipeKwar
     file_values = {k: v for k, v in config.fp8_config.items() if k != "backend"}
     ignored = sorted(set(file_values) - set(options_class.option_specs()))
     if ignored:
-        notices.note(f"fp8_config keys {', '.join(ignored)} do not apply to the {chosen.name!r} backend and are ignored.")
+        notices.note(
+            f"fp8_config keys {', '.join(ignored)} do not apply to the {chosen.name!r} backend and are ignored."
+        )
     options.fill_missing(file_values, where="fp8_config")
     options.fill_defaults()
     return options
 
 
-def _choose_strategy(registry: BackendRegistry, distributed_type: str, num_processes: int) -> Selection | None:
+def _choose_strategy(registry: PluginRegistry, distributed_type: str, num_processes: int) -> Selection | None:
     # One process needs no strategy, unless it asked for MULTI_GPU and joined a process group
     # (lowbit launch --multi_gpu --num_processes 1: DDP on one GPU, as in Accelerate).
     import torch.distributed as dist
 
     grouped = dist.is_available() and dist.is_initialized()
-    if num_processes == 1 and distributed_type.upper() in SINGLE_PROCESS_TYPES and not (
-            distributed_type.upper() == "MULTI_GPU" and grouped):
+    if (
+        num_processes == 1
+        and distributed_type.upper() in SINGLE_PROCESS_TYPES
+        and not (distributed_type.upper() == "MULTI_GPU" and grouped)
+    ):
         return None
     found = registry.strategy_for(distributed_type)
-    return choose_backend(registry, "strategy", found.name if found else distributed_type,
-                          f"distributed_type={distributed_type}")
+    return choose_plugin(
+        registry, "strategy", found.name if found else distributed_type, f"distributed_type={distributed_type}"
+    )

@@ -8,6 +8,7 @@ weight). HSDP is dp_replicate x dp_shard. Ranks that differ only in ``tp``/``cp`
 This module builds the mesh and checks the sizes; the strategies lay the model out on it (their
 ``StrategyDescription.mesh_dims`` says which dimensions each one can).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,10 @@ class TorchTensorParallelConfig:
 
     def __post_init__(self) -> None:
         if self.enable_async_tp:
-            raise ConfigError("enable_async_tp=True is not offered by lowbit: its tensor parallelism runs the collectives "
-                              "synchronously. Remove it (Accelerate ignores it with a warning).")
+            raise ConfigError(
+                "enable_async_tp=True is not offered by lowbit: its tensor parallelism runs the collectives "
+                "synchronously. Remove it (Accelerate ignores it with a warning)."
+            )
 
 
 @dataclasses.dataclass
@@ -51,8 +54,10 @@ class TorchContextParallelConfig:
         if self.cp_comm_strategy is None:
             self.cp_comm_strategy = os.environ.get(ENV_PREFIX + "CP_COMM_STRATEGY", "allgather")
         if self.cp_comm_strategy not in ("allgather", "alltoall"):
-            raise ConfigError(f"Invalid cp_comm_strategy: {self.cp_comm_strategy} (the ranks exchange keys and values "
-                              "by allgather or alltoall).")
+            raise ConfigError(
+                f"Invalid cp_comm_strategy: {self.cp_comm_strategy} (the ranks exchange keys and values "
+                "by allgather or alltoall)."
+            )
 
 
 @dataclasses.dataclass
@@ -69,19 +74,27 @@ class DeepSpeedSequenceParallelConfig:
 
     def __post_init__(self) -> None:
         if self.sp_seq_length_is_variable is None:
-            self.sp_seq_length_is_variable = os.environ.get(ENV_PREFIX + "SP_SEQ_LENGTH_IS_VARIABLE", "true").lower() == "true"
+            self.sp_seq_length_is_variable = (
+                os.environ.get(ENV_PREFIX + "SP_SEQ_LENGTH_IS_VARIABLE", "true").lower() == "true"
+            )
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
             length = os.environ.get(ENV_PREFIX + "SP_SEQ_LENGTH")
             if length is None:
-                raise ConfigError("sp_seq_length_is_variable=False needs the fixed length: sp_seq_length=... or "
-                                  f"{ENV_PREFIX}SP_SEQ_LENGTH.")
+                raise ConfigError(
+                    "sp_seq_length_is_variable=False needs the fixed length: sp_seq_length=... or "
+                    f"{ENV_PREFIX}SP_SEQ_LENGTH."
+                )
             self.sp_seq_length = None if length == "None" else int(length)
-        self.sp_attn_implementation = self.sp_attn_implementation or os.environ.get(ENV_PREFIX + "SP_ATTN_IMPLEMENTATION")
+        self.sp_attn_implementation = self.sp_attn_implementation or os.environ.get(
+            ENV_PREFIX + "SP_ATTN_IMPLEMENTATION"
+        )
         kernel = self.sp_attn_implementation
         if kernel is not None and kernel not in self.ATTENTION and not ("/" in kernel and "flash-attn" in kernel):
-            raise ConfigError(f"Invalid sp_attn_implementation {kernel!r}: sequence parallelism needs one of "
-                              f"{', '.join(self.ATTENTION)}, or a hub flash-attention kernel such as "
-                              "'kernels-community/flash-attn2' (eager and flex attention cannot split heads).")
+            raise ConfigError(
+                f"Invalid sp_attn_implementation {kernel!r}: sequence parallelism needs one of "
+                f"{', '.join(self.ATTENTION)}, or a hub flash-attention kernel such as "
+                "'kernels-community/flash-attn2' (eager and flex attention cannot split heads)."
+            )
 
 
 @dataclasses.dataclass
@@ -112,9 +125,14 @@ class ParallelismConfig:
         self.cp_backend = self.cp_backend or os.environ.get(ENV_PREFIX + "CP_BACKEND", "torch")
         self.sp_backend = self.sp_backend or os.environ.get(ENV_PREFIX + "SP_BACKEND", SEQUENCE_PARALLEL_BACKENDS[0])
         if self.cp_backend not in CP_BACKENDS:
-            raise ConfigError(f"ParallelismConfig cp_backend {self.cp_backend!r} is not one of {', '.join(CP_BACKENDS)}.")
+            raise ConfigError(
+                f"ParallelismConfig cp_backend {self.cp_backend!r} is not one of {', '.join(CP_BACKENDS)}."
+            )
         if self.sp_backend not in SEQUENCE_PARALLEL_BACKENDS:
-            raise ConfigError(f"ParallelismConfig sp_backend {self.sp_backend!r} is not one of {', '.join(SEQUENCE_PARALLEL_BACKENDS)}.")
+            raise ConfigError(
+                f"ParallelismConfig sp_backend {self.sp_backend!r} is not one of "
+                f"{', '.join(SEQUENCE_PARALLEL_BACKENDS)}."
+            )
         if self.tp_size > 1 and self.tp_handler is None:
             self.tp_handler = TorchTensorParallelConfig()
         if self.cp_size > 1 and self.cp_handler is None:
@@ -123,7 +141,8 @@ class ParallelismConfig:
             raise ConfigError(
                 "ParallelismConfig: tensor/context parallelism with dp_replicate_size > 1 needs dp_shard_size > 1 too "
                 "(replicas of a sharded model, not of whole ones). Use dp_shard_size for 2-D parallelism, "
-                "or both for 3-D.")
+                "or both for 3-D."
+            )
         self.device_mesh = None
 
     # ------------------------------------------------------------------ which dimensions are on
@@ -204,8 +223,11 @@ class ParallelismConfig:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-        for name, parts in (("dp", self.dp_dim_names), ("dp_shard_cp", self.dp_shard_cp_dim_names),
-                            ("dp_cp", self.dp_cp_dim_names)):
+        for name, parts in (
+            ("dp", self.dp_dim_names),
+            ("dp_shard_cp", self.dp_shard_cp_dim_names),
+            ("dp_cp", self.dp_cp_dim_names),
+        ):
             if parts:
                 # torch's only way to name a joint dimension (torchtitan does it too); the list of
                 # names, as Accelerate passes it
@@ -226,7 +248,9 @@ class ParallelismConfig:
             raise ConfigError(f"The device mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}.")
         return self.device_mesh
 
-    def fit_to(self, world_size: int, strategy: str, mesh_dims: tuple[str, ...], others: Mapping[str, tuple[str, ...]]) -> None:
+    def fit_to(
+        self, world_size: int, strategy: str, mesh_dims: tuple[str, ...], others: Mapping[str, tuple[str, ...]]
+    ) -> None:
         """Check the layout against the job and the chosen strategy. An all-ones config on several
         processes spreads them over the strategy's data-parallel dimension (dp_shard for FSDP2,
         dp_replicate for DDP). ``others``: each installed strategy's dimensions, to name one that fits."""
@@ -235,15 +259,21 @@ class ParallelismConfig:
             if dim is not None:
                 setattr(self, f"{dim}_size", world_size)
         if self.total_size != world_size:
-            sizes = " x ".join(f"{d}_size={getattr(self, f'{d}_size')}" for d in MESH_ORDER if getattr(self, f"{d}_size") > 1)
-            raise ConfigError(f"ParallelismConfig lays out {self.total_size} processes ({sizes or 'all sizes 1'}), but the job "
-                              f"has {world_size}. Make the product of the sizes {world_size}, or launch {self.total_size} processes.")
+            sizes = " x ".join(
+                f"{d}_size={getattr(self, f'{d}_size')}" for d in MESH_ORDER if getattr(self, f"{d}_size") > 1
+            )
+            raise ConfigError(
+                f"ParallelismConfig lays out {self.total_size} processes ({sizes or 'all sizes 1'}), but the job "
+                f"has {world_size}. Make the product of the sizes {world_size}, or launch {self.total_size} processes."
+            )
         missing = [d for d in self.active_mesh_dims if d not in mesh_dims]
         if missing:
             fits = [name for name, dims in others.items() if all(d in dims for d in self.active_mesh_dims)]
             hint = f" Use distributed_type {' or '.join(fits)} (e.g. `lowbit launch --use_fsdp`)." if fits else ""
-            raise ConfigError(f"ParallelismConfig asks for {', '.join(f'{d}_size > 1' for d in missing)}, which the "
-                              f"{strategy!r} strategy does not lay out (it does: {', '.join(mesh_dims) or 'none'}).{hint}")
+            raise ConfigError(
+                f"ParallelismConfig asks for {', '.join(f'{d}_size > 1' for d in missing)}, which the "
+                f"{strategy!r} strategy does not lay out (it does: {', '.join(mesh_dims) or 'none'}).{hint}"
+            )
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any], where: str) -> "ParallelismConfig":
@@ -252,8 +282,10 @@ class ParallelismConfig:
         fields = [f.name for f in dataclasses.fields(cls) if not f.name.endswith("_handler")] + ["cp_comm_strategy"]
         for key in section:
             if key not in fields:
-                raise ConfigError(f"Unknown key {key!r} in parallelism_config (from {where}).{did_you_mean(key, fields)} "
-                                  f"Valid keys: {', '.join(fields)}.")
+                raise ConfigError(
+                    f"Unknown key {key!r} in parallelism_config (from {where}).{did_you_mean(key, fields)} "
+                    f"Valid keys: {', '.join(fields)}."
+                )
         values = dict(section)
         comm = values.pop("cp_comm_strategy", None)
         sizes = {k: _int(v, k, where) if k.endswith("_size") else v for k, v in values.items()}
@@ -273,8 +305,16 @@ def _env_size(name: str) -> int:
     return _int(value, name, "the environment") if value != "" else 1
 
 
-def settle_layout(given: ParallelismConfig | None, section: Mapping[str, Any], where: str, world_size: int, device_type: str,
-                  strategy: str, mesh_dims: tuple[str, ...], others: Mapping[str, tuple[str, ...]]) -> ParallelismConfig | None:
+def settle_layout(
+    given: ParallelismConfig | None,
+    section: Mapping[str, Any],
+    where: str,
+    world_size: int,
+    device_type: str,
+    strategy: str,
+    mesh_dims: tuple[str, ...],
+    others: Mapping[str, tuple[str, ...]],
+) -> ParallelismConfig | None:
     """The run's layout: the one given to the Accelerator, else the config's ``parallelism_config``
     section (file, ``lowbit launch --parallelism_config_*`` or Accelerate's launcher variables);
     checked against the job and the strategy, with its mesh built. None when none was asked for."""
@@ -282,12 +322,16 @@ def settle_layout(given: ParallelismConfig | None, section: Mapping[str, Any], w
     if layout is None:
         return None
     if layout.sp_enabled:
-        raise ConfigError(f"ParallelismConfig sp_size={layout.sp_size} asks for sequence parallelism (Ulysses), which "
-                          "lowbit does not offer. Use cp_size (context parallelism) instead.")
+        raise ConfigError(
+            f"ParallelismConfig sp_size={layout.sp_size} asks for sequence parallelism (Ulysses), which "
+            "lowbit does not offer. Use cp_size (context parallelism) instead."
+        )
     if layout.cp_enabled and device_type != "cuda":
         # torch has no sharding rule for the CPU attention kernel (_scaled_dot_product_flash_attention_for_cpu).
-        raise ConfigError(f"cp_size={layout.cp_size} asks for context parallelism, which torch runs on CUDA GPUs only "
-                          f"(this run is on {device_type}). Set cp_size=1 here.")
+        raise ConfigError(
+            f"cp_size={layout.cp_size} asks for context parallelism, which torch runs on CUDA GPUs only "
+            f"(this run is on {device_type}). Set cp_size=1 here."
+        )
     layout.fit_to(world_size, strategy, mesh_dims, others)
     layout.get_device_mesh(device_type)
     return layout

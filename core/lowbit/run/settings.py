@@ -4,6 +4,7 @@ Precedence, highest first: explicit argument > CLI flag / env var > config file 
 ``lowbit launch`` turns CLI flags and the config file into env vars for the training processes,
 so a script run by hand and a script run by the launcher resolve settings the same way.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,15 +15,18 @@ from typing import Any, Mapping
 
 import yaml
 
-from lowbit.run.accelerate_config import WHERE_ENV as ACCELERATE_ENV, settings_from_accelerate_env, translate_config_file
 from lowbit.kernel import notices
-from lowbit.runtime.atomic_write import write_atomically
-from lowbit.runtime.collective_device import SIMULATE_ENV
-from lowbit.kernel.first_party import FIRST_PARTY_SECTIONS, install_command
 from lowbit.kernel.errors import ConfigError, did_you_mean
+from lowbit.kernel.first_party import FIRST_PARTY_SECTIONS, install_command
 from lowbit.kernel.options import OptionSpec, to_text
 from lowbit.kernel.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
 from lowbit.kernel.types import NATIVE_PRECISIONS
+
+from lowbit.runtime.atomic_write import write_atomically
+from lowbit.runtime.collective_device import SIMULATE_ENV
+
+from lowbit.run.accelerate_config import WHERE_ENV as ACCELERATE_ENV
+from lowbit.run.accelerate_config import settings_from_accelerate_env, translate_config_file
 
 CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
 # distributed_type values that need no strategy on one process (Accelerate's names for plain data parallel).
@@ -39,10 +43,23 @@ MAX_CONFIG_BYTES = 1 << 20
 SOURCES_ENV = "LOWBIT_SETTING_SOURCES"
 # "0": lowbit launch starts a script directly, without lowbit.patch_trainer (lowbit.cli.run_script).
 PATCH_ENV = "LOWBIT_PATCH_TRAINER"
-OTHER_ENV_VARS = frozenset({CONFIG_FILE_ENV, "LOWBIT_PLUGINS", "LOWBIT_STRICT_PLUGINS", "LOWBIT_LOG_LEVEL", "LOWBIT_SAID_NOTES",
-                            "LOWBIT_ARRIVAL_TIMEOUT", "LOWBIT_THROUGHPUT", "LOWBIT_THROUGHPUT_EVERY",
-                            SIMULATE_ENV, "LOWBIT_PREEMPTION_GRACE", "LOWBIT_PREEMPTION_POLL_STEPS",
-                            SOURCES_ENV, PATCH_ENV})
+OTHER_ENV_VARS = frozenset(
+    {
+        CONFIG_FILE_ENV,
+        "LOWBIT_PLUGINS",
+        "LOWBIT_STRICT_PLUGINS",
+        "LOWBIT_LOG_LEVEL",
+        "LOWBIT_SAID_NOTES",
+        "LOWBIT_ARRIVAL_TIMEOUT",
+        "LOWBIT_THROUGHPUT",
+        "LOWBIT_THROUGHPUT_EVERY",
+        SIMULATE_ENV,
+        "LOWBIT_PREEMPTION_GRACE",
+        "LOWBIT_PREEMPTION_POLL_STEPS",
+        SOURCES_ENV,
+        PATCH_ENV,
+    }
+)
 
 
 def env_source(env_var: str, default: str) -> str:
@@ -53,17 +70,32 @@ def env_source(env_var: str, default: str) -> str:
     except json.JSONDecodeError:
         return default
     return sources.get(env_var, default) if isinstance(sources, dict) else default
+
+
 _warned_env_vars: set[str] = set()
 
 
-def _spec(name: str, kind: Any, default: Any = None, choices: tuple[str, ...] | None = None, help: str = "",
-          normalize: Any = None) -> OptionSpec:
+def _spec(
+    name: str,
+    kind: Any,
+    default: Any = None,
+    choices: tuple[str, ...] | None = None,
+    help: str = "",
+    normalize: Any = None,
+) -> OptionSpec:
     return OptionSpec(name, kind, default, choices, help, env="LOWBIT_" + name.upper(), normalize=normalize)
 
 
 # Other spellings of a precision people type (torch's dtype names, "fp32" for full precision).
-PRECISION_ALIASES = {"fp32": "no", "float32": "no", "float": "no", "bfloat16": "bf16", "float16": "fp16", "half": "fp16",
-                     "float8": "fp8"}
+PRECISION_ALIASES = {
+    "fp32": "no",
+    "float32": "no",
+    "float": "no",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+}
 
 
 def normalize_precision(value: Any) -> Any:
@@ -75,22 +107,30 @@ def normalize_precision(value: Any) -> Any:
 def _setting(kind: Any, default: Any, help: str, choices: tuple[str, ...] | None = None, normalize: Any = None) -> Any:
     """A top-level setting: a LowbitConfig field whose metadata is its option spec (type, choices,
     help, ``LOWBIT_<NAME>`` env var), so each setting is declared once."""
-    return dataclasses.field(default=default, metadata={"lowbit": dict(kind=kind, choices=choices, help=help,
-                                                                        normalize=normalize)})
+    return dataclasses.field(
+        default=default, metadata={"lowbit": dict(kind=kind, choices=choices, help=help, normalize=normalize)}
+    )
 
 
 @dataclasses.dataclass
 class LowbitConfig:
-    mixed_precision: str = _setting(str, "no", "no (or fp32), fp16, bf16, or a low-precision backend's (fp8, ...)",
-                                    normalize=normalize_precision)
-    distributed_type: str = _setting(str, "NO", "NO, MULTI_CPU, MULTI_GPU, or the name of a strategy (`lowbit plugins`)")
+    mixed_precision: str = _setting(
+        str, "no", "no (or fp32), fp16, bf16, or a low-precision backend's (fp8, ...)", normalize=normalize_precision
+    )
+    distributed_type: str = _setting(
+        str, "NO", "NO, MULTI_CPU, MULTI_GPU, or the name of a strategy (`lowbit plugins`)"
+    )
     num_processes: int = _setting(int, 1, "processes in all, across every machine (as in Accelerate)")
     num_machines: int = _setting(int, 1, "machines (nodes) in the job")
     machine_rank: int = _setting(int, 0, "rank of this machine, 0 for the main one")
     main_process_ip: str | None = _setting(str, None, "address of machine 0")
     main_process_port: int | None = _setting(int, None, "port of the rendezvous on machine 0")
-    gpu_ids: str | None = _setting(str, None, "the GPUs to use, e.g. 0,2, or all (CUDA_VISIBLE_DEVICES for every process); "
-                                              "without num_processes, one process each")
+    gpu_ids: str | None = _setting(
+        str,
+        None,
+        "the GPUs to use, e.g. 0,2, or all (CUDA_VISIBLE_DEVICES for every process); "
+        "without num_processes, one process each",
+    )
     use_cpu: bool = _setting(bool, False, "train on CPU even when a GPU is present")
     gradient_accumulation_steps: int = _setting(int, 1, "micro-batches per optimizer step")
     dynamo_backend: str = _setting(str, "no", "torch.compile backend, e.g. inductor; 'no' disables")
@@ -98,13 +138,20 @@ class LowbitConfig:
     dynamo_use_fullgraph: bool | None = _setting(bool, None, "torch.compile fullgraph: fail on graph breaks")
     dynamo_use_dynamic: bool | None = _setting(bool, None, "torch.compile dynamic shapes")
     dynamo_use_regional_compilation: bool | None = _setting(
-        bool, None, "compile each repeated block (the items of the model's ModuleLists) instead of the whole model")
-    fp8_fallback: str | None = _setting(str, None, "precision to fall back to when FP8 cannot run",
-                                     tuple(sorted(NATIVE_PRECISIONS)))
+        bool, None, "compile each repeated block (the items of the model's ModuleLists) instead of the whole model"
+    )
+    fp8_fallback: str | None = _setting(
+        str, None, "precision to fall back to when FP8 cannot run", tuple(sorted(NATIVE_PRECISIONS))
+    )
     debug: bool = _setting(bool, False, "print the launcher's underlying command")
-    on_nonfinite_loss: str = _setting(str, "skip", "a NaN/inf loss or gradient: skip that optimizer step (with a warning "
-                                                   "naming it; one host read per step), raise, or continue (Accelerate's behaviour: no check, no host "
-                                                   "read)", ("skip", "raise", "continue"))
+    on_nonfinite_loss: str = _setting(
+        str,
+        "skip",
+        "a NaN/inf loss or gradient: skip that optimizer step (with a warning "
+        "naming it; one host read per step), raise, or continue (Accelerate's behaviour: no check, no host "
+        "read)",
+        ("skip", "raise", "continue"),
+    )
     fp8_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The strategies' sections, by their YAML key ("fsdp_config": {...}); ``config.fsdp_config``
     # reads one (empty when absent).
@@ -126,9 +173,16 @@ class LowbitConfig:
 
 # The top-level settings' option specs, read from LowbitConfig's fields.
 TOP_LEVEL: dict[str, OptionSpec] = {
-    f.name: _spec(f.name, f.metadata["lowbit"]["kind"], f.default, f.metadata["lowbit"]["choices"],
-                  f.metadata["lowbit"]["help"], normalize=f.metadata["lowbit"]["normalize"])
-    for f in dataclasses.fields(LowbitConfig) if "lowbit" in f.metadata
+    f.name: _spec(
+        f.name,
+        f.metadata["lowbit"]["kind"],
+        f.default,
+        f.metadata["lowbit"]["choices"],
+        f.metadata["lowbit"]["help"],
+        normalize=f.metadata["lowbit"]["normalize"],
+    )
+    for f in dataclasses.fields(LowbitConfig)
+    if "lowbit" in f.metadata
 }
 
 
@@ -149,8 +203,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); "
-                    "keep one", key_node.start_mark)
+                    None,
+                    None,
+                    f"key {key!r} is given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1}); keep one",
+                    key_node.start_mark,
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
@@ -164,7 +221,8 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
             raise ConfigError(f"Config file {str(path)!r} is a directory; give the path of a YAML file.")
         if size > MAX_CONFIG_BYTES:
             raise ConfigError(
-                f"Config file {str(path)!r} is {size / 2**20:.1f} MiB; a config is a few hundred bytes of YAML and files "
+                f"Config file {str(path)!r} is {size / 2**20:.1f} MiB; a config is a few hundred bytes of YAML "
+                "and files "
                 f"over {MAX_CONFIG_BYTES // 2**20} MiB are refused. Is it the right file?"
             )
         text = path.read_bytes().decode("utf-8")
@@ -197,11 +255,15 @@ def is_section(key: str, sections: tuple[str, ...] | None) -> bool:
     return key in sections if sections is not None else key.endswith(SECTION_SUFFIX)
 
 
-def _unknown_key_error(key: str, where: str, sections: tuple[str, ...] | None, fp8_keys: Mapping[str, Any]) -> ConfigError:
+def _unknown_key_error(
+    key: str, where: str, sections: tuple[str, ...] | None, fp8_keys: Mapping[str, Any]
+) -> ConfigError:
     owner = FIRST_PARTY_SECTIONS.get(key)
     if owner and sections is not None:
-        return ConfigError(f"{key} in {where} is the section of the {owner!r} strategy, whose plugin is not installed here. "
-                           f"Install it: {install_command(owner)}.")
+        return ConfigError(
+            f"{key} in {where} is the section of the {owner!r} strategy, whose plugin is not installed here. "
+            f"Install it: {install_command(owner)}."
+        )
     inside = " It belongs inside fp8_config." if key in fp8_keys else ""
     known = list(TOP_LEVEL) + [FP8_SECTION] + list(sections or ())
     return ConfigError(f"Unknown key {key!r} in {where}.{did_you_mean(key, known)}{inside}")
@@ -210,16 +272,25 @@ def _unknown_key_error(key: str, where: str, sections: tuple[str, ...] | None, f
 def _section_error(section: str, key: str, valid: Mapping[str, Any]) -> ConfigError:
     top_hint = " It is a top-level key: move it out of the section." if key in TOP_LEVEL else ""
     # A backend's own keys are known only when its plugin is installed (its options class says them).
-    plugin_hint = (" If it is an option of a backend whose plugin is not installed here, install that plugin "
-                   "(`lowbit plugins` lists the installed ones)." if section == FP8_SECTION and not top_hint else "")
+    plugin_hint = (
+        " If it is an option of a backend whose plugin is not installed here, install that plugin "
+        "(`lowbit plugins` lists the installed ones)."
+        if section == FP8_SECTION and not top_hint
+        else ""
+    )
     return ConfigError(
-        f"Unknown key {key!r} in {section}.{did_you_mean(key, valid)}{top_hint}{plugin_hint} Valid keys: {', '.join(sorted(valid))}."
+        f"Unknown key {key!r} in {section}.{did_you_mean(key, valid)}{top_hint}{plugin_hint} "
+        f"Valid keys: {', '.join(sorted(valid))}."
     )
 
 
 def validate_config(
-    raw: Mapping[str, Any], fp8_specs: Mapping[str, OptionSpec] | None = None, where: str = "config", *,
-    check_fp8_keys: bool = True, sections: tuple[str, ...] | None = None,
+    raw: Mapping[str, Any],
+    fp8_specs: Mapping[str, OptionSpec] | None = None,
+    where: str = "config",
+    *,
+    check_fp8_keys: bool = True,
+    sections: tuple[str, ...] | None = None,
 ) -> LowbitConfig:
     """Check every key and type; unknown or misplaced keys get a 'did you mean' error.
 
@@ -230,8 +301,14 @@ def validate_config(
     return _config_from(_parse_layer(raw, fp8_specs, where, check_fp8_keys=check_fp8_keys, sections=sections))
 
 
-def _parse_layer(raw: Mapping[str, Any], fp8_specs: Mapping[str, OptionSpec] | None, where: str, *,
-                 check_fp8_keys: bool, sections: tuple[str, ...] | None) -> dict[str, Any]:
+def _parse_layer(
+    raw: Mapping[str, Any],
+    fp8_specs: Mapping[str, OptionSpec] | None,
+    where: str,
+    *,
+    check_fp8_keys: bool,
+    sections: tuple[str, ...] | None,
+) -> dict[str, Any]:
     """One layer's keys parsed (errors name the layer); sections stay keyed by their name."""
     fp8_specs = dict(DOCUMENTED_FP8_KEYS, **(fp8_specs or {}))
     values: dict[str, Any] = {}
@@ -261,17 +338,23 @@ def check_plugin_names(config: LowbitConfig, precisions: list[str], distributed_
     gets its install command when it is chosen rather than 'unknown')."""
     known_precisions = sorted(NATIVE_PRECISIONS) + [p for p in [*precisions, "fp8"] if p not in NATIVE_PRECISIONS]
     if config.mixed_precision not in known_precisions:
-        raise ConfigError(f"mixed_precision {config.mixed_precision!r} (from {where}) is not a precision lowbit or an "
-                          f"installed backend offers.{did_you_mean(config.mixed_precision, known_precisions)} "
-                          f"Known here: {', '.join(dict.fromkeys(known_precisions))}.")
+        raise ConfigError(
+            f"mixed_precision {config.mixed_precision!r} (from {where}) is not a precision lowbit or an "
+            f"installed backend offers.{did_you_mean(config.mixed_precision, known_precisions)} "
+            f"Known here: {', '.join(dict.fromkeys(known_precisions))}."
+        )
     known_types = list(dict.fromkeys([*SINGLE_PROCESS_TYPES, *distributed_types, *FIRST_PARTY_SECTIONS.values()]))
     if config.distributed_type.upper() not in {t.upper() for t in known_types}:
-        raise ConfigError(f"distributed_type {config.distributed_type!r} (from {where}) names no installed strategy."
-                          f"{did_you_mean(config.distributed_type, known_types)} Known here: {', '.join(known_types)} "
-                          "(`lowbit plugins` lists the strategies).")
+        raise ConfigError(
+            f"distributed_type {config.distributed_type!r} (from {where}) names no installed strategy."
+            f"{did_you_mean(config.distributed_type, known_types)} Known here: {', '.join(known_types)} "
+            "(`lowbit plugins` lists the strategies)."
+        )
 
 
-def _validate_section(section: str, data: Mapping[str, Any], specs: Mapping[str, OptionSpec], where: str) -> dict[str, Any]:
+def _validate_section(
+    section: str, data: Mapping[str, Any], specs: Mapping[str, OptionSpec], where: str
+) -> dict[str, Any]:
     out = {}
     for key, value in data.items():
         real = OPTION_SYNONYMS.get(key, key)
@@ -295,8 +378,13 @@ def config_from_env(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSp
     if fp8:
         raw["fp8_config"] = fp8
     for env, value in environ.items():
-        if env.startswith("LOWBIT_") and env.endswith(SECTION_SUFFIX.upper()) and env != fp8_env_var("config") and value:
-            section = env[len("LOWBIT_"):].lower()
+        if (
+            env.startswith("LOWBIT_")
+            and env.endswith(SECTION_SUFFIX.upper())
+            and env != fp8_env_var("config")
+            and value
+        ):
+            section = env[len("LOWBIT_") :].lower()
             try:
                 raw[section] = json.loads(value)
             except json.JSONDecodeError as exc:
@@ -345,8 +433,11 @@ def read_config_layer(config_file: str | os.PathLike | None) -> tuple[dict[str, 
     return (read_config_file(path) if path.exists() else {}), str(path)
 
 
-def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSpec] | None = None,
-                          sections: tuple[str, ...] | None = None) -> None:
+def warn_unknown_env_vars(
+    environ: Mapping[str, str],
+    fp8_specs: Mapping[str, OptionSpec] | None = None,
+    sections: tuple[str, ...] | None = None,
+) -> None:
     """A LOWBIT_* variable lowbit does not read is most likely a typo: say so, once per name."""
     known = {spec.env for spec in TOP_LEVEL.values()} | set(OTHER_ENV_VARS)
     known |= {section_env_var(section) for section in (*(sections or ()), PARALLELISM_SECTION)}
@@ -355,21 +446,35 @@ def warn_unknown_env_vars(environ: Mapping[str, str], fp8_specs: Mapping[str, Op
     for name in sorted(environ):
         if name.startswith("LOWBIT_") and name not in known and name not in _warned_env_vars:
             _warned_env_vars.add(name)
-            notices.warn(f"Environment variable {name} is read by neither lowbit nor an installed plugin, and is ignored.{did_you_mean(name, known)}")
+            notices.warn(
+                f"Environment variable {name} is read by neither lowbit nor an installed plugin, and is ignored."
+                f"{did_you_mean(name, known)}"
+            )
 
 
-def setting_layers(explicit: Mapping[str, Any] | None, environ: Mapping[str, str], file_layer: tuple[dict[str, Any], str],
-                   fp8_specs: Mapping[str, OptionSpec] | None = None) -> list[tuple[dict[str, Any], str]]:
+def setting_layers(
+    explicit: Mapping[str, Any] | None,
+    environ: Mapping[str, str],
+    file_layer: tuple[dict[str, Any], str],
+    fp8_specs: Mapping[str, OptionSpec] | None = None,
+) -> list[tuple[dict[str, Any], str]]:
     """The raw settings and where each came from, lowest precedence first: config file < ACCELERATE_*
     env vars < LOWBIT_* env vars < explicit arguments. (``accelerate launch`` exports its config file as
     ACCELERATE_* variables.)"""
-    return [file_layer, (settings_from_accelerate_env(environ), ACCELERATE_ENV),
-            (config_from_env(environ, fp8_specs), "environment variables"),
-            ({k: v for k, v in (explicit or {}).items() if v is not None}, "Accelerator arguments")]
+    return [
+        file_layer,
+        (settings_from_accelerate_env(environ), ACCELERATE_ENV),
+        (config_from_env(environ, fp8_specs), "environment variables"),
+        ({k: v for k, v in (explicit or {}).items() if v is not None}, "Accelerator arguments"),
+    ]
 
 
-def setting_before_plugins(name: str, explicit: Mapping[str, Any] | None, file_layer: tuple[dict[str, Any], str],
-                           environ: Mapping[str, str] | None = None) -> Any:
+def setting_before_plugins(
+    name: str,
+    explicit: Mapping[str, Any] | None,
+    file_layer: tuple[dict[str, Any], str],
+    environ: Mapping[str, str] | None = None,
+) -> Any:
     """One top-level setting, read before the plugins are loaded (hardware detection needs ``use_cpu``);
     the whole config is validated once the plugins' keys are known."""
     for raw, where in reversed(setting_layers(explicit, os.environ if environ is None else environ, file_layer)):
@@ -396,8 +501,10 @@ def resolve_config(
     file_layer = file_layer if file_layer is not None else read_config_layer(config_file)
     if check_fp8_keys:
         warn_unknown_env_vars(environ, fp8_specs, sections)
-    parsed = [_parse_layer(raw, fp8_specs, where, check_fp8_keys=check_fp8_keys, sections=sections)
-              for raw, where in setting_layers(explicit, environ, file_layer, fp8_specs)]
+    parsed = [
+        _parse_layer(raw, fp8_specs, where, check_fp8_keys=check_fp8_keys, sections=sections)
+        for raw, where in setting_layers(explicit, environ, file_layer, fp8_specs)
+    ]
     return _config_from(merge_raw(*parsed))
 
 

@@ -9,6 +9,7 @@ and the training step use (preparation, prepared objects, the step's state, the 
 the throughput meter, checkpoints). Nothing here knows Accelerate's classes: the front translates
 its arguments and handler objects into a :class:`RunRequest`.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,9 +22,10 @@ import torch
 from lowbit.kernel.errors import ConfigError, did_you_mean
 from lowbit.kernel.manager import LowbitPluginManager
 from lowbit.kernel.notices import note
-from lowbit.kernel.registry import BackendRegistry, Selection
+from lowbit.kernel.registry import PluginRegistry, Selection
 from lowbit.kernel.telemetry import TelemetryRecorder
 from lowbit.kernel.types import PrepareContext
+
 from lowbit.runtime.checkpoint.training_state import TrainingStateCheckpointer
 from lowbit.runtime.observe.fp8_payoff import slower_layers
 from lowbit.runtime.observe.throughput import ThroughputMeter, meter_is_on
@@ -34,11 +36,18 @@ from lowbit.runtime.training.gradient_sync import GradientSync
 from lowbit.runtime.training.preemption import PreemptionWatch
 from lowbit.runtime.training.preparation import Preparation, PreparationSettings, unwrap
 from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
+
 from lowbit.run.choice import choose_plugins
 from lowbit.run.layout import ParallelismConfig, data_parallel_slot, settle_layout
 from lowbit.run.plugin_manager import make_plugin_manager
-from lowbit.run.settings import (PARALLELISM_SECTION, LowbitConfig, check_plugin_names, read_config_layer,
-                                 resolve_config, setting_before_plugins)
+from lowbit.run.settings import (
+    PARALLELISM_SECTION,
+    LowbitConfig,
+    check_plugin_names,
+    read_config_layer,
+    resolve_config,
+    setting_before_plugins,
+)
 
 
 @dataclass
@@ -81,19 +90,30 @@ class TrainingRun:
         # once the plugins' option names are, so fp8_config keys can be checked against them.
         file_layer = read_config_layer(request.config_file)
         self.plugin_manager = plugin_manager or make_plugin_manager()
-        self.hardware = self.plugin_manager.detect_hardware(cpu=setting_before_plugins("use_cpu", request.settings, file_layer))
-        self.registry = BackendRegistry(self.plugin_manager, self.hardware)
+        self.hardware = self.plugin_manager.detect_hardware(
+            cpu=setting_before_plugins("use_cpu", request.settings, file_layer)
+        )
+        self.registry = PluginRegistry(self.plugin_manager, self.hardware)
         self.config: LowbitConfig = self._resolve_settings(request.settings, file_layer)
-        self.facts: ProcessFacts = process_facts(self.hardware.device_type, self.hardware.device_count,
-                                                 request.process_group_options,
-                                                 group_of_one=self.config.distributed_type.upper() not in ("NO", "MULTI_CPU"))
-        choice = choose_plugins(self.registry, self.config, request.recipe_handler, request.handlers,
-                                self.facts.num_processes)
+        self.facts: ProcessFacts = process_facts(
+            self.hardware.device_type,
+            self.hardware.device_count,
+            request.process_group_options,
+            group_of_one=self.config.distributed_type.upper() not in ("NO", "MULTI_CPU"),
+        )
+        choice = choose_plugins(
+            self.registry, self.config, request.recipe_handler, request.handlers, self.facts.num_processes
+        )
         self.backend: Selection | None = choice.backend
         self.strategy: Selection | None = choice.strategy
         self.mixed_precision = choice.mixed_precision
-        self.precision = Precision.for_run(self.mixed_precision, self.facts.device, self.strategy_owns_precision,
-                                           request.scaler_options, request.autocast_options)
+        self.precision = Precision.for_run(
+            self.mixed_precision,
+            self.facts.device,
+            self.strategy_owns_precision,
+            request.scaler_options,
+            request.autocast_options,
+        )
         slow = self.precision.slow_reason()
         if slow:
             note(slow, SlowPrecisionNotice)
@@ -120,20 +140,38 @@ class TrainingRun:
         self.counters = TrainingCounters()
         self.plugins = ChosenPlugins(self.plugin_manager, self.backend, self.strategy, self.context)
         self.prepared = PreparedObjects()
-        self.step_state = StepState(request.sync, self.precision, self.facts.num_processes, request.loaders.split_batches,
-                                    request.step_scheduler_with_optimizer, on_nonfinite_loss=self.config.on_nonfinite_loss,
-                                    check_gradients=not self.strategy_owns_precision)
-        self.preparation = Preparation(self.plugins, self.prepared, self.step_state, self._preparation_settings(request))
+        self.step_state = StepState(
+            request.sync,
+            self.precision,
+            self.facts.num_processes,
+            request.loaders.split_batches,
+            request.step_scheduler_with_optimizer,
+            on_nonfinite_loss=self.config.on_nonfinite_loss,
+            check_gradients=not self.strategy_owns_precision,
+        )
+        self.preparation = Preparation(
+            self.plugins, self.prepared, self.step_state, self._preparation_settings(request)
+        )
         self.preemption = PreemptionWatch(self.facts.num_processes)
         self.step_state.step_observers.append(self.preemption.after_step)
         data_parallel = data_parallel_slot(self.layout, self.facts.num_processes, self.facts.process_index)[0]
-        self.throughput = (ThroughputMeter(self.facts.device, data_parallel, self.precision, self.facts.is_main_process,
-                                           model_parallel=max(self.facts.num_processes // data_parallel, 1))
-                           if meter_is_on() else None)
+        self.throughput = (
+            ThroughputMeter(
+                self.facts.device,
+                data_parallel,
+                self.precision,
+                self.facts.is_main_process,
+                model_parallel=max(self.facts.num_processes // data_parallel, 1),
+            )
+            if meter_is_on()
+            else None
+        )
         if self.throughput is not None:
             self.preparation.before_conversion = self.throughput.copy_structure
             self.step_state.step_observers.append(self.throughput.on_step)
-        self.checkpointer = TrainingStateCheckpointer(self.plugins, self.prepared, self.step_state, self.facts, self.counters)
+        self.checkpointer = TrainingStateCheckpointer(
+            self.plugins, self.prepared, self.step_state, self.facts, self.counters
+        )
         self.telemetry: TelemetryRecorder | None = None
 
     # ------------------------------------------------------------------ deciding
@@ -143,10 +181,15 @@ class TrainingRun:
         for cand in self.registry.ranked("backend"):
             if cand.description.options_class is not None:
                 fp8_specs.update(cand.description.options_class.option_specs())
-        config = resolve_config(given, fp8_specs=fp8_specs, file_layer=file_layer,
-                                sections=tuple(self.registry.config_sections()))
-        check_plugin_names(config, self.registry.precision_names(), self.registry.distributed_type_names(),
-                           where="the settings (argument, env var or config file)")
+        config = resolve_config(
+            given, fp8_specs=fp8_specs, file_layer=file_layer, sections=tuple(self.registry.config_sections())
+        )
+        check_plugin_names(
+            config,
+            self.registry.precision_names(),
+            self.registry.distributed_type_names(),
+            where="the settings (argument, env var or config file)",
+        )
         if config.gradient_accumulation_steps < 1:
             raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {config.gradient_accumulation_steps}.")
         _check_dynamo_backend(config.dynamo_backend)
@@ -160,32 +203,59 @@ class TrainingRun:
     def _settle_layout(self, given: ParallelismConfig | None) -> ParallelismConfig | None:
         strategy = self.strategy.chosen if self.strategy else None
         others = {c.name: c.description.mesh_dims for c in self.registry.ranked("strategy")}
-        return settle_layout(given, self.config.section(PARALLELISM_SECTION), "the settings", self.facts.num_processes,
-                             self.facts.device.type, strategy.name if strategy else "none",
-                             strategy.description.mesh_dims if strategy else (), others)
+        return settle_layout(
+            given,
+            self.config.section(PARALLELISM_SECTION),
+            "the settings",
+            self.facts.num_processes,
+            self.facts.device.type,
+            strategy.name if strategy else "none",
+            strategy.description.mesh_dims if strategy else (),
+            others,
+        )
 
     def _preparation_settings(self, request: RunRequest) -> PreparationSettings:
         config, loaders = self.config, request.loaders
         batches, batch_index = data_parallel_slot(self.layout, self.facts.num_processes, self.facts.process_index)
-        given = {"mode": config.dynamo_mode, "fullgraph": config.dynamo_use_fullgraph, "dynamic": config.dynamo_use_dynamic,
-                 "options": request.compile_options}
+        given = {
+            "mode": config.dynamo_mode,
+            "fullgraph": config.dynamo_use_fullgraph,
+            "dynamic": config.dynamo_use_dynamic,
+            "options": request.compile_options,
+        }
         return PreparationSettings(
-            device=self.facts.device, num_processes=batches, process_index=batch_index,
-            split_batches=loaders.split_batches, even_batches=loaders.even_batches,
-            device_placement=request.device_placement, dynamo_backend=config.dynamo_backend,
+            device=self.facts.device,
+            num_processes=batches,
+            process_index=batch_index,
+            split_batches=loaders.split_batches,
+            even_batches=loaders.even_batches,
+            device_placement=request.device_placement,
+            dynamo_backend=config.dynamo_backend,
             compile_options={k: v for k, v in given.items() if v is not None},
             regional_compilation=bool(config.dynamo_use_regional_compilation),
-            non_blocking=bool(loaders.non_blocking), dispatch_batches=loaders.dispatch_batches,
-            use_seedable_sampler=bool(loaders.use_seedable_sampler), data_seed=loaders.data_seed,
-            gradient_state=request.gradient_state)
+            non_blocking=bool(loaders.non_blocking),
+            dispatch_batches=loaders.dispatch_batches,
+            use_seedable_sampler=bool(loaders.use_seedable_sampler),
+            data_seed=loaders.data_seed,
+            gradient_state=request.gradient_state,
+        )
 
     def explain_backend_choice(self) -> str:
         """Why this backend: every installed backend with its priority and reason to decline."""
         if self.backend is None:
-            unused = Selection("backend", None, None, "ranking", self.registry.ranked("backend"), self.hardware,
-                               list(self.plugin_manager.broken))
-            return (f"mixed_precision={self.mixed_precision!r}: torch's own autocast and loss scaling; no "
-                    f"low-precision backend in use (they train mixed_precision='fp8' or 'fp4').\n{unused.explain()}")
+            unused = Selection(
+                "backend",
+                None,
+                None,
+                "ranking",
+                self.registry.ranked("backend"),
+                self.hardware,
+                list(self.plugin_manager.broken),
+            )
+            return (
+                f"mixed_precision={self.mixed_precision!r}: torch's own autocast and loss scaling; no "
+                f"low-precision backend in use (they train mixed_precision='fp8' or 'fp4').\n{unused.explain()}"
+            )
         return self.backend.explain()
 
     # ------------------------------------------------------------------ preparing and watching
@@ -267,5 +337,7 @@ def _check_dynamo_backend(backend: str | None) -> None:
 
     names = torch._dynamo.list_backends(exclude_tags=())
     if backend.lower() not in names:
-        raise ConfigError(f"dynamo_backend {backend!r} is not a torch.compile backend here.{did_you_mean(backend.lower(), names)} "
-                          f"Available: {', '.join(sorted(names))}, or 'no' to not compile.")
+        raise ConfigError(
+            f"dynamo_backend {backend!r} is not a torch.compile backend here.{did_you_mean(backend.lower(), names)} "
+            f"Available: {', '.join(sorted(names))}, or 'no' to not compile."
+        )

@@ -18,8 +18,8 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from lowbit.kernel.notices import LowbitNote, warn
 from lowbit.kernel.cpu_features import cpu_has_native_bf16
+from lowbit.kernel.notices import LowbitNote, warn
 from lowbit.kernel.types import NATIVE_PRECISIONS
 
 

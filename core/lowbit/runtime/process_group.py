@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import torch
 
-from lowbit.runtime.collective_device import hold_to_nccl_rules
 from lowbit.kernel.env_numbers import env_number
 from lowbit.kernel.errors import ConfigError, LowbitError
 
+from lowbit.runtime.collective_device import hold_to_nccl_rules
 
 # How long a rank that finished normally waits at exit for the others before leaving anyway.
 EXIT_BARRIER_TIMEOUT = datetime.timedelta(seconds=120)

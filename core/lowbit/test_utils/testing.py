@@ -11,10 +11,10 @@ import contextlib
 import importlib.util
 import io
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
-import shutil
 import unittest
 from pathlib import Path
 from typing import Any, Callable, Iterator

@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from lowbit.kernel.plugin_api import BackendDescription, HardwareInfo, PrepareContext, RecipeKwargs, hookimpl, recipe_option
+from lowbit.kernel.plugin_api import (
+    BackendDescription,
+    HardwareInfo,
+    PrepareContext,
+    RecipeKwargs,
+    hookimpl,
+    recipe_option,
+)
 
 
 @dataclass

@@ -8,8 +8,15 @@ import importlib.util
 import json
 
 from lowbit import hookimpl
-from lowbit.kernel.plugin_api import UnsupportedCombinationError
-from lowbit.kernel.plugin_api import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
+
+from lowbit.kernel.plugin_api import (
+    HardwareInfo,
+    PrepareContext,
+    StrategyDescription,
+    StrategyMemory,
+    UnsupportedCombinationError,
+)
+
 from lowbit_deepspeed.ds_config import SECTION_KEYS, check_section
 
 NAME = "deepspeed"

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lowbit.kernel.plugin_api import ConfigError, did_you_mean
-from lowbit.kernel.plugin_api import PrepareContext
+from lowbit.kernel.plugin_api import ConfigError, PrepareContext, did_you_mean
 
 # deepspeed_config keys (YAML section, env LOWBIT_DEEPSPEED_CONFIG, launch flags) and their meaning.
 SECTION_KEYS = {

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 import torch
 
 from lowbit.kernel.plugin_api import PrepareContext
+
 from lowbit_deepspeed.ds_config import build_config
 
 

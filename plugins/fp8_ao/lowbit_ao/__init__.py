@@ -8,9 +8,17 @@ from __future__ import annotations
 import importlib.util
 
 from lowbit import hookimpl
-from lowbit.kernel.plugin_api import recipe_launch_hooks
-from lowbit.kernel.plugin_api import BackendDescription, HardwareInfo, PrepareContext, StrategyIntegration
-from lowbit.kernel.plugin_api import installed_version, older_than
+
+from lowbit.kernel.plugin_api import (
+    BackendDescription,
+    HardwareInfo,
+    PrepareContext,
+    StrategyIntegration,
+    installed_version,
+    older_than,
+    recipe_launch_hooks,
+)
+
 from lowbit_ao.costs import RECIPE_COSTS
 from lowbit_ao.native_kernels import mxfp8_kernels_problem
 from lowbit_ao.recipe import RECIPE_NAMES, AORecipeKwargs

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit.kernel.plugin_api import fp4_layers_kept_bf16
-from lowbit.kernel.plugin_api import pad_tokens
-from lowbit.kernel.plugin_api import PrepareContext
+from lowbit.kernel.plugin_api import PrepareContext, fp4_layers_kept_bf16, pad_tokens
+
 from lowbit_ao.conv1d import conv1d_class, linear_dims
+from lowbit_ao.nvfp4 import BLOCK as NVFP4_BLOCK
+from lowbit_ao.nvfp4 import NVFP4Settings, hadamard_16, nvfp4_linear, random_signs
 from lowbit_ao.quiet_import import import_torchao
-from lowbit_ao.nvfp4 import BLOCK as NVFP4_BLOCK, NVFP4Settings, hadamard_16, nvfp4_linear, random_signs
 
 MXFP8_BLOCK = 32
 BLOCK_SIZES = {"mxfp8": MXFP8_BLOCK, "nvfp4": NVFP4_BLOCK}

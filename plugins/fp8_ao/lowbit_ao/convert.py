@@ -9,9 +9,17 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from lowbit.kernel.plugin_api import BackendUnavailableError, ConfigError, UnsupportedCombinationError
-from lowbit.kernel.plugin_api import LowbitNote, note
-from lowbit.kernel.plugin_api import ConversionReport, ConvertedModel, PrepareContext
+from lowbit.kernel.plugin_api import (
+    BackendUnavailableError,
+    ConfigError,
+    ConversionReport,
+    ConvertedModel,
+    LowbitNote,
+    PrepareContext,
+    UnsupportedCombinationError,
+    note,
+)
+
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
 from lowbit_ao.quiet_import import import_torchao

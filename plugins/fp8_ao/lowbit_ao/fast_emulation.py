@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from lowbit.kernel.plugin_api import cpu_has_native_bf16
+
 from lowbit_ao.gemm_rules import check_scaled_mm_shapes
 
 # fp8 dtype -> (left shift that puts its exponent and mantissa in bf16's place, 2^(127 - its bias))

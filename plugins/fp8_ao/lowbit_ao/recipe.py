@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from lowbit.kernel.plugin_api import at_least
-from lowbit.kernel.plugin_api import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
+from lowbit.kernel.plugin_api import FP4RecipeOptions, RecipeKwargs, at_least, recipe_name_option, recipe_option
 
 # The recipes lowbit-ao offers (lowbit.kernel.recipe_names), fp8 first: torchao.float8's three,
 # MXFP8 through torchao's prototype MXFP8Linear, NVFP4 through torchao's NVFP4Linear on a

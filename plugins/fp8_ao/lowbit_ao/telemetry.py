@@ -48,6 +48,7 @@ def _nvfp4_scale(tensor: torch.Tensor):
 
 def _block_stats(recipe: str, x: torch.Tensor, rounding: str) -> Any:
     from lowbit.kernel.plugin_api import block_cast_stats
+
     from lowbit_ao.block_formats import BLOCK_SIZES
 
     x = x.detach().reshape(-1, x.shape[-1])

@@ -10,9 +10,17 @@ import json
 from pathlib import Path
 
 from lowbit import hookimpl
-from lowbit.kernel.plugin_api import BackendUnavailableError, UnsupportedCombinationError
-from lowbit.kernel.plugin_api import recipe_launch_hooks
-from lowbit.kernel.plugin_api import BackendDescription, HardwareInfo, PrepareContext, StrategyIntegration
+
+from lowbit.kernel.plugin_api import (
+    BackendDescription,
+    BackendUnavailableError,
+    HardwareInfo,
+    PrepareContext,
+    StrategyIntegration,
+    UnsupportedCombinationError,
+    recipe_launch_hooks,
+)
+
 from lowbit_msamp.compat import deepspeed_integration_problem, unmet_requirements
 from lowbit_msamp.recipe import MSAMPRecipeKwargs
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import InitVar, dataclass
 from typing import ClassVar
 
-from lowbit.kernel.plugin_api import ConfigError
-from lowbit.kernel.plugin_api import RecipeKwargs, recipe_option
+from lowbit.kernel.plugin_api import ConfigError, RecipeKwargs, recipe_option
 
 OPT_LEVELS = ("O1", "O2")
 

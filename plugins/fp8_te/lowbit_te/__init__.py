@@ -8,10 +8,18 @@ from __future__ import annotations
 import importlib.util
 
 from lowbit import hookimpl
-from lowbit.kernel.plugin_api import recipe_launch_hooks
-from lowbit.kernel.plugin_api import UnsupportedCombinationError
-from lowbit.kernel.plugin_api import BackendDescription, HardwareInfo, PrepareContext, StrategyIntegration
-from lowbit.kernel.plugin_api import installed_version, older_than
+
+from lowbit.kernel.plugin_api import (
+    BackendDescription,
+    HardwareInfo,
+    PrepareContext,
+    StrategyIntegration,
+    UnsupportedCombinationError,
+    installed_version,
+    older_than,
+    recipe_launch_hooks,
+)
+
 from lowbit_te.costs import RECIPE_COSTS
 from lowbit_te.recipe import RECIPE_NAMES, TERecipeKwargs
 

@@ -7,12 +7,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit.kernel.plugin_api import fp4_layers_kept_bf16
-from lowbit.kernel.plugin_api import note
-from lowbit.kernel.plugin_api import ConversionReport, ConvertedModel, PrepareContext
+from lowbit.kernel.plugin_api import ConversionReport, ConvertedModel, PrepareContext, fp4_layers_kept_bf16, note
+
 from lowbit_te.fp8_state import keep_pickles_out_of_state_dicts
 from lowbit_te.gemm_rules import pad_tokens_for_fp8, token_multiple, weight_problem
 from lowbit_te.runtime import import_te
+
 
 def has_te_modules(model: nn.Module) -> bool:
     return any(type(m).__module__.startswith("transformer_engine") for m in model.modules())

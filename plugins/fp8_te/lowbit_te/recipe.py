@@ -4,9 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lowbit.kernel.plugin_api import at_least
-from lowbit.kernel.plugin_api import FP4RecipeOptions, RecipeKwargs, recipe_name_option, recipe_option
-from lowbit.kernel.plugin_api import ConfigError
+from lowbit.kernel.plugin_api import (
+    ConfigError,
+    FP4RecipeOptions,
+    RecipeKwargs,
+    at_least,
+    recipe_name_option,
+    recipe_option,
+)
 
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")

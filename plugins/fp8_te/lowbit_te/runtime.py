@@ -7,9 +7,13 @@ import os
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
-from lowbit.kernel.plugin_api import BackendUnavailableError, ConfigError, UnsupportedCombinationError
-from lowbit.kernel.plugin_api import note
-from lowbit.kernel.plugin_api import PrepareContext
+from lowbit.kernel.plugin_api import (
+    BackendUnavailableError,
+    ConfigError,
+    PrepareContext,
+    UnsupportedCombinationError,
+    note,
+)
 
 # Options Accelerate passes to DelayedScaling that TE 2.x removed, with the value that means
 # "TE 2.x's behaviour" (scaling factors update every step; no per-GEMM override).

@@ -14,14 +14,22 @@ import torch
 from helpers import TESTS, run_launch, said
 from torch import nn
 
+from lowbit.cli.flags import add_config_flags, raw_config_from_args
+from lowbit.parallelism_config import (
+    DeepSpeedSequenceParallelConfig,
+    ParallelismConfig,
+    TorchTensorParallelConfig,
+    settle_layout,
+)
+
+from lowbit.kernel.errors import ConfigError
+from lowbit.kernel.types import PrepareContext
+
 from lowbit.runtime.builtin.activation_checkpointing import checkpoint_blocks
 from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, expand_plan
-from lowbit.cli.flags import add_config_flags, raw_config_from_args
-from lowbit.run.accelerate_config import settings_from_accelerate_env
-from lowbit.kernel.errors import ConfigError
-from lowbit.parallelism_config import DeepSpeedSequenceParallelConfig, ParallelismConfig, TorchTensorParallelConfig, settle_layout
 from lowbit.runtime.training.toolchain import find_cxx_compiler
-from lowbit.kernel.types import PrepareContext
+
+from lowbit.run.accelerate_config import settings_from_accelerate_env
 
 WORKER = TESTS / "distributed" / "layout_worker.py"
 transformers = pytest.importorskip("transformers")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TESTS, Counter
 from torch import nn
 
-from helpers import Counter, TESTS
-
 from lowbit import Accelerator
+
 from lowbit.kernel.errors import CheckpointError
 
 ACCELERATE_RUN = TESTS / "scripts" / "accelerate_save_state.py"

@@ -19,15 +19,17 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-from torch import nn
 from helpers import manager_with, mlp, regression_data
+from torch import nn
 
 from lowbit import Accelerator, hookimpl
-from lowbit.runtime.checkpoint import files as checkpoint
-from lowbit.kernel.types import BackendDescription
-from lowbit.runtime.checkpoint.files import METADATA_FILE, RETIRED_DIR, STAGING_DIR, CheckpointNote
-from lowbit.kernel.errors import CheckpointError, ConfigError
 from lowbit.cli.self_test import train_steps
+
+from lowbit.kernel.errors import CheckpointError, ConfigError
+from lowbit.kernel.types import BackendDescription
+
+from lowbit.runtime.checkpoint import files as checkpoint
+from lowbit.runtime.checkpoint.files import METADATA_FILE, RETIRED_DIR, STAGING_DIR, CheckpointNote
 
 
 def _prepared(seed=0, mixed_precision="no"):

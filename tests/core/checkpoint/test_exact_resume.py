@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import TESTS, run_launch
 
 WORKER = TESTS / "distributed" / "resume_worker.py"

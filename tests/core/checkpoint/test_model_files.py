@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 from torch import nn
 
 from lowbit import Accelerator
-from lowbit.kernel.errors import ConfigError
-from lowbit.runtime.checkpoint.model_files import parse_size
 
+from lowbit.kernel.errors import ConfigError
+
+from lowbit.runtime.checkpoint.model_files import parse_size
 
 
 def test_save_model_writes_the_files_accelerate_writes(tmp_path):

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import yaml
+from helpers import TESTS
 
 from lowbit.cli.main import main
-from helpers import TESTS
 
 SHOW_ENV = str(TESTS / "scripts" / "show_env.py")
 

@@ -7,10 +7,11 @@ import sys
 import textwrap
 
 import pytest
-
 from helpers import TESTS, said
-from lowbit.run.settings import read_config_file, resolve_config, validate_config
+
 from lowbit.kernel.errors import ConfigError
+
+from lowbit.run.settings import read_config_file, resolve_config, validate_config
 
 
 def config_from(tmp_path, text: str):

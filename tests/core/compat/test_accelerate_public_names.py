@@ -7,12 +7,12 @@ import importlib
 import re
 
 import pytest
+from helpers import ROOT
 
 import lowbit
 from lowbit.big_modeling import INFERENCE_DISPATCH
-from lowbit.kernel.errors import NOT_OFFERED_MARK
-from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
-from helpers import ROOT
+
+from lowbit.kernel.errors import NOT_OFFERED_MARK, ConfigError, UnsupportedCombinationError
 
 accelerate = pytest.importorskip("accelerate")
 NAMES = sorted(name for name in dir(accelerate) if not name.startswith("_"))
@@ -163,6 +163,8 @@ def test_the_docs_list_every_name_of_the_api_reference_with_its_status():
 
 def test_accelerates_utils_submodule_paths_import_under_lowbit():
     """The ``accelerate.utils.<submodule>`` imports of Accelerate's own tests, rewritten to lowbit."""
+    import random
+
     from lowbit.utils.dataclasses import AORecipeKwargs, DataLoaderConfiguration, DistributedType  # noqa: F401
     from lowbit.utils.imports import is_deepspeed_available, is_transformers_available
     from lowbit.utils.memory import clear_device_cache, find_executable_batch_size, release_memory  # noqa: F401
@@ -170,8 +172,6 @@ def test_accelerates_utils_submodule_paths_import_under_lowbit():
     from lowbit.utils.other import extract_model_from_parallel  # noqa: F401
     from lowbit.utils.random import set_seed
     from lowbit.utils.versions import compare_versions, is_torch_version
-
-    import random
 
     set_seed(7)
     first = random.random()

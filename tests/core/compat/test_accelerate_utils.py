@@ -11,9 +11,10 @@ import torch
 from helpers import mlp
 
 from lowbit import Accelerator
-from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from lowbit.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, register_tracker_class
 from lowbit.utils import compile_regions, load_checkpoint_in_model, merge_fsdp_weights, purge_accelerate_environment
+
+from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 
 
 def test_a_pickled_or_copied_prepared_optimizer_still_steps():

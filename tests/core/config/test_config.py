@@ -6,11 +6,19 @@ import yaml
 from helpers import FakeBackend, FakeRecipe, manager_with
 
 from lowbit import Accelerator
-from lowbit.run.settings import (
-    LowbitConfig, config_from_env, config_to_env, read_config_file, resolve_config, validate_config, write_config_file,
-)
+
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.recipes import FP8RecipeKwargs
+
+from lowbit.run.settings import (
+    LowbitConfig,
+    config_from_env,
+    config_to_env,
+    read_config_file,
+    resolve_config,
+    validate_config,
+    write_config_file,
+)
 
 ACCELERATE_DOCS_TE_YAML = """\
 mixed_precision: fp8

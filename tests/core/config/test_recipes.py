@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
-
 from helpers import HardwareDetector, manager_with
+
 from lowbit import Accelerator
-from lowbit.kernel.recipe_names import canonical_recipe, recipe_status
-from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs, recipe_name_option
+
 from lowbit.kernel.errors import BackendUnavailableError, ConfigError
 from lowbit.kernel.hookspecs import hookimpl
+from lowbit.kernel.recipe_names import canonical_recipe, recipe_status
+from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs, recipe_name_option
 from lowbit.kernel.types import BackendDescription, HardwareInfo, RecipeInfo
 
 H100 = HardwareInfo("cpu", "stand-in H100", 1, (9, 0), (12, 9))
@@ -160,9 +161,10 @@ def test_lowbit_plugins_lists_each_backends_recipes_and_how_they_run_here(capsys
 
 def test_lowbit_launch_takes_the_recipe_flag_in_any_spelling():
     pytest.importorskip("lowbit_ao")
+    import sys as _sys
+
     from lowbit.cli.launch import build_command
     from lowbit.cli.main import build_parser
-    import sys as _sys
 
     saved, _sys.argv = _sys.argv, ["lowbit", "launch"]
     try:

@@ -4,12 +4,17 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import FakeBackend, ROOT, install_entry_points, install_plugin_module
+from helpers import ROOT, FakeBackend, install_entry_points, install_plugin_module
 
 from lowbit import hookimpl
-from lowbit.conformance import check_autocast_nests_with_bf16, check_description, check_discovery_is_cheap, run_conformance
-from lowbit.kernel.types import BackendDescription
+from lowbit.conformance import (
+    check_autocast_nests_with_bf16,
+    check_description,
+    check_discovery_is_cheap,
+    run_conformance,
+)
 
+from lowbit.kernel.types import BackendDescription
 
 
 def test_the_ao_backend_passes(tmp_path):

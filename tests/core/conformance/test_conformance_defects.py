@@ -11,9 +11,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from lowbit import Accelerator, hookimpl
+from lowbit.conformance import ConformanceFailure, check_discovery_is_cheap, run_conformance
+
 from lowbit.kernel.errors import PluginError
 from lowbit.kernel.recipes import FP8RecipeKwargs
-from lowbit.conformance import ConformanceFailure, check_discovery_is_cheap, run_conformance
 from lowbit.kernel.types import BackendDescription
 
 E4M3_MAX = 448.0

@@ -11,6 +11,7 @@ from helpers import install_entry_points, install_plugin_module, mlp, regression
 from torch import nn
 
 from lowbit import Accelerator
+
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.telemetry import SaturationWarning, TelemetryRecorder, UnderflowWarning, cast_stats
 

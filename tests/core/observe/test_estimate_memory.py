@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import TESTS, run_launch
+
 from lowbit.cli.estimate_memory_command import backend_memory, strategy_memory
+
 from lowbit.kernel.errors import ConfigError
+
 from lowbit.runtime.observe.memory_estimate import estimate_all
 
 HERE = TESTS

@@ -8,15 +8,24 @@ import re
 
 import pytest
 import torch
+from helpers import ROOT
 
 from lowbit.cli.fp8_payoff_command import installed_costs
 from lowbit.cli.main import main
-from lowbit.runtime.observe.gpu_specs import gpu_peak
+
 from lowbit.kernel.errors import ConfigError
+
 from lowbit.runtime.observe.fp8_payoff import (
-    LinearShape, ModelWork, count_work, known_gpu, predict, report_prediction, report_work, slower_layers,
+    LinearShape,
+    ModelWork,
+    count_work,
+    known_gpu,
+    predict,
+    report_prediction,
+    report_work,
+    slower_layers,
 )
-from helpers import ROOT
+from lowbit.runtime.observe.gpu_specs import gpu_peak
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("lowbit_ao")  # the recipes' costs are the backends' (lowbit-ao's here)

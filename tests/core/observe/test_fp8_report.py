@@ -7,7 +7,9 @@ from torch import nn
 pytest.importorskip("lowbit_ao")
 
 from helpers import FakeBackend, manager_with, said  # noqa: E402
+
 from lowbit import Accelerator, hookimpl  # noqa: E402
+
 from lowbit.kernel.errors import PluginError  # noqa: E402
 from lowbit.kernel.notices import LowbitWarning  # noqa: E402
 from lowbit.kernel.types import ConversionReport, ConvertedModel  # noqa: E402

@@ -7,10 +7,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
-from lowbit.runtime.precision import Precision
+from lowbit.tracking import GeneralTracker
+
 from lowbit.runtime.observe.gpu_specs import gpu_peak
 from lowbit.runtime.observe.throughput import batch_counts
-from lowbit.tracking import GeneralTracker
+from lowbit.runtime.precision import Precision
 
 
 def test_batches_are_counted_from_their_shapes():

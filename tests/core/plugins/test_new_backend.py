@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from helpers import TESTS, install_entry_points
 
 from lowbit.cli.main import main
@@ -131,6 +131,7 @@ def test_a_scaffolded_backend_with_its_own_precision_name_trains(tmp_path):
 
 def test_a_precision_nobody_offers_is_an_error_with_the_nearest_name():
     from lowbit import Accelerator
+
     from lowbit.kernel.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"mixed_precision 'fp9'.*Did you mean 'fp8'"):

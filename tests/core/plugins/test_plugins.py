@@ -9,16 +9,18 @@ import pytest
 from helpers import BrokenOnDescribe, FakeBackend, install_plugin_module, manager_with
 
 from lowbit import Accelerator, hookimpl
+
 from lowbit.kernel.errors import BackendNotFoundError, BackendUnavailableError, PluginError
-from lowbit.run.plugin_manager import make_plugin_manager
-from lowbit.kernel.registry import BackendRegistry, choose_backend
+from lowbit.kernel.registry import PluginRegistry, choose_plugin
 from lowbit.kernel.types import HardwareInfo, StrategyDescription
+
+from lowbit.run.plugin_manager import make_plugin_manager
 
 CPU = HardwareInfo("cpu", "CPU")
 
 
 def choose(*plugins, requested=None):
-    return choose_backend(BackendRegistry(manager_with(*plugins), CPU), "backend", requested, "test")
+    return choose_plugin(PluginRegistry(manager_with(*plugins), CPU), "backend", requested, "test")
 
 
 def test_highest_priority_available_backend_wins():
@@ -78,7 +80,7 @@ def test_calls_are_routed_to_the_chosen_backend_only():
 
 def test_broken_plugin_is_reported_and_others_keep_working():
     manager = manager_with(BrokenOnDescribe(), FakeBackend("good", 100))
-    sel = choose_backend(BackendRegistry(manager, CPU), "backend")
+    sel = choose_plugin(PluginRegistry(manager, CPU), "backend")
     assert sel.name == "good"
     assert any("boom while checking availability" in b.error for b in manager.broken)
 
@@ -86,7 +88,7 @@ def test_broken_plugin_is_reported_and_others_keep_working():
 def test_strict_mode_turns_a_broken_plugin_into_an_error():
     manager = make_plugin_manager(load_entry_points=False, extra_plugins=[BrokenOnDescribe()], strict=True)
     with pytest.raises(PluginError, match="boom"):
-        BackendRegistry(manager, CPU)
+        PluginRegistry(manager, CPU)
 
 
 def test_plugin_with_unknown_hook_name_is_reported_not_fatal():
@@ -97,17 +99,17 @@ def test_plugin_with_unknown_hook_name_is_reported_not_fatal():
 
     manager = manager_with(Typo(), FakeBackend("good", 100))
     assert any("convert_modle" in b.error for b in manager.broken)
-    assert choose_backend(BackendRegistry(manager, CPU), "backend").name == "good"
+    assert choose_plugin(PluginRegistry(manager, CPU), "backend").name == "good"
 
 
 def test_duplicate_backend_names_are_refused_naming_both_distributions():
     manager = manager_with(FakeBackend("same", 100), FakeBackend("same", 200), FakeBackend("other", 50))
-    registry = BackendRegistry(manager, CPU)
+    registry = PluginRegistry(manager, CPU)
     assert [c.name for c in registry.ranked("backend")] == ["other"]
     assert any("claimed by both" in b.error for b in manager.broken)
     with pytest.raises(BackendUnavailableError, match=r"'same'.*claimed by both"):
-        choose_backend(registry, "backend", "same", "test")
-    assert choose_backend(registry, "backend", "other", "test").name == "other"  # an unclaimed name still works
+        choose_plugin(registry, "backend", "same", "test")
+    assert choose_plugin(registry, "backend", "other", "test").name == "other"  # an unclaimed name still works
 
 
 def test_duplicate_names_across_entry_points_name_both_distributions(tmp_path, monkeypatch):
@@ -115,9 +117,9 @@ def test_duplicate_names_across_entry_points_name_both_distributions(tmp_path, m
     _write_dist(tmp_path, "lowbit-second", "lowbit_second_fp8", "second", source="lowbit_thirdparty_fp8")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("LOWBIT_PLUGINS", "first,second")
-    registry = BackendRegistry(make_plugin_manager(), CPU)
+    registry = PluginRegistry(make_plugin_manager(), CPU)
     with pytest.raises(BackendUnavailableError, match="claimed by both lowbit-first and lowbit-second"):
-        choose_backend(registry, "backend", "thirdparty", "test")
+        choose_plugin(registry, "backend", "thirdparty", "test")
 
 
 class DescribesWithAString:
@@ -145,7 +147,7 @@ def test_a_wrong_result_type_marks_only_that_plugin_broken():
     errors = " | ".join(b.describe() for b in manager.broken)
     assert "describe_backend returned 'fp8 backend, very fast': expected one of lowbit.kernel.types.BackendDescription" in errors
     assert "detect_hardware returned 'a GPU': expected a lowbit.kernel.types.HardwareInfo" in errors
-    assert choose_backend(BackendRegistry(manager, CPU), "backend").name == "good"
+    assert choose_plugin(PluginRegistry(manager, CPU), "backend").name == "good"
     launch = manager_with(WrongLaunchEnvironment())
     assert launch.call_each("launch_environment", args=None) == []
     assert "launch_environment returned ['LOWBIT_X=1']: expected a dict" in launch.broken[0].error
@@ -154,7 +156,7 @@ def test_a_wrong_result_type_marks_only_that_plugin_broken():
 def test_strict_mode_gives_a_clean_error_for_a_wrong_result_type():
     manager = make_plugin_manager(load_entry_points=False, extra_plugins=[DescribesWithAString()], strict=True)
     with pytest.raises(PluginError, match=r"is broken: describe_backend returned 'fp8 backend, very fast'"):
-        BackendRegistry(manager, CPU)
+        PluginRegistry(manager, CPU)
 
 
 def test_lowbit_plugins_survives_a_plugin_that_describes_itself_with_a_string(tmp_path, monkeypatch):
@@ -186,7 +188,7 @@ def test_bad_description_breaks_only_that_plugin():
             return BackendDescription("silent", 500, available=False, reason="")
 
     manager = manager_with(NoReason("silent", 500), FakeBackend("good", 100))
-    assert choose_backend(BackendRegistry(manager, CPU), "backend").name == "good"
+    assert choose_plugin(PluginRegistry(manager, CPU), "backend").name == "good"
     assert any("must say why" in b.error for b in manager.broken)
 
 
@@ -205,10 +207,10 @@ def test_entry_point_plugin_is_discovered_and_ranked(tmp_path, monkeypatch):
     _write_dist(tmp_path, "lowbit-broken", "lowbit_broken_fp8", "broken")
     monkeypatch.syspath_prepend(str(tmp_path))
     manager = make_plugin_manager()
-    registry = BackendRegistry(manager, CPU)
+    registry = PluginRegistry(manager, CPU)
     names = [c.name for c in registry.ranked("backend")]
     assert "thirdparty" in names
-    chosen = choose_backend(registry, "backend")
+    chosen = choose_plugin(registry, "backend")
     assert chosen.name == "thirdparty"  # priority 150 beats ao (100) when ao is installed
     cand = registry.find("backend", "thirdparty")
     assert (cand.description.distribution, cand.description.version) == ("lowbit-thirdparty", "0.3.0")
@@ -220,10 +222,10 @@ def test_lowbit_plugins_env_limits_loading(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("LOWBIT_PLUGINS", "")
     manager = make_plugin_manager()
-    assert [c.name for c in BackendRegistry(manager, CPU).ranked("backend")] == []
+    assert [c.name for c in PluginRegistry(manager, CPU).ranked("backend")] == []
     monkeypatch.setenv("LOWBIT_PLUGINS", "thirdparty")
     manager = make_plugin_manager()
-    assert [c.name for c in BackendRegistry(manager, CPU).ranked("backend")] == ["thirdparty"]
+    assert [c.name for c in PluginRegistry(manager, CPU).ranked("backend")] == ["thirdparty"]
 
 
 HEAVY = ("transformer_engine", "msamp", "deepspeed", "torchao")
@@ -245,7 +247,7 @@ def test_help_does_not_import_torch():
 
 def test_installed_backends_share_option_names_only_with_the_same_meaning():
     """Env vars, YAML keys and launch flags are shared by name: two backends must agree on them."""
-    registry = BackendRegistry(make_plugin_manager(), CPU)
+    registry = PluginRegistry(make_plugin_manager(), CPU)
     seen: dict[str, tuple[str, object, object]] = {}
     for cand in registry.ranked("backend"):
         if cand.description.options_class is None:
@@ -310,7 +312,7 @@ def test_a_plugin_naming_its_strategy_ddp_leaves_lowbits_ddp_working_and_is_name
     """It set both aside, so every plain multi-process launch failed without naming the plugin."""
     impostor = NamedStrategy("ddp")
     manager = manager_with(impostor)
-    registry = BackendRegistry(manager, CPU)
+    registry = PluginRegistry(manager, CPU)
     chosen = registry.strategy_for("MULTI_CPU")
     assert chosen is not None and chosen.plugin is not impostor and chosen.name == "ddp"
     assert any("as lowbit's built-in one, which keeps the name" in b.error for b in manager.broken)

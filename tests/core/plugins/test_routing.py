@@ -6,12 +6,12 @@ import json
 import re
 
 import pytest
-
 import torch
-from helpers import FakeBackend, TESTS, manager_with, mlp
+from helpers import TESTS, FakeBackend, manager_with, mlp
 from torch import nn
 
 from lowbit import Accelerator, hookimpl
+
 from lowbit.kernel.errors import PluginError
 from lowbit.kernel.types import StrategyDescription, StrategyIntegration
 

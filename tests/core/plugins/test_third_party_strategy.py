@@ -8,9 +8,9 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 from helpers import ROOT, install_entry_points, run_launch
 
 from lowbit.conformance import run_strategy_conformance

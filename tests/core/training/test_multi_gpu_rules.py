@@ -65,6 +65,7 @@ def test_processes_that_would_share_a_gpu_are_refused(monkeypatch):
     """4 processes on a machine whose processes all see 2 GPUs: rank % GPUs put two on each
     ("Duplicate GPU" in NCCL later). One GPU each by CUDA_VISIBLE_DEVICES is fine."""
     from lowbit.kernel.errors import ConfigError
+
     from lowbit.runtime.process_group import _refuse_ranks_sharing_a_gpu
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
@@ -255,6 +256,7 @@ def test_the_launchers_run_a_function_defined_where_no_file_holds_it(tmp_path):
 
 def test_the_launchers_refuse_to_fork_once_cuda_is_in_use(monkeypatch):
     from lowbit import debug_launcher
+
     from lowbit.kernel.errors import ConfigError
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

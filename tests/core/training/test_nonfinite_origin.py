@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
+
 from lowbit.kernel.errors import CheckpointError
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from lowbit import Accelerator
+
 from lowbit.runtime.precision import Precision, SlowPrecisionNotice
 
 CPU = torch.device("cpu")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import TESTS
 
 from lowbit import Accelerator
-from helpers import TESTS
 
 WORKER = TESTS / "distributed" / "preemption_worker.py"
 

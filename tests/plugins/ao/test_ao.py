@@ -11,18 +11,21 @@ pytest.importorskip("lowbit_ao")
 torchao_float8 = pytest.importorskip("torchao.float8")
 
 import torch  # noqa: E402
-from safetensors.torch import load_file
 from helpers import FakeBackend, mlp, regression_data  # noqa: E402
+from safetensors.torch import load_file
 from torch import nn  # noqa: E402
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
 from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 
-import lowbit_ao  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
-from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
-from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
 from lowbit.cli.self_test import train_steps  # noqa: E402
 from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs  # noqa: E402
+
+from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
+
+from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
+
+import lowbit_ao  # noqa: E402
 from lowbit_ao.convert import EmulationNotice, default_module_filter  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.EmulationNotice")
@@ -140,6 +143,7 @@ def test_non_emulated_fp8_on_cpu_runs_torch_scaled_mm_with_a_note():
 
 def test_non_emulated_fp8_on_a_gpu_without_fp8_is_a_clear_error():
     from lowbit.kernel.types import HardwareInfo, PrepareContext
+
     from lowbit_ao.convert import build_float8_config
 
     a100 = HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0))
@@ -152,6 +156,7 @@ def test_non_emulated_fp8_on_a_gpu_without_fp8_is_a_clear_error():
 def test_float8_on_a_gpu_without_compile_says_what_to_expect(compiled, recwarn):
     """torchao's speedups are measured compiled; eager, its casts are kernels of their own."""
     from lowbit.kernel.types import HardwareInfo, PrepareContext
+
     from lowbit_ao.convert import check_compatibility
 
     h100 = HardwareInfo("cuda", "NVIDIA H100", 1, (9, 0))

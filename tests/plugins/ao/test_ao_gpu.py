@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
-from helpers import needs_fp8_gpu_with, train_on_gpu
 from ao_helpers import launch_ddp_worker
+from helpers import needs_fp8_gpu_with, train_on_gpu
+from torch import nn
 
 from lowbit.utils import AORecipeKwargs
 
@@ -90,6 +89,7 @@ def test_mxfp8_runs_torchaos_native_kernels_on_blackwell_and_trains():
     if torch.cuda.get_device_capability()[0] != 10:
         pytest.skip("torchao's MXFP8 kernels are built for sm_100a (B200, GB200, B300); elsewhere mxfp8 runs emulated")
     from lowbit.kernel.types import HardwareInfo
+
     from lowbit_ao.native_kernels import mxfp8_kernels_problem
 
     missing = mxfp8_kernels_problem(HardwareInfo("cuda", "GPU", 1, torch.cuda.get_device_capability()))

@@ -14,10 +14,12 @@ from helpers import ROOT  # noqa: E402
 from torch import nn  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
+from lowbit.utils import AORecipeKwargs  # noqa: E402
+
 from lowbit.kernel.errors import ConfigError  # noqa: E402
+
 from lowbit.runtime.observe.fp8_payoff import AutoFilterNotice  # noqa: E402
 from lowbit.runtime.observe.gpu_specs import gpu_peak  # noqa: E402
-from lowbit.utils import AORecipeKwargs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.EmulationNotice")
 

@@ -11,13 +11,15 @@ import pytest
 pytest.importorskip("lowbit_ao")
 
 import torch  # noqa: E402
+from helpers import mlp, regression_data  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from torch import nn  # noqa: E402
 
-from helpers import mlp, regression_data  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
-from lowbit.kernel.errors import UnsupportedCombinationError  # noqa: E402
 from lowbit.utils import AORecipeKwargs  # noqa: E402
+
+from lowbit.kernel.errors import UnsupportedCombinationError  # noqa: E402
+
 from lowbit_ao import nvfp4  # noqa: E402
 from lowbit_ao.block_formats import BlockScaled  # noqa: E402
 
@@ -308,8 +310,9 @@ def test_mxfp8_kernels_are_checked_not_assumed_from_the_compute_capability(monke
 
 
 def test_without_its_kernels_mxfp8_is_emulated_on_blackwell_and_lowbit_env_says_so(monkeypatch):
-    import lowbit_ao
     from lowbit.kernel.recipe_names import recipe_status
+
+    import lowbit_ao
 
     monkeypatch.setattr(lowbit_ao, "mxfp8_kernels_problem", lambda hardware: "triton is not installed")
     assert recipe_status(lowbit_ao.describe_backend(_blackwell()), "mxfp8", _blackwell()) == "emulated"
@@ -321,11 +324,12 @@ def test_a_native_mxfp8_run_whose_op_has_no_kernel_falls_back_to_the_emulated_ke
     """Planned native (sm_100, triton and the extension file found), but torchao::mxfp8_quantize has no
     CUDA kernel once torchao is imported (here: no CUDA at all): the run trains on the emulated
     kernels and says why, instead of failing in the first GEMM."""
-    import lowbit_ao
-    from lowbit.run.plugin_manager import make_plugin_manager
-    from lowbit_ao import native_kernels
-
     from helpers import HardwareDetector, said
+
+    from lowbit.run.plugin_manager import make_plugin_manager
+
+    import lowbit_ao
+    from lowbit_ao import native_kernels
 
     for owner in (lowbit_ao, native_kernels):  # what can be read without torchao: all there
         monkeypatch.setattr(owner, "mxfp8_kernels_problem", lambda hardware: "")

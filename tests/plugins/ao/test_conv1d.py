@@ -11,6 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.pytorch_utils import Conv1D
 
 from lowbit import Accelerator
+
 from lowbit_ao.conv1d import Float8Conv1D
 
 

@@ -22,6 +22,7 @@ from torchao.float8.float8_linear import Float8Linear  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
 from lowbit.utils import AORecipeKwargs  # noqa: E402
+
 from lowbit_ao.fast_emulation import exact_values, mark_converted_layers, scaled_mm  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.EmulationNotice")

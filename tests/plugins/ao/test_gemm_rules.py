@@ -20,6 +20,7 @@ from torch import nn  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
 from lowbit.utils import AORecipeKwargs  # noqa: E402
+
 from lowbit_ao.gemm_rules import FP8GemmShapeError, check_scaled_mm_shapes  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.EmulationNotice")

@@ -14,6 +14,7 @@ import torch  # noqa: E402
 
 from lowbit.kernel.errors import ConfigError  # noqa: E402
 from lowbit.kernel.types import HardwareInfo, PrepareContext  # noqa: E402
+
 from lowbit_deepspeed.ds_config import build_config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core" / "builtin"))  # test_distributed.py

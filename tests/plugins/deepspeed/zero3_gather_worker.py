@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from lowbit import Accelerator
+
 from lowbit_deepspeed.engine import DeepSpeedRunState
 
 torch.manual_seed(0)

@@ -15,8 +15,9 @@ import json
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from source_signatures import as_text, callable_args, find_definition, parameters_with_defaults  # noqa: E402

@@ -15,17 +15,28 @@ import pytest
 
 pytest.importorskip("lowbit_msamp")
 
-import torch  # noqa: E402
 import source_signatures  # noqa: E402
-from helpers import FakeBackend, HardwareDetector, TiedLM, install_entry_points, mlp, needs_fp8_gpu_with, regression_data  # noqa: E402
+import torch  # noqa: E402
+from helpers import (  # noqa: E402
+    FakeBackend,
+    HardwareDetector,
+    TiedLM,
+    install_entry_points,
+    mlp,
+    needs_fp8_gpu_with,
+    regression_data,
+)
 from torch import nn  # noqa: E402
 
-import lowbit_msamp  # noqa: E402
 from lowbit import Accelerator  # noqa: E402
-from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
-from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
-from lowbit.kernel.types import HardwareInfo  # noqa: E402
 from lowbit.utils import AORecipeKwargs, FP8RecipeKwargs, MSAMPRecipeKwargs  # noqa: E402
+
+from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
+from lowbit.kernel.types import HardwareInfo  # noqa: E402
+
+from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
+
+import lowbit_msamp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import standin_msamp  # noqa: E402

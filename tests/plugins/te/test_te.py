@@ -14,23 +14,24 @@ import pytest
 pytest.importorskip("lowbit_te")
 
 import torch  # noqa: E402
+from helpers import HardwareDetector, TiedLM, needs_fp8_gpu_with, said  # noqa: E402
 from safetensors.torch import load_file
 from torch import nn  # noqa: E402
 
-from helpers import HardwareDetector, TiedLM, needs_fp8_gpu_with, said  # noqa: E402
-
 from lowbit import Accelerator  # noqa: E402
-from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
-from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
-from lowbit.kernel.registry import BackendRegistry, choose_backend  # noqa: E402
-from lowbit.kernel.types import HardwareInfo  # noqa: E402
 from lowbit.utils import TERecipeKwargs  # noqa: E402
+
+from lowbit.kernel.errors import BackendUnavailableError, ConfigError, UnsupportedCombinationError  # noqa: E402
+from lowbit.kernel.registry import PluginRegistry, choose_plugin  # noqa: E402
+from lowbit.kernel.types import HardwareInfo  # noqa: E402
+
+from lowbit.run.plugin_manager import make_plugin_manager  # noqa: E402
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+import source_signatures  # noqa: E402
 import standin_te  # noqa: E402
 import te_sources  # noqa: E402
-import source_signatures  # noqa: E402
 
 TE_VERSION = "2.20.2"
 H100 = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0), (12, 9))
@@ -167,7 +168,7 @@ def test_te_without_its_pytorch_extension_or_with_mixed_versions_is_unavailable(
     monkeypatch.delitem(sys.modules, "transformer_engine_torch")
     reason = lowbit_te.unavailable_reason(H100)
     assert "without its PyTorch extension (transformer_engine_torch)" in reason
-    assert choose_backend(BackendRegistry(make_plugin_manager(), H100), "backend").name != "te"
+    assert choose_plugin(PluginRegistry(make_plugin_manager(), H100), "backend").name != "te"
     monkeypatch.setitem(sys.modules, "transformer_engine_torch", extension)
     versions = {"transformer_engine": "2.20.2", "transformer_engine_torch": "2.19.0"}
     monkeypatch.setattr(lowbit_te, "installed_version", lambda name: versions.get(name))
@@ -186,8 +187,8 @@ def test_old_te_version_is_named(te, monkeypatch):
 
 
 def test_te_priority_200_beats_ao(te):
-    registry = BackendRegistry(make_plugin_manager(), H100)
-    assert choose_backend(registry, "backend").name == "te"
+    registry = PluginRegistry(make_plugin_manager(), H100)
+    assert choose_plugin(registry, "backend").name == "te"
     assert registry.find("backend", "te").description.priority == 200
 
 

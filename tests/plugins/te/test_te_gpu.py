@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-
 from helpers import TiedLM, needs_fp8_gpu_with, run_launch, train_on_gpu
+from torch import nn
 
 from lowbit import Accelerator
 from lowbit.utils import TERecipeKwargs
+
 from lowbit_te.runtime import TERunState
 
 gpu_te = needs_fp8_gpu_with("transformer_engine.pytorch", "Transformer Engine")

@@ -9,6 +9,23 @@ import importlib
 from typing import Any
 
 from lowbit.kernel.first_party import install_command
+from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs  # noqa: F401
+
+from lowbit.run.layout import (  # noqa: F401
+    DeepSpeedSequenceParallelConfig,
+    ParallelismConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+)
+
+from lowbit.compat.accelerate_names import (  # noqa: F401 - Accelerate's vocabularies
+    ComputeEnvironment,
+    DynamoBackend,
+    LoggerType,
+    PrecisionType,
+    RNGType,
+    SageMakerDistributedType,
+)
 from lowbit.compat.handlers import (  # noqa: F401 - re-exported under Accelerate's names
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -23,21 +40,6 @@ from lowbit.compat.handlers import (  # noqa: F401 - re-exported under Accelerat
     ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
-)
-from lowbit.kernel.recipes import FP8RecipeKwargs, RecipeKwargs  # noqa: F401
-from lowbit.run.layout import (  # noqa: F401
-    DeepSpeedSequenceParallelConfig,
-    ParallelismConfig,
-    TorchContextParallelConfig,
-    TorchTensorParallelConfig,
-)
-from lowbit.compat.accelerate_names import (  # noqa: F401 - Accelerate's vocabularies
-    ComputeEnvironment,
-    DynamoBackend,
-    LoggerType,
-    PrecisionType,
-    RNGType,
-    SageMakerDistributedType,
 )
 from lowbit.compat.state import DistributedType  # noqa: F401
 

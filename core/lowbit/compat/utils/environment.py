@@ -9,6 +9,7 @@ import os
 import re
 import unittest
 from typing import Any, Iterator
+
 from lowbit.compat.paths import public_path
 
 __all__ = ["clear_environment", "convert_dict_to_env_variables", "patch_environment", "purge_accelerate_environment"]

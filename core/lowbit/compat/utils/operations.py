@@ -1,8 +1,8 @@
 """Accelerate's ``accelerate.utils.operations`` path: collectives and nested-structure helpers."""
 from lowbit.runtime.training.operations import (  # noqa: F401 - re-exported under Accelerate's path
-    broadcast,
     CannotPadNestedTensorWarning,
     DistributedOperationException,
+    broadcast,
     broadcast_object_list,
     concatenate,
     convert_outputs_to_fp32,

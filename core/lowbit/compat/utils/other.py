@@ -6,6 +6,7 @@ import os
 import platform
 import re
 from typing import Any
+
 from lowbit.compat.paths import public_path
 
 __all__ = ["check_os_kernel", "extract_model_from_parallel", "get_active_deepspeed_plugin", "get_grad_scaler", "get_model_tp_size",

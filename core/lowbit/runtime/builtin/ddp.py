@@ -3,10 +3,11 @@ ParallelismConfig, tensor parallelism over every process (``tp_size``, each proc
 batch), or DDP over ``dp_replicate``."""
 from __future__ import annotations
 
-from lowbit.runtime.builtin import sharded_state
-from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
 from lowbit.kernel.hookspecs import hookimpl
 from lowbit.kernel.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
+
+from lowbit.runtime.builtin import sharded_state
+from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
 
 NAME = "ddp"
 # Every rank holds everything; its gradient buckets are a second copy of the gradients.

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from lowbit.runtime.builtin import sharded_state
-from lowbit.runtime.builtin.activation_checkpointing import MODES as CHECKPOINT_MODES, checkpoint_blocks
-from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
 from lowbit.kernel.errors import ConfigError, did_you_mean
 from lowbit.kernel.hookspecs import hookimpl
 from lowbit.kernel.types import HardwareInfo, PrepareContext, StrategyDescription, StrategyMemory
+
+from lowbit.runtime.builtin import sharded_state
+from lowbit.runtime.builtin.activation_checkpointing import MODES as CHECKPOINT_MODES
+from lowbit.runtime.builtin.activation_checkpointing import checkpoint_blocks
+from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
 
 NAME = "fsdp"
 # Everything sharded; one block's parameters are whole while it computes, and unsharded gradients

@@ -21,10 +21,11 @@ from typing import Any, Callable
 
 import torch
 
-from lowbit.runtime.checkpoint.cuda_rng import set_cuda_rng_states
-from lowbit.runtime.checkpoint.files import check_optimizer_state_fits, check_state_fits, read_safetensors
 from lowbit.kernel.errors import CheckpointError
 from lowbit.kernel.notices import note
+
+from lowbit.runtime.checkpoint.cuda_rng import set_cuda_rng_states
+from lowbit.runtime.checkpoint.files import check_optimizer_state_fits, check_state_fits, read_safetensors
 
 MODEL_FILES = ("model{suffix}.safetensors", "pytorch_model{suffix}.bin")
 # Files whose presence (without lowbit's metadata) marks a directory as Accelerate's.

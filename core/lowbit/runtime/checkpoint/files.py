@@ -30,9 +30,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from lowbit.runtime.atomic_write import write_atomically
-from lowbit.kernel.notices import LowbitNote, note
 from lowbit.kernel.errors import CheckpointError
+from lowbit.kernel.notices import LowbitNote, note
+
+from lowbit.runtime.atomic_write import write_atomically
 
 METADATA_FILE = "lowbit_state.json"
 STAGING_DIR = ".lowbit-staging"

@@ -12,6 +12,7 @@ from typing import Iterable
 import torch
 
 from lowbit.kernel.errors import CheckpointError
+
 from lowbit.runtime.collective_device import on_group_device
 
 SHOWN = 5

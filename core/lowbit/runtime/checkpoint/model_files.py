@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lowbit.kernel.notices import note
-from lowbit.runtime.checkpoint.files import read_safetensors, write_file_atomically, write_json_atomically
 from lowbit.kernel.errors import CheckpointError, ConfigError
+from lowbit.kernel.notices import note
+
+from lowbit.runtime.checkpoint.files import read_safetensors, write_file_atomically, write_json_atomically
 
 SAFE_WEIGHTS = "model.safetensors"
 TORCH_WEIGHTS = "pytorch_model.bin"

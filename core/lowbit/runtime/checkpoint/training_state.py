@@ -17,17 +17,18 @@ from typing import Any, Callable
 
 import torch
 
+from lowbit.kernel import version as lowbit_version
+from lowbit.kernel.errors import CheckpointError, ConfigError
+from lowbit.kernel.notices import note
+
 from lowbit.runtime.checkpoint import files as checkpoint
 from lowbit.runtime.checkpoint.accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
 from lowbit.runtime.checkpoint.cuda_rng import cuda_rng_state, set_cuda_rng_states
 from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
-from lowbit.kernel.errors import CheckpointError, ConfigError
-from lowbit.kernel.notices import note
+from lowbit.runtime.process_group import ProcessFacts, every_rank_must_arrive, wait_for_everyone
+from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training.preparation import unwrap
 from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
-from lowbit.runtime.routing import ChosenPlugins
-from lowbit.runtime.process_group import ProcessFacts, every_rank_must_arrive, wait_for_everyone
-from lowbit.kernel import version as lowbit_version
 
 
 class TrainingStateCheckpointer:

@@ -32,9 +32,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from lowbit.kernel.errors import ConfigError, did_you_mean
 from lowbit.kernel.notices import LowbitNote, note
-from lowbit.runtime.observe.gpu_specs import GPU_PEAKS, DevicePeak, gpu_peak
-from lowbit.runtime.nests import tensor_leaves
 from lowbit.kernel.types import BF16_BYTES, RecipeCost
+
+from lowbit.runtime.nests import tensor_leaves
+from lowbit.runtime.observe.gpu_specs import GPU_PEAKS, DevicePeak, gpu_peak
 
 # torchao roofline_utils.py (H100, "experimental observation with sample large inputs"; torchao
 # reuses them for B200 and MI300X): the share of the tensor-core peak a large bf16 GEMM reaches,

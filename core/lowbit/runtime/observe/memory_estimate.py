@@ -27,8 +27,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from lowbit.runtime.observe.model_spec import example_inputs, load_model_on_meta
 from lowbit.kernel.types import StrategyMemory
+
+from lowbit.runtime.observe.model_spec import example_inputs, load_model_on_meta
 
 # (weights, gradients, AdamW states) in bytes per parameter: fp32 master weights and fp32 states in every precision.
 NATIVE_BYTES = {"no": (4.0, 4.0, 8.0), "fp16": (4.0, 4.0, 8.0), "bf16": (4.0, 4.0, 8.0)}

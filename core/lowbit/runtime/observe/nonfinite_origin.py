@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit.runtime.observe.throughput import feeding_calls, random_state_kept
 from lowbit.runtime.nests import tensor_leaves
+from lowbit.runtime.observe.throughput import feeding_calls, random_state_kept
 
 
 def _finite(value: Any) -> bool:

@@ -26,9 +26,10 @@ from typing import Any, Callable, Iterable
 import torch
 
 from lowbit.kernel.env_numbers import env_number
-from lowbit.runtime.precision import Precision
-from lowbit.runtime.observe.gpu_specs import DevicePeak, gpu_peak
+
 from lowbit.runtime.nests import tensor_leaves
+from lowbit.runtime.observe.gpu_specs import DevicePeak, gpu_peak
+from lowbit.runtime.precision import Precision
 
 # Env: seconds between the progress lines (0: none), and 0 to turn the meter off.
 EVERY_ENV = "LOWBIT_THROUGHPUT_EVERY"

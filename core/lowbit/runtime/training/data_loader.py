@@ -29,7 +29,12 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 from lowbit.runtime.training.dispatch import dispatched
 from lowbit.runtime.training.gradient_sync import loader_ended, loader_started
 from lowbit.runtime.training.loader_shards import (
-    BatchSamplerShard, IterableDatasetShard, loading_settings, natively_sharded, workers_outlive_sigterm)
+    BatchSamplerShard,
+    IterableDatasetShard,
+    loading_settings,
+    natively_sharded,
+    workers_outlive_sigterm,
+)
 from lowbit.runtime.training.operations import broadcast, send_to_device
 
 

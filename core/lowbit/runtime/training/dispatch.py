@@ -13,11 +13,10 @@ dispatched; with it, dropped. The same batches per process as Accelerate's DataL
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 
 import torch
-
-from collections.abc import Mapping
 
 from lowbit.runtime.training.operations import broadcast, broadcast_object_list, recursively_apply
 

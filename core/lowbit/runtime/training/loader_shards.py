@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from lowbit.kernel.errors import ConfigError
+
 from lowbit.runtime.training.operations import send_to_device
 
 

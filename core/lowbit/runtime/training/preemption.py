@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 
 from lowbit.kernel.env_numbers import env_number
-from lowbit.runtime.collective_device import on_group_device
 
+from lowbit.runtime.collective_device import on_group_device
 
 # Several processes poll the stop signal together this often (in optimizer steps): the all-reduce
 # it takes is a host sync. lowbit launch's grace period (60 s) covers 10 steps of up to 6 s; a

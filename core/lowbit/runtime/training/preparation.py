@@ -8,24 +8,24 @@ the chosen plugins, the prepared objects and the step state it is given, not wit
 from __future__ import annotations
 
 import copy
-import types
-
 import functools
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 import torch
 
-from lowbit.runtime.training.data_loader import PreparedDataLoader
-from lowbit.runtime.training.operations import convert_to_fp32
-from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from lowbit.kernel import notices
+from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
+from lowbit.kernel.types import PrepareContext
+
 from lowbit.runtime.observe.fp8_payoff import report_prediction, report_work
 from lowbit.runtime.observe.fp8_report import conversion_report, converted_nothing
-from lowbit.runtime.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepState
 from lowbit.runtime.routing import ChosenPlugins, plugin_label
+from lowbit.runtime.training.data_loader import PreparedDataLoader
+from lowbit.runtime.training.operations import convert_to_fp32
+from lowbit.runtime.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepState
 from lowbit.runtime.training.toolchain import check_compiler_for
-from lowbit.kernel.types import PrepareContext
 
 
 @dataclass
@@ -103,7 +103,7 @@ class Preparation:
             if not self._strategy_places_model:
                 model = model.to(self.settings.device)
             optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
-            model, optimizer = self._prepare_fp8(model, optimizer)
+            model, optimizer = self._convert_for_backend(model, optimizer)
             if paired_optimizer is not None:
                 raw_optimizers[paired_optimizer] = optimizer
             model, optimizer = self._distribute(model, optimizer)
@@ -174,7 +174,8 @@ class Preparation:
             "(torch.utils.data.DataLoader) and LR schedulers."
         )
 
-    def _prepare_fp8(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+    def _convert_for_backend(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
+        """The chosen low-precision backend converts the model (and, for some, the optimizer with it): any backend, FP8 or FP4."""
         plugins = self.plugins
         if plugins.backend is None:
             return model, optimizer

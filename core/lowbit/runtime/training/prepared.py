@@ -13,11 +13,11 @@ from typing import Any, Callable
 import torch
 
 from lowbit.kernel import notices
-from lowbit.runtime.collective_device import on_group_device
-
-from lowbit.runtime.training.gradient_sync import GradientSync
-from lowbit.runtime.precision import DeviceVerdict, Precision
 from lowbit.kernel.types import ConversionReport
+
+from lowbit.runtime.collective_device import on_group_device
+from lowbit.runtime.precision import DeviceVerdict, Precision
+from lowbit.runtime.training.gradient_sync import GradientSync
 
 
 @dataclass

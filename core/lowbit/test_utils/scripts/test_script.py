@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
 from lowbit.test_utils.training import RegressionDataset, RegressionModel
+
 from lowbit.compat.utils import gather, set_seed, synchronize_rng_states
 
 

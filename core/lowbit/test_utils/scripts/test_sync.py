@@ -7,6 +7,7 @@ import torch
 
 from lowbit import Accelerator
 from lowbit.test_utils.training import RegressionModel
+
 from lowbit.compat.utils import gather
 
 
