@@ -1,11 +1,11 @@
-"""Accelerate's ``Accelerator`` on lowbit's run.
+"""Accelerate's ``Accelerator``, answered from one lowbit run.
 
-It reads the settings (arguments, Accelerate's handler objects, the config file, ``LOWBIT_*``),
-builds the run's ``Precision``, chooses at most one low-precision backend and at most one
-distributed strategy, and from then on calls only those (routed hooks); ``prepare`` hands the work
-to :class:`~lowbit.runtime.training.preparation.Preparation`. Order of preparation: the backend's
-conversion, then distribution, then the forward is wrapped in the autocast contexts (native
-autocast outside, the backend's own context inside). After ``prepare()`` the step is plain torch.
+``__init__`` turns Accelerate's arguments and handler objects (its own or Accelerate's, as
+transformers' Trainer passes them) into a :class:`~lowbit.run.training_run.RunRequest` and builds
+the :class:`~lowbit.run.training_run.TrainingRun`, which decides everything once: the settings,
+the plugins, the ``Precision``, the layout. The methods are Accelerate's; ``prepare`` hands the
+work to the run (the backend's conversion, then distribution, then the autocast contexts). After
+``prepare()`` the step is plain torch.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from lowbit.runtime.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, w
 from lowbit.runtime.nests import leaves
 from lowbit.runtime.observe.fp8_report import conversion_report
 from lowbit.runtime.observe.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, Trackers
-from lowbit.runtime.precision import Precision
+from lowbit.runtime.precision import Precision, SlowPrecisionNotice  # noqa: F401 - a warnings filter names it from here
 from lowbit.runtime.process_group import ProcessFacts, RankFacts, every_rank_must_arrive, wait_for_everyone
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training import operations
