@@ -117,6 +117,12 @@ def test_importing_lowbit_loads_only_the_kernel_and_no_torch():
     assert ours and all(layer_of(m) == "kernel" for m in ours) and not loaded["torch"], loaded
 
 
+def test_building_the_plugin_manager_loads_no_torch():
+    """Discovery is cheap: the built-ins and the installed plugins' entry modules, no torch."""
+    loaded = modules_loaded("plugin_manager")
+    assert "lowbit.runtime.builtin.ddp" in loaded["lowbit"] and not loaded["torch"], loaded
+
+
 @pytest.mark.parametrize("plugin", sorted(p.name for p in PLUGINS.iterdir() if (p / "pyproject.toml").exists()))
 def test_a_first_party_plugin_imports_only_the_kernel(plugin):
     outside = []

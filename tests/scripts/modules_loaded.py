@@ -18,7 +18,9 @@ def load(which: str) -> None:
     elif which == "accelerator":
         from lowbit import Accelerator  # noqa: F401
     elif which == "plugin_manager":
-        import lowbit.run.plugin_manager  # noqa: F401
+        from lowbit.run.plugin_manager import make_plugin_manager
+
+        make_plugin_manager()  # the built-ins and every installed entry point
     else:
         raise SystemExit(f"unknown import {which!r}: root, set_seed, accelerator or plugin_manager")
 
