@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import mlp, regression_data
 
 from lowbit import Accelerator
 
 from lowbit.kernel.errors import ConfigError
 
 from lowbit.run.training_run import RunRequest, TrainingRun
-
-from helpers import mlp, regression_data
 
 
 def _train(prepare, backward, steps: int = 3) -> list[float]:
