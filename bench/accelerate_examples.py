@@ -3,7 +3,8 @@
     python bench/accelerate_examples.py --accelerate-src /path/to/accelerate          # git checkout or bare repo
     python bench/accelerate_examples.py --accelerate-src SRC --processes 2 examples/nlp_example.py
     python bench/accelerate_examples.py --accelerate-src SRC --list
-    python bench/accelerate_examples.py --accelerate-src SRC --script-args="--mixed_precision fp8" examples/by_feature/profiler.py
+    python bench/accelerate_examples.py --accelerate-src SRC --script-args="--mixed_precision fp8"
+    examples/by_feature/profiler.py
 
 Nothing of Accelerate's is copied into lowbit: the scripts are read from the Accelerate source you
 point at (a checkout, or a bare git repository read with `git show`). Each runs twice, once as it
@@ -14,6 +15,7 @@ its vocabulary, a small randomly initialised BERT, and an accuracy/F1 metric. Th
 per script, whether each run exited 0 and whether the two printed the same metric lines.
 Needs: `pip install accelerate transformers datasets evaluate scikit-learn`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +33,16 @@ HERE = Path(__file__).resolve().parent
 # launcher (Megatron, TPU, pippy, inference) are left out; `--list` shows the set.
 SCRIPTS = {
     "examples/nlp_example.py": ["--cpu"],
-    "examples/complete_nlp_example.py": ["--cpu", "--checkpointing_steps", "epoch", "--with_tracking", "--output_dir", "{out}",
-                                         "--project_dir", "{out}"],
+    "examples/complete_nlp_example.py": [
+        "--cpu",
+        "--checkpointing_steps",
+        "epoch",
+        "--with_tracking",
+        "--output_dir",
+        "{out}",
+        "--project_dir",
+        "{out}",
+    ],
     "examples/by_feature/checkpointing.py": ["--cpu", "--checkpointing_steps", "epoch", "--output_dir", "{out}"],
     "examples/by_feature/gradient_accumulation.py": ["--cpu", "--gradient_accumulation_steps", "2"],
     "examples/by_feature/multi_process_metrics.py": ["--cpu"],
@@ -53,8 +63,9 @@ METRIC_LINE = re.compile(r"^(epoch \d+:|.*accuracy).*", re.IGNORECASE)
 def read_source(src: Path, relative: str) -> str:
     if (src / relative).is_file():
         return (src / relative).read_text()
-    return subprocess.run(["git", "--git-dir", str(src), "show", f"HEAD:{relative}"], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", str(src), "show", f"HEAD:{relative}"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def with_lowbit_imports(text: str) -> str:
@@ -75,8 +86,9 @@ def stage(src: Path, script: str, library: str, workdir: Path) -> Path:
     return target
 
 
-def run_one(src: Path, script: str, library: str, processes: int, timeout: float,
-            extra: list[str] = ()) -> tuple[int, list[str], str, float]:
+def run_one(
+    src: Path, script: str, library: str, processes: int, timeout: float, extra: list[str] = ()
+) -> tuple[int, list[str], str, float]:
     workdir = Path(tempfile.mkdtemp(prefix=f"acc-example-{library}-"))
     try:
         target = stage(src, script, library, workdir)
@@ -85,10 +97,25 @@ def run_one(src: Path, script: str, library: str, processes: int, timeout: float
         if processes == 1:
             cmd = [sys.executable, *runner]
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *runner]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                str(processes),
+                *runner,
+            ]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
-        env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                   HF_HOME=str(workdir / "hf"), WANDB_MODE="disabled", PYTHONPATH=str(workdir))
+        env.update(
+            OMP_NUM_THREADS="1",
+            PYTHONWARNINGS="ignore",
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            HF_HOME=str(workdir / "hf"),
+            WANDB_MODE="disabled",
+            PYTHONPATH=str(workdir),
+        )
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir, timeout=timeout)
         metrics = [line.strip() for line in proc.stdout.splitlines() if METRIC_LINE.match(line.strip())]
@@ -104,7 +131,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--list", action="store_true", help="list the scripts and exit")
     parser.add_argument("--verbose", action="store_true", help="print the metric lines and the stderr of failures")
-    parser.add_argument("--script-args", default="", help="more arguments for every script (e.g. \"--mixed_precision fp8\")")
+    parser.add_argument(
+        "--script-args", default="", help="more arguments for every script (e.g. \"--mixed_precision fp8\")"
+    )
     parser.add_argument("scripts", nargs="*", help=f"default: all {len(SCRIPTS)}")
     args = parser.parse_args()
     if args.list:
@@ -112,22 +141,34 @@ def main() -> int:
         return 0
     rows, failures = [], 0
     for script in args.scripts or list(SCRIPTS):
-        results = {lib: run_one(args.accelerate_src, script, lib, args.processes, args.timeout, args.script_args.split())
-                   for lib in ("accelerate", "lowbit")}
+        results = {
+            lib: run_one(args.accelerate_src, script, lib, args.processes, args.timeout, args.script_args.split())
+            for lib in ("accelerate", "lowbit")
+        }
         (acc_rc, acc_metrics, _, acc_s), (low_rc, low_metrics, _, low_s) = results["accelerate"], results["lowbit"]
-        same = "same" if acc_rc == low_rc == 0 and acc_metrics == low_metrics else ("differ" if acc_rc == low_rc == 0 else "-")
+        same = (
+            "same"
+            if acc_rc == low_rc == 0 and acc_metrics == low_metrics
+            else ("differ" if acc_rc == low_rc == 0 else "-")
+        )
         failures += low_rc != 0 or same == "differ"
         rows.append((script, acc_rc, low_rc, same, low_s / max(acc_s, 1e-9)))
-        print(f"{script:55s} accelerate exit {acc_rc:3d}  lowbit exit {low_rc:3d}  metrics {same:6s}  time ratio {low_s / acc_s:.2f}",
-              flush=True)
+        print(
+            f"{script:55s} accelerate exit {acc_rc:3d}  lowbit exit {low_rc:3d}  metrics {same:6s}  time ratio "
+            f"{low_s / acc_s:.2f}",
+            flush=True,
+        )
         if args.verbose or low_rc != 0 or same == "differ":
             for lib, (_, metrics, err, _) in results.items():
                 print(f"    {lib}: {metrics[-3:]}")
                 if results[lib][0] != 0:
                     print("      " + err.replace("\n", "\n      "))
     ran = sum(1 for r in rows if r[2] == 0)
-    print(f"\n{ran} of {len(rows)} scripts ran under lowbit; {sum(1 for r in rows if r[3] == 'same')} ended on Accelerate's "
-          f"exact metrics; {sum(1 for r in rows if r[1] == 0)} ran under Accelerate ({args.processes} process(es)).")
+    print(
+        f"\n{ran} of {len(rows)} scripts ran under lowbit; {sum(1 for r in rows if r[3] == 'same')} ended on "
+        "Accelerate's "
+        f"exact metrics; {sum(1 for r in rows if r[1] == 0)} ran under Accelerate ({args.processes} process(es))."
+    )
     return 1 if failures else 0
 
 

@@ -12,6 +12,7 @@ few epochs; 4096 training pairs, an uneven validation split of 43),
 Without CUDA, DDP is built without ``device_ids`` (the fp8 benchmarks' raw-torchao baselines pass
 them, and DDP refuses them for a CPU module).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,9 @@ def _pairs(n: int, seed: int) -> dict[str, list]:
 def load_dataset(*_args, **_kwargs):
     import datasets
 
-    return datasets.DatasetDict({split: datasets.Dataset.from_dict(_pairs(n, seed)) for seed, (split, n) in enumerate(SIZES.items())})
+    return datasets.DatasetDict(
+        {split: datasets.Dataset.from_dict(_pairs(n, seed)) for seed, (split, n) in enumerate(SIZES.items())}
+    )
 
 
 def tokenizer_from_pretrained(*_args, **_kwargs):
@@ -53,16 +56,31 @@ def tokenizer_from_pretrained(*_args, **_kwargs):
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                   sep_token="[SEP]", mask_token="[MASK]", model_max_length=128)
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=128,
+    )
 
 
 def model_from_pretrained(*_args, **kwargs):
     from transformers import AutoModelForSequenceClassification, BertConfig
 
-    config = BertConfig(vocab_size=len(SPECIAL) + len(WORDS), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=128, max_position_embeddings=128, num_labels=2)
+    config = BertConfig(
+        vocab_size=len(SPECIAL) + len(WORDS),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        num_labels=2,
+    )
     return AutoModelForSequenceClassification.from_config(config)
 
 

@@ -3,6 +3,7 @@
 Absolute times on shared machines are noise, so every benchmark reports ratios of two loops
 measured in the same process, alternating rounds so that both see the same machine state.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,7 +32,9 @@ def batch(width: int = WIDTH, size: int = BATCH) -> tuple[torch.Tensor, torch.Te
     return torch.randn(size, width, generator=g), torch.randn(size, width, generator=g)
 
 
-def step_fn(model: nn.Module, optimizer, x, y, backward: Callable | None = None, context: Callable | None = None) -> Callable[[], None]:
+def step_fn(
+    model: nn.Module, optimizer, x, y, backward: Callable | None = None, context: Callable | None = None
+) -> Callable[[], None]:
     """One training step. ``context`` wraps the forward (raw loops' autocast); ``backward`` is
     ``accelerator.backward`` for lowbit loops."""
 
@@ -61,7 +64,9 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> f
     return statistics.median(times)
 
 
-def compare(a: Callable[[], None], b: Callable[[], None], warmup: int = 10, pairs: int = 300) -> tuple[float, float, float]:
+def compare(
+    a: Callable[[], None], b: Callable[[], None], warmup: int = 10, pairs: int = 300
+) -> tuple[float, float, float]:
     """Median step seconds of ``a`` and ``b``, and the median of per-pair ratios a/b.
 
     Steps run in adjacent pairs (a-then-b, then b-then-a), so both sides of each ratio see the
@@ -72,7 +77,7 @@ def compare(a: Callable[[], None], b: Callable[[], None], warmup: int = 10, pair
     times_a, times_b, ratios = [], [], []
     for i in range(pairs):
         measured = {}
-        for fn in ((a, b) if i % 2 == 0 else (b, a)):
+        for fn in (a, b) if i % 2 == 0 else (b, a):
             start = time.perf_counter()
             fn()
             measured[fn] = time.perf_counter() - start
@@ -82,13 +87,20 @@ def compare(a: Callable[[], None], b: Callable[[], None], warmup: int = 10, pair
     return statistics.median(times_a), statistics.median(times_b), statistics.median(ratios)
 
 
-def lowbit_loop(precision: str, compiled: bool = False, handlers: list | None = None, telemetry_every: int | None = None,
-                check_gradients: bool = True):
+def lowbit_loop(
+    precision: str,
+    compiled: bool = False,
+    handlers: list | None = None,
+    telemetry_every: int | None = None,
+    check_gradients: bool = True,
+):
     """A lowbit training step on the benchmark model (``check_gradients=False``: without the
     optimizer step's non-finite gradient check, to measure what it costs)."""
     from lowbit import Accelerator
 
-    acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers or [], dynamo_backend="inductor" if compiled else None)
+    acc = Accelerator(
+        mixed_precision=precision, kwargs_handlers=handlers or [], dynamo_backend="inductor" if compiled else None
+    )
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, opt = acc.prepare(model, opt)

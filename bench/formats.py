@@ -10,6 +10,7 @@ format runs in its own Accelerator from the same initial weights and the same ba
 loss is the mean of the last 20 steps. Writes a table (stdout, ``runs/formats.json``) and a plot
 (``runs/formats.png``: loss curves and each format's difference from bf16).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--formats", default=",".join(label for label, _, _ in FORMATS),
-                   help="comma-separated subset of: " + ", ".join(label for label, _, _ in FORMATS))
+    p.add_argument(
+        "--formats",
+        default=",".join(label for label, _, _ in FORMATS),
+        help="comma-separated subset of: " + ", ".join(label for label, _, _ in FORMATS),
+    )
     p.add_argument("--out", default=str(ROOT / "runs"))
     return p.parse_args(argv)
 
@@ -56,14 +60,23 @@ def parse_args(argv=None) -> argparse.Namespace:
 def make_model(args: argparse.Namespace, vocab: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-                         num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=args.seq, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=args.hidden,
+        intermediate_size=3 * args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=args.seq,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 
 
-def train(label: str, precision: str, recipe: str | None, args: argparse.Namespace, data: torch.Tensor, vocab: int) -> dict:
+def train(
+    label: str, precision: str, recipe: str | None, args: argparse.Namespace, data: torch.Tensor, vocab: int
+) -> dict:
     handlers = [AORecipeKwargs(recipe=recipe)] if recipe else []
     accelerator = Accelerator(mixed_precision=precision, kwargs_handlers=handlers, cpu=args.device == "cpu")
     model = make_model(args, vocab)
@@ -82,9 +95,16 @@ def train(label: str, precision: str, recipe: str | None, args: argparse.Namespa
         losses.append(loss.item())
         if step % 50 == 0 or step == args.steps - 1:
             print(f"  {label:<15} step {step + 1:>4}/{args.steps}  loss {loss.item():.4f}", flush=True)
-    return {"format": label, "precision": precision, "recipe": recipe or "-", "losses": losses,
-            "final_loss": sum(losses[-20:]) / min(20, len(losses)), "seconds": time.perf_counter() - start,
-            "report": accelerator.fp8_report() or "", "emulated": accelerator.context.recipe_runs == "emulated"}
+    return {
+        "format": label,
+        "precision": precision,
+        "recipe": recipe or "-",
+        "losses": losses,
+        "final_loss": sum(losses[-20:]) / min(20, len(losses)),
+        "seconds": time.perf_counter() - start,
+        "report": accelerator.fp8_report() or "",
+        "emulated": accelerator.context.recipe_runs == "emulated",
+    }
 
 
 def table(results: list[dict]) -> str:
@@ -93,7 +113,9 @@ def table(results: list[dict]) -> str:
     for r in results:
         gap = "" if base is None or r["format"] == "bf16" else f"{r['final_loss'] - base:+.4f}"
         how = "emulated" if r["emulated"] else ("native" if r["precision"] != "bf16" else "bf16")
-        lines.append(f"{r['format']:<15} {r['final_loss']:>10.4f} {gap:>12} {r['seconds'] / len(r['losses']):>7.3f}  {how}")
+        lines.append(
+            f"{r['format']:<15} {r['final_loss']:>10.4f} {gap:>12} {r['seconds'] / len(r['losses']):>7.3f}  {how}"
+        )
     return "\n".join(lines)
 
 
@@ -109,10 +131,13 @@ def plot(results: list[dict], path: Path, hardware: str) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, height_ratios=(2, 1))
     base = next((r["losses"] for r in results if r["format"] == "bf16"), None)
     for r in results:
-        smooth = [sum(r["losses"][max(0, i - 9): i + 1]) / len(r["losses"][max(0, i - 9): i + 1]) for i in range(len(r["losses"]))]
+        smooth = [
+            sum(r["losses"][max(0, i - 9) : i + 1]) / len(r["losses"][max(0, i - 9) : i + 1])
+            for i in range(len(r["losses"]))
+        ]
         top.plot(smooth, label=r["format"] + (" (emulated)" if r["emulated"] else ""))
         if base is not None and r["format"] != "bf16":
-            bsmooth = [sum(base[max(0, i - 9): i + 1]) / len(base[max(0, i - 9): i + 1]) for i in range(len(base))]
+            bsmooth = [sum(base[max(0, i - 9) : i + 1]) / len(base[max(0, i - 9) : i + 1]) for i in range(len(base))]
             bottom.plot([a - b for a, b in zip(smooth, bsmooth)], label=r["format"])
     top.set_ylabel("loss (10-step mean)")
     top.set_title(f"Same Llama-shaped model, data and seed per format ({hardware})")
@@ -135,9 +160,14 @@ def main(argv=None) -> None:
     text = make_text(4000)
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text])
-    hardware = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU: {platform.processor() or platform.machine()}"
-    print(f"{len(wanted)} formats x {args.steps} steps; Llama {args.layers} layers x {args.hidden}, "
-          f"{args.batch}x{args.seq} tokens per step, on {hardware}", flush=True)
+    hardware = (
+        torch.cuda.get_device_name() if args.device == "cuda" else f"CPU: {platform.processor() or platform.machine()}"
+    )
+    print(
+        f"{len(wanted)} formats x {args.steps} steps; Llama {args.layers} layers x {args.hidden}, "
+        f"{args.batch}x{args.seq} tokens per step, on {hardware}",
+        flush=True,
+    )
     results = []
     for index, (label, precision, recipe) in enumerate(f for f in FORMATS if f[0] in wanted):
         print(f"[{index + 1} of {len(wanted)}] {label}", flush=True)

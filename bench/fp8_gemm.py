@@ -8,6 +8,7 @@ emulation (dequantize both operands to fp32, fp32 GEMM), lowbit's fast emulation
 bf16 (exact fp8 values, scales on the output), and plain bf16 / fp32 GEMMs. Median of repeats,
 single-threaded, all in one process; the ratio column divides by the plain fp32 GEMM of that size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     native = cpu_has_native_bf16(when_unknown=False)
-    print(f"CPU bf16 GEMMs: {'native (AVX512-BF16 or AMX)' if native else 'no native bf16 (slow path)'}; torch {torch.__version__}")
+    print(
+        f"CPU bf16 GEMMs: {'native (AVX512-BF16 or AMX)' if native else 'no native bf16 (slow path)'}; torch "
+        f"{torch.__version__}"
+    )
     print(f"{'n':>6} {'way':<34} {'ms':>9} {'/ fp32 mm':>10}")
     for n in args.sizes:
         g = torch.Generator().manual_seed(0)
@@ -43,7 +47,9 @@ def main() -> None:
         fa, fb = SimpleNamespace(_data=a8, _scale=sa), SimpleNamespace(_data=b8, _scale=sw)
         ab, bb = a.bfloat16(), w.t().bfloat16()
         ways = {
-            "torch._scaled_mm (emulate=False)": lambda: torch._scaled_mm(a8, b8, scale_a=sa.reciprocal(), scale_b=sw.reciprocal(), out_dtype=torch.bfloat16),
+            "torch._scaled_mm (emulate=False)": lambda: torch._scaled_mm(
+                a8, b8, scale_a=sa.reciprocal(), scale_b=sw.reciprocal(), out_dtype=torch.bfloat16
+            ),
             "torchao emulation (fp32)": lambda: torch.mm(a8.float() / sa, b8.float() / sw).to(torch.bfloat16),
             "lowbit fast emulation, fp32 GEMM": lambda: scaled_mm(fa, fb, torch.bfloat16, torch.float32),
             "lowbit fast emulation, bf16 GEMM": lambda: scaled_mm(fa, fb, torch.bfloat16, torch.bfloat16),

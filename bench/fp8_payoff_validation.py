@@ -9,6 +9,7 @@ to set anything): end-to-end Llama-3-8B training on 8 GPUs, sequence 8192, batch
 FSDP2, per-op selective activation checkpointing, from torchao's and torchtitan's docs.
 Needs transformers (the model is built from examples/models/llama3-8b.json on the meta device).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,7 @@ TOLERANCE = 0.10
 
 # (M, K, N), published speedup of a tensorwise Linear fwd+bwd over bf16 on an H100 (torchao
 # torchao/float8/README.md, "Performance", examples 1 and 2; benchmarks/float8/float8_roofline.py).
-CALIBRATION = [((4096, 8192, 16384), 1.39, "fit: sets FP8_GEMM_SHARE"),
-               ((1024, 2048, 1024), 0.80, "check only")]
+CALIBRATION = [((4096, 8192, 16384), 1.39, "fit: sets FP8_GEMM_SHARE"), ((1024, 2048, 1024), 0.80, "check only")]
 # The H100 torchao's microbenchmarks ran on: 2.4 TB/s (benchmarks/float8/utils/roofline_utils.py).
 CALIBRATION_MEMORY_TBPS = 2.4
 
@@ -69,9 +69,18 @@ def validation_rows(work=None) -> list[tuple[str, str, float, float, str]]:
     from lowbit.runtime.observe.fp8_payoff import first_last, known_gpu, predict
 
     work = work or llama3_8b_work()
-    return [(gpu, recipe, published, predict(work, known_gpu(gpu), recipe, torchao_cost(recipe), first_last(work),
-                                             recompute="op", shards=8).speedup, source)
-            for gpu, recipe, published, source in VALIDATION]
+    return [
+        (
+            gpu,
+            recipe,
+            published,
+            predict(
+                work, known_gpu(gpu), recipe, torchao_cost(recipe), first_last(work), recompute="op", shards=8
+            ).speedup,
+            source,
+        )
+        for gpu, recipe, published, source in VALIDATION
+    ]
 
 
 def auto_filter_rows(tokens: int = 8192) -> list[tuple[str, str, int, int, bool, bool, float]]:
@@ -82,19 +91,31 @@ def auto_filter_rows(tokens: int = 8192) -> list[tuple[str, str, int, int, bool,
 
     from lowbit.runtime.observe.fp8_payoff import LinearShape, ModelWork, known_gpu, predict
 
-    shapes = {"Llama-3-8B": [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)],
-              "Llama-3.2-1B": [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048)],
-              "GPT-2 small": [(768, 2304), (768, 768), (768, 3072), (3072, 768)]}
+    shapes = {
+        "Llama-3-8B": [(4096, 4096), (4096, 1024), (4096, 14336), (14336, 4096)],
+        "Llama-3.2-1B": [(2048, 2048), (2048, 512), (2048, 8192), (8192, 2048)],
+        "GPT-2 small": [(768, 2304), (768, 768), (768, 3072), (3072, 768)],
+    }
     gpu = known_gpu("H100")
     rows = []
     for recipe in ("tensorwise", "rowwise"):
         theirs = _auto_filter_for_recipe(recipe, [])
         for model, dims in shapes.items():
             for k, n in dims:
-                layer = predict(ModelWork([LinearShape("x", tokens, k, n)]), gpu, recipe, torchao_cost(recipe),
-                                auto=True).layers[0]
-                rows.append((recipe, model, k, n, bool(theirs(torch.nn.Linear(k, n, device="meta"), "x")),
-                             layer.low_s is not None, layer.bf16_s / (layer.low_s or _low(layer, gpu, recipe))))
+                layer = predict(
+                    ModelWork([LinearShape("x", tokens, k, n)]), gpu, recipe, torchao_cost(recipe), auto=True
+                ).layers[0]
+                rows.append(
+                    (
+                        recipe,
+                        model,
+                        k,
+                        n,
+                        bool(theirs(torch.nn.Linear(k, n, device="meta"), "x")),
+                        layer.low_s is not None,
+                        layer.bf16_s / (layer.low_s or _low(layer, gpu, recipe)),
+                    )
+                )
     return rows
 
 
@@ -114,8 +135,10 @@ def main() -> int:
     for gpu, recipe, published, predicted, _ in validation_rows():
         within = abs(predicted - published) <= TOLERANCE
         required = " (required)" if (gpu, recipe) in REQUIRED else ""
-        print(f"{gpu:<6} {recipe:<18} {published:>10.2f} {predicted:>10.2f} {predicted - published:>+7.2f}  "
-              f"{'yes' if within else 'no'}{required}")
+        print(
+            f"{gpu:<6} {recipe:<18} {published:>10.2f} {predicted:>10.2f} {predicted - published:>+7.2f}  "
+            f"{'yes' if within else 'no'}{required}"
+        )
     print("\nAuto filter beside torchao's _auto_filter_for_recipe, H100, 8192 tokens, compiled (convert = True)")
     print(f"{'recipe':<11} {'model':<13} {'K x N':>12} {'torchao':>8} {'lowbit':>7} {'predicted':>10}")
     for recipe, model, k, n, theirs, ours, speedup in auto_filter_rows():

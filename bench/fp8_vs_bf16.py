@@ -12,6 +12,7 @@ faster depends on the CPU's bf16 GEMMs (AVX512-BF16 / AMX). Targets on CPU: eage
 ``--all-fp8`` converts the model's first and last Linear too (by default they stay in bf16,
 which on a CPU without native bf16 dominates the fp8 step).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,17 +32,23 @@ def loop(precision: str, compiled: bool, device: str, emulation: str = "fast", a
     if all_fp8:
         options["keep_first_last_high_precision"] = False
     handlers = [AORecipeKwargs(**options)] if precision == "fp8" and options else []
-    acc = Accelerator(mixed_precision=precision, cpu=device == "cpu", dynamo_backend="inductor" if compiled else None,
-                      kwargs_handlers=handlers)
+    acc = Accelerator(
+        mixed_precision=precision,
+        cpu=device == "cpu",
+        dynamo_backend="inductor" if compiled else None,
+        kwargs_handlers=handlers,
+    )
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, opt = acc.prepare(model, opt)
     x, y = (t.to(acc.device) for t in batch())
     step = step_fn(model, opt, x, y, backward=acc.backward)
     if acc.device.type == "cuda":
+
         def synced() -> None:
             step()
             torch.cuda.synchronize()
+
         return synced, acc.fp8_backend
     return step, acc.fp8_backend
 
@@ -50,8 +57,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--pairs", type=int, default=200)
-    parser.add_argument("--all-fp8", action="store_true",
-                        help="convert the first and last Linear too (by default they stay in bf16)")
+    parser.add_argument(
+        "--all-fp8", action="store_true", help="convert the first and last Linear too (by default they stay in bf16)"
+    )
     args = parser.parse_args()
     rows = []
     emulations = ("fast", "torchao") if args.device == "cpu" else ("fast",)
@@ -69,9 +77,16 @@ def main() -> None:
             rows.append((args.device, mode, label, t8 * 1e3, t16 * 1e3, ratio, target, t32 * 1e3, ratio32))
         if len(fp8) == 2:
             tf, tt, between = compare(fp8["fast"][0], fp8["torchao"][0], pairs=args.pairs)
-            print(f"{mode}: fast emulation {tf * 1e3:.2f} ms / torchao emulation {tt * 1e3:.2f} ms = {between:.3f}", flush=True)
-    print_table("fp8 step time / bf16 and / fp32 step time, through lowbit (median of adjacent-pair ratios)",
-                ("device", "mode", "fp8 backend", "fp8 ms", "bf16 ms", "fp8/bf16", "target", "fp32 ms", "fp8/fp32"), rows)
+            print(
+                f"{mode}: fast emulation {tf * 1e3:.2f} ms / torchao emulation {tt * 1e3:.2f} ms = {between:.3f}",
+                flush=True,
+            )
+    print_table(
+        "fp8 step time / bf16 and / fp32 step time, through lowbit (median of adjacent-pair ratios)",
+        ("device", "mode", "fp8 backend", "fp8 ms", "bf16 ms", "fp8/bf16", "target", "fp32 ms", "fp8/fp32"),
+        rows,
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,7 @@ prints as it goes, so a call cut short still returns what was done:
     the same work, so every pair is a ratio on its own), every row printed when it ends, stopping
     cleanly when the budget would not hold another row.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,11 @@ def gpu_test_files() -> list[str]:
     """The test files that hold `gpu` tests (collecting only those: the others may need packages
     a GPU image lacks, which is no verdict on the GPU)."""
     marks = ("needs_fp8_gpu_with(", "pytest.mark.gpu")
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                  if any(mark in p.read_text() for mark in marks))
+    return sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if any(mark in p.read_text() for mark in marks)
+    )
 
 
 def gpu_description() -> str:
@@ -51,8 +55,10 @@ def gpu_description() -> str:
     if not torch.cuda.is_available():
         return f"no CUDA GPU (torch {torch.__version__})"
     major, minor = torch.cuda.get_device_capability()
-    return (f"{torch.cuda.get_device_name()} (sm_{major}{minor}) x{torch.cuda.device_count()}, torch {torch.__version__}, "
-            f"CUDA {torch.version.cuda}")
+    return (
+        f"{torch.cuda.get_device_name()} (sm_{major}{minor}) x{torch.cuda.device_count()}, torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}"
+    )
 
 
 def test_outcomes(report: Path) -> list[tuple[str, str, str]]:
@@ -73,8 +79,9 @@ def test_outcomes(report: Path) -> list[tuple[str, str, str]]:
 
 def run_group(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess | None:
     """``cmd`` in a process group of its own; past ``timeout`` the whole group is killed (None)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, **kwargs)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, start_new_session=True, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -89,7 +96,10 @@ def run_tests(args: argparse.Namespace) -> int:
     counts = {"passed": 0, "skipped": 0, "FAILED": 0, "ERROR": 0}
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if args.dry_run else {})}
     files = gpu_test_files()
-    print(f"{len(files)} files hold gpu tests; each may take {args.file_timeout:.0f} s, all {args.budget:.0f} s", flush=True)
+    print(
+        f"{len(files)} files hold gpu tests; each may take {args.file_timeout:.0f} s, all {args.budget:.0f} s",
+        flush=True,
+    )
     for index, path in enumerate(files):
         left = deadline - time.monotonic()
         if left < 10:
@@ -99,15 +109,32 @@ def run_tests(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "gpu.xml"
             start = time.monotonic()
-            proc = run_group([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                              f"--junitxml={report}", path], min(args.file_timeout, left), env=env)
+            proc = run_group(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-m",
+                    "gpu",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    f"--junitxml={report}",
+                    path,
+                ],
+                min(args.file_timeout, left),
+                env=env,
+            )
             took = time.monotonic() - start
             if proc is None:
                 print(f"{path}: stopped after {took:.0f} s, its processes killed", flush=True)
                 counts["ERROR"] += 1
                 continue
             if not report.exists():
-                print(f"{path}: pytest did not run (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}", flush=True)
+                print(
+                    f"{path}: pytest did not run (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-2000:]}",
+                    flush=True,
+                )
                 counts["ERROR"] += 1
                 continue
             rows = test_outcomes(report)
@@ -120,8 +147,11 @@ def run_tests(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    shape = ["--device", "cpu", "--tiny", "--steps", "1", "--warmup", "1", "--no-compile"] if args.dry_run else \
-        ["--shape", BENCH_SHAPE]
+    shape = (
+        ["--device", "cpu", "--tiny", "--steps", "1", "--warmup", "1", "--no-compile"]
+        if args.dry_run
+        else ["--shape", BENCH_SHAPE]
+    )
     cmd = [sys.executable, str(ROOT / "bench" / "gpu_llama.py"), *shape, "--budget", str(args.budget)]
     return subprocess.run(cmd, cwd=ROOT).returncode
 
@@ -129,9 +159,15 @@ def run_bench(args: argparse.Namespace) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", choices=("tests", "bench"))
-    parser.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for the whole part (default {BUDGET_S})")
-    parser.add_argument("--file-timeout", type=float, default=FILE_TIMEOUT_S,
-                        help=f"seconds for one test file (default {FILE_TIMEOUT_S})")
+    parser.add_argument(
+        "--budget", type=float, default=BUDGET_S, help=f"seconds for the whole part (default {BUDGET_S})"
+    )
+    parser.add_argument(
+        "--file-timeout",
+        type=float,
+        default=FILE_TIMEOUT_S,
+        help=f"seconds for one test file (default {FILE_TIMEOUT_S})",
+    )
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, tiny: checks this script, measures nothing")
     args = parser.parse_args()
     print(f"GPU check ({args.part}): {'dry run on the CPU' if args.dry_run else gpu_description()}", flush=True)

@@ -20,6 +20,7 @@ Each row runs in its own process (clean memory peak), same seed, batch and AdamW
 rows run eager: its DelayedScaling refuses compilation and its modules are fused already).
 Needs ``transformers`` (the model is built from a config, random weights, nothing downloaded).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,29 +34,62 @@ import time
 # torchao row next to its hand-written twin, so that a run cut short still holds whole pairs; then
 # Accelerate's, lowbit without its NaN check (the one host read per step), and the backends that have
 # no raw twin here.
-FP8_ROWS = [("fp8 ao tensorwise", "lowbit", "ao", {"recipe": "tensorwise"}),
-            ("raw torchao tensorwise", "raw_torchao", "ao", {"recipe": "tensorwise"}),
-            ("fp8 ao rowwise", "lowbit", "ao", {"recipe": "rowwise"}),
-            ("raw torchao rowwise", "raw_torchao", "ao", {"recipe": "rowwise"}),
-            ("accelerate fp8 (ao)", "accelerate", "ao", {}),
-            ("fp8 ao tensorwise continue", "lowbit_continue", "ao", {"recipe": "tensorwise"}),
-            ("fp8 te delayed", "lowbit", "te", {"scaling": "delayed"}),
-            ("fp8 te current", "lowbit", "te", {"scaling": "current"}),
-            ("fp8 msamp O2", "lowbit", "msamp", {"opt_level": "O2"})]
+FP8_ROWS = [
+    ("fp8 ao tensorwise", "lowbit", "ao", {"recipe": "tensorwise"}),
+    ("raw torchao tensorwise", "raw_torchao", "ao", {"recipe": "tensorwise"}),
+    ("fp8 ao rowwise", "lowbit", "ao", {"recipe": "rowwise"}),
+    ("raw torchao rowwise", "raw_torchao", "ao", {"recipe": "rowwise"}),
+    ("accelerate fp8 (ao)", "accelerate", "ao", {}),
+    ("fp8 ao tensorwise continue", "lowbit_continue", "ao", {"recipe": "tensorwise"}),
+    ("fp8 te delayed", "lowbit", "te", {"scaling": "delayed"}),
+    ("fp8 te current", "lowbit", "te", {"scaling": "current"}),
+    ("fp8 msamp O2", "lowbit", "msamp", {"opt_level": "O2"}),
+]
 # Seconds a row is given at least: with less of the budget left, the run stops before it.
 MIN_ROW_S = 60
 
 # Model shapes (LlamaConfig fields), and the sequence length and batch each is run at by default.
 SHAPES = {
     # ~1B parameters, multi-head attention
-    "llama-1b": (dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16,
-                      num_key_value_heads=16, vocab_size=32000), 1024, 4),
+    "llama-1b": (
+        dict(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            vocab_size=32000,
+        ),
+        1024,
+        4,
+    ),
     # Llama-3-8B's layers (grouped-query attention, 8 key/value heads), 4 of them: 1.92 B parameters
-    "llama3-8b-4l": (dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
-                          num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0), 8192, 1),
+    "llama3-8b-4l": (
+        dict(
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=4,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            vocab_size=128256,
+            rope_theta=500000.0,
+        ),
+        8192,
+        1,
+    ),
     # checks the script, measures nothing (grouped-query, as Llama 3)
-    "tiny": (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256), 32, 2),
+    "tiny": (
+        dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=256,
+        ),
+        32,
+        2,
+    ),
 }
 
 
@@ -90,8 +124,9 @@ def _raw_torchao(model, optimizer, device, options: dict):
     def eligible(module, fqn):
         return fqn not in keep and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(options["recipe"]), pad_inner_dim=True,
-                                 emulate=device.type != "cuda")
+    config = dataclasses.replace(
+        Float8LinearConfig.from_recipe_name(options["recipe"]), pad_inner_dim=True, emulate=device.type != "cuda"
+    )
     convert_to_float8_training(model, module_filter_fn=eligible, config=config)
     return _raw_bf16(model, optimizer, device)
 
@@ -144,8 +179,9 @@ def run_one(row: dict, args: argparse.Namespace) -> dict:
     elif row["kind"] == "accelerate":
         model, optimizer, backward, device = _accelerate(model, optimizer, device)
     elif row["kind"] == "lowbit_continue":
-        model, optimizer, backward, device = _lowbit(model, optimizer, row["precision"], row["backend"], row["options"],
-                                                     on_nonfinite_loss="continue")
+        model, optimizer, backward, device = _lowbit(
+            model, optimizer, row["precision"], row["backend"], row["options"], on_nonfinite_loss="continue"
+        )
     else:
         model, optimizer, backward, device = _lowbit(model, optimizer, row["precision"], row["backend"], row["options"])
     compiled = args.compile and row["backend"] != "te"
@@ -168,12 +204,22 @@ def run_one(row: dict, args: argparse.Namespace) -> dict:
         losses.append(loss.item())
     step_s = statistics.median(times)
     token_count = args.batch * args.seq
-    flops = 6 * non_embedding * token_count + 12 * config.num_hidden_layers * config.hidden_size * args.seq * token_count
+    flops = (
+        6 * non_embedding * token_count + 12 * config.num_hidden_layers * config.hidden_size * args.seq * token_count
+    )
     # 6 N T for the weights (forward and backward) plus the attention scores (12 L H S T).
-    return {"label": row["label"], "params": params, "step_ms": 1000 * step_s, "tokens_per_s": token_count / step_s,
-            "tflops": flops / step_s / 1e12, "compiled": compiled, "final_loss": losses[-1],
-            "graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")}
+    return {
+        "label": row["label"],
+        "params": params,
+        "step_ms": 1000 * step_s,
+        "tokens_per_s": token_count / step_s,
+        "tflops": flops / step_s / 1e12,
+        "compiled": compiled,
+        "final_loss": losses[-1],
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
+    }
 
 
 def device_peak(device: str):
@@ -223,8 +269,10 @@ def rows_to_run(args: argparse.Namespace) -> list[dict]:
     available = {r["name"] for r in collect()["plugins"] if r["role"] == "backend" and r["status"] == "available"}
     if args.device == "cpu":
         available.add("ao")  # emulated: a smoke run of the script, not a figure
-    rows = [{"label": "bf16", "kind": "lowbit", "precision": "bf16", "backend": None, "options": {}},
-            {"label": "raw bf16", "kind": "raw_bf16", "precision": "bf16", "backend": None, "options": {}}]
+    rows = [
+        {"label": "bf16", "kind": "lowbit", "precision": "bf16", "backend": None, "options": {}},
+        {"label": "raw bf16", "kind": "raw_bf16", "precision": "bf16", "backend": None, "options": {}},
+    ]
     for label, kind, backend, options in FP8_ROWS:
         if backend not in available or (kind == "accelerate" and importlib.util.find_spec("accelerate") is None):
             continue
@@ -246,11 +294,16 @@ def raw_counterpart(row: dict, results: list[dict]) -> dict | None:
 
 
 def print_header(params: int, args: argparse.Namespace, peak) -> None:
-    print(f"Llama-shaped model ({args.shape}), {params / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} "
-          f"tokens, AdamW, median of {args.steps} steps after {args.warmup}, {'compiled' if args.compile else 'eager'}"
-          + ("" if peak else "; MFU: dense peak of this device unknown"))
-    print(f"{'row':<28}{'step ms':>9}{'tok/s':>10}{'vs bf16':>9}{'predicted':>10}{'peak GiB':>10}{'vs bf16':>9}"
-          f"{'vs raw':>9}{'MFU':>7}{'loss':>9}  compiled", flush=True)
+    print(
+        f"Llama-shaped model ({args.shape}), {params / 1e9:.2f} B parameters, batch {args.batch} x {args.seq} "
+        f"tokens, AdamW, median of {args.steps} steps after {args.warmup}, {'compiled' if args.compile else 'eager'}"
+        + ("" if peak else "; MFU: dense peak of this device unknown")
+    )
+    print(
+        f"{'row':<28}{'step ms':>9}{'tok/s':>10}{'vs bf16':>9}{'predicted':>10}{'peak GiB':>10}{'vs bf16':>9}"
+        f"{'vs raw':>9}{'MFU':>7}{'loss':>9}  compiled",
+        flush=True,
+    )
 
 
 def row_line(r: dict, results: list[dict], args: argparse.Namespace, peak, predicted: dict[str, float]) -> str:
@@ -266,17 +319,21 @@ def row_line(r: dict, results: list[dict], args: argparse.Namespace, peak, predi
     graphs = f"  {r['graphs']} graphs, {r['graph_breaks']} breaks" if r["compiled"] else "  eager"
     mfu = f"{100 * r['tflops'] / peak:>6.1f}%" if peak else f"{'-':>7}"
     guess = f"{predicted[r['label']]:>9.2f}x" if r["label"] in predicted else f"{'-':>10}"
-    return (f"{r['label'] + ('' if r['compiled'] or not args.compile else ' (eager)'):<28}{r['step_ms']:>9.1f}"
-            f"{r['tokens_per_s']:>10.0f}{base['step_ms'] / r['step_ms']:>8.2f}x{guess}{r['peak_gib']:>10.2f}"
-            f"{r['peak_gib'] / base['peak_gib']:>8.2f}x{vs_raw}{mfu}{r['final_loss']:>9.4f}{graphs}")
+    return (
+        f"{r['label'] + ('' if r['compiled'] or not args.compile else ' (eager)'):<28}{r['step_ms']:>9.1f}"
+        f"{r['tokens_per_s']:>10.0f}{base['step_ms'] / r['step_ms']:>8.2f}x{guess}{r['peak_gib']:>10.2f}"
+        f"{r['peak_gib'] / base['peak_gib']:>8.2f}x{vs_raw}{mfu}{r['final_loss']:>9.4f}{graphs}"
+    )
 
 
 def print_legend(gpu) -> None:
-    print("vs bf16: speed-up (bf16 step time / this one) and memory ratio; predicted: lowbit's FP8 payoff prediction "
-          f"of that speed-up{'' if gpu and gpu.memory_tbps else ' (for an H100: this device has no figures)'} "
-          "(docs/fp8-payoff.md); vs raw: step time / the hand-written row doing the same work (raw bf16, raw torchao "
-          "of the same recipe), on a raw row its lowbit twin's: lowbit's and Accelerate's overhead; "
-          "MFU against the dense bf16 peak.")
+    print(
+        "vs bf16: speed-up (bf16 step time / this one) and memory ratio; predicted: lowbit's FP8 payoff prediction "
+        f"of that speed-up{'' if gpu and gpu.memory_tbps else ' (for an H100: this device has no figures)'} "
+        "(docs/fp8-payoff.md); vs raw: step time / the hand-written row doing the same work (raw bf16, raw torchao "
+        "of the same recipe), on a raw row its lowbit twin's: lowbit's and Accelerate's overhead; "
+        "MFU against the dense bf16 peak."
+    )
 
 
 def run_row(cmd: list[str], timeout: float) -> tuple[str, str | dict]:
@@ -303,8 +360,12 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="--shape tiny: checks the script, measures nothing")
     parser.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--row-timeout", type=float, default=1800, help="seconds a row may take (default 1800)")
-    parser.add_argument("--budget", type=float, default=float("inf"),
-                        help="seconds for all rows: a row that would start with less than a minute left is not run")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=float("inf"),
+        help="seconds for all rows: a row that would start with less than a minute left is not run",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.shape = "tiny" if args.tiny else args.shape
@@ -322,17 +383,40 @@ def main() -> None:
     for index, row in enumerate(rows):
         left = deadline - time.monotonic()
         if left < MIN_ROW_S:
-            print(f"budget of {args.budget:.0f} s spent: not run: {', '.join(r['label'] for r in rows[index:])}", flush=True)
+            print(
+                f"budget of {args.budget:.0f} s spent: not run: {', '.join(r['label'] for r in rows[index:])}",
+                flush=True,
+            )
             break
-        cmd = [sys.executable, __file__, "--one", json.dumps(row), "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--seq", str(args.seq), "--batch", str(args.batch), "--device", args.device, "--shape", args.shape,
-               *([] if args.compile else ["--no-compile"])]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            json.dumps(row),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--seq",
+            str(args.seq),
+            "--batch",
+            str(args.batch),
+            "--device",
+            args.device,
+            "--shape",
+            args.shape,
+            *([] if args.compile else ["--no-compile"]),
+        ]
         print(f"running {row['label']} ...", file=sys.stderr, flush=True)
         timeout = min(args.row_timeout, left)
         status, result = run_row(cmd, timeout)
         if status != "ok":
-            print(f"{row['label']}: " + (f"stopped after {timeout:.0f} s" if status == "timeout" else f"failed\n{result[-2000:]}"),
-                  file=sys.stderr, flush=True)
+            print(
+                f"{row['label']}: "
+                + (f"stopped after {timeout:.0f} s" if status == "timeout" else f"failed\n{result[-2000:]}"),
+                file=sys.stderr,
+                flush=True,
+            )
             if index == 0:
                 sys.exit("bf16 did not run: nothing to compare with")
             continue

@@ -7,6 +7,7 @@ Each launch is `lowbit launch --config_file CONFIG examples/fp8_train.py`, run t
 after another. A failure prints its exit status and the tail of its stderr. Exit status: 0 when
 every launch exited 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,15 @@ def main() -> int:
     parser.add_argument("--config", default=str(ROOT / "examples/configs/ddp.yaml"))
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    command = [sys.executable, "-m", "lowbit.cli.main", "launch", "--config_file", args.config,
-               str(ROOT / "examples/fp8_train.py")]
+    command = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--config_file",
+        args.config,
+        str(ROOT / "examples/fp8_train.py"),
+    ]
     failures = []
     started = time.perf_counter()
     for i in range(1, args.n + 1):
@@ -37,8 +45,10 @@ def main() -> int:
             failures.append(i)
             print("\n".join("    " + line for line in proc.stderr.splitlines()[-15:]), flush=True)
     elapsed = time.perf_counter() - started
-    print(f"\n{args.n - len(failures)} of {args.n} launches exited 0 ({elapsed / args.n:.1f} s per launch)"
-          + (f"; failed: {failures}" if failures else ""))
+    print(
+        f"\n{args.n - len(failures)} of {args.n} launches exited 0 ({elapsed / args.n:.1f} s per launch)"
+        + (f"; failed: {failures}" if failures else "")
+    )
     return 1 if failures else 0
 
 

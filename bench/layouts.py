@@ -8,6 +8,7 @@ sequence 256, global batch 8). On a CPU the processes share its cores, so the ra
 layout costs in work and communication there, not what it gains on GPUs; ``--gpu`` launches on the
 GPUs instead (tokens/s is then the figure to read).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,28 @@ LAYOUTS = {
 }
 
 
-def run(sizes: list[str], flags: tuple[str, ...], precision: str, checkpointing: str, processes: int, gpu: bool) -> dict:
+def run(
+    sizes: list[str], flags: tuple[str, ...], precision: str, checkpointing: str, processes: int, gpu: bool
+) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         device = [] if gpu else ["--cpu"]
         extra = [f"ac={checkpointing}"] if checkpointing != "off" else []
-        cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", *device, "--num_processes", str(processes), *flags,
-               str(WORKER), str(out), *sizes, f"mp={precision}", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lowbit.cli.main",
+            "launch",
+            *device,
+            "--num_processes",
+            str(processes),
+            *flags,
+            str(WORKER),
+            str(out),
+            *sizes,
+            f"mp={precision}",
+            *extra,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             errors = [line for line in proc.stderr.splitlines() if "Error" in line] or proc.stderr.splitlines() or ["?"]
@@ -46,15 +62,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num_processes", type=int, default=4)
     parser.add_argument("--gpu", action="store_true", help="launch on the GPUs (default: CPU processes over gloo)")
-    parser.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
-                        help="the layouts to run (DDP bf16, the base of the ratios, always runs first)")
+    parser.add_argument(
+        "--layouts",
+        nargs="+",
+        choices=list(LAYOUTS),
+        default=list(LAYOUTS),
+        help="the layouts to run (DDP bf16, the base of the ratios, always runs first)",
+    )
     args = parser.parse_args()
-    print(f"{'layout':<10} {'AC':<9} {'precision':<9} {'step ms':>8} {'vs DDP bf16':>11} {'tokens/s':>9}  peak MiB per rank")
+    print(
+        f"{'layout':<10} {'AC':<9} {'precision':<9} {'step ms':>8} {'vs DDP bf16':>11} {'tokens/s':>9}  peak MiB per "
+        "rank"
+    )
     base = None
     rows = [("DDP", "off", "bf16")] + [
-        (name, checkpointing, precision) for name in args.layouts
+        (name, checkpointing, precision)
+        for name in args.layouts
         for checkpointing in (("off", "full", "selective") if "--use_fsdp" in LAYOUTS[name][1] else ("off",))
-        for precision in ("bf16", "fp8") if (name, checkpointing, precision) != ("DDP", "off", "bf16")]
+        for precision in ("bf16", "fp8")
+        if (name, checkpointing, precision) != ("DDP", "off", "bf16")
+    ]
     for name, checkpointing, precision in rows:
         sizes, flags = LAYOUTS[name]
         result = run(sizes(args.num_processes), flags, precision, checkpointing, args.num_processes, args.gpu)
@@ -63,8 +90,11 @@ def main() -> None:
             continue
         base = base or result["step_s"]
         peaks = " ".join(f"{p:.0f}" for p in result["peak_mib"])
-        print(f"{name:<10} {checkpointing:<9} {precision:<9} {result['step_s'] * 1e3:>8.0f} "
-              f"{result['step_s'] / base:>11.2f} {result['tokens_per_s']:>9.0f}  {peaks}", flush=True)
+        print(
+            f"{name:<10} {checkpointing:<9} {precision:<9} {result['step_s'] * 1e3:>8.0f} "
+            f"{result['step_s'] / base:>11.2f} {result['tokens_per_s']:>9.0f}  {peaks}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

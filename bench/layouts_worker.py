@@ -1,8 +1,10 @@
 """One rank of ``bench/layouts.py``: a Llama trained a few steps on one N-D layout; rank 0 writes
 the median step time, tokens/s and every rank's peak memory to OUT_FILE.
 
-    lowbit launch --cpu --num_processes 4 [--use_fsdp] bench/layouts_worker.py OUT_FILE dp_shard_size=2 tp_size=2 mp=fp8 ac=full
+    lowbit launch --cpu --num_processes 4 [--use_fsdp] bench/layouts_worker.py OUT_FILE dp_shard_size=2 tp_size=2
+    mp=fp8 ac=full
 """
+
 from __future__ import annotations
 
 import json
@@ -31,14 +33,27 @@ def peak_memory_mib(device: torch.device, baseline_kib: int) -> float:
 def main() -> None:
     out_file, args = sys.argv[1], dict(arg.split("=", 1) for arg in sys.argv[2:])
     layout = ParallelismConfig(**{k: int(v) for k, v in args.items() if k.endswith("_size")})
-    fsdp = FullyShardedDataParallelPlugin(activation_checkpointing=args.get("ac", False)) if layout.dp_shard_enabled else None
+    fsdp = (
+        FullyShardedDataParallelPlugin(activation_checkpointing=args.get("ac", False))
+        if layout.dp_shard_enabled
+        else None
+    )
     accelerator = Accelerator(mixed_precision=args.get("mp", "bf16"), parallelism_config=layout, fsdp_plugin=fsdp)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                                         num_attention_heads=8, num_key_value_heads=4, use_cache=False))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=1024,
+            hidden_size=512,
+            intermediate_size=1536,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            use_cache=False,
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, 1024, (GLOBAL_BATCH * STEPS, SEQUENCE), generator=torch.Generator().manual_seed(1))
     loader = torch.utils.data.DataLoader(tokens, batch_size=GLOBAL_BATCH // layout.data_parallel_size)

@@ -4,6 +4,7 @@
 
 Counted from the tensors themselves (torchao's FP8 optimizer states count their scales too).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -34,7 +35,9 @@ def measure(precision: str, handlers: list) -> tuple[float, float, float]:
     n = sum(p.numel() for p in params)
     weights = sum(tensor_bytes(p.detach()) for p in params) / n
     grads = sum(tensor_bytes(p.grad) for p in params if p.grad is not None) / n
-    state = sum(tensor_bytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0) / n
+    state = (
+        sum(tensor_bytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0) / n
+    )
     return weights, grads, state
 
 
@@ -49,8 +52,11 @@ def main() -> None:
     for label, precision, handlers in setups:
         weights, grads, state = measure(precision, handlers)
         rows.append((label, weights, grads, state, weights + grads + state))
-    print_table("bytes per parameter (weights kept in fp32 by every setup: master weights)",
-                ("setup", "weights", "grads", "optimizer state", "total"), rows)
+    print_table(
+        "bytes per parameter (weights kept in fp32 by every setup: master weights)",
+        ("setup", "weights", "grads", "optimizer state", "total"),
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ as a script does (``torch.compile(model)`` after ``prepare``). Each compiled row
 graphs lowbit's loop compiled and how many graph breaks it met (0 graphs: it ran eager). Run it
 under each torch you support (the project's CI lanes: 2.13 and 2.11). Target: median ratio <= 1.02.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,14 +78,20 @@ def main() -> None:
             # the raw loop runs torchao's own emulation; lowbit's is selected to match (the fast
             # default is measured against it in fp8_vs_bf16.py and peer.py)
             handlers = [AORecipeKwargs(emulation="torchao")] if precision == "fp8" else []
-            ours = (compiled_lowbit_loop(precision, handlers) if mode == "torch.compile"
-                    else lowbit_loop(precision, mode == "compiled", handlers))
+            ours = (
+                compiled_lowbit_loop(precision, handlers)
+                if mode == "torch.compile"
+                else lowbit_loop(precision, mode == "compiled", handlers)
+            )
             graphs = "-" if mode == "eager" else "%d graphs, %d breaks" % dynamo_graphs_and_breaks(ours)
             ours_s, raw_s, ratio = compare(ours, raw_loop(precision, mode != "eager"), pairs=args.pairs)
             rows.append((mode, precision, ours_s * 1e3, raw_s * 1e3, ratio, "yes" if ratio <= 1.02 else "NO", graphs))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), `lowbit env` names the CPU")
-    print_table("lowbit / raw PyTorch step time (median of adjacent-pair ratios)",
-                ("mode", "precision", "lowbit ms", "raw ms", "ratio", "<= 1.02", "lowbit compiled"), rows)
+    print_table(
+        "lowbit / raw PyTorch step time (median of adjacent-pair ratios)",
+        ("mode", "precision", "lowbit ms", "raw ms", "ratio", "<= 1.02", "lowbit compiled"),
+        rows,
+    )
 
 
 if __name__ == "__main__":

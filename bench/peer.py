@@ -9,6 +9,7 @@ bf16, and fp8 through each one's torchao path. On CPU Accelerate needs to be tol
 default (the fast emulation) and with `emulation="torchao"`, the same settings as Accelerate's.
 Printed: lowbit step time / Accelerate step time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,12 +59,17 @@ def main() -> None:
         try:
             peer = accelerate_loop(precision)
         except Exception as exc:  # noqa: BLE001 - report what the peer does, do not crash the table
-            rows.append((label, "-", "-", "-", f"Accelerate {accelerate.__version__} failed: {type(exc).__name__}: {exc}"[:120]))
+            rows.append(
+                (label, "-", "-", "-", f"Accelerate {accelerate.__version__} failed: {type(exc).__name__}: {exc}"[:120])
+            )
             continue
         ours, theirs, ratio = compare(lowbit_loop(precision, handlers=handlers), peer, pairs=args.pairs)
         rows.append((label, ours * 1e3, theirs * 1e3, ratio, ""))
-    print_table(f"lowbit / Accelerate {accelerate.__version__} step time (median of adjacent-pair ratios)",
-                ("precision", "lowbit ms", "Accelerate ms", "ratio", "note"), rows)
+    print_table(
+        f"lowbit / Accelerate {accelerate.__version__} step time (median of adjacent-pair ratios)",
+        ("precision", "lowbit ms", "Accelerate ms", "ratio", "note"),
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ events per step and trace kilobytes per step. Emulated FP8 runs each cast and ea
 several plain operations, so it records more events per Linear than fp32 does; what matters is
 whether lowbit records more than raw torchao does for the same conversion.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,12 @@ def measure(library: str, precision: str, steps: int) -> dict:
             step()
     with_profiler = (time.perf_counter() - start) / steps
     trace_bytes = sum(f.stat().st_size for f in Path(trace_dir).rglob("*") if f.is_file())
-    return {"plain": plain, "profiled": with_profiler, "events": len(prof.events()) / steps,
-            "trace_kb": trace_bytes / 1024 / steps}
+    return {
+        "plain": plain,
+        "profiled": with_profiler,
+        "events": len(prof.events()) / steps,
+        "trace_kb": trace_bytes / 1024 / steps,
+    }
 
 
 def main() -> int:
@@ -94,16 +99,32 @@ def main() -> int:
     for library, precision in ROWS:
         if library == "accelerate" and not _importable("accelerate"):
             continue
-        proc = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--one", library, precision],
-                              capture_output=True, text=True, cwd=Path(__file__).parent)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--steps", str(args.steps), "--one", library, precision],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+        )
         if proc.returncode != 0:
             rows.append((library, precision, "failed: " + proc.stderr.strip().splitlines()[-1][:80], "", "", "", ""))
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        rows.append((library, precision, r["plain"], r["profiled"], r["profiled"] / r["plain"], round(r["events"]),
-                     round(r["trace_kb"])))
-    print_table(f"Profiler cost, {args.steps} steps per row (seconds per step; {_cpu()})",
-                ("library", "precision", "s/step", "s/step profiled", "ratio", "events/step", "trace KB/step"), rows)
+        rows.append(
+            (
+                library,
+                precision,
+                r["plain"],
+                r["profiled"],
+                r["profiled"] / r["plain"],
+                round(r["events"]),
+                round(r["trace_kb"]),
+            )
+        )
+    print_table(
+        f"Profiler cost, {args.steps} steps per row (seconds per step; {_cpu()})",
+        ("library", "precision", "s/step", "s/step profiled", "ratio", "events/step", "trace KB/step"),
+        rows,
+    )
     return 0
 
 

@@ -5,6 +5,7 @@
 `lowbit --help` must not import torch; neither command may import a backend library
 (transformer_engine, msamp, deepspeed, torchao).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,12 @@ def run(argv: list[str], repeats: int = 5) -> tuple[float, str]:
     times, imported = [], ""
     for _ in range(repeats):
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "lowbit.conformance.import_probe", "cli", "--heavy", *HEAVY, "--", *argv],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "lowbit.conformance.import_probe", "cli", "--heavy", *HEAVY, "--", *argv],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         times.append(time.perf_counter() - start)
         imported = ",".join(json.loads(out.strip().splitlines()[-1])["imported"]) or "none"
     return statistics.median(times), imported
@@ -44,7 +49,11 @@ def main() -> None:
     for label, argv in (("lowbit --help", ["--help"]), ("lowbit plugins", ["plugins"])):
         seconds, imported = run(argv)
         rows.append((label, seconds, imported, seconds / python_only))
-    print_table("start-up wall time (median of 5) and heavy modules imported", ("command", "seconds", "imports", "x python"), rows)
+    print_table(
+        "start-up wall time (median of 5) and heavy modules imported",
+        ("command", "seconds", "imports", "x python"),
+        rows,
+    )
     print("\n--help imports no torch:", "yes" if "torch" not in rows[1][2] else "NO")
     print("no backend library imported:", "yes" if not set(rows[2][2].split(",")) & set(HEAVY[1:]) else "NO")
 

@@ -5,6 +5,7 @@
 Off is lowbit's default: no hooks are installed, so the step is the plain fp8 step (whose
 overhead over raw torchao is bench/overhead.py's fp8 row).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -20,8 +21,11 @@ def main() -> None:
     for every in (1, 10, 100):
         on_ms, off_ms, ratio = compare(lowbit_loop("fp8", telemetry_every=every), off, pairs=150)
         rows.append((f"every {every} step(s)", on_ms * 1e3, off_ms * 1e3, ratio))
-    print_table("fp8 step time with telemetry on / off (median of adjacent-pair ratios)",
-                ("telemetry", "on ms", "off ms", "ratio"), rows)
+    print_table(
+        "fp8 step time with telemetry on / off (median of adjacent-pair ratios)",
+        ("telemetry", "on ms", "off ms", "ratio"),
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ dataloader (the meter counts every batch and times the wait for it, and reads th
 peak memory at every optimizer step); steps run in adjacent pairs, the median of the pair ratios
 is reported. The first step of each (where the FLOPs are counted once) is in the warm-up.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,11 @@ def main() -> None:
     for precision in ("no", "bf16"):
         on_s, off_s, ratio = compare(metered_loop(precision, True), metered_loop(precision, False), pairs=150)
         rows.append((precision, on_s * 1000, off_s * 1000, ratio))
-    print_table("Throughput meter: step time with / without (median of pair ratios)",
-                ("precision", "with ms", "without ms", "ratio"), rows)
+    print_table(
+        "Throughput meter: step time with / without (median of pair ratios)",
+        ("precision", "with ms", "without ms", "ratio"),
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ not train the FP8 layers: its optimizer misses them, so its time is not a fair p
 FP8 GEMMs are emulated on a CPU. lowbit runs with every default on (the throughput meter, the
 non-finite check).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,15 @@ def build(hidden: int, seq: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=seq)
+    config = LlamaConfig(
+        vocab_size=1024,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=seq,
+    )
     ids = torch.randint(0, 1024, (512, seq), generator=torch.Generator().manual_seed(1)).tolist()
     return LlamaForCausalLM(config), Dataset.from_dict({"input_ids": ids, "labels": ids})
 
@@ -66,9 +74,19 @@ def one_run(library: str, precision: str, args: argparse.Namespace) -> tuple[flo
         os.environ["LOWBIT_MIXED_PRECISION"] = "fp8"  # what `lowbit launch --mixed_precision fp8` sets
     model, data = build(args.hidden, args.seq)
     timer = StepTimer()
-    training = TrainingArguments(output_dir="runs/bench_trainer", max_steps=args.steps, per_device_train_batch_size=8,
-                                 learning_rate=1e-4, bf16=True, use_cpu=True, report_to=[], save_strategy="no",
-                                 logging_steps=10_000, disable_tqdm=True, seed=0)
+    training = TrainingArguments(
+        output_dir="runs/bench_trainer",
+        max_steps=args.steps,
+        per_device_train_batch_size=8,
+        learning_rate=1e-4,
+        bf16=True,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10_000,
+        disable_tqdm=True,
+        seed=0,
+    )
     trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[timer.callback])
     trainer.train()
     ran = f"{type(trainer.accelerator).__module__.split('.')[0]} {trainer.accelerator.mixed_precision}"
@@ -87,10 +105,15 @@ def main() -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    pairs = {"bf16: lowbit / stock": ("lowbit", "bf16", "stock", "bf16"),
-             "fp8 (lowbit) / bf16 (lowbit)": ("lowbit", "fp8", "lowbit", "bf16")}
-    print(f"{describe_cpu()}, torch {torch.__version__}, transformers {transformers.__version__}; Llama hidden {args.hidden}, "
-          f"4 layers, batch 8 x {args.seq} tokens, {args.steps} steps a run, {args.rounds} rounds\n")
+    pairs = {
+        "bf16: lowbit / stock": ("lowbit", "bf16", "stock", "bf16"),
+        "fp8 (lowbit) / bf16 (lowbit)": ("lowbit", "fp8", "lowbit", "bf16"),
+    }
+    print(
+        f"{describe_cpu()}, torch {torch.__version__}, transformers {transformers.__version__}; Llama hidden "
+        f"{args.hidden}, "
+        f"4 layers, batch 8 x {args.seq} tokens, {args.steps} steps a run, {args.rounds} rounds\n"
+    )
     print(f"{'comparison':<30} {'first ms':>9} {'second ms':>10} {'ratio':>7}  ran")
     for label, (lib_a, prec_a, lib_b, prec_b) in pairs.items():
         ratios, firsts, seconds = [], [], []
@@ -101,8 +124,10 @@ def main() -> None:
             firsts.append(a)
             seconds.append(b)
             ratios.append(a / b)
-        print(f"{label:<30} {1000 * statistics.median(firsts):>9.2f} {1000 * statistics.median(seconds):>10.2f} "
-              f"{statistics.median(ratios):>7.3f}  {ran_a} / {ran_b}")
+        print(
+            f"{label:<30} {1000 * statistics.median(firsts):>9.2f} {1000 * statistics.median(seconds):>10.2f} "
+            f"{statistics.median(ratios):>7.3f}  {ran_a} / {ran_b}"
+        )
 
 
 if __name__ == "__main__":

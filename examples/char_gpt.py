@@ -11,6 +11,7 @@ a few timed steps of each precision first, then as many steps (same for all) as 
 ``--time_budget`` seconds, said up front with the reason (a CPU without native bf16 runs bf16 on a
 slow path, many times fp32).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,14 +40,24 @@ os.environ.setdefault("LOWBIT_THROUGHPUT_EVERY", "0")
 MIN_STEPS, MAX_STEPS = 60, 300
 SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the robot", "a small bird", "the teacher", "our neighbour"]
 VERBS = ["sees", "likes", "follows", "paints", "finds", "helps", "watches", "carries"]
-OBJECTS = ["the red ball", "a green box", "the river", "an apple", "the moon", "a long letter", "the garden", "a tiny boat"]
+OBJECTS = [
+    "the red ball",
+    "a green box",
+    "the river",
+    "an apple",
+    "the moon",
+    "a long letter",
+    "the garden",
+    "a tiny boat",
+]
 ENDINGS = ["today", "at night", "in the rain", "again", "with care", "before lunch", "every day", "slowly"]
 
 
 def make_text(n_sentences: int, seed: int = 0) -> str:
     rng = random.Random(seed)
     return " ".join(
-        f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(ENDINGS)}." for _ in range(n_sentences)
+        f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(ENDINGS)}."
+        for _ in range(n_sentences)
     )
 
 
@@ -96,8 +107,10 @@ class Progress:
         done = int(30 * step / self.total)
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         left = elapsed / step * (self.total - step)
-        sys.stderr.write(f"\r{self.label} [{'#' * done}{'.' * (30 - done)}] {step}/{self.total} loss {loss:.3f} "
-                         f"{step / elapsed:.1f} it/s, {left:.0f} s left ")
+        sys.stderr.write(
+            f"\r{self.label} [{'#' * done}{'.' * (30 - done)}] {step}/{self.total} loss {loss:.3f} "
+            f"{step / elapsed:.1f} it/s, {left:.0f} s left "
+        )
         if step == self.total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -116,8 +129,12 @@ def setup(precision: str, args: argparse.Namespace):
     data = torch.tensor([chars.index(c) for c in text], dtype=torch.long)
     mixed_precision = "no" if precision == "fp32" else precision
     handlers = [FP8RecipeKwargs(backend=args.backend)] if precision == "fp8" and args.backend else []
-    accelerator = Accelerator(mixed_precision=mixed_precision, cpu=args.device == "cpu", kwargs_handlers=handlers,
-                              dynamo_backend="inductor" if args.compile else None)
+    accelerator = Accelerator(
+        mixed_precision=mixed_precision,
+        cpu=args.device == "cpu",
+        kwargs_handlers=handlers,
+        dynamo_backend="inductor" if args.compile else None,
+    )
     torch.manual_seed(args.seed)
     model = CharGPT(len(chars), args.block_size, args.n_layer, args.n_embd, args.n_head)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -160,13 +177,19 @@ def sized_steps(precisions: list[str], args: argparse.Namespace) -> int:
     measured = ", ".join(f"{p} {1000 * s:.0f} ms" for p, s in seconds.items())
     why = ""
     if "bf16" in seconds and "fp32" in seconds and seconds["bf16"] > 3 * seconds["fp32"]:
-        why = (f" bf16 takes {seconds['bf16'] / seconds['fp32']:.0f}x fp32 here: this CPU has no native bf16, so its "
-               "bf16 matmuls take a slow path (fp8 is emulated inside bf16 autocast).")
+        why = (
+            f" bf16 takes {seconds['bf16'] / seconds['fp32']:.0f}x fp32 here: this CPU has no native bf16, so its "
+            "bf16 matmuls take a slow path (fp8 is emulated inside bf16 autocast)."
+        )
     # The estimate the chosen steps imply (MIN_STEPS can make it longer than the budget on a slow or busy machine).
     floor = f", the minimum of {MIN_STEPS} steps makes it longer" if steps * per_step > 1.05 * args.time_budget else ""
-    print(f"char_gpt: {steps} steps per precision, about {steps * per_step:.0f} s of training on this machine (budget "
-          f"{args.time_budget:.0f} s{floor}; measured per step: {measured}; --steps N to choose).{why}", flush=True)
+    print(
+        f"char_gpt: {steps} steps per precision, about {steps * per_step:.0f} s of training on this machine (budget "
+        f"{args.time_budget:.0f} s{floor}; measured per step: {measured}; --steps N to choose).{why}",
+        flush=True,
+    )
     return steps
+
 
 def train(precision: str, args: argparse.Namespace) -> dict:
     data, chars, accelerator, model, optimizer = setup(precision, args)
@@ -175,8 +198,9 @@ def train(precision: str, args: argparse.Namespace) -> dict:
     if args.fp8_stats_every and precision == "fp8":
         accelerator.enable_fp8_telemetry(every_n_steps=args.fp8_stats_every)
     gen = torch.Generator().manual_seed(args.seed + accelerator.process_index)
-    progress = Progress(f"{precision} ({args.run_label})" if args.run_label else precision, args.steps,
-                        accelerator.is_main_process)
+    progress = Progress(
+        f"{precision} ({args.run_label})" if args.run_label else precision, args.steps, accelerator.is_main_process
+    )
     losses, step_times = [], []
     profiler = accelerator.profile(f"runs/profile_{precision}") if args.profile else contextlib.nullcontext()
     with profiler as prof:
@@ -198,7 +222,7 @@ def train(precision: str, args: argparse.Namespace) -> dict:
                 accelerator.print(f"\nFP8 numerics at step {step}:\n{accelerator.fp8_stats()}")
     if args.profile:
         accelerator.print(f"profile written to runs/profile_{precision}/ (trace_rank*.json, summary.txt)")
-    warm = step_times[min(10, len(step_times) // 2):]  # skip warm-up (and compilation) steps
+    warm = step_times[min(10, len(step_times) // 2) :]  # skip warm-up (and compilation) steps
     return {
         "precision": precision,
         "backend": accelerator.fp8_backend or "native",
@@ -217,22 +241,43 @@ def run_isolated(precision: str, argv: list[str], steps: int, label: str) -> dic
     last of a repeated flag, so the child's --precisions and --steps override the parent's)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        subprocess.run([sys.executable, __file__, *argv, "--precisions", precision, "--steps", str(steps),
-                        "--run_label", label, "--result_file", str(out)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                *argv,
+                "--precisions",
+                precision,
+                "--steps",
+                str(steps),
+                "--run_label",
+                label,
+                "--result_file",
+                str(out),
+            ],
+            check=True,
+        )
         return json.loads(out.read_text())
 
 
 def smoothed(losses: list[float], window: int = 10) -> list[float]:
     """The trailing mean over ``window`` steps (the raw per-step loss is too noisy to compare)."""
-    return [sum(losses[max(0, i - window):i + 1]) / len(losses[max(0, i - window):i + 1]) for i in range(len(losses))]
+    return [
+        sum(losses[max(0, i - window) : i + 1]) / len(losses[max(0, i - window) : i + 1]) for i in range(len(losses))
+    ]
 
 
 def report(results: list[dict], plot_path: str) -> None:
     base = next((r for r in results if r["precision"] == "fp32"), results[0])
-    print(f"\n{'precision':<10}{'backend':<9}{'final loss':>11}{'step ms':>10}{'vs ' + base['precision']:>9}{'peak MB':>10}")
+    print(
+        f"\n{'precision':<10}{'backend':<9}{'final loss':>11}{'step ms':>10}"
+        f"{'vs ' + base['precision']:>9}{'peak MB':>10}"
+    )
     for r in results:
-        print(f"{r['precision']:<10}{r['backend']:<9}{r['final_loss']:>11.4f}{r['step_ms']:>10.1f}"
-              f"{r['step_ms'] / base['step_ms']:>8.2f}x{r['peak_mb']:>10.0f}")
+        print(
+            f"{r['precision']:<10}{r['backend']:<9}{r['final_loss']:>11.4f}{r['step_ms']:>10.1f}"
+            f"{r['step_ms'] / base['step_ms']:>8.2f}x{r['peak_mb']:>10.0f}"
+        )
     try:
         import matplotlib
 
@@ -262,7 +307,9 @@ def report(results: list[dict], plot_path: str) -> None:
     bars.bar_label(drawn, labels=[f"{r['step_ms']:.0f} ms" for r in results])
     bars.set(ylabel="ms per step (median)", title=f"step time on {results[0].get('hardware', '?')}")
     if any(r.get("emulated") for r in results):
-        bars.text(0.5, -0.16, "FP8 GEMMs emulated: no FP8 hardware here", transform=bars.transAxes, ha="center", fontsize=8)
+        bars.text(
+            0.5, -0.16, "FP8 GEMMs emulated: no FP8 hardware here", transform=bars.transAxes, ha="center", fontsize=8
+        )
     fig.tight_layout()
     Path(plot_path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(plot_path, dpi=120)
@@ -285,8 +332,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=4000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", action="store_true", help="torch.compile the model (dynamo_backend=inductor)")
-    p.add_argument("--profile", action="store_true", help="profile 3 steps with accelerator.profile(): runs/profile_<precision>/")
-    p.add_argument("--fp8_stats_every", type=int, default=0, help="print FP8 numerics telemetry every N steps (fp8 run)")
+    p.add_argument(
+        "--profile", action="store_true", help="profile 3 steps with accelerator.profile(): runs/profile_<precision>/"
+    )
+    p.add_argument(
+        "--fp8_stats_every", type=int, default=0, help="print FP8 numerics telemetry every N steps (fp8 run)"
+    )
     p.add_argument("--plot", default="runs/char_gpt_loss.png")
     p.add_argument("--result_file", default=None, help=argparse.SUPPRESS)  # used by the isolated child runs
     p.add_argument("--run_label", default="", help=argparse.SUPPRESS)  # "2 of 3", on the child's progress line

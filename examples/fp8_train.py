@@ -9,6 +9,7 @@ The script asks for fp8; the backend and the strategy come from the config (or -
 --use_fsdp, ...), and prepare() prints which Linear layers train in FP8. Nothing in
 the script changes between one device and many.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,8 +44,10 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=3 * len(dataloader))
 
     model, optimizer, dataloader, scheduler = accelerator.prepare(model, optimizer, dataloader, scheduler)
-    accelerator.print(f"precision={accelerator.mixed_precision} fp8_backend={accelerator.fp8_backend} "
-                      f"strategy={accelerator.distributed_strategy} processes={accelerator.num_processes}")
+    accelerator.print(
+        f"precision={accelerator.mixed_precision} fp8_backend={accelerator.fp8_backend} "
+        f"strategy={accelerator.distributed_strategy} processes={accelerator.num_processes}"
+    )
     for epoch in range(3):
         total = 0.0
         for inputs, targets in dataloader:

@@ -1,4 +1,5 @@
 """Shared fixtures: every test runs with a clean lowbit environment and its own config dir."""
+
 from __future__ import annotations
 
 import os

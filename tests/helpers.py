@@ -1,4 +1,5 @@
 """Small models and in-test plugins used across the test suite."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +19,13 @@ from lowbit.run.plugin_manager import make_plugin_manager
 def mlp(seed: int = 0, width: int = 64) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Linear(32, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 8)
+        nn.Linear(32, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 8),
     )
 
 
@@ -137,8 +144,11 @@ def needs_fp8_gpu_with(module: str, label: str):
     installed = importlib.util.find_spec(module.split(".")[0]) is not None
     missing = []
     if not gpu:
-        found = (f"{torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))})"
-                 if torch.cuda.is_available() else "no CUDA GPU")
+        found = (
+            f"{torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))})"
+            if torch.cuda.is_available()
+            else "no CUDA GPU"
+        )
         missing.append(f"a CUDA GPU with compute capability >= 8.9 (found: {found})")
     if not installed:
         missing.append(f"{label} (not installed)")
@@ -159,7 +169,8 @@ def needs_fp8_gpu_with(module: str, label: str):
 
 
 def run_launch(cmd, *, env, cwd=None, timeout=1500):
-    """Run a (multi-process) launch once, under NCCL's device rule. PYTHONFAULTHANDLER is on so that a crash of any rank,
+    """Run a (multi-process) launch once, under NCCL's device rule. PYTHONFAULTHANDLER is on so that a crash of any
+    rank,
     including an abort in interpreter shutdown, prints every thread's Python stack in the failure."""
     import subprocess
 
@@ -170,7 +181,9 @@ def run_launch(cmd, *, env, cwd=None, timeout=1500):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
-def install_entry_points(site, distribution: str, version: str, entry_points: dict[str, str], requires: tuple[str, ...] = ()):
+def install_entry_points(
+    site, distribution: str, version: str, entry_points: dict[str, str], requires: tuple[str, ...] = ()
+):
     """What `pip install` leaves for discovery: ``site/<dist>-<version>.dist-info`` with the
     distribution's metadata (``requires``: its Requires-Dist lines) and its ``lowbit`` entry
     points (put ``site`` on the path to use it)."""

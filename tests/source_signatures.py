@@ -3,6 +3,7 @@
 For libraries that cannot be imported here (Transformer Engine and MS-AMP need CUDA): the test
 stand-ins and lowbit's own calls are checked against what these functions read.
 """
+
 from __future__ import annotations
 
 import ast
@@ -49,9 +50,15 @@ def callable_args(node: ast.AST) -> ast.arguments:
     init = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     assert init is not None, f"class {node.name} has no __init__ of its own"
     args = init.args
-    return ast.arguments(posonlyargs=args.posonlyargs, args=args.args[1:], vararg=args.vararg,
-                         kwonlyargs=args.kwonlyargs, kw_defaults=args.kw_defaults, kwarg=args.kwarg,
-                         defaults=args.defaults)
+    return ast.arguments(
+        posonlyargs=args.posonlyargs,
+        args=args.args[1:],
+        vararg=args.vararg,
+        kwonlyargs=args.kwonlyargs,
+        kw_defaults=args.kw_defaults,
+        kwarg=args.kwarg,
+        defaults=args.defaults,
+    )
 
 
 def signature(args: ast.arguments) -> inspect.Signature:
@@ -59,12 +66,20 @@ def signature(args: ast.arguments) -> inspect.Signature:
     P = inspect.Parameter
     positional = [*args.posonlyargs, *args.args]
     has_default = [False] * (len(positional) - len(args.defaults)) + [True] * len(args.defaults)
-    params = [P(a.arg, P.POSITIONAL_ONLY if a in args.posonlyargs else P.POSITIONAL_OR_KEYWORD,
-                default=None if d else P.empty) for a, d in zip(positional, has_default)]
+    params = [
+        P(
+            a.arg,
+            P.POSITIONAL_ONLY if a in args.posonlyargs else P.POSITIONAL_OR_KEYWORD,
+            default=None if d else P.empty,
+        )
+        for a, d in zip(positional, has_default)
+    ]
     if args.vararg:
         params.append(P(args.vararg.arg, P.VAR_POSITIONAL))
-    params += [P(a.arg, P.KEYWORD_ONLY, default=None if d is not None else P.empty)
-               for a, d in zip(args.kwonlyargs, args.kw_defaults)]
+    params += [
+        P(a.arg, P.KEYWORD_ONLY, default=None if d is not None else P.empty)
+        for a, d in zip(args.kwonlyargs, args.kw_defaults)
+    ]
     if args.kwarg:
         params.append(P(args.kwarg.arg, P.VAR_KEYWORD))
     return inspect.Signature(params)

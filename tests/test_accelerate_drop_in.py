@@ -1,5 +1,6 @@
 """An Accelerate-style script (tests/accelerate_style/train_eval.py) runs with only the import
 changed, and ends on the same metrics as under Accelerate, on 1 and on 2 processes."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,17 @@ import pytest
 
 SCRIPT = Path(__file__).parent / "accelerate_style" / "train_eval.py"
 # Compared exactly between the libraries, on every rank.
-COMPARED = ("distributed_type", "epochs", "lrs", "counter", "batch_size", "total_samples", "resumed_loss", "first_batches",
-            "rng_draws")
+COMPARED = (
+    "distributed_type",
+    "epochs",
+    "lrs",
+    "counter",
+    "batch_size",
+    "total_samples",
+    "resumed_loss",
+    "first_batches",
+    "rng_draws",
+)
 
 
 def run(library: str, out: Path, processes: int) -> list[dict]:
@@ -40,9 +50,12 @@ def run(library: str, out: Path, processes: int) -> list[dict]:
 def shutdown_abort_only(proc: subprocess.CompletedProcess, results: list[Path]) -> bool:
     """A run that finished its work and then aborted in interpreter shutdown (SIGABRT, "terminate
     called without an active exception"), and nothing else went wrong."""
-    return (proc.returncode != 0 and "terminate called without an active exception" in proc.stderr
-            and "Traceback (most recent call last)" not in proc.stderr.split("terminate called")[0]
-            and all(path.exists() for path in results))
+    return (
+        proc.returncode != 0
+        and "terminate called without an active exception" in proc.stderr
+        and "Traceback (most recent call last)" not in proc.stderr.split("terminate called")[0]
+        and all(path.exists() for path in results)
+    )
 
 
 @pytest.mark.parametrize("processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
@@ -81,18 +94,28 @@ def test_dispatch_batches_and_the_seedable_sampler_give_each_rank_accelerates_ba
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
         env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         script = [str(DISPATCH_SCRIPT), "--library", library, str(out)]
-        launcher = (["-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", "--simulate_nccl"]
-                    if library == "lowbit" else ["-m", "torch.distributed.run", "--nproc_per_node", "2"])
-        proc = subprocess.run([sys.executable, *launcher, *script], capture_output=True, text=True, env=env, timeout=900)
+        launcher = (
+            ["-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", "--simulate_nccl"]
+            if library == "lowbit"
+            else ["-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        )
+        proc = subprocess.run(
+            [sys.executable, *launcher, *script], capture_output=True, text=True, env=env, timeout=900
+        )
         results = [out / f"result_rank{r}.json" for r in range(2)]
-        assert proc.returncode == 0 or (library == "accelerate" and shutdown_abort_only(proc, results)), proc.stderr[-4000:]
+        assert proc.returncode == 0 or (library == "accelerate" and shutdown_abort_only(proc, results)), proc.stderr[
+            -4000:
+        ]
         outcomes[library] = [json.loads(path.read_text()) for path in results]
     ours, theirs = outcomes["lowbit"], outcomes["accelerate"]
     for rank in range(2):
         for case in theirs[rank]:
             if case == "stream-not-dispatched":  # Accelerate says remainder 0 there, lowbit -1: both keep every sample
                 for mine, reference in zip(ours[rank][case], theirs[rank][case]):
-                    assert mine["steps"] == reference["steps"] and mine["last"]["gathered"] == reference["last"]["gathered"]
+                    assert (
+                        mine["steps"] == reference["steps"]
+                        and mine["last"]["gathered"] == reference["last"]["gathered"]
+                    )
                 continue
             assert ours[rank][case] == theirs[rank][case], (rank, case)
     steps = [ours[rank]["map-dispatch-shuffled"][0]["steps"] for rank in range(2)]

@@ -1,4 +1,5 @@
 """The Accelerator with the built-in plugins: precision, prepare, accumulation, checkpoints."""
+
 from __future__ import annotations
 
 import contextlib
@@ -139,7 +140,9 @@ def test_installed_but_unusable_backend_is_an_error():
 
 
 def test_explain_lists_every_backend_with_priority_and_reason():
-    manager = manager_with(FakeBackend("big", 300, available=False, reason="msamp not importable"), FakeBackend("small", 100))
+    manager = manager_with(
+        FakeBackend("big", 300, available=False, reason="msamp not importable"), FakeBackend("small", 100)
+    )
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager)
     text = acc.explain_backend_choice()
     assert acc.fp8_backend == "small"
@@ -399,7 +402,6 @@ def test_resetting_the_state_leaves_an_accelerator_working():
     AcceleratorState._reset_state()
     model = accelerator.prepare(torch.nn.Linear(2, 1))
     assert model(torch.ones(1, 2)).shape == (1, 1)
-
 
 
 @pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])

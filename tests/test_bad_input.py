@@ -1,4 +1,5 @@
 """Bad input gets a clear error at the call that caused it (issue: reliability)."""
+
 from __future__ import annotations
 
 import warnings
@@ -22,7 +23,9 @@ def test_kwargs_handlers_must_be_a_list():
 
 
 def test_unknown_dynamo_backend_is_refused_at_construction():
-    with pytest.raises(ConfigError, match=r"dynamo_backend 'inductr' is not a torch.compile backend.*Did you mean 'inductor'"):
+    with pytest.raises(
+        ConfigError, match=r"dynamo_backend 'inductr' is not a torch.compile backend.*Did you mean 'inductor'"
+    ):
         Accelerator(dynamo_backend="inductr", plugin_manager=manager_with())
     Accelerator(dynamo_backend="EAGER", plugin_manager=manager_with())  # Accelerate's upper-case names are fine
 
@@ -34,8 +37,11 @@ def test_inductor_on_cpu_without_a_compiler_is_refused_at_prepare(monkeypatch, t
     monkeypatch.delenv("CXX", raising=False)
     model = mlp()
     accelerator = Accelerator(dynamo_backend="inductor", cpu=True, plugin_manager=manager_with())
-    with pytest.raises(ConfigError, match=r"no C\+\+ compiler was found \(looked for c\+\+, g\+\+, clang\+\+ on PATH\)"
-                                          r".*apt install g\+\+.*dynamo_backend='aot_eager'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"no C\+\+ compiler was found \(looked for c\+\+, g\+\+, clang\+\+ on PATH\)"
+        r".*apt install g\+\+.*dynamo_backend='aot_eager'",
+    ):
         accelerator.prepare(model)
     monkeypatch.setenv("CXX", "my-g++")
     with pytest.raises(ConfigError, match=r"looked for \$CXX=my-g\+\+ on PATH"):
@@ -91,7 +97,11 @@ def test_the_config_file_is_read_once_per_accelerator(tmp_path, monkeypatch):
 
 
 def test_an_unknown_lowbit_env_var_is_a_warning_with_a_suggestion():
-    with pytest.warns(UserWarning, match=r"LOWBIT_MIXED_PRECISON is read by neither lowbit nor an installed plugin.*Did you mean 'LOWBIT_MIXED_PRECISION'"):
+    with pytest.warns(
+        UserWarning,
+        match=r"LOWBIT_MIXED_PRECISON is read by neither lowbit nor an installed plugin.*Did you mean "
+        r"'LOWBIT_MIXED_PRECISION'",
+    ):
         resolve_config(environ={"LOWBIT_MIXED_PRECISON": "bf16"})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -122,7 +132,9 @@ def test_backward_on_fp8_without_a_prepared_model_is_an_error():
 def test_fp8_key_of_a_backend_that_is_not_installed_says_to_install_its_plugin():
     """The core keeps no list of the plugins' keys: a key no installed backend reads is unknown,
     and the error says it may belong to a plugin that is not installed."""
-    with pytest.raises(ConfigError, match=r"Unknown key 'pad_inner_dim' in fp8_config.*backend whose plugin is not installed"):
+    with pytest.raises(
+        ConfigError, match=r"Unknown key 'pad_inner_dim' in fp8_config.*backend whose plugin is not installed"
+    ):
         validate_config({"fp8_config": {"pad_inner_dim": "true"}}, fp8_specs={})
     with pytest.raises(ConfigError, match=r"Unknown key 'recipee'"):
         validate_config({"fp8_config": {"recipee": "rowwise"}}, fp8_specs={})
@@ -138,13 +150,16 @@ def test_launch_with_fp8_options_but_no_fp8_precision_is_an_error(tmp_path, caps
     assert "LOWBIT_FP8_BACKEND" in err and "mixed_precision is 'no'" in err and "--mixed_precision fp8" in err
 
 
-@pytest.mark.parametrize("name, value, wanted", [
-    ("LOWBIT_PREEMPTION_POLL_STEPS", "abc", "a whole number at least 1"),
-    ("LOWBIT_PREEMPTION_POLL_STEPS", "0", "out of range: it takes a whole number at least 1"),
-    ("LOWBIT_THROUGHPUT_EVERY", "abc", "a number at least 0"),
-    ("LOWBIT_THROUGHPUT_EVERY", "-5", "out of range"),
-    ("LOWBIT_ARRIVAL_TIMEOUT", "0", "more than 0"),
-])
+@pytest.mark.parametrize(
+    "name, value, wanted",
+    [
+        ("LOWBIT_PREEMPTION_POLL_STEPS", "abc", "a whole number at least 1"),
+        ("LOWBIT_PREEMPTION_POLL_STEPS", "0", "out of range: it takes a whole number at least 1"),
+        ("LOWBIT_THROUGHPUT_EVERY", "abc", "a number at least 0"),
+        ("LOWBIT_THROUGHPUT_EVERY", "-5", "out of range"),
+        ("LOWBIT_ARRIVAL_TIMEOUT", "0", "more than 0"),
+    ],
+)
 def test_a_bad_number_in_a_lowbit_variable_is_refused_at_the_start_naming_it(monkeypatch, name, value, wanted):
     """LOWBIT_PREEMPTION_POLL_STEPS=0 was a ZeroDivisionError on rank 1 mid-run, =abc a bare
     ValueError at import; LOWBIT_THROUGHPUT_EVERY=abc named nothing. Read when the Accelerator is

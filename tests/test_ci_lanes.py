@@ -1,5 +1,6 @@
 """The torch versions CI tests under are the ones lowbit names (``lowbit env``, the README) and the
 floor every distribution declares."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """Every example runs as the README says, on CPU: the seed loop under each config, and the main job."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,21 @@ def test_seed_loop_runs_under_each_config(config):
 
 
 def test_main_job_runs_across_two_processes(tmp_path):
-    proc = run("-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", "examples/char_gpt.py",
-               "--precisions", "fp8", "--steps", "15", "--plot", str(tmp_path / "loss.png"))
+    proc = run(
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "examples/char_gpt.py",
+        "--precisions",
+        "fp8",
+        "--steps",
+        "15",
+        "--plot",
+        str(tmp_path / "loss.png"),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert re.search(r"^fp8\s+ao\s+[\d.]+", proc.stdout, re.M), proc.stdout
     assert (tmp_path / "loss.png").exists()
@@ -56,14 +70,29 @@ def _char_gpt():
     return module
 
 
-@pytest.mark.parametrize("seconds, steps, slow_bf16, estimate", [
-    ({"fp32": 0.052, "bf16": 1.077, "fp8": 0.238}, 60, True, "about 82 s"),   # measured on an AVX2-only EPYC (2026-11-22)
-    ({"fp32": 0.050, "bf16": 0.050, "fp8": 0.140}, 300, False, "about 72 s"),  # a CPU with native bf16
-    # a busy machine (issue 37: fp32 1449, bf16 1627, fp8 6514 ms): the minimum of 60 steps is about 9.6 minutes, said so
-    ({"fp32": 1.449, "bf16": 1.627, "fp8": 6.514}, 60, False, "about 575 s of training on this machine (budget 80 s, the "
-                                                              "minimum of 60 steps makes it longer"),
-])
-def test_the_main_job_sizes_itself_to_the_machine_and_says_why(monkeypatch, capsys, seconds, steps, slow_bf16, estimate):
+@pytest.mark.parametrize(
+    "seconds, steps, slow_bf16, estimate",
+    [
+        (
+            {"fp32": 0.052, "bf16": 1.077, "fp8": 0.238},
+            60,
+            True,
+            "about 82 s",
+        ),  # measured on an AVX2-only EPYC (2026-11-22)
+        ({"fp32": 0.050, "bf16": 0.050, "fp8": 0.140}, 300, False, "about 72 s"),  # a CPU with native bf16
+        # a busy machine (issue 37: fp32 1449, bf16 1627, fp8 6514 ms): the minimum of 60 steps is about 9.6 minutes,
+        # said so
+        (
+            {"fp32": 1.449, "bf16": 1.627, "fp8": 6.514},
+            60,
+            False,
+            "about 575 s of training on this machine (budget 80 s, the minimum of 60 steps makes it longer",
+        ),
+    ],
+)
+def test_the_main_job_sizes_itself_to_the_machine_and_says_why(
+    monkeypatch, capsys, seconds, steps, slow_bf16, estimate
+):
     char_gpt = _char_gpt()
     monkeypatch.setattr(char_gpt, "probe_step_seconds", lambda precision, args: seconds[precision])
     args = char_gpt.parse_args([])
@@ -77,9 +106,22 @@ def test_the_main_job_sizes_itself_to_the_machine_and_says_why(monkeypatch, caps
 
 def test_the_sft_example_fine_tunes_in_fp8_under_lowbit_launch(tmp_path):
     pytest.importorskip("trl")
-    proc = run("-m", "lowbit.cli.main", "launch", "--cpu", "--mixed_precision", "fp8", "examples/sft_fp8.py",
-               "--steps", "20", "--output_dir", str(tmp_path / "sft"))
+    proc = run(
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--mixed_precision",
+        "fp8",
+        "examples/sft_fp8.py",
+        "--steps",
+        "20",
+        "--output_dir",
+        str(tmp_path / "sft"),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "trained by lowbit (TrainerAccelerator), mixed_precision=fp8, backend ao" in proc.stdout
     losses = [float(v) for v in re.findall(r"^\s+\d+\s+([\d.]+)\s+nan", proc.stdout, re.M)]
-    assert len(losses) == 1 and losses[0] < 2.5, proc.stdout  # at step 20, below a uniform guess over 14 tokens (ln 14 = 2.64)
+    assert len(losses) == 1 and losses[0] < 2.5, (
+        proc.stdout
+    )  # at step 20, below a uniform guess over 14 tokens (ln 14 = 2.64)

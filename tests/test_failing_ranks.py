@@ -1,4 +1,5 @@
 """A rank that fails ends the whole job quickly, with its traceback, instead of hanging it."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,19 @@ def test_a_failing_rank_ends_the_job_within_a_minute(tmp_path, fail_rank):
     stamp = tmp_path / "failed_at"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(WORKER), "raise",
-           str(fail_rank), str(stamp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        str(WORKER),
+        "raise",
+        str(fail_rank),
+        str(stamp),
+    ]
     # The wide limit only stops a hung job from hanging the suite; the assertion is on the time
     # from the failure to the exit, which startup time on a busy machine does not affect.
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
@@ -70,7 +82,17 @@ def test_save_state_on_the_main_process_only_is_an_error_naming_the_missing_rank
     worker = os.path.join(os.path.dirname(__file__), "distributed", "subset_save_worker.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", LOWBIT_ARRIVAL_TIMEOUT="10")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", worker, str(tmp_path / "ckpt")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        worker,
+        str(tmp_path / "ckpt"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode != 0
     assert "save_state must be called on every process at the same point" in proc.stderr, proc.stderr[-3000:]
@@ -79,13 +101,25 @@ def test_save_state_on_the_main_process_only_is_an_error_naming_the_missing_rank
 
 def test_a_stuck_rank_is_noticed_after_the_process_group_timeout(tmp_path):
     """InitProcessGroupKwargs(timeout=60 s): the rank waiting in the all-reduce gives up, names the
-    rank it waited for, and the whole job ends instead of hanging (torch's default would wait 30 minutes). The bound below only
+    rank it waited for, and the whole job ends instead of hanging (torch's default would wait 30 minutes). The bound
+    below only
     tells the two apart; it leaves a busy machine room."""
     stamp = tmp_path / "stuck_at"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(WORKER), "stuck", "1",
-           str(stamp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        str(WORKER),
+        "stuck",
+        "1",
+        str(stamp),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
     ended = time.time()
     assert stamp.exists() and proc.returncode != 0, proc.stderr[-3000:]

@@ -1,5 +1,6 @@
 """bench/gpu_llama.py cannot give a figure here (no GPU), but it must run: a smoke run on the CPU,
 tiny model, every row that can run here. Checks the script and its table, measures nothing."""
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,13 @@ def test_the_gpu_check_bench_part_runs_its_rows_in_pairs_each_printed_when_done(
     printed (with the pair's ratio) as it ends, not after the last."""
     pytest.importorskip("transformers")
     pytest.importorskip("lowbit_ao")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "bench", "--dry-run"],
-                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "bench", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line.split("  ")[0].strip() for line in proc.stdout.splitlines()]
     pairs = ["bf16", "raw bf16", "fp8 ao tensorwise", "raw torchao tensorwise", "fp8 ao rowwise", "raw torchao rowwise"]
@@ -34,9 +40,26 @@ def test_the_gpu_check_bench_part_runs_its_rows_in_pairs_each_printed_when_done(
 
 def test_the_gpu_benchmark_stops_cleanly_when_its_budget_would_not_hold_another_row():
     pytest.importorskip("transformers")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_llama.py"), "--device", "cpu", "--tiny", "--steps", "1",
-                           "--warmup", "1", "--no-compile", "--budget", "75"],
-                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_llama.py"),
+            "--device",
+            "cpu",
+            "--tiny",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--no-compile",
+            "--budget",
+            "75",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "\nbf16 " in proc.stdout and "budget of 75 s spent: not run: " in proc.stdout, proc.stdout
 
@@ -44,8 +67,13 @@ def test_the_gpu_benchmark_stops_cleanly_when_its_budget_would_not_hold_another_
 def test_the_gpu_check_tests_part_runs_each_file_alone_and_names_each_outcome():
     """``bench/gpu_check.py tests --dry-run``: every file holding `gpu` tests, one pytest each, a line
     per test with its outcome (here: skipped, saying what is missing), the counts last."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "tests", "--dry-run"],
-                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "tests", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "tests/plugins/ao/test_ao_gpu.py (" in proc.stdout
     assert "test_ao_gpu::test_real_fp8_gemms_train_close_to_bf16[tensorwise]" in proc.stdout
@@ -74,9 +102,26 @@ def test_the_formats_benchmark_runs_every_format_and_prints_the_gap_to_bf16(tmp_
     table has a row per format with its gap to bf16, and the JSON and plot are written."""
     pytest.importorskip("transformers")
     pytest.importorskip("lowbit_ao")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "formats.py"), "--steps", "3", "--hidden", "64",
-                           "--seq", "32", "--batch", "2", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "formats.py"),
+            "--steps",
+            "3",
+            "--hidden",
+            "64",
+            "--seq",
+            "32",
+            "--batch",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split("  ")[0].strip(): line for line in proc.stdout.splitlines()[-6:]}
     for label in ("fp8 tensorwise", "fp8 rowwise", "mxfp8", "nvfp4"):
@@ -90,14 +135,27 @@ def test_the_gpu_wheels_step_downloads_for_the_gpu_machine_not_this_one(tmp_path
     """``bench/gpu_check.sh wheels`` on a laptop (macOS, ARM) must still carry the x86-64 CUDA
     machine's torchao wheel (kernels included), not the laptop's. pip is recorded, not run."""
     log = tmp_path / "argv.txt"
-    env = {"PATH": f"{ROOT / 'tests' / 'shims'}:/usr/bin:/bin", "ARGV_LOG": str(log),
-           **({"GPU_PLATFORM": platform} if platform else {}), **({"GPU_PYTHON_VERSION": python} if python else {})}
-    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "wheels", str(tmp_path / "wheels")],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    env = {
+        "PATH": f"{ROOT / 'tests' / 'shims'}:/usr/bin:/bin",
+        "ARGV_LOG": str(log),
+        **({"GPU_PLATFORM": platform} if platform else {}),
+        **({"GPU_PYTHON_VERSION": python} if python else {}),
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_check.sh"), "wheels", str(tmp_path / "wheels")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     download = next(line.split() for line in log.read_text().splitlines() if "download" in line)
     assert "torchao==0.18.0" in download
-    for flag, value in (("--platform", platform or "manylinux_2_28_x86_64"), ("--python-version", python or "3.10"),
-                        ("--implementation", "cp")):
+    for flag, value in (
+        ("--platform", platform or "manylinux_2_28_x86_64"),
+        ("--python-version", python or "3.10"),
+        ("--implementation", "cp"),
+    ):
         assert download[download.index(flag) + 1] == value, download
     assert "--only-binary=:all:" in download and "--no-deps" in download

@@ -1,4 +1,5 @@
 """The README's "What lowbit guarantees" table stays honest: every test a row names exists."""
+
 from __future__ import annotations
 
 import ast

@@ -1,4 +1,5 @@
 """Meta-test: every hook in the contract is documented, explained, implemented and tested."""
+
 from __future__ import annotations
 
 import inspect
@@ -10,7 +11,9 @@ from lowbit.kernel import hookspecs
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOKS = sorted(name for name, fn in vars(hookspecs).items() if inspect.isfunction(fn) and hasattr(fn, "lowbit_spec"))
-PLUGIN_SOURCES = "\n".join(p.read_text() for p in [*ROOT.glob("core/lowbit/runtime/builtin/*.py"), *ROOT.glob("plugins/*/*/__init__.py")])
+PLUGIN_SOURCES = "\n".join(
+    p.read_text() for p in [*ROOT.glob("core/lowbit/runtime/builtin/*.py"), *ROOT.glob("plugins/*/*/__init__.py")]
+)
 TEST_SOURCES = "\n".join(p.read_text() for p in ROOT.glob("tests/**/*.py") if p.name != "test_hookspecs.py")
 DOCS = (ROOT / "docs" / "writing-a-backend.md").read_text()
 

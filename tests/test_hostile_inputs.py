@@ -1,4 +1,5 @@
 """Inputs that real scripts and clusters produce, each with the clear error (or the safe handling) it deserves."""
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,15 @@ def test_a_key_given_twice_in_a_config_file_is_an_error_naming_both_lines(tmp_pa
         read_config_file(path)
 
 
-@pytest.mark.parametrize("option, message", [
-    ({"amax_history_len": -5}, "'amax_history_len' .*must be at least 1, got -5"),
-    ({"amax_history_len": 0}, "'amax_history_len' .*must be at least 1, got 0"),
-    ({"interval": 0}, "'interval' .*must be at least 1, got 0"),
-    ({"margin": -3}, "'margin' .*must be at least 0, got -3"),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ({"amax_history_len": -5}, "'amax_history_len' .*must be at least 1, got -5"),
+        ({"amax_history_len": 0}, "'amax_history_len' .*must be at least 1, got 0"),
+        ({"interval": 0}, "'interval' .*must be at least 1, got 0"),
+        ({"margin": -3}, "'margin' .*must be at least 0, got -3"),
+    ],
+)
 def test_out_of_range_fp8_options_are_refused_in_code_and_in_files(tmp_path, option, message):
     te_recipe = pytest.importorskip("lowbit_te.recipe")
     with pytest.raises(ConfigError, match=message):
@@ -223,7 +227,10 @@ def test_two_plugins_claiming_the_only_backend_name_the_clash_not_an_install():
     manager = manager_with(first, second)
     from lowbit.kernel.errors import BackendUnavailableError
 
-    with pytest.raises(BackendUnavailableError, match=r"No usable low-precision backend: low-precision backend name 'ao' is claimed by both") as info:
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"No usable low-precision backend: low-precision backend name 'ao' is claimed by both",
+    ) as info:
         Accelerator(mixed_precision="fp8", plugin_manager=manager)
     assert "pip install" not in str(info.value)
 
@@ -249,8 +256,13 @@ def test_two_writers_into_one_checkpoint_directory_get_a_clear_error(tmp_path):
 def test_accelerates_fsdp_plugin_keywords_are_accepted_and_the_ones_without_effect_named(recwarn):
     from lowbit.utils import FullyShardedDataParallelPlugin
 
-    plugin = FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=True, sync_module_states=True, use_orig_params=True,
-                                            sharding_strategy="SHARD_GRAD_OP", limit_all_gathers=True)
+    plugin = FullyShardedDataParallelPlugin(
+        cpu_ram_efficient_loading=True,
+        sync_module_states=True,
+        use_orig_params=True,
+        sharding_strategy="SHARD_GRAD_OP",
+        limit_all_gathers=True,
+    )
     assert plugin.to_fsdp_config() == {"reshard_after_forward": False}
     said = " ".join(str(w.message) for w in recwarn)
     assert "fsdp_cpu_ram_efficient_loading" in said and "limit_all_gathers" in said
@@ -309,8 +321,10 @@ def test_gather_for_metrics_drops_padding_of_a_loader_another_accelerator_prepar
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1")
     out = tmp_path / "seen.json"
-    proc = run_launch([sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(worker), str(out)],
-                      env=env)
+    proc = run_launch(
+        [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(worker), str(out)],
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(out.read_text())
     assert sorted(seen["False"]) == [float(i) for i in range(21)]
@@ -386,7 +400,11 @@ def test_a_collective_timeout_names_the_ranks_that_left_no_mark():
     store.set("lowbit/timed_out/1", "1")
     assert ranks_that_did_not_arrive(store, 0, 3, window_s=0.5) == []
     assert "different collectives" in describe(0, 3, [])
-    assert is_collective_timeout(RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 60000ms for recv"))
+    assert is_collective_timeout(
+        RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 60000ms for recv")
+    )
     assert is_collective_timeout(RuntimeError("Application timeout caused pair closure"))
-    assert not is_collective_timeout(RuntimeError("Connection reset by peer")) and not is_collective_timeout(ValueError("timeout"))
+    assert not is_collective_timeout(RuntimeError("Connection reset by peer")) and not is_collective_timeout(
+        ValueError("timeout")
+    )
     assert not is_collective_timeout(RuntimeError("the data server timed out"))  # the user's own, not a collective

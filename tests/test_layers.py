@@ -4,7 +4,8 @@ a constant holding a module path): a module loaded by name is an import the laye
 
     kernel   (lowbit/kernel/)    imports only the kernel
     runtime  (lowbit/runtime/)   the kernel and itself
-    run      (lowbit/run/)       the kernel, the runtime and itself: lowbit's settings, plugin choice, layout, TrainingRun
+    run      (lowbit/run/)       the kernel, the runtime and itself: lowbit's settings, plugin choice, layout,
+    TrainingRun
     compat   (lowbit/compat/)    the layers below and itself
     top                          the command line (lowbit/cli/), the conformance kit
                                  (lowbit/conformance/), Accelerate's test kit (lowbit/test_utils/) and
@@ -14,6 +15,7 @@ a constant holding a module path): a module loaded by name is an import the laye
 imports ``lowbit`` (for ``hookimpl``) and the kernel only. No import loop, of files or of folders.
 docs/architecture.md says what goes where.
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,8 +35,15 @@ PLUGINS = ROOT / "plugins"
 
 LAYERS = ("kernel", "runtime", "run", "compat", "top")
 # A folder of the package -> its layer; a module outside these folders is one of Accelerate's paths (top).
-FOLDER_LAYER = {"kernel": "kernel", "runtime": "runtime", "run": "run", "compat": "compat", "cli": "top", "conformance": "top",
-                "test_utils": "top"}
+FOLDER_LAYER = {
+    "kernel": "kernel",
+    "runtime": "runtime",
+    "run": "run",
+    "compat": "compat",
+    "cli": "top",
+    "conformance": "top",
+    "test_utils": "top",
+}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -100,14 +109,20 @@ def test_every_import_of_the_core_follows_the_layer_order():
         mine = LAYERS.index(layer_of(name))
         for module, line in imported_modules(path, name):
             if LAYERS.index(layer_of(module)) > mine:
-                against.append(f"{path.relative_to(ROOT)}:{line} ({layer_of(name)}) imports {module} ({layer_of(module)})")
+                against.append(
+                    f"{path.relative_to(ROOT)}:{line} ({layer_of(name)}) imports {module} ({layer_of(module)})"
+                )
     assert not against, "imports against the layer order:\n" + "\n".join(against)
 
 
 def modules_loaded(which: str) -> dict:
     """What ``tests/scripts/modules_loaded.py which`` reports: the lowbit modules that import loads, and torch."""
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "modules_loaded.py"), which],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "scripts" / "modules_loaded.py"), which],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out)
 
 
@@ -189,7 +204,10 @@ def test_no_import_loop_between_folders():
         for target in targets:
             target_folder = target if modules[target].name == "__init__.py" else target.rpartition(".")[0]
             # A folder importing one of its own subfolders (or the reverse) is one place, not a loop.
-            if not (target_folder.startswith(folder + ".") or folder.startswith(target_folder + ".")) and target_folder != folder:
+            if (
+                not (target_folder.startswith(folder + ".") or folder.startswith(target_folder + "."))
+                and target_folder != folder
+            ):
                 folders.setdefault(folder, set()).add(target_folder)
             folders.setdefault(target_folder, set())
         folders.setdefault(folder, set())
@@ -198,17 +216,32 @@ def test_no_import_loop_between_folders():
 
 def test_the_checks_find_an_import_against_the_order():
     planted = ROOT / "tests" / "fixtures" / "kernel_module_importing_compat.py"
-    (module, line), = imported_modules(planted, "lowbit.kernel.planted")
+    ((module, line),) = imported_modules(planted, "lowbit.kernel.planted")
     assert (layer_of("lowbit.kernel.planted"), layer_of(module), line) == ("kernel", "compat", 6)
     loaded_by_name = ROOT / "tests" / "fixtures" / "kernel_module_loading_runtime_by_name.py"
-    assert [(layer_of(m), line) for m, line in imported_modules(loaded_by_name, "lowbit.kernel.planted")] == [("runtime", 7)]
+    assert [(layer_of(m), line) for m, line in imported_modules(loaded_by_name, "lowbit.kernel.planted")] == [
+        ("runtime", 8)
+    ]
     assert _loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
 
 
 # ---------------------------------------------------------------- Accelerate's module paths on top
 
-ACCELERATE_PATHS = ("accelerator", "state", "hooks", "optimizer", "scheduler", "inference", "big_modeling", "data_loader",
-                    "local_sgd", "tracking", "logging", "launchers", "parallelism_config")
+ACCELERATE_PATHS = (
+    "accelerator",
+    "state",
+    "hooks",
+    "optimizer",
+    "scheduler",
+    "inference",
+    "big_modeling",
+    "data_loader",
+    "local_sgd",
+    "tracking",
+    "logging",
+    "launchers",
+    "parallelism_config",
+)
 # The paths whose code is lowbit's own run, not the compatibility layer (the layout is the run's).
 HELD_IN_RUN = {"parallelism_config": "lowbit.run.layout"}
 
@@ -217,7 +250,7 @@ HELD_IN_RUN = {"parallelism_config": "lowbit.run.layout"}
 def test_an_accelerate_module_path_is_the_compat_module_itself(path):
     public = importlib.import_module(f"lowbit.{path}")
     assert public is importlib.import_module(HELD_IN_RUN.get(path, f"lowbit.compat.{path}"))
-    assert len((PACKAGE / f"{path}.py").read_text().splitlines()) <= 4  # a shell, not code
+    assert len([line for line in (PACKAGE / f"{path}.py").read_text().splitlines() if line]) <= 3  # a shell, not code
 
 
 def test_accelerates_utils_paths_are_the_compat_modules_and_load_lazily():

@@ -1,5 +1,6 @@
 """Code CI cannot run (GPU tests, the scripts they launch, benchmarks) is still read by a linter,
 and every script a test launches is a file the linter sees, not a string literal."""
+
 from __future__ import annotations
 
 import ast
@@ -24,8 +25,13 @@ def test_the_code_passes_ruff():
         import ruff  # noqa: F401
     except ImportError:
         pytest.fail("ruff is not installed: `pip install -e \".[test]\"` installs it (lowbit's test extras)")
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", *LINTED],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--output-format", "concise", *LINTED],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
@@ -34,23 +40,38 @@ FORMATTED = ("core/lowbit/kernel", "core/lowbit/run")
 
 
 def test_the_formatted_layers_stay_formatted():
-    proc = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", *FORMATTED],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, "run `ruff format " + " ".join(FORMATTED) + "`:\n" + proc.stdout[-4000:] + proc.stderr[-2000:]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", *FORMATTED],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, (
+        "run `ruff format " + " ".join(FORMATTED) + "`:\n" + proc.stdout[-4000:] + proc.stderr[-2000:]
+    )
 
 
 def _docstring_nodes(tree: ast.AST) -> set[int]:
     found = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
             found.add(id(body[0].value))
     return found
 
 
 def _parse(text: str) -> ast.AST | None:
     """The text as Python, or as a ``str.format`` template of Python ({name} fields filled in)."""
-    for candidate in (text, re.sub(r"\{[A-Za-z_]\w*(![rsa])?(:[^{}]*)?\}", "0", text).replace("{{", "{").replace("}}", "}")):
+    for candidate in (
+        text,
+        re.sub(r"\{[A-Za-z_]\w*(![rsa])?(:[^{}]*)?\}", "0", text).replace("{{", "{").replace("}}", "}"),
+    ):
         try:
             return ast.parse(candidate)
         except SyntaxError:
@@ -79,12 +100,16 @@ def scripts_in_string_literals(paths: list[Path], root: Path = ROOT) -> list[str
 def test_no_script_lives_in_a_string_literal():
     paths = sorted(p for home in SCRIPT_HOMES for p in (ROOT / home).rglob("*.py"))
     found = scripts_in_string_literals(paths)
-    assert not found, ("move these scripts into files (tests/scripts/, or beside the test that launches them), "
-                       "so the linter reads them and CPU CI can run them: " + ", ".join(found))
+    assert not found, (
+        "move these scripts into files (tests/scripts/, or beside the test that launches them), "
+        "so the linter reads them and CPU CI can run them: " + ", ".join(found)
+    )
 
 
 def test_the_script_finder_finds_a_script_and_passes_prose(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_bytes(b'"""Docstring: import what you need."""\nA = "import os\\nprint(os.sep)"\n'
-                       b'B = "the import failed"\nC = "x = 1"\nD = "import sys\\nsys.exit({code!r})"\n')
+    sample.write_bytes(
+        b'"""Docstring: import what you need."""\nA = "import os\\nprint(os.sep)"\n'
+        b'B = "the import failed"\nC = "x = 1"\nD = "import sys\\nsys.exit({code!r})"\n'
+    )
     assert scripts_in_string_literals([sample], root=tmp_path) == ["sample.py:2", "sample.py:5"]

@@ -1,4 +1,5 @@
 """What lowbit says, and how: one voice for notices, errors that name their source and the way out."""
+
 from __future__ import annotations
 
 import datetime
@@ -51,9 +52,19 @@ def test_notices_are_said_on_the_main_rank_only(tmp_path):
     """Under `lowbit launch` with 2 processes: once in all, and the launcher's own notes not again by the ranks."""
     pytest.importorskip("lowbit_ao")
     config = tmp_path / "accelerate.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\nmixed_precision: fp8\nnum_processes: 2\nrdzv_backend: static\n")
-    proc = _run("-m", "lowbit.cli.main", "launch", "--cpu", "--config_file", str(config), SAY_NOTICES,
-                env_extra={"OMP_NUM_THREADS": "1"})
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\nmixed_precision: fp8\nnum_processes: 2\nrdzv_backend: static\n"
+    )
+    proc = _run(
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--config_file",
+        str(config),
+        SAY_NOTICES,
+        env_extra={"OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("lowbit-ao emulates them") == 1, proc.stderr
     assert proc.stderr.count("settings with no effect in lowbit") == 1, proc.stderr
@@ -76,8 +87,11 @@ def test_an_fp8_option_without_fp8_is_the_same_error_every_way(tmp_path, monkeyp
         path.write_text("mixed_precision: bf16\nfp8_config:\n  recipe: tensorwise\n")
         kwargs = {"config_file": str(path)}
         source = "config file fp8_config.recipe"
-    with pytest.raises(ConfigError, match=rf"FP8 options were given \({source}\) but mixed_precision is 'bf16'.*"
-                                          r"Set mixed_precision='fp8'"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"FP8 options were given \({source}\) but mixed_precision is 'bf16'.*"
+        r"Set mixed_precision='fp8'",
+    ):
         Accelerator(**kwargs)
 
 
@@ -98,13 +112,19 @@ def test_an_error_in_a_rank_names_the_config_file_the_setting_came_from(tmp_path
     config.write_text("mixed_precision: fp8\nfp8_config:\n  backend: tee\n")
     proc = _run("-m", "lowbit.cli.main", "launch", "--config_file", str(config), str(SCRIPTS / "make_accelerator.py"))
     assert proc.returncode != 0
-    assert f"Unknown low-precision backend 'tee' (from config file {config}, fp8_config.backend). Did you mean 'te'?" in proc.stderr
+    assert (
+        f"Unknown low-precision backend 'tee' (from config file {config}, fp8_config.backend). Did you mean 'te'?"
+        in proc.stderr
+    )
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"WORLD_SIZE": "abc"}, r"WORLD_SIZE='abc' must be a whole number"),
-    ({"RANK": "3", "WORLD_SIZE": "2"}, r"RANK=3 and WORLD_SIZE=2 do not fit together"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"WORLD_SIZE": "abc"}, r"WORLD_SIZE='abc' must be a whole number"),
+        ({"RANK": "3", "WORLD_SIZE": "2"}, r"RANK=3 and WORLD_SIZE=2 do not fit together"),
+    ],
+)
 def test_rank_variables_are_checked_at_start(monkeypatch, env, message):
     for key, value in env.items():
         monkeypatch.setenv(key, value)

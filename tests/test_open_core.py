@@ -5,6 +5,7 @@ Allowed to name plugins: the built-in plugins themselves (``lowbit/runtime/built
 that map Accelerate's own names (its fp8_backend values, distributed types, config keys, launch
 flags, handler classes and utils), listed below with the reason.
 """
+
 from __future__ import annotations
 
 import ast
@@ -14,13 +15,15 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[1] / "core" / "lowbit"
 # Module -> why it may name plugins: it maps Accelerate's names onto lowbit's, or names what lowbit ships.
 PLUGIN_NAMING_MODULES = {
-    "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types, and the transformers modules that use them",
+    "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types, and the transformers "
+    "modules that use them",
     "kernel/first_party.py": "the distributions lowbit publishes, named when one is asked for and absent",
     "utils/deepspeed.py": "Accelerate's path accelerate.utils.deepspeed, an alias of lowbit.compat.utils.deepspeed",
     "utils/fsdp_utils.py": "Accelerate's path accelerate.utils.fsdp_utils, an alias of lowbit.compat.utils.fsdp_utils",
     "compat/utils/constants.py": "Accelerate's FSDP_* constants, under their names in accelerate.utils.constants",
     "compat/utils/__init__.py": "Accelerate's utils submodule paths (accelerate.utils.deepspeed)",
-    "run/accelerate_config.py": "Accelerate's config file keys (fsdp_*, deepspeed_*), read as sources of lowbit's settings",
+    "run/accelerate_config.py": "Accelerate's config file keys (fsdp_*, deepspeed_*), read as sources of lowbit's "
+    "settings",
     "run/layout.py": "ParallelismConfig's sp_backend value (Accelerate's 'deepspeed'), accepted as a name",
     "compat/handlers.py": "Accelerate's handler and plugin classes (FullyShardedDataParallelPlugin, DeepSpeedPlugin)",
     "compat/utils/dataclasses.py": "Accelerate's recipe classes by plugin (TERecipeKwargs, AORecipeKwargs, ...)",
@@ -32,36 +35,68 @@ PLUGIN_NAMING_MODULES = {
     "compat/utils/modeling.py": "Accelerate's has_transformer_engine_layers",
     "compat/utils/other.py": "Accelerate's get_active_deepspeed_plugin and its state's deepspeed_plugin",
 }
-PLUGIN_NAMES = ("te", "ao", "msamp", "ms-amp", "deepspeed", "fsdp", "fsdp2", "ddp", "torchao", "transformer_engine",
-                "transformer-engine", "lowbit-te", "lowbit-ao", "lowbit-msamp", "lowbit-deepspeed")
+PLUGIN_NAMES = (
+    "te",
+    "ao",
+    "msamp",
+    "ms-amp",
+    "deepspeed",
+    "fsdp",
+    "fsdp2",
+    "ddp",
+    "torchao",
+    "transformer_engine",
+    "transformer-engine",
+    "lowbit-te",
+    "lowbit-ao",
+    "lowbit-msamp",
+    "lowbit-deepspeed",
+)
 WORD = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(map(re.escape, PLUGIN_NAMES)) + r")(?![A-Za-z0-9])", re.IGNORECASE)
 
 
 def plugin_names_in_code(path: Path) -> list[str]:
     """String literals of ``path`` (docstrings aside) that name a plugin, as 'line: text'."""
     tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return [f"{node.lineno}: {node.value[:80]!r}" for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-            and WORD.search(node.value)]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        f"{node.lineno}: {node.value[:80]!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and WORD.search(node.value)
+    ]
 
 
 def core_modules() -> list[Path]:
-    return [p for p in sorted(CORE.rglob("*.py"))
-            if "builtin" not in p.relative_to(CORE).parts and p.relative_to(CORE).as_posix() not in PLUGIN_NAMING_MODULES]
+    return [
+        p
+        for p in sorted(CORE.rglob("*.py"))
+        if "builtin" not in p.relative_to(CORE).parts and p.relative_to(CORE).as_posix() not in PLUGIN_NAMING_MODULES
+    ]
 
 
 def test_no_core_module_names_a_plugin():
     offenders = {p.relative_to(CORE).as_posix(): found for p in core_modules() if (found := plugin_names_in_code(p))}
-    assert not offenders, ("these core modules name plugins; ask the plugin's description instead "
-                           f"(or, for Accelerate's own names, map them in accelerate_names.py): {offenders}")
+    assert not offenders, (
+        "these core modules name plugins; ask the plugin's description instead "
+        f"(or, for Accelerate's own names, map them in accelerate_names.py): {offenders}"
+    )
 
 
 def test_the_check_sees_a_plugin_name(tmp_path):
     planted = tmp_path / "planted.py"
-    planted.write_text('"""The docstring may say deepspeed."""\nSTRATEGY = {"DEEPSPEED": "deepspeed"}\nNOTE = "non-zero, often"\n')
+    planted.write_text(
+        '"""The docstring may say deepspeed."""\nSTRATEGY = {"DEEPSPEED": "deepspeed"}\nNOTE = "non-zero, often"\n'
+    )
     assert [line.split(":")[0] for line in plugin_names_in_code(planted)] == ["2", "2"]
 
 
@@ -79,7 +114,8 @@ FOREIGN_PRIVATE = {
     "_actions": "argparse: the flags a parser defines (did-you-mean for a misspelt one)",
     "_SubParsersAction": "argparse: the subcommands of a parser",
     "_dynamo": "torch._dynamo.list_backends",
-    "_foreach_norm": "torch's fused per-tensor norms with an accumulation dtype (get_total_norm uses it inside; no public form takes a dtype)",
+    "_foreach_norm": "torch's fused per-tensor norms with an accumulation dtype (get_total_norm uses it inside; no "
+    "public form takes a dtype)",
     "_orig_mod": "torch.compile's wrapper",
     "_modules": "a module's child table: compile_regions gives the twin its own (copy.copy would share it)",
     "_step_count": "torch LR schedulers (OneCycleLR's end)",
@@ -98,8 +134,12 @@ def test_collaborators_read_no_private_member_of_another_object():
     found = []
     for path in CORE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith(("__", "_lowbit"))
-                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
-                    and node.attr not in FOREIGN_PRIVATE):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith(("__", "_lowbit"))
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                and node.attr not in FOREIGN_PRIVATE
+            ):
                 found.append(f"{path.relative_to(CORE)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found

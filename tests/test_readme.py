@@ -1,4 +1,5 @@
 """The README's set-up commands are the ones CI runs, and its examples exist."""
+
 from __future__ import annotations
 
 import re

@@ -4,6 +4,7 @@ user's script trains them, under every strategy, in bf16 and fp8: see models/hf_
 Each run is one launch (2 processes over gloo, or one plain process); the runs are shared by the
 checks below. What the matrix adds to the suite: 12 launches, about 2 minutes on 2 idle cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,20 @@ class Runs:
             if flags is None:
                 cmd = [sys.executable, str(WORKER), model, precision, str(out)]
             else:
-                cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *flags,
-                       str(WORKER), model, precision, str(out)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "lowbit.cli.main",
+                    "launch",
+                    "--cpu",
+                    "--num_processes",
+                    "2",
+                    *flags,
+                    str(WORKER),
+                    model,
+                    precision,
+                    str(out),
+                ]
             proc = run_launch(cmd, env=env)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
             ranks = 1 if flags is None else 2
@@ -115,7 +128,9 @@ def test_gpt2_trains_its_conv1d_layers_in_fp8(runs, strategy):
     from transformers import GPT2LMHeadModel
 
     result = runs("gpt2", strategy, "fp8")[0]
-    assert result["fp8_report"].startswith("fp8 (ao, tensorwise, emulated): 7 of 9 Conv1D/Linear layers (Conv1D 7 of 8, Linear 0 of 1)")
+    assert result["fp8_report"].startswith(
+        "fp8 (ao, tensorwise, emulated): 7 of 9 Conv1D/Linear layers (Conv1D 7 of 8, Linear 0 of 1)"
+    )
     model_dir = Path(result["model_dir"])
     build_model("gpt2").config.save_pretrained(model_dir)
     reloaded = GPT2LMHeadModel.from_pretrained(model_dir)  # ties lm_head to wte again

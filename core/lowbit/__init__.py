@@ -6,6 +6,7 @@
 Public names are loaded lazily so that ``import lowbit`` (and ``lowbit --help``) stays free of
 torch until something that needs it is touched.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -31,19 +32,38 @@ _LAZY = {
     "init_empty_weights": "lowbit.compat.big_modeling",
     "init_on_device": "lowbit.compat.big_modeling",
     # Big-model inference dispatch: importable, and each raises saying what to use (lowbit trains).
-    **{name: "lowbit.compat.big_modeling" for name in ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
-                                                "infer_auto_device_map", "load_checkpoint_and_dispatch",
-                                                "load_checkpoint_in_model")},
+    **{
+        name: "lowbit.compat.big_modeling"
+        for name in (
+            "cpu_offload",
+            "cpu_offload_with_hook",
+            "disk_offload",
+            "dispatch_model",
+            "infer_auto_device_map",
+            "load_checkpoint_and_dispatch",
+            "load_checkpoint_in_model",
+        )
+    },
     # transformers' Trainer and TRL's trainers on lowbit's Accelerator (what `lowbit launch` does for a script)
     "patch_trainer": "lowbit.compat.trainer_patch",
     "unpatch_trainer": "lowbit.compat.trainer_patch",
     "synchronize_rng_states": "lowbit.compat.utils",
     "is_rich_available": "lowbit.compat.utils",
     # The handler classes Accelerate also exports at its top level.
-    **{name: "lowbit.compat.handlers" for name in (
-        "AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin",
-        "DistributedDataParallelKwargs", "FullyShardedDataParallelPlugin", "GradScalerKwargs", "InitProcessGroupKwargs",
-        "ProfileKwargs")},
+    **{
+        name: "lowbit.compat.handlers"
+        for name in (
+            "AutocastKwargs",
+            "DataLoaderConfiguration",
+            "DDPCommunicationHookType",
+            "DeepSpeedPlugin",
+            "DistributedDataParallelKwargs",
+            "FullyShardedDataParallelPlugin",
+            "GradScalerKwargs",
+            "InitProcessGroupKwargs",
+            "ProfileKwargs",
+        )
+    },
 }
 __all__ = [*_LAZY, "hookimpl"]
 
@@ -53,8 +73,24 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ loads t
 
 
 # Accelerate's submodules that lowbit has under the same name (``lowbit.compat.logging``, ...), loaded on first use.
-SUBMODULES = ("accelerator", "state", "utils", "logging", "tracking", "parallelism_config", "big_modeling", "launchers",
-              "data_loader", "optimizer", "scheduler", "hooks", "inference", "test_utils")
+SUBMODULES = (
+    "accelerator",
+    "state",
+    "utils",
+    "logging",
+    "tracking",
+    "parallelism_config",
+    "big_modeling",
+    "launchers",
+    "data_loader",
+    "optimizer",
+    "scheduler",
+    "hooks",
+    "inference",
+    "test_utils",
+)
+
+
 def __getattr__(name: str) -> Any:
     import importlib
 

@@ -8,6 +8,7 @@ For tests/test_accelerate_drop_in.py, which compares the two libraries' files ke
 case's batches per step on this rank, the gradient state at the last one, and what
 ``gather_for_metrics`` returns there.
 """
+
 import argparse
 import importlib
 import json
@@ -55,8 +56,10 @@ def read(accelerator, loader) -> dict:
     for batch in loader:
         steps.append(batch["index"].tolist())
         if accelerator.gradient_state.end_of_dataloader:
-            last = {"remainder": accelerator.gradient_state.remainder,
-                    "gathered": accelerator.gather_for_metrics(batch["index"]).tolist()}
+            last = {
+                "remainder": accelerator.gradient_state.remainder,
+                "gathered": accelerator.gather_for_metrics(batch["index"]).tolist(),
+            }
     return {"steps": steps, "last": last, "length": len(loader) if hasattr(loader.dataset, "__len__") else None}
 
 

@@ -8,6 +8,7 @@ import changed:
 The model is loaded tensor-parallel by transformers (``tp_plan="auto"`` and the Accelerator's mesh)
 when only tp is on; every layout checkpoints with ``save_state`` and ends with ``save_pretrained``.
 """
+
 import argparse
 import json
 
@@ -28,15 +29,27 @@ for dim in ("dp-replicate", "dp-shard", "tp", "cp"):
 args = parser.parse_args()
 set_seed(42)
 
-layout = ParallelismConfig(dp_replicate_size=args.dp_replicate_size, dp_shard_size=args.dp_shard_size, tp_size=args.tp_size,
-                           cp_size=args.cp_size)
+layout = ParallelismConfig(
+    dp_replicate_size=args.dp_replicate_size,
+    dp_shard_size=args.dp_shard_size,
+    tp_size=args.tp_size,
+    cp_size=args.cp_size,
+)
 fsdp = None
 if layout.dp_shard_enabled or layout.cp_enabled:
-    fsdp = FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="transformer_based_wrap",
-                                          transformer_cls_names_to_wrap=["LlamaDecoderLayer"], state_dict_type="SHARDED_STATE_DICT")
+    fsdp = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["LlamaDecoderLayer"],
+        state_dict_type="SHARDED_STATE_DICT",
+    )
 accelerator = Accelerator(mixed_precision="bf16", parallelism_config=layout, fsdp_plugin=fsdp)
 laid_out_by_transformers = layout.tp_enabled and not layout.dp_shard_enabled
-extra = {"tp_size": args.tp_size, "tp_plan": "auto", "device_mesh": accelerator.torch_device_mesh} if laid_out_by_transformers else {}
+extra = (
+    {"tp_size": args.tp_size, "tp_plan": "auto", "device_mesh": accelerator.torch_device_mesh}
+    if laid_out_by_transformers
+    else {}
+)
 model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.bfloat16, use_cache=False, **extra)
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 tokens = torch.randint(0, model.config.vocab_size, (16, 33), generator=torch.Generator().manual_seed(0))
@@ -51,8 +64,14 @@ for step, batch in enumerate(loader):
     batch["position_ids"] = torch.arange(batch["input_ids"].size(1)).unsqueeze(0)
     batch = {k: v.to(accelerator.device) for k, v in batch.items()}
     buffers = [batch["input_ids"], batch["labels"], batch["shift_labels"], batch["position_ids"]]
-    with accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1, 1], no_restore_buffers=set(buffers)):
-        group = accelerator.torch_device_mesh["dp_cp"].get_group() if accelerator.parallelism_config.dp_cp_dim_names else None
+    with accelerator.maybe_context_parallel(
+        buffers=buffers, buffer_seq_dims=[1, 1, 1, 1], no_restore_buffers=set(buffers)
+    ):
+        group = (
+            accelerator.torch_device_mesh["dp_cp"].get_group()
+            if accelerator.parallelism_config.dp_cp_dim_names
+            else None
+        )
         loss = model(**batch).loss
         accelerator.backward(loss)
         optimizer.step()
@@ -64,5 +83,7 @@ for step, batch in enumerate(loader):
 model.save_pretrained(f"{args.out_dir}/model")
 if accelerator.is_main_process:
     with open(f"{args.out_dir}/result.json", "w") as handle:
-        json.dump({"losses": losses, "steps": len(loader), "distributed_type": str(accelerator.distributed_type)}, handle)
+        json.dump(
+            {"losses": losses, "steps": len(loader), "distributed_type": str(accelerator.distributed_type)}, handle
+        )
 accelerator.end_training()

@@ -7,6 +7,7 @@ unchanged under `accelerate` and `lowbit`: only the import differs (``--library`
 Writes OUT_DIR/result_rank{N}.json: the eval accuracy and sample count per epoch, the learning
 rates, the loss after resuming from a checkpoint, and what the tracker saw.
 """
+
 import argparse
 import importlib
 import json
@@ -47,8 +48,12 @@ class Counter:
 
 
 def main():
-    accelerator = Accelerator(cpu=True, log_with="tensorboard", project_dir=args.out,
-                              project_config=ProjectConfiguration(project_dir=args.out))
+    accelerator = Accelerator(
+        cpu=True,
+        log_with="tensorboard",
+        project_dir=args.out,
+        project_config=ProjectConfiguration(project_dir=args.out),
+    )
     set_seed(42)
     train_set, eval_set = make_data()
     with accelerator.main_process_first():
@@ -58,12 +63,18 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
-        model, optimizer, train_loader, eval_loader, scheduler)
+        model, optimizer, train_loader, eval_loader, scheduler
+    )
     counter = Counter()
     accelerator.register_for_checkpointing(counter)
     accelerator.init_trackers("drop_in", config={"lr": 1e-2, "epochs": 2})
-    result = {"distributed_type": str(accelerator.distributed_type.value), "epochs": [], "lrs": [], "first_batches": [],
-              "rng_draws": []}
+    result = {
+        "distributed_type": str(accelerator.distributed_type.value),
+        "epochs": [],
+        "lrs": [],
+        "first_batches": [],
+        "rng_draws": [],
+    }
     for epoch in range(2):
         model.train()
         for step, (x, y) in enumerate(train_loader):

@@ -13,6 +13,7 @@ Python functions, classes its docs call internal, private attributes) is listed 
 ``excluded.py`` with the reason, and not counted. Results: one line per module, then the totals,
 and a JSON file of every test's outcome.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,22 @@ def fetch_tests(version: str = VERSION) -> Path:
     if (target / "tests").is_dir():
         return target / "tests"
     CACHE.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(CACHE),
-                    f"accelerate=={version}"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-q",
+            "-d",
+            str(CACHE),
+            f"accelerate=={version}",
+        ],
+        check=True,
+    )
     with tarfile.open(CACHE / f"accelerate-{version}.tar.gz") as archive:
         members = [m for m in archive.getmembers() if m.name.startswith(f"accelerate-{version}/tests/")]
         archive.extractall(CACHE, members=members, filter="data")
@@ -100,11 +115,24 @@ def run_script_checks(folder: Path, library: str, python: str, timeout: float) -
         out.mkdir(parents=True, exist_ok=True)
         start = 0
         while start < len(checks):
-            command = [*launcher, str(HERE / "script_checks.py"), "--library", library, "--scripts", str(folder),
-                       "--script", script, "--from_check", str(start), "--out", str(out)]
+            command = [
+                *launcher,
+                str(HERE / "script_checks.py"),
+                "--library",
+                library,
+                "--scripts",
+                str(folder),
+                "--script",
+                script,
+                "--from_check",
+                str(start),
+                "--out",
+                str(out),
+            ]
             try:
-                subprocess.run(command, cwd=folder, env=env, timeout=timeout, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                subprocess.run(
+                    command, cwd=folder, env=env, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
             except subprocess.TimeoutExpired:
                 pass
             ranks = [json.loads(path.read_text()) for path in sorted(out.glob(f"{script}_rank*.json"))]
@@ -120,7 +148,9 @@ def run_script_checks(folder: Path, library: str, python: str, timeout: float) -
                     outcomes[f"{script}::{key}"] = said[0]
                     reached = index + 1
                     continue
-                failed = next((o for o in said if o and o.startswith("failed")), "failed: no outcome (stopped, or timed out)")
+                failed = next(
+                    (o for o in said if o and o.startswith("failed")), "failed: no outcome (stopped, or timed out)"
+                )
                 outcomes[f"{script}::{key}"] = failed
                 reached = index + 1
                 break
@@ -149,9 +179,21 @@ def run_modules(folder: Path, library: str, python: str, timeout: float) -> dict
     report = folder / f"junit-{library}.xml"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "LOWBIT_"))}
     env.update(PYTHONPATH=str(folder), CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={report}",
-               "--continue-on-collection-errors",
-               "--rootdir", str(folder), *[str(folder / m) for m in MODULES]]
+    command = [
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        f"--junitxml={report}",
+        "--continue-on-collection-errors",
+        "--rootdir",
+        str(folder),
+        *[str(folder / m) for m in MODULES],
+    ]
     subprocess.run(command, cwd=folder, env=env, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     outcomes: dict[str, str] = {}
     if not report.exists():
@@ -162,13 +204,21 @@ def run_modules(folder: Path, library: str, python: str, timeout: float) -> dict
             module, cls = cls, ""
         test_id = "::".join(p for p in (module.split(".")[-1] + ".py", cls, case.get("name")) if p)
         kinds = {child.tag for child in case}
-        outcomes[test_id] = ("failed" if "failure" in kinds else "error" if "error" in kinds
-                             else "skipped" if "skipped" in kinds else "passed")
+        outcomes[test_id] = (
+            "failed"
+            if "failure" in kinds
+            else "error"
+            if "error" in kinds
+            else "skipped"
+            if "skipped" in kinds
+            else "passed"
+        )
     return outcomes
 
 
 def script_table(results: dict[str, dict[str, str]]) -> list[str]:
-    """Per launched script: its checks that pass under Accelerate (not excluded), and how many of them pass under lowbit."""
+    """Per launched script: its checks that pass under Accelerate (not excluded), and how many of them pass under
+    lowbit."""
     from excluded import DELIBERATE_CHECKS
 
     reference = results.get("accelerate") or recorded()["scripts"]["accelerate"]
@@ -182,8 +232,10 @@ def script_table(results: dict[str, dict[str, str]]) -> list[str]:
         total = [total[0] + len(counted), total[1] + len(passing), total[2] + len(ids) - len(counted)]
         lines.append(f"{script:32} {len(counted):>10} {len(passing):>7} {len(ids) - len(counted):>9}")
     lines.append(f"{'all':32} {total[0]:>10} {total[1]:>7} {total[2]:>9}")
-    lines.append("script checks, run one by one on 2 CPU processes: accelerate: checks that pass under Accelerate; lowbit: "
-                 "how many of them pass under lowbit; excluded: tests/accelerate_suite/excluded.py DELIBERATE_CHECKS")
+    lines.append(
+        "script checks, run one by one on 2 CPU processes: accelerate: checks that pass under Accelerate; lowbit: "
+        "how many of them pass under lowbit; excluded: tests/accelerate_suite/excluded.py DELIBERATE_CHECKS"
+    )
     return lines
 
 
@@ -217,8 +269,10 @@ def table(results: dict[str, dict[str, str]]) -> list[str]:
         total = [total[0] + len(public), total[1] + len(passing), total[2] + len(excluded)]
         lines.append(f"{module:32} {len(public):>10} {len(passing):>7} {len(excluded):>9}")
     lines.append(f"{'all':32} {total[0]:>10} {total[1]:>7} {total[2]:>9}")
-    lines.append("accelerate: public-API tests that pass under Accelerate; lowbit: how many of them pass under lowbit; "
-                 "excluded: tests that pass under Accelerate and are not counted (tests/accelerate_suite/excluded.py)")
+    lines.append(
+        "accelerate: public-API tests that pass under Accelerate; lowbit: how many of them pass under lowbit; "
+        "excluded: tests that pass under Accelerate and are not counted (tests/accelerate_suite/excluded.py)"
+    )
     return lines
 
 
@@ -237,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     for library in libraries:
         start = time.perf_counter()
         print(f"running Accelerate {VERSION}'s tests under {library} ...", flush=True)
-        results[library] = run_modules(copy_tests(tests, work / library, library), library, sys.executable, args.timeout)
+        results[library] = run_modules(
+            copy_tests(tests, work / library, library), library, sys.executable, args.timeout
+        )
         print(f"  {len(results[library])} tests in {time.perf_counter() - start:.0f} s", flush=True)
     scripts = fetch_scripts()
     checks: dict[str, dict[str, str]] = {}
@@ -252,10 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"tests": results, "scripts": checks}, indent=1, sort_keys=True))
     if args.record:
-        PASSES_FILE.write_text(json.dumps({"version": VERSION, **{lib: {t: o for t, o in sorted(r.items())}
-                                                                  for lib, r in results.items()},
-                                           "scripts": {lib: dict(sorted(r.items())) for lib, r in checks.items()}},
-                                          indent=1) + "\n")
+        PASSES_FILE.write_text(
+            json.dumps(
+                {
+                    "version": VERSION,
+                    **{lib: {t: o for t, o in sorted(r.items())} for lib, r in results.items()},
+                    "scripts": {lib: dict(sorted(r.items())) for lib, r in checks.items()},
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

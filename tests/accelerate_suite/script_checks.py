@@ -2,7 +2,8 @@
 ``test_sync.py``, ``test_ops.py``), run one by one in each process of a 2-process launch, under
 Accelerate or lowbit (the scripts' imports rewritten for lowbit by run_suite.py).
 
-    torchrun --nproc_per_node 2 script_checks.py --library accelerate --scripts DIR --script test_ops --from_check 0 --out OUT
+    torchrun --nproc_per_node 2 script_checks.py --library accelerate --scripts DIR --script test_ops --from_check 0
+    --out OUT
     lowbit launch --cpu --num_processes 2 script_checks.py --library lowbit ...
 
 Each check is called as the script's ``main()`` calls it on 2 CPU processes (MULTI_CPU). After each
@@ -10,6 +11,7 @@ one this process appends its outcome to OUT/<script>_rank<N>.json; a failing che
 launch (the processes may be out of step in their collectives after it), and run_suite.py starts a
 new one at the next check.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,20 +25,47 @@ from pathlib import Path
 # the argument one of None (no argument), "state" (PartialState()), "accelerator" (the Accelerator
 # main() makes), "datasets" (datasets.Dataset, when installed) or a dict of keyword arguments.
 CHECKS: dict[str, list[tuple[str, object]]] = {
-    "test_ops": [(name, "state") for name in (
-        "test_gather", "test_gather_object", "test_gather_non_contiguous", "test_broadcast", "test_pad_across_processes",
-        "test_reduce_sum", "test_reduce_mean", "test_reduce_max", "test_op_checker", "test_copy_tensor_to_devices")],
+    "test_ops": [
+        (name, "state")
+        for name in (
+            "test_gather",
+            "test_gather_object",
+            "test_gather_non_contiguous",
+            "test_broadcast",
+            "test_pad_across_processes",
+            "test_reduce_sum",
+            "test_reduce_mean",
+            "test_reduce_max",
+            "test_op_checker",
+            "test_copy_tensor_to_devices",
+        )
+    ],
     "test_script": [
-        ("init_state_check", None), ("process_execution_check", None), ("test_split_between_processes_list", None),
-        ("test_split_between_processes_nested_dict", None), ("test_split_between_processes_tensor", None),
-        ("test_split_between_processes_evenly", None), ("test_split_between_processes_dataset", "datasets"),
-        ("rng_sync_check", None), ("dl_preparation_check", None), ("central_dl_preparation_check", None),
-        ("custom_sampler_check", None), ("check_seedable_sampler", None), ("check_seedable_sampler_with_data_seed", None),
-        ("check_seedable_sampler_in_batch_sampler_shard", None), ("training_check", {"use_seedable_sampler": False}),
-        ("training_check", {"use_seedable_sampler": True}), ("test_trigger", None), ("test_reinstantiated_state", None)],
+        ("init_state_check", None),
+        ("process_execution_check", None),
+        ("test_split_between_processes_list", None),
+        ("test_split_between_processes_nested_dict", None),
+        ("test_split_between_processes_tensor", None),
+        ("test_split_between_processes_evenly", None),
+        ("test_split_between_processes_dataset", "datasets"),
+        ("rng_sync_check", None),
+        ("dl_preparation_check", None),
+        ("central_dl_preparation_check", None),
+        ("custom_sampler_check", None),
+        ("check_seedable_sampler", None),
+        ("check_seedable_sampler_with_data_seed", None),
+        ("check_seedable_sampler_in_batch_sampler_shard", None),
+        ("training_check", {"use_seedable_sampler": False}),
+        ("training_check", {"use_seedable_sampler": True}),
+        ("test_trigger", None),
+        ("test_reinstantiated_state", None),
+    ],
     "test_sync": [
-        ("test_dataloader_break", None), ("test_distributed_sync", "accelerator"),
-        ("test_distributed_sync_multiple_fwd", "accelerator"), ("test_gradient_accumulation_with_opt_and_scheduler", None)],
+        ("test_dataloader_break", None),
+        ("test_distributed_sync", "accelerator"),
+        ("test_distributed_sync_multiple_fwd", "accelerator"),
+        ("test_gradient_accumulation_with_opt_and_scheduler", None),
+    ],
 }
 
 
@@ -74,7 +103,7 @@ def main() -> int:
         return 3
     # main() makes its Accelerator (or, in test_ops, its PartialState) before the first check.
     accelerator = lib.Accelerator() if args.script != "test_ops" else None
-    for name, argument in CHECKS[args.script][args.from_check:]:
+    for name, argument in CHECKS[args.script][args.from_check :]:
         check = getattr(script, name)
         if argument == "datasets":
             try:

@@ -4,6 +4,7 @@ or fully_shard under --use_fsdp) in a plain bf16 loop, and writes what dynamo co
 
     lowbit launch --cpu --num_processes 2 [--use_fsdp] compile_worker.py OUT_DIR no,bf16,fp8-tensorwise
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ def accelerator_for(precision: str) -> Accelerator:
         from lowbit.utils import AORecipeKwargs
 
         # every layer in FP8, no float8 all-gather (an FSDP2 gather in float8 is its own test)
-        options = AORecipeKwargs(recipe=precision.split("-")[1], keep_first_last_high_precision=False,
-                                 enable_fsdp_float8_all_gather=False)
+        options = AORecipeKwargs(
+            recipe=precision.split("-")[1], keep_first_last_high_precision=False, enable_fsdp_float8_all_gather=False
+        )
         return Accelerator(mixed_precision="fp8", kwargs_handlers=[options])
     return Accelerator(mixed_precision=precision)
 
@@ -54,9 +56,13 @@ def counted(train) -> dict:
     counters.clear()
     first: list[int] = []
     losses = train(lambda: first.append(counters["stats"]["unique_graphs"]))
-    return {"graphs_after_first_step": first[0], "graphs": counters["stats"]["unique_graphs"],
-            "graph_breaks": sum(counters["graph_break"].values()), "steps": len(losses),
-            "finite": all(loss == loss for loss in losses)}
+    return {
+        "graphs_after_first_step": first[0],
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "steps": len(losses),
+        "finite": all(loss == loss for loss in losses),
+    }
 
 
 def lowbit_run(precision: str):
@@ -74,6 +80,7 @@ def lowbit_run(precision: str):
 
 def torch_run(sharded: bool):
     """The same model, wrapped by torch itself and compiled the same way, in a hand-written bf16 loop."""
+
     def train(after_first_step) -> list[float]:
         model = make_model()
         if sharded:

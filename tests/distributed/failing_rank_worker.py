@@ -6,6 +6,7 @@ DDP's all-reduce, and first writes the time of that moment to STAMP:
 ``raise``: it raises ValueError. ``stuck``: it loops forever and never reaches the next all-reduce
 (the process group's timeout is 60 s here, InitProcessGroupKwargs, so the job must end soon after).
 """
+
 import datetime
 import sys
 import time

@@ -10,6 +10,7 @@ SCENARIO: ``placement`` (where prepare() moves the model, in order with fully_sh
 ``shared`` (ALBERT-style: one block listed three times and applied three times, and a head tied to
 the embedding; trains under FSDP2 or, without --use_fsdp, DDP, to compare).
 """
+
 from __future__ import annotations
 
 import json
@@ -83,27 +84,37 @@ def gather_dtype(out: dict) -> None:
             module.register_forward_pre_hook(lambda m, args, name=name: seen.__setitem__(name, str(m.weight.dtype)))
     accelerator.backward(model(torch.randn(16, 64, device=accelerator.device)).float().pow(2).mean())
     optimizer.step()
-    out.update(weight_dtypes=seen, shard_dtypes=sorted({str(p.dtype) for p in model.parameters()}),
-               process_index=accelerator.process_index)
+    out.update(
+        weight_dtypes=seen,
+        shard_dtypes=sorted({str(p.dtype) for p in model.parameters()}),
+        process_index=accelerator.process_index,
+    )
 
 
 def sync_each_batch(out: dict) -> None:
-    accelerator = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=True))
+    accelerator = Accelerator(
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=True)
+    )
     model = mlp(seed=0, width=64)
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     with accelerator.accumulate(model):
         accelerator.backward(model(torch.randn(8, 32, device=accelerator.device)).pow(2).mean())
-    out.update(stepping=accelerator.sync_gradients,
-               reduced=all(p.grad is not None for p in model.parameters()),
-               process_index=accelerator.process_index)
+    out.update(
+        stepping=accelerator.sync_gradients,
+        reduced=all(p.grad is not None for p in model.parameters()),
+        process_index=accelerator.process_index,
+    )
 
 
 def moe(out: dict) -> None:
     accelerator = Accelerator()
     model = MoE()
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
-    units = sorted(name or "<root>" for name, m in accelerator.unwrap_model(model).named_modules()
-                   if isinstance(m, fsdp_module.FSDPModule))
+    units = sorted(
+        name or "<root>"
+        for name, m in accelerator.unwrap_model(model).named_modules()
+        if isinstance(m, fsdp_module.FSDPModule)
+    )
     for layer in accelerator.unwrap_model(model).layers:
         layer.route = accelerator.process_index  # rank 0's tokens reach expert 0 only, rank 1's expert 1
     losses = []
@@ -142,7 +153,7 @@ def shared(out: dict) -> None:
     generator = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, 64, (8, 6), generator=generator) for _ in range(8)]
     losses = []
-    for ids in batches[accelerator.process_index::2]:
+    for ids in batches[accelerator.process_index :: 2]:
         ids = ids.to(accelerator.device)
         logits = model(ids)
         loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
@@ -156,8 +167,13 @@ def shared(out: dict) -> None:
 def main() -> None:
     scenario, out_dir = sys.argv[1], Path(sys.argv[2])
     out: dict = {}
-    {"placement": placement, "gather-dtype": gather_dtype, "sync-each-batch": sync_each_batch, "moe": moe,
-     "shared": shared}[scenario](out)
+    {
+        "placement": placement,
+        "gather-dtype": gather_dtype,
+        "sync-each-batch": sync_each_batch,
+        "moe": moe,
+        "shared": shared,
+    }[scenario](out)
     (out_dir / f"rank{out['process_index']}.json").write_text(json.dumps(out))
 
 

@@ -12,6 +12,7 @@ loads one first (``switch=1``: saved in another precision) and trains from where
 Rank 0 writes ``result.json``: the layout's loss at each step it ran (averaged over the
 data-parallel ranks, as the global batch's mean) and the reference's for all STEPS.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,8 +34,15 @@ def tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_cache=False,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -60,14 +68,23 @@ def main() -> None:
     sizes = {k: int(v) for k, v in args.items() if k.endswith("_size")}
     layout = ParallelismConfig(**sizes)
     fsdp = FullyShardedDataParallelPlugin(activation_checkpointing=args.get("ac", False)) if "ac" in args else None
-    dynamo = TorchDynamoPlugin(backend="inductor", use_regional_compilation=args["compile"] == "regional") if "compile" in args else None
+    dynamo = (
+        TorchDynamoPlugin(backend="inductor", use_regional_compilation=args["compile"] == "regional")
+        if "compile" in args
+        else None
+    )
     handlers = []
     if "recipe" in args:
         from lowbit.utils import AORecipeKwargs
 
         handlers = [AORecipeKwargs(recipe=args["recipe"])]
-    accelerator = Accelerator(mixed_precision=args.get("mp", "no"), parallelism_config=layout, fsdp_plugin=fsdp,
-                              dynamo_plugin=dynamo, kwargs_handlers=handlers)
+    accelerator = Accelerator(
+        mixed_precision=args.get("mp", "no"),
+        parallelism_config=layout,
+        fsdp_plugin=fsdp,
+        dynamo_plugin=dynamo,
+        kwargs_handlers=handlers,
+    )
     model = tiny_llama()
     reference = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -97,10 +114,15 @@ def main() -> None:
     if "save" in args:
         accelerator.save_state(args["save"])
     if accelerator.is_main_process:
-        result = {"losses": losses, "reference": reference_losses(reference), "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)) if mesh is not None else {},
-                  "distributed_type": str(accelerator.distributed_type), "batches_per_rank": len(loader),
-                  "fp8_report": accelerator.fp8_report() if accelerator.fp8_backend else "",
-                  "use_cache": getattr(accelerator.unwrap_model(model).config, "use_cache", None)}
+        result = {
+            "losses": losses,
+            "reference": reference_losses(reference),
+            "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape)) if mesh is not None else {},
+            "distributed_type": str(accelerator.distributed_type),
+            "batches_per_rank": len(loader),
+            "fp8_report": accelerator.fp8_report() if accelerator.fp8_backend else "",
+            "use_cache": getattr(accelerator.unwrap_model(model).config, "use_cache", None),
+        }
         (out_dir / "result.json").write_text(json.dumps(result))
     accelerator.end_training()
 

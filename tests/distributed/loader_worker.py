@@ -13,6 +13,7 @@ without split_batches: each rank records the (id, name) pairs it got), ``nccl-ru
 shapes that differ between ranks, of an int16 and of a transposed tensor, under the simulated rule).
 The GPU tests (test_multi_gpu_rules_gpu.py) run ``train`` and ``hop`` on one GPU over NCCL.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,13 @@ def train(accelerator: Accelerator, result: dict) -> None:
             losses.append(accelerator.gather(loss.detach()).mean().item())
             pids |= set(loaded_by.tolist())
             devices.add(indices.device.type)
-    result.update(strategy=accelerator.context.strategy, losses=losses, loader_pids=sorted(pids),
-                  batch_devices=sorted(devices), device=accelerator.device.type)
+    result.update(
+        strategy=accelerator.context.strategy,
+        losses=losses,
+        loader_pids=sorted(pids),
+        batch_devices=sorted(devices),
+        device=accelerator.device.type,
+    )
 
 
 def hop(result: dict) -> None:
@@ -103,14 +109,18 @@ def main() -> None:
                 return {"id": torch.tensor(index), "name": f"s{index}"}
 
         for split in (True, False):
-            accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True, split_batches=split))
+            accelerator = Accelerator(
+                dataloader_config=DataLoaderConfiguration(dispatch_batches=True, split_batches=split)
+            )
             loader = accelerator.prepare(DataLoader(Named(), batch_size=4))
             result[f"split={split}"] = [list(zip(batch["id"].tolist(), batch["name"])) for batch in loader]
     elif scenario == "nccl-rules":
         rank = accelerator.process_index
-        cases = {"shapes": lambda: accelerator.reduce(torch.ones(2 + rank), "sum"),
-                 "int16": lambda: accelerator.reduce(torch.ones(2, dtype=torch.int16), "sum"),
-                 "transposed": lambda: accelerator.reduce(torch.arange(6.0).reshape(2, 3).t(), "sum").tolist()}
+        cases = {
+            "shapes": lambda: accelerator.reduce(torch.ones(2 + rank), "sum"),
+            "int16": lambda: accelerator.reduce(torch.ones(2, dtype=torch.int16), "sum"),
+            "transposed": lambda: accelerator.reduce(torch.arange(6.0).reshape(2, 3).t(), "sum").tolist(),
+        }
         for case, run in cases.items():
             try:
                 result[case] = run() if case == "transposed" else str(run().tolist())
@@ -123,8 +133,15 @@ def main() -> None:
         result["device"] = str(accelerator.gather(mine).device)
     else:
         workers = 2 if scenario == "workers" else 0
-        loader = DataLoader(WhoLoads(), batch_size=4, shuffle=True, num_workers=workers, pin_memory=workers > 0,
-                            persistent_workers=workers > 0, worker_init_fn=mark_worker if workers else None)
+        loader = DataLoader(
+            WhoLoads(),
+            batch_size=4,
+            shuffle=True,
+            num_workers=workers,
+            pin_memory=workers > 0,
+            persistent_workers=workers > 0,
+            worker_init_fn=mark_worker if workers else None,
+        )
         loader = accelerator.prepare(loader)
         try:
             for epoch in range(2):

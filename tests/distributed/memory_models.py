@@ -1,5 +1,6 @@
 """Models for ``tests/core/observe/test_estimate_memory.py`` given as ``module:factory`` (the worker and the
 estimator import this file by path: tests/distributed is on sys.path there)."""
+
 from __future__ import annotations
 
 from torch import nn

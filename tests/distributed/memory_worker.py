@@ -6,6 +6,7 @@ mode: forward, backward and the optimizer step alike), at each module's backward
 millisecond by a thread (for what happens inside one operation). The sample points after each
 operation do not depend on how the machine schedules the thread, so under DDP the figure is the
 same on a busy machine as on an idle one."""
+
 from __future__ import annotations
 
 import ctypes
@@ -19,8 +20,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 _libc = ctypes.CDLL("libc.so.6")
@@ -69,8 +83,11 @@ def main() -> None:
     torch.manual_seed(0)
     meta = load_model_on_meta(spec)
     inputs = example_inputs(meta, batch, seq)
-    real = ({k: torch.randint(0, 100, v.shape) for k, v in inputs.items()} if isinstance(inputs, dict)
-            else torch.randn(inputs.shape))
+    real = (
+        {k: torch.randint(0, 100, v.shape) for k, v in inputs.items()}
+        if isinstance(inputs, dict)
+        else torch.randn(inputs.shape)
+    )
     before = allocated()
     sampler = PeakSampler()
     sampler.start()

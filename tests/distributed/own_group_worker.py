@@ -1,6 +1,7 @@
 """Two processes that start their process group themselves, with no RANK or WORLD_SIZE variables
 (as Accelerate's debug_launcher, or a script's own init_process_group): for tests/core/builtin/test_distributed.py.
 Each rank writes what its Accelerator says about it."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,11 @@ def run(rank: int, world: int, out: str) -> None:
     from lowbit import Accelerator
 
     accelerator = Accelerator(cpu=True)
-    facts = {"process_index": accelerator.process_index, "num_processes": accelerator.num_processes,
-             "is_main_process": accelerator.is_main_process}
+    facts = {
+        "process_index": accelerator.process_index,
+        "num_processes": accelerator.num_processes,
+        "is_main_process": accelerator.is_main_process,
+    }
     Path(out, f"rank{rank}.json").write_text(json.dumps(facts))
     dist.destroy_process_group()
 

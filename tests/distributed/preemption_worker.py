@@ -2,6 +2,7 @@
 ``tests/core/training/test_preemption.py``. Writes its pid, then trains until SIGTERM arrives.
 With a second argument N, its batches come from a prepared DataLoader with N worker processes
 (which the scheduler's SIGTERM reaches too)."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,12 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = torch.utils.data.DataLoader(torch.randn(400000, 8), batch_size=4, num_workers=loader_workers)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 steps = {"done": 0}
-accelerator.on_preemption(lambda: (accelerator.save_state(out / "ckpt"),
-                                   (out / f"saved_at_{accelerator.process_index}").write_text(str(steps["done"]))))
+accelerator.on_preemption(
+    lambda: (
+        accelerator.save_state(out / "ckpt"),
+        (out / f"saved_at_{accelerator.process_index}").write_text(str(steps["done"])),
+    )
+)
 (out / f"pid_{accelerator.process_index}").write_text(str(os.getpid()))
 for step, batch in enumerate(loader):
     accelerator.backward(model(batch if loader_workers else torch.randn(4, 8)).pow(2).mean())

@@ -1,6 +1,7 @@
 """Kill-and-resume at given steps, each against an uninterrupted run, in one process group (1 or
 2 processes): for tests/core/checkpoint/test_exact_resume.py. Writes, per step k, whether the resumed run ended on
 bit-identical weights."""
+
 from __future__ import annotations
 
 import json
@@ -37,12 +38,16 @@ def build():
     set_seed(0)
     from lowbit.utils import DataLoaderConfiguration
 
-    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATE,
-                              mixed_precision="fp8" if VARIANT == "fp8" else None,
-                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=VARIANT == "seedable"))
+    accelerator = Accelerator(
+        cpu=True,
+        gradient_accumulation_steps=ACCUMULATE,
+        mixed_precision="fp8" if VARIANT == "fp8" else None,
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=VARIANT == "seedable"),
+    )
     width = 32 if VARIANT != "fp8" else 64  # fp8: a middle Linear with dims divisible by 16 to convert
-    model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, width), nn.ReLU(),
-                          nn.Linear(width, 1))
+    model = nn.Sequential(
+        nn.Linear(8, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
     g = torch.Generator().manual_seed(1)

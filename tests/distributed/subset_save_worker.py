@@ -1,4 +1,5 @@
 """save_state called on the main process only (a common mistake): for tests/test_failing_ranks.py."""
+
 from __future__ import annotations
 
 import sys

@@ -1,7 +1,8 @@
 """One training scenario, run by `lowbit launch` in several processes; each rank writes its results.
 
-    lowbit launch --cpu --num_processes 2 [--use_fsdp | --use_deepspeed --zero_stage N] worker.py SCENARIO OUT_DIR
+lowbit launch --cpu --num_processes 2 [--use_fsdp | --use_deepspeed --zero_stage N] worker.py SCENARIO OUT_DIR
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,9 @@ def optimizer_state_bytes(optimizer) -> int:
     inner = optimizer
     while hasattr(inner, "optimizer"):  # lowbit's and DeepSpeed's wrappers around the torch optimizer
         inner = inner.optimizer
-    return local_bytes(v for state in inner.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0)
+    return local_bytes(
+        v for state in inner.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() > 0
+    )
 
 
 def build(scenario: str, shuffle: bool = False):
@@ -41,7 +44,7 @@ def build(scenario: str, shuffle: bool = False):
     if scenario.startswith("comm-hook-"):  # comm-hook-fp16, comm-hook-power_sgd, ...
         from lowbit.utils import DistributedDataParallelKwargs
 
-        hook = scenario[len("comm-hook-"):]
+        hook = scenario[len("comm-hook-") :]
         state = {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2} if "power_sgd" in hook else {}
         handlers = [DistributedDataParallelKwargs(comm_hook=hook, comm_state_option=state)]
     if scenario.startswith("fp8"):
@@ -56,7 +59,9 @@ def build(scenario: str, shuffle: bool = False):
     model = mlp(seed=0, width=64)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x, y = regression_data(STEPS_PER_EPOCH * PER_RANK_BATCH * accelerator.num_processes)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=PER_RANK_BATCH, shuffle=shuffle)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=PER_RANK_BATCH, shuffle=shuffle
+    )
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     return accelerator, model, optimizer, loader
 
@@ -100,8 +105,10 @@ def main() -> None:
         acc.load_state(out / "ckpt")
         train(acc, model, opt, loader, 1)
         resumed = acc.get_state_dict(model)
-        result = {"resumed_equals_uninterrupted": all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted),
-                  "fp8_report": acc.fp8_report()}
+        result = {
+            "resumed_equals_uninterrupted": all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted),
+            "fp8_report": acc.fp8_report(),
+        }
     elif scenario == "tied-save":
         # A head tied to the embedding, under a strategy that shards: the full state dict is built
         # in the main process only, and the tied weight is written once.
@@ -114,7 +121,10 @@ def main() -> None:
         opt.step()
         state = acc.get_state_dict(model)
         acc.save_model(model, out / "model")
-        result = {"state_names": sorted(state), "tied_shared": state["head.weight"] is state["embed.weight"] if state else None}
+        result = {
+            "state_names": sorted(state),
+            "tied_shared": state["head.weight"] is state["embed.weight"] if state else None,
+        }
         if state:
             torch.save(state, out / "full_state.pt")
     elif scenario == "clip":
@@ -174,8 +184,12 @@ def main() -> None:
             "losses": losses,
             "param_bytes": local_bytes(acc.unwrap_model(model).parameters()),
             "optimizer_state_bytes": optimizer_state_bytes(opt),
-            "comm_hook": model._get_ddp_logging_data().get("comm_hook") if hasattr(model, "_get_ddp_logging_data") else None,
-            "weight_types": sorted({type(getattr(p, "_local_tensor", p)).__name__ for p in acc.unwrap_model(model).parameters()}),
+            "comm_hook": model._get_ddp_logging_data().get("comm_hook")
+            if hasattr(model, "_get_ddp_logging_data")
+            else None,
+            "weight_types": sorted(
+                {type(getattr(p, "_local_tensor", p)).__name__ for p in acc.unwrap_model(model).parameters()}
+            ),
         }
     result["world_size"] = acc.num_processes
     (out / f"result_rank{acc.process_index}.json").write_text(json.dumps(result))

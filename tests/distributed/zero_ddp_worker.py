@@ -4,6 +4,7 @@ how much optimizer state this rank holds (sharded: a part of the model's).
 
     lowbit launch --cpu --num_processes 2 --use_zero_ddp tests/distributed/zero_ddp_worker.py OUT
 """
+
 import json
 import sys
 from pathlib import Path
@@ -24,9 +25,18 @@ def main(out: Path) -> None:
     optimizer.step()
     inner = optimizer.optimizer
     local = sum(v.numel() for s in inner.optim.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
-    (out / f"rank{acc.process_index}.json").write_text(json.dumps({
-        "rank": acc.process_index, "strategy": acc.distributed_strategy, "type": str(acc.distributed_type.value),
-        "optimizer": type(inner).__name__, "local_state": local, "params": sum(p.numel() for p in model.parameters())}))
+    (out / f"rank{acc.process_index}.json").write_text(
+        json.dumps(
+            {
+                "rank": acc.process_index,
+                "strategy": acc.distributed_strategy,
+                "type": str(acc.distributed_type.value),
+                "optimizer": type(inner).__name__,
+                "local_state": local,
+                "params": sum(p.numel() for p in model.parameters()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

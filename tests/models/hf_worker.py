@@ -9,6 +9,7 @@ of processes, gradient accumulation 2, SGD with momentum (so clipping shows in t
 the weights move by lr x max_norm when the gradient was clipped), a linear schedule (transformers'),
 ``clip_grad_norm_`` at every optimizer step. Nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,14 +34,34 @@ def build_model(name: str) -> torch.nn.Module:
     if name == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        return LlamaForCausalLM(LlamaConfig(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=SEQ_LEN, tie_word_embeddings=False))
+        return LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=SEQ_LEN,
+                tie_word_embeddings=False,
+            )
+        )
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return GPT2LMHeadModel(GPT2Config(
-        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ_LEN, bos_token_id=0, eos_token_id=0,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=SEQ_LEN,
+            bos_token_id=0,
+            eos_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
 
 
 def sequences() -> torch.Tensor:
@@ -92,8 +113,15 @@ def main() -> None:
     state = acc.get_state_dict(model)
     acc.save_model(model, out / "model")
     result = {
-        "strategy": acc.distributed_strategy, "fp8_backend": acc.fp8_backend, "fp8_report": acc.fp8_report(),
-        "losses": losses, "norms": norms, "updates": updates, "lr": LR, "max_norm": MAX_NORM, "digest": digest(state) if state else None,
+        "strategy": acc.distributed_strategy,
+        "fp8_backend": acc.fp8_backend,
+        "fp8_report": acc.fp8_report(),
+        "losses": losses,
+        "norms": norms,
+        "updates": updates,
+        "lr": LR,
+        "max_norm": MAX_NORM,
+        "digest": digest(state) if state else None,
     }
     (out / f"result_rank{acc.process_index}.json").write_text(json.dumps(result))
     acc.end_training()

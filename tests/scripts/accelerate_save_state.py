@@ -5,6 +5,7 @@
 
 Writes OUT/ckpt (Accelerate's checkpoint) and OUT/reference.pt (what a resume must restore).
 """
+
 import sys
 from pathlib import Path
 
@@ -34,8 +35,17 @@ def main(out: str, safe: bool) -> None:
         optimizer.zero_grad()
         counter.n += len(x)
     accelerator.save_state(out + "/ckpt", safe_serialization=safe)
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "seen": counter.n, "step": accelerator.step, "next_random": torch.rand(3)}, out + "/reference.pt")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "seen": counter.n,
+            "step": accelerator.step,
+            "next_random": torch.rand(3),
+        },
+        out + "/reference.pt",
+    )
 
 
 if __name__ == "__main__":

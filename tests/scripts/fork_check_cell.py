@@ -1,6 +1,7 @@
 """A notebook cell run as ``python - < fork_check_cell.py OUT_DIR``: notebook_launcher forks, and each
 child says whether torch marks it a "bad fork" (CUDA touched in the parent before the fork: the
 child dies when it uses a GPU). For tests/core/training/test_launchers.py."""
+
 import json
 import sys
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Imports torchao as a user would (``import torchao``) or, with ``--quiet``, through lowbit-ao's
 quiet import (test_ao.py compares what each prints to stderr)."""
+
 import sys
 
 if "--quiet" in sys.argv:

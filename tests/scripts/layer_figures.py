@@ -4,6 +4,7 @@ Accelerate front does itself (its __init__'s body, the runtime modules it import
 
     python tests/scripts/layer_figures.py
 """
+
 from __future__ import annotations
 
 import ast
@@ -27,9 +28,11 @@ def main() -> None:
     front = core_modules()["lowbit.compat.accelerator"]
     tree = ast.parse(front.read_text())
     init = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "__init__")
-    print(f"compat/accelerator.py: {len(front.read_text().splitlines())} lines; Accelerator.__init__ body "
-          f"{init.end_lineno - init.body[0].lineno + 1} lines; runtime modules it imports: "
-          f"{len({m for m, _ in imported_modules(front, 'lowbit.compat.accelerator') if layer_of(m) == 'runtime'})}")
+    print(
+        f"compat/accelerator.py: {len(front.read_text().splitlines())} lines; Accelerator.__init__ body "
+        f"{init.end_lineno - init.body[0].lineno + 1} lines; runtime modules it imports: "
+        f"{len({m for m, _ in imported_modules(front, 'lowbit.compat.accelerator') if layer_of(m) == 'runtime'})}"
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ torch: the figures the layers are held to (tests/test_layers.py, docs/architectu
 
     python tests/scripts/modules_loaded.py root|set_seed|accelerator|plugin_manager
 """
+
 from __future__ import annotations
 
 import json
@@ -28,5 +29,11 @@ def load(which: str) -> None:
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
     load(sys.argv[1])
-    print(json.dumps({"lowbit": sorted(m for m in sys.modules if m == "lowbit" or m.startswith("lowbit.")),
-                      "torch": "torch" in sys.modules}))
+    print(
+        json.dumps(
+            {
+                "lowbit": sorted(m for m in sys.modules if m == "lowbit" or m.startswith("lowbit.")),
+                "torch": "torch" in sys.modules,
+            }
+        )
+    )

@@ -3,6 +3,7 @@ notices must be said once, in one line, and leave other warnings as Python print
 
     python tests/scripts/say_notices.py [--ignore-lowbit-notes]
 """
+
 from __future__ import annotations
 
 import sys

@@ -3,6 +3,7 @@ RANK, WORLD_SIZE and the variables named as arguments. ``--exit N`` ends with ex
 
     lowbit launch tests/scripts/show_env.py MY_KNOB --exit 3
 """
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """What lowbit gives transformers' Trainer and TRL, checked in one process: the patch and its undoing,
 Accelerate's objects translated, the precision the launcher asks for, the Accelerate API Trainer
 reads, and a census of every Accelerate name the installed transformers and TRL use."""
+
 from __future__ import annotations
 
 import ast
@@ -48,8 +49,12 @@ def test_the_patch_reaches_trainer_only_and_is_idempotent_and_reversible(patched
     assert transformers.trainer.DEFAULT_CALLBACKS[0].__name__ == "LowbitFiguresCallback"
     assert accelerate.Accelerator.__module__ == "accelerate.accelerator"  # what other libraries import is untouched
     from transformers.integrations import accelerate as loading  # loading and dispatch keep Accelerate's names
-    assert all(getattr(v, "__module__", "").startswith("accelerate") for k, v in vars(loading).items()
-               if k in ("init_empty_weights", "dispatch_model"))
+
+    assert all(
+        getattr(v, "__module__", "").startswith("accelerate")
+        for k, v in vars(loading).items()
+        if k in ("init_empty_weights", "dispatch_model")
+    )
     trainer_patch.unpatch_trainer()
     assert transformers.trainer.Accelerator is accelerate.Accelerator
     assert transformers.training_args.PartialState.__module__ == "accelerate.state"
@@ -84,10 +89,18 @@ def test_launch_runs_scripts_through_the_runner_unless_told_not_to(tmp_path, mon
 # ---------------------------------------------------------------------- precision
 
 
-@pytest.mark.parametrize("trainer, asked, expected, says", [
-    ("no", None, "no", False), ("no", "fp8", "fp8", False), ("bf16", "fp8", "fp8", True), ("bf16", "no", "bf16", False),
-    ("fp8", "fp8", "fp8", False), ("bf16", None, "bf16", False), ("no", "bf16", "bf16", False),
-])
+@pytest.mark.parametrize(
+    "trainer, asked, expected, says",
+    [
+        ("no", None, "no", False),
+        ("no", "fp8", "fp8", False),
+        ("bf16", "fp8", "fp8", True),
+        ("bf16", "no", "bf16", False),
+        ("fp8", "fp8", "fp8", False),
+        ("bf16", None, "bf16", False),
+        ("no", "bf16", "bf16", False),
+    ],
+)
 def test_the_precision_asked_outside_the_script_reaches_the_trainer(trainer, asked, expected, says):
     from lowbit.compat.trainer_accelerator import precision_under_trainer
 
@@ -117,13 +130,20 @@ def test_accelerates_handler_objects_and_enums_become_lowbits_field_by_field():
 
     from lowbit.compat import handlers
 
-    acc = Accelerator(cpu=True, kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True,
-                                                                               comm_hook=DDPCommunicationHookType.FP16)],
-                      dataloader_config=DataLoaderConfiguration(even_batches=False), dynamo_plugin=TorchDynamoPlugin(),
-                      gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1))
+    acc = Accelerator(
+        cpu=True,
+        kwargs_handlers=[
+            DistributedDataParallelKwargs(find_unused_parameters=True, comm_hook=DDPCommunicationHookType.FP16)
+        ],
+        dataloader_config=DataLoaderConfiguration(even_batches=False),
+        dynamo_plugin=TorchDynamoPlugin(),
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1),
+    )
     ddp = acc.handlers[handlers.DistributedDataParallelKwargs]
     assert ddp.find_unused_parameters and ddp.comm_hook is handlers.DDPCommunicationHookType.FP16
-    assert isinstance(acc.dataloader_config, handlers.DataLoaderConfiguration) and not acc.dataloader_config.even_batches
+    assert (
+        isinstance(acc.dataloader_config, handlers.DataLoaderConfiguration) and not acc.dataloader_config.even_batches
+    )
     assert acc.gradient_state.plugin_kwargs == {"num_steps": 1}  # as Accelerate keeps it; Trainer reads it
 
 
@@ -169,7 +189,8 @@ def test_one_process_reports_the_short_last_batch_and_gathers_for_metrics_as_acc
 
 # Modules of transformers and TRL whose Accelerate imports lowbit does not stand in for, and why.
 CENSUS_EXCLUDED = {
-    "accelerate.commands": "Accelerate's own CLI (`transformers env`, `trl env`, TRL's launcher): lowbit's CLI is `lowbit`",
+    "accelerate.commands": "Accelerate's own CLI (`transformers env`, `trl env`, TRL's launcher): lowbit's CLI is "
+    "`lowbit`",
 }
 
 
@@ -186,15 +207,21 @@ def accelerate_usage(package: str) -> tuple[dict[tuple[str, str], str], set[str]
         tree = ast.parse(source)
         # A bare `accelerator` is an Accelerate Accelerator only in a file that imports the class
         # (elsewhere it is often torch.accelerator's device).
-        bare = any(isinstance(n, ast.ImportFrom) and n.module == "accelerate" and any(a.name == "Accelerator" for a in n.names)
-                   for n in ast.walk(tree))
+        bare = any(
+            isinstance(n, ast.ImportFrom) and n.module == "accelerate" and any(a.name == "Accelerator" for a in n.names)
+            for n in ast.walk(tree)
+        )
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "accelerate":
                 for alias in node.names:
                     imports.setdefault((node.module, alias.name), str(path.relative_to(root.parent)))
             elif isinstance(node, ast.Attribute) and _names_an_accelerator(node.value, bare):
                 attributes.add(node.attr)
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "gradient_state":
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "gradient_state"
+            ):
                 attributes.add(f"gradient_state.{node.attr}")
     return imports, attributes
 
@@ -203,8 +230,11 @@ def _names_an_accelerator(node: ast.AST, bare: bool) -> bool:
     if isinstance(node, ast.Name):
         return bare and node.id == "accelerator"
     # self.accelerator / trainer.accelerator, not torch.accelerator (torch's device API)
-    return (isinstance(node, ast.Attribute) and node.attr == "accelerator"
-            and not (isinstance(node.value, ast.Name) and node.value.id == "torch"))
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "accelerator"
+        and not (isinstance(node.value, ast.Name) and node.value.id == "torch")
+    )
 
 
 def _has_path(obj, dotted: str) -> bool:
@@ -225,7 +255,7 @@ def test_every_accelerate_name_the_installed_package_uses_is_offered_by_lowbit(p
         if any(module.startswith(prefix) for prefix in CENSUS_EXCLUDED):
             continue
         try:
-            getattr(importlib.import_module("lowbit" + module[len("accelerate"):]), name)
+            getattr(importlib.import_module("lowbit" + module[len("accelerate") :]), name)
         except (ImportError, AttributeError) as exc:
             missing.append(f"from {module} import {name} ({where}): {exc}")
     acc = Accelerator(cpu=True)
@@ -244,10 +274,13 @@ def test_lowbits_figures_reach_trainers_reporting_integrations(patched, tmp_path
     sys.path.insert(0, str(Path(__file__).parent))
     import trainer_worker
 
-    args = argparse.Namespace(out=str(tmp_path), trainer="trainer", bf16=True, steps=10, resume=None, fsdp=False,
-                              deepspeed=0)
+    args = argparse.Namespace(
+        out=str(tmp_path), trainer="trainer", bf16=True, steps=10, resume=None, fsdp=False, deepspeed=0
+    )
     run = trainer_worker.trainer(args)
-    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # where transformers' TensorBoard callback writes
+    monkeypatch.setenv(
+        "TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb")
+    )  # where transformers' TensorBoard callback writes
     run.args.report_to, run.args.save_strategy = ["tensorboard"], "no"
     run = type(run)(model=run.model, args=run.args, train_dataset=run.train_dataset, eval_dataset=run.eval_dataset)
     run.train()
@@ -266,8 +299,14 @@ def test_under_trainer_a_nan_step_is_skipped_and_said_where_it_began(patched, tm
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     model = LlamaForCausalLM(config)
     data = [{"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))} for _ in range(12)]
     down = model.model.layers[1].mlp.down_proj
@@ -281,8 +320,15 @@ def test_under_trainer_a_nan_step_is_skipped_and_said_where_it_began(patched, tm
         def on_step_begin(self, args, state, control, **kwargs):
             poisoned["on"] = state.global_step == 1
 
-    args = TrainingArguments(str(tmp_path), per_device_train_batch_size=4, max_steps=3, report_to=[], use_cpu=True,
-                             save_strategy="no", logging_steps=1)
+    args = TrainingArguments(
+        str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_steps=1,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=data)
     trainer.add_callback(Poison())
     with warnings.catch_warnings(record=True) as said:

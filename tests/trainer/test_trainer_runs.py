@@ -5,6 +5,7 @@ lowbit and on stock Accelerate side by side: started by ``lowbit launch`` (no co
 Each run is launched once and shared by the checks (``Runs``): 25 launches, about 4 minutes on 2
 idle cores; the 2-process ones hold lowbit's collectives to NCCL's device rule.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,9 @@ class Runs:
     def __init__(self, root: Path):
         self.root, self.done = root, {}
 
-    def __call__(self, how: str, *args: str, processes: int = 1, precision: str | None = None, resume: str | None = None):
+    def __call__(
+        self, how: str, *args: str, processes: int = 1, precision: str | None = None, resume: str | None = None
+    ):
         key = (how, processes, precision, resume, args)
         if key not in self.done:
             out = self.root / f"run{len(self.done)}"
@@ -42,12 +45,24 @@ class Runs:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
             env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
             if how == "lowbit":  # the unmodified script under lowbit launch
-                cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(processes),
-                       *(["--mixed_precision", precision] if precision else []), *script]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "lowbit.cli.main",
+                    "launch",
+                    "--cpu",
+                    "--num_processes",
+                    str(processes),
+                    *(["--mixed_precision", precision] if precision else []),
+                    *script,
+                ]
             else:  # stock Accelerate ("stock"), or lowbit by the script's one line ("line")
                 assert precision is None
-                starter = [sys.executable] if processes == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                                  "--nproc_per_node", str(processes)]
+                starter = (
+                    [sys.executable]
+                    if processes == 1
+                    else [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+                )
                 cmd = [*starter, *script, *(["--lowbit-line"] if how == "line" else [])]
             proc = run_launch(cmd, env=env)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -157,7 +172,9 @@ def test_fsdp2_through_training_arguments_in_bf16_and_fp8_saves_and_resumes(runs
     assert max(abs(a - b) for a, b in zip(bf16[0]["losses"], stock_ddp[0]["losses"])) <= STRATEGY_TOLERANCE
     fp8, _, out = runs("lowbit", "--bf16", "--fsdp", processes=2, precision="fp8")
     every_parameter_trained(fp8[0])
-    assert (out / "checkpoint-10" / "pytorch_model_fsdp.bin").is_file()  # Trainer's FSDP checkpoint, Accelerate's layout
+    assert (
+        out / "checkpoint-10" / "pytorch_model_fsdp.bin"
+    ).is_file()  # Trainer's FSDP checkpoint, Accelerate's layout
     resumed, _, _ = runs("lowbit", "--bf16", "--fsdp", processes=2, precision="fp8", resume=str(out / "checkpoint-10"))
     assert resumed[0]["losses"] == fp8[0]["losses"] and resumed[0]["eval_losses"] == fp8[0]["eval_losses"]
 

@@ -9,6 +9,7 @@ the one documented line) on lowbit.
 Each process writes ``OUT/result_<rank>.json``: the logged losses, eval losses, what the optimizer
 holds, which parameters moved, and the Accelerator that ran.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,18 @@ def model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -60,25 +71,54 @@ def datasets(kind: str):
     if kind == "sft":
         as_text = lambda t: Dataset.from_dict({"text": [words(r) for r in t]})  # noqa: E731
         return as_text(train), as_text(held_out)
-    as_pairs = lambda t: Dataset.from_dict({"prompt": [words(r[:8]) for r in t], "chosen": [words(r[8:20]) for r in t],  # noqa: E731
-                                            "rejected": [words(r[20:]) for r in t]})
+    as_pairs = (
+        lambda t: Dataset.from_dict(
+            {
+                "prompt": [words(r[:8]) for r in t],
+                "chosen": [words(r[8:20]) for r in t],  # noqa: E731
+                "rejected": [words(r[20:]) for r in t],
+            }
+        )
+    )
     return as_pairs(train), as_pairs(held_out)
 
 
 def trainer(args: argparse.Namespace):
     from transformers import Trainer, TrainingArguments
 
-    common = dict(output_dir=args.out, per_device_train_batch_size=8, per_device_eval_batch_size=5, max_steps=args.steps,
-                  logging_steps=5, save_steps=10, eval_strategy="steps", eval_steps=10, learning_rate=1e-3, seed=0,
-                  report_to=[], use_cpu=True, gradient_accumulation_steps=2, bf16=args.bf16, disable_tqdm=True,
-                  dataloader_num_workers=0, save_only_model=False)
+    common = dict(
+        output_dir=args.out,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=5,
+        max_steps=args.steps,
+        logging_steps=5,
+        save_steps=10,
+        eval_strategy="steps",
+        eval_steps=10,
+        learning_rate=1e-3,
+        seed=0,
+        report_to=[],
+        use_cpu=True,
+        gradient_accumulation_steps=2,
+        bf16=args.bf16,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        save_only_model=False,
+    )
     if args.fsdp:
-        common.update(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"],
-                                                                "fsdp_version": 2})
+        common.update(
+            fsdp="full_shard auto_wrap",
+            fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "fsdp_version": 2},
+        )
     if args.deepspeed:
-        common["deepspeed"] = {"zero_optimization": {"stage": args.deepspeed}, "bf16": {"enabled": "auto"},
-                               "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                               "gradient_clipping": "auto", "train_batch_size": "auto"}
+        common["deepspeed"] = {
+            "zero_optimization": {"stage": args.deepspeed},
+            "bf16": {"enabled": "auto"},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "gradient_clipping": "auto",
+            "train_batch_size": "auto",
+        }
     train, held_out = datasets(args.trainer)
     if args.trainer == "trainer":
         return Trainer(model=model(), args=TrainingArguments(**common), train_dataset=train, eval_dataset=held_out)
@@ -86,13 +126,20 @@ def trainer(args: argparse.Namespace):
         from trl import SFTConfig, SFTTrainer
 
         config = SFTConfig(**common, max_length=SEQ, packing=False, dataset_num_proc=None)
-        return SFTTrainer(model=model(), args=config, train_dataset=train, eval_dataset=held_out,
-                          processing_class=tokenizer())
+        return SFTTrainer(
+            model=model(), args=config, train_dataset=train, eval_dataset=held_out, processing_class=tokenizer()
+        )
     from trl import DPOConfig, DPOTrainer
 
     config = DPOConfig(**common, max_length=SEQ, precompute_ref_log_probs=False)
-    return DPOTrainer(model=model(), ref_model=model(), args=config, train_dataset=train, eval_dataset=held_out,
-                      processing_class=tokenizer())
+    return DPOTrainer(
+        model=model(),
+        ref_model=model(),
+        args=config,
+        train_dataset=train,
+        eval_dataset=held_out,
+        processing_class=tokenizer(),
+    )
 
 
 def main() -> None:
@@ -107,7 +154,9 @@ def main() -> None:
     parser.add_argument("--lowbit-line", action="store_true", help="the one documented line, for python/torchrun")
     args = parser.parse_args()
     if args.lowbit_line:
-        import lowbit; lowbit.patch_trainer()  # noqa: E702, I001 - the documented line, as a user writes it
+        import lowbit
+
+        lowbit.patch_trainer()  # noqa: E702, I001 - the documented line, as a user writes it
     run = trainer(args)
     before = {name: p.detach().float().clone() for name, p in run.model.named_parameters() if p.requires_grad}
     run.train(resume_from_checkpoint=args.resume)
@@ -125,10 +174,16 @@ def write_result(run, before: dict, out: Path) -> None:
         "losses": [h["loss"] for h in history if "loss" in h],
         "eval_losses": [h["eval_loss"] for h in history if "eval_loss" in h],
         "log_keys": sorted({k for h in history for k in h}),
-        "fp8_gemm_share": next((h["throughput/fp8_gemm_share"] for h in reversed(history) if "throughput/fp8_gemm_share" in h), None),
-        "optimizer_params": in_optimizer, "trainable_params": len(before), "moved": moved,
-        "accelerator": f"{type(acc).__module__}.{type(acc).__name__}", "mixed_precision": str(acc.mixed_precision),
-        "fp8_backend": getattr(acc, "fp8_backend", None), "distributed_type": str(acc.distributed_type),
+        "fp8_gemm_share": next(
+            (h["throughput/fp8_gemm_share"] for h in reversed(history) if "throughput/fp8_gemm_share" in h), None
+        ),
+        "optimizer_params": in_optimizer,
+        "trainable_params": len(before),
+        "moved": moved,
+        "accelerator": f"{type(acc).__module__}.{type(acc).__name__}",
+        "mixed_precision": str(acc.mixed_precision),
+        "fp8_backend": getattr(acc, "fp8_backend", None),
+        "distributed_type": str(acc.distributed_type),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"result_{acc.process_index}.json").write_text(json.dumps(result))

@@ -1,4 +1,5 @@
 """``lowbit config``: write the YAML config, from flags, from questions, or with defaults."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """``lowbit env``: everything a bug report needs, ready to paste."""
+
 from __future__ import annotations
 
 import argparse
@@ -47,9 +48,13 @@ def describe_cpu() -> str:
 
     from lowbit.kernel.cpu_features import cpu_has_native_bf16
 
-    bf16 = "native bf16 (AVX512-BF16 or AMX)" if cpu_has_native_bf16(when_unknown=False) else (
-        "no native bf16: bf16 matmuls take a slow path")
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.backends.cpu.get_cpu_capability()}, {bf16}"
+    bf16 = (
+        "native bf16 (AVX512-BF16 or AMX)"
+        if cpu_has_native_bf16(when_unknown=False)
+        else ("no native bf16: bf16 matmuls take a slow path")
+    )
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, {torch.backends.cpu.get_cpu_capability()}, {bf16}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,16 +78,29 @@ def run(args: argparse.Namespace) -> int:
         "- RAM: " + _memory(),
         "- CPU: " + describe_cpu(),
         # the libraries the installed plugins drive, as each plugin names them
-        *(f"- {dist}: {_version(dist)}" for dist in dict.fromkeys(lib for r in report["plugins"] for lib in r.get("libraries", []))),
+        *(
+            f"- {dist}: {_version(dist)}"
+            for dist in dict.fromkeys(lib for r in report["plugins"] for lib in r.get("libraries", []))
+        ),
         f"- Hardware: {report['hardware']}",
-        "- C++ compiler: " + (find_cxx_compiler() or "none found (torch.compile on CPU needs one; "
-                              "training without dynamo_backend does not)"),
+        "- C++ compiler: "
+        + (
+            find_cxx_compiler()
+            or "none found (torch.compile on CPU needs one; training without dynamo_backend does not)"
+        ),
         f"- low-precision backend that would be chosen: {report['backend_choice'] or 'none'}",
         "- Plugins:",
-        *(f"    {r['name']} ({r['distribution'] or '-'} {r['version']}) {r['role']} priority={r['priority']} "
-          f"{r['status']}{': ' + r['reason'] if r['reason'] else ''}" for r in report["plugins"]),
+        *(
+            f"    {r['name']} ({r['distribution'] or '-'} {r['version']}) {r['role']} priority={r['priority']} "
+            f"{r['status']}{': ' + r['reason'] if r['reason'] else ''}"
+            for r in report["plugins"]
+        ),
         "- Recipes per low-precision backend, and how this machine runs each:",
-        *(f"    {r['name']}: {describe_recipes(r['recipes']) or 'one fixed recipe'}" for r in report["plugins"] if r.get("recipes") is not None),
+        *(
+            f"    {r['name']}: {describe_recipes(r['recipes']) or 'one fixed recipe'}"
+            for r in report["plugins"]
+            if r.get("recipes") is not None
+        ),
     ]
     path = args.config_file or default_config_path()
     lines.append(f"- Config file: {path}")

@@ -1,4 +1,5 @@
 """Flags shared by ``lowbit config`` and ``lowbit launch``, and their mapping onto config keys."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,15 @@ from lowbit.run.settings import TOP_LEVEL
 DISTRIBUTED_FLAGS = {"multi_gpu": "MULTI_GPU", "use_fsdp": "FSDP", "use_deepspeed": "DEEPSPEED"}
 # Accelerate's FSDP launcher flags (its fsdp_config key names); lowbit's FSDP2 strategy reads
 # the first three, the others are explained when given (see accelerate_config.py).
-FSDP_FLAGS = ("fsdp_transformer_layer_cls_to_wrap", "fsdp_reshard_after_forward", "fsdp_sharding_strategy",
-              "fsdp_auto_wrap_policy", "fsdp_activation_checkpointing", *FSDP_MUST_BE_OFF, *FSDP_IGNORED)
+FSDP_FLAGS = (
+    "fsdp_transformer_layer_cls_to_wrap",
+    "fsdp_reshard_after_forward",
+    "fsdp_sharding_strategy",
+    "fsdp_auto_wrap_policy",
+    "fsdp_activation_checkpointing",
+    *FSDP_MUST_BE_OFF,
+    *FSDP_IGNORED,
+)
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -38,16 +46,22 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--{flag}", action="store_true", default=None, help=f"distributed_type={dtype}")
     switches = _strategy_switches()
     for flag, name in switches.items():
-        group.add_argument(f"--{flag}", action="store_true", default=None, help=f"distributed_type={name} (a plugin's strategy)")
+        group.add_argument(
+            f"--{flag}", action="store_true", default=None, help=f"distributed_type={name} (a plugin's strategy)"
+        )
     parser.set_defaults(lowbit_strategy_switches=switches)
     fsdp = parser.add_argument_group("FSDP, with --use_fsdp (Accelerate's flag names)")
     for flag in FSDP_FLAGS:
-        fsdp.add_argument(f"--{flag}", default=None, metavar="VALUE", help=argparse.SUPPRESS if flag in FSDP_IGNORED else None)
+        fsdp.add_argument(
+            f"--{flag}", default=None, metavar="VALUE", help=argparse.SUPPRESS if flag in FSDP_IGNORED else None
+        )
     layout = parser.add_argument_group("parallel layout (Accelerate's ParallelismConfig)")
     for key in PARALLELISM_FLAGS:
         layout.add_argument(f"--{PARALLELISM_PREFIX}{key}", default=None, metavar="VALUE")
     fp8 = parser.add_argument_group("fp8 (any backend)")
-    fp8.add_argument("--fp8_backend", default=None, help="the low-precision backend to use (`lowbit plugins` lists them)")
+    fp8.add_argument(
+        "--fp8_backend", default=None, help="the low-precision backend to use (`lowbit plugins` lists them)"
+    )
     fp8.add_argument("--fp8_opt_level", default=None, help="MS-AMP optimization level: O1 or O2 (letter O)")
 
 
@@ -59,7 +73,9 @@ def _strategy_switches() -> dict[str, str]:
     """The launch switches installed strategies declare, beyond Accelerate's own."""
     from lowbit.run.plugin_manager import registry_for_names
 
-    return {flag: name for flag, name in registry_for_names().launch_switches().items() if flag not in DISTRIBUTED_FLAGS}
+    return {
+        flag: name for flag, name in registry_for_names().launch_switches().items() if flag not in DISTRIBUTED_FLAGS
+    }
 
 
 def raw_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -82,8 +98,11 @@ def raw_config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         ignored: list[str] = []
         raw["fsdp_config"] = translate_fsdp(fsdp, "the --fsdp_* flags", ignored)
         note_ignored("the --fsdp_* flags", ignored)
-    layout = {key: getattr(args, PARALLELISM_PREFIX + key) for key in PARALLELISM_FLAGS
-              if getattr(args, PARALLELISM_PREFIX + key, None) is not None}
+    layout = {
+        key: getattr(args, PARALLELISM_PREFIX + key)
+        for key in PARALLELISM_FLAGS
+        if getattr(args, PARALLELISM_PREFIX + key, None) is not None
+    }
     if layout:
         raw["parallelism_config"] = layout
     fp8 = {k: getattr(args, f"fp8_{k}", None) for k in ("backend", "opt_level")}

@@ -4,6 +4,7 @@ Settings from the config file and the flags reach the script as ``LOWBIT_*`` env
 the Accelerator reads. A multi-process run is a plain ``python -m torch.distributed.run``
 launch; ``--debug`` prints the exact command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,22 +54,36 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
 # `accelerate launch` flags that only tune Accelerate's own launcher or other hardware: accepted
 # so that a launch command moves over unchanged, and named in a note.
 ACCELERATE_NOOP_SWITCHES = ("same_network", "downcast_bf16", "enable_cpu_affinity")
-ACCELERATE_NOOP_FLAGS = ("rdzv_backend", "main_training_function", "zero3_init_flag", "zero3_save_16bit_model",
-                         *ACCELERATE_NOOP_SWITCHES)
+ACCELERATE_NOOP_FLAGS = (
+    "rdzv_backend",
+    "main_training_function",
+    "zero3_init_flag",
+    "zero3_save_16bit_model",
+    *ACCELERATE_NOOP_SWITCHES,
+)
 
 
 def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("launcher (as in accelerate launch)")
-    group.add_argument("-m", "--module", action="store_true", help="run the script argument as a module, like python -m")
+    group.add_argument(
+        "-m", "--module", action="store_true", help="run the script argument as a module, like python -m"
+    )
     group.add_argument("--num_cpu_threads_per_process", type=int, default=None, help="OMP_NUM_THREADS for each process")
-    group.add_argument("--monitor_interval", type=float, default=None, help="seconds between torchrun's checks of the workers")
+    group.add_argument(
+        "--monitor_interval", type=float, default=None, help="seconds between torchrun's checks of the workers"
+    )
     group.add_argument("--max_restarts", type=int, default=None, help="torchrun restarts of a failed job (default 0)")
-    group.add_argument("--simulate_nccl", action="store_true",
-                       help="on CPU processes, refuse what NCCL refuses: a lowbit collective on a tensor not put on the "
-                            "group's device fails as it would on GPUs (sets LOWBIT_SIMULATE_NCCL=1)")
+    group.add_argument(
+        "--simulate_nccl",
+        action="store_true",
+        help="on CPU processes, refuse what NCCL refuses: a lowbit collective on a tensor not put on the "
+        "group's device fails as it would on GPUs (sets LOWBIT_SIMULATE_NCCL=1)",
+    )
     for flag in ACCELERATE_NOOP_FLAGS:
         switch = flag in ACCELERATE_NOOP_SWITCHES
-        group.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS, **({"action": "store_true"} if switch else {}))
+        group.add_argument(
+            f"--{flag}", default=None, help=argparse.SUPPRESS, **({"action": "store_true"} if switch else {})
+        )
 
 
 def _plugin_manager():
@@ -130,8 +145,9 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     threads = getattr(args, "num_cpu_threads_per_process", None)
     script = Path(args.training_script)
     if not module and not script.is_file():
-        raise ConfigError(f"Training script {str(script)!r} does not exist (looked in {os.getcwd()}). "
-                          "To run a module, add -m.")
+        raise ConfigError(
+            f"Training script {str(script)!r} does not exist (looked in {os.getcwd()}). To run a module, add -m."
+        )
     noop = [f"--{flag}" for flag in ACCELERATE_NOOP_FLAGS if getattr(args, flag, None) is not None]
     note_ignored("lowbit launch", noop)
     path = Path(args.config_file) if args.config_file else default_config_path()
@@ -143,27 +159,42 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     gpu_ids = _gpu_ids(config.gpu_ids)
     machine_gpus = _visible_gpu_count() if not config.use_cpu else 0
     if gpu_ids and not machine_gpus:
-        print(f"lowbit launch: note: --gpu_ids {config.gpu_ids} names GPUs, but {'--cpu was given' if config.use_cpu else 'this machine shows none'}: "
-              "the flag does nothing here (--num_processes sets how many CPU processes).", file=sys.stderr, flush=True)
+        print(
+            f"lowbit launch: note: --gpu_ids {config.gpu_ids} names GPUs, but "
+            f"{'--cpu was given' if config.use_cpu else 'this machine shows none'}: "
+            "the flag does nothing here (--num_processes sets how many CPU processes).",
+            file=sys.stderr,
+            flush=True,
+        )
         gpu_ids = []
     if not any("num_processes" in raw for raw in (file_raw, env_raw, flags_raw)) and not config.use_cpu:
         visible = len(gpu_ids) if gpu_ids else machine_gpus
         if visible > 1:  # as accelerate launch: one process per visible GPU, on each machine
             config.num_processes = visible * config.num_machines
-            print(f"lowbit launch: {visible} GPUs visible: {config.num_processes} processes, one per GPU "
-                  "(--num_processes to choose).", file=sys.stderr, flush=True)
+            print(
+                f"lowbit launch: {visible} GPUs visible: {config.num_processes} processes, one per GPU "
+                "(--num_processes to choose).",
+                file=sys.stderr,
+                flush=True,
+            )
     if config.num_processes < 1 or config.num_machines < 1:
-        raise ConfigError(f"--num_processes and --num_machines must be at least 1, got {config.num_processes} and {config.num_machines}.")
+        raise ConfigError(
+            f"--num_processes and --num_machines must be at least 1, got {config.num_processes} and "
+            f"{config.num_machines}."
+        )
     if config.num_processes % config.num_machines:
         raise ConfigError(
-            f"--num_processes is the total across machines (as in Accelerate): {config.num_processes} processes cannot be "
+            f"--num_processes is the total across machines (as in Accelerate): {config.num_processes} processes "
+            "cannot be "
             f"split evenly over {config.num_machines} machines. Give a multiple of {config.num_machines}."
         )
     if gpu_ids and config.num_processes // config.num_machines > len(gpu_ids):
         raise ConfigError(
-            f"--gpu_ids {config.gpu_ids} gives {len(gpu_ids)} GPU(s) to {config.num_processes // config.num_machines} processes "
+            f"--gpu_ids {config.gpu_ids} gives {len(gpu_ids)} GPU(s) to {config.num_processes // config.num_machines} "
+            "processes "
             "per machine: each process needs a GPU of its own (two ranks on one GPU fail in NCCL). Give as many ids as "
-            "processes, or lower --num_processes.")
+            "processes, or lower --num_processes."
+        )
     if config.distributed_type == "NO" and config.num_processes > 1:
         config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
 
@@ -197,8 +228,11 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     entry = [RUNNER, *target] if runner else [args.training_script]  # what torchrun runs (a module with the runner)
     # One process runs as a plain script; asked for MULTI_GPU (--multi_gpu), it runs under torchrun
     # and trains under DDP, as Accelerate does.
-    if config.num_processes == 1 and config.distributed_type.upper() in SINGLE_PROCESS_TYPES \
-            and config.distributed_type.upper() != "MULTI_GPU":
+    if (
+        config.num_processes == 1
+        and config.distributed_type.upper() in SINGLE_PROCESS_TYPES
+        and config.distributed_type.upper() != "MULTI_GPU"
+    ):
         return [sys.executable, *(["-m", RUNNER] if runner else []), *target, *args.training_script_args], env, config
     if config.num_machines > 1:
         if not config.main_process_ip:
@@ -206,26 +240,58 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         port = config.main_process_port or 29500
         if config.machine_rank == 0:
             _check_port_free(port)
-        rendezvous = ["--nnodes", str(config.num_machines), "--node_rank", str(config.machine_rank),
-                      "--master_addr", config.main_process_ip, "--master_port", str(port)]
+        rendezvous = [
+            "--nnodes",
+            str(config.num_machines),
+            "--node_rank",
+            str(config.machine_rank),
+            "--master_addr",
+            config.main_process_ip,
+            "--master_port",
+            str(port),
+        ]
     else:
         port = config.main_process_port
         if port is None:
             port = _free_port()
         else:
             _check_port_free(port)
-        rendezvous = ["--nnodes", "1", "--master_addr", config.main_process_ip or "127.0.0.1", "--master_port", str(port)]
+        rendezvous = [
+            "--nnodes",
+            "1",
+            "--master_addr",
+            config.main_process_ip or "127.0.0.1",
+            "--master_port",
+            str(port),
+        ]
     per_machine = config.num_processes // config.num_machines
-    torchrun_options = [f"--{name}={getattr(args, name)}" for name in ("monitor_interval", "max_restarts")
-                        if getattr(args, name, None) is not None]
+    torchrun_options = [
+        f"--{name}={getattr(args, name)}"
+        for name in ("monitor_interval", "max_restarts")
+        if getattr(args, name, None) is not None
+    ]
     if module or runner:
         torchrun_options.append("--module")
     if per_machine > 1 and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(threads_per_process(per_machine))
-        print(f"lowbit launch: {per_machine} processes share {os.cpu_count()} CPU cores: OMP_NUM_THREADS={env['OMP_NUM_THREADS']} "
-              "each (set OMP_NUM_THREADS or --num_cpu_threads_per_process to choose).", file=sys.stderr, flush=True)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(per_machine), *torchrun_options,
-               *rendezvous, *entry, *args.training_script_args]
+        print(
+            f"lowbit launch: {per_machine} processes share {os.cpu_count()} CPU cores: "
+            f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} "
+            "each (set OMP_NUM_THREADS or --num_cpu_threads_per_process to choose).",
+            file=sys.stderr,
+            flush=True,
+        )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(per_machine),
+        *torchrun_options,
+        *rendezvous,
+        *entry,
+        *args.training_script_args,
+    ]
     env.update(notices.said_env())  # the ranks do not repeat what the launcher said
     return command, env, config
 
@@ -237,12 +303,15 @@ def _gpu_ids(given: str | None) -> list[str]:
     ids = [part.strip() for part in str(given).split(",") if part.strip()]
     bad = [part for part in ids if not part.isdigit()]
     if bad or not ids:
-        raise ConfigError(f"--gpu_ids {given!r} is not a list of GPU numbers: give them comma-separated, e.g. "
-                          "--gpu_ids 0,1 (or all).")
+        raise ConfigError(
+            f"--gpu_ids {given!r} is not a list of GPU numbers: give them comma-separated, e.g. --gpu_ids 0,1 (or all)."
+        )
     twice = sorted({part for part in ids if ids.count(part) > 1}, key=int)
     if twice:
-        raise ConfigError(f"--gpu_ids {given!r} names GPU {', '.join(twice)} more than once: each process needs a GPU of "
-                          "its own (two ranks on one GPU fail in NCCL). Name each GPU once.")
+        raise ConfigError(
+            f"--gpu_ids {given!r} names GPU {', '.join(twice)} more than once: each process needs a GPU of "
+            "its own (two ranks on one GPU fail in NCCL). Name each GPU once."
+        )
     return ids
 
 
@@ -260,8 +329,10 @@ def _check_strategy_installed(config: "LowbitConfig", registry: Any) -> None:
         return
     plugin = first_party(config.distributed_type)
     if plugin:
-        raise ConfigError(f"distributed_type {config.distributed_type} needs the {plugin!r} strategy plugin, which is not "
-                          f"installed: {install_command(plugin)}.")
+        raise ConfigError(
+            f"distributed_type {config.distributed_type} needs the {plugin!r} strategy plugin, which is not "
+            f"installed: {install_command(plugin)}."
+        )
 
 
 def file_sources(file_raw: dict, overrides: dict, path: Path) -> dict[str, str]:
@@ -332,8 +403,11 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
                 return stopped(job.wait(timeout=0.5))
             except subprocess.TimeoutExpired:
                 if deadline and time.monotonic() > deadline[0]:
-                    print(f"lowbit launch: the job did not stop within {grace:.0f} s of the signal; killing it.",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"lowbit launch: the job did not stop within {grace:.0f} s of the signal; killing it.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     send(signal.SIGKILL)
                     return stopped(job.wait())
     finally:

@@ -1,4 +1,5 @@
 """Entry point of the ``lowbit`` command: dispatches to one module per subcommand."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,9 +13,18 @@ SUBCOMMANDS = {
     "config": ("lowbit.cli.config_command", "write the YAML config (interactive, from flags, or --default)"),
     "launch": ("lowbit.cli.launch", "run a training script on one process or many (torchrun)"),
     "test": ("lowbit.cli.self_test_command", "check this setup end to end with a tiny training run"),
-    "estimate-memory": ("lowbit.cli.estimate_memory_command", "estimate per-process memory of training a model, per precision and strategy"),
-    "fp8-payoff": ("lowbit.cli.fp8_payoff_command", "predict whether FP8 speeds up a model's training step on a GPU, per layer"),
-    "new-backend": ("lowbit.cli.new_backend_command", "write a ready-to-install backend or strategy distribution to start from"),
+    "estimate-memory": (
+        "lowbit.cli.estimate_memory_command",
+        "estimate per-process memory of training a model, per precision and strategy",
+    ),
+    "fp8-payoff": (
+        "lowbit.cli.fp8_payoff_command",
+        "predict whether FP8 speeds up a model's training step on a GPU, per layer",
+    ),
+    "new-backend": (
+        "lowbit.cli.new_backend_command",
+        "write a ready-to-install backend or strategy distribution to start from",
+    ),
 }
 
 
@@ -76,8 +86,11 @@ def _unknown_flags(parser: argparse.ArgumentParser, command: str | None, unknown
     if sub is not None:
         sub.print_usage(sys.stderr)
     where = f"lowbit {command}" if command else "lowbit"
-    print(f"{where}: error: unrecognized argument {flag!r}.{did_you_mean(flag, known)}"
-          + (f" `lowbit {command} --help` lists them." if command else ""), file=sys.stderr)
+    print(
+        f"{where}: error: unrecognized argument {flag!r}.{did_you_mean(flag, known)}"
+        + (f" `lowbit {command} --help` lists them." if command else ""),
+        file=sys.stderr,
+    )
     return 2
 
 

@@ -1,4 +1,5 @@
 """``lowbit plugins``: what is installed, how it ranks, what would be chosen now, and why."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,18 +37,43 @@ def collect(cpu: bool = False) -> dict[str, Any]:
         for cand in registry.ranked(role):
             d = cand.description
             rows.append(
-                dict(name=d.name, distribution=d.distribution, version=d.version, role=role, priority=d.priority,
-                     status="available" if d.available else "unavailable", reason=d.reason,
-                     chosen=(d.name == chosen), hooks=implemented_hooks(manager, cand.plugin),
-                     libraries=list(d.libraries), **_what_it_is(d, hardware))
+                dict(
+                    name=d.name,
+                    distribution=d.distribution,
+                    version=d.version,
+                    role=role,
+                    priority=d.priority,
+                    status="available" if d.available else "unavailable",
+                    reason=d.reason,
+                    chosen=(d.name == chosen),
+                    hooks=implemented_hooks(manager, cand.plugin),
+                    libraries=list(d.libraries),
+                    **_what_it_is(d, hardware),
+                )
             )
     for b in registry.broken:
-        rows.append(dict(name=b.name, distribution=b.distribution, version="", role="?", priority=None,
-                         status="broken", reason=b.error, chosen=False))
+        rows.append(
+            dict(
+                name=b.name,
+                distribution=b.distribution,
+                version="",
+                role="?",
+                priority=None,
+                status="broken",
+                reason=b.error,
+                chosen=False,
+            )
+        )
     load_seconds = {name: round(origin.load_seconds, 3) for name, origin in manager.origins.items()}
     slow = {name: s for name, s in load_seconds.items() if s > SLOW_IMPORT_SECONDS}
-    return {"hardware": hardware.describe(), "backend_choice": chosen, "backend_choice_reason": why, "plugins": rows,
-            "load_seconds": load_seconds, "slow_imports": slow}
+    return {
+        "hardware": hardware.describe(),
+        "backend_choice": chosen,
+        "backend_choice_reason": why,
+        "plugins": rows,
+        "load_seconds": load_seconds,
+        "slow_imports": slow,
+    }
 
 
 def _what_it_is(description: Any, hardware: Any) -> dict[str, Any]:
@@ -59,9 +85,13 @@ def _what_it_is(description: Any, hardware: Any) -> dict[str, Any]:
 
         return {"precisions": list(description.precisions), "recipes": recipe_rows(description, hardware)}
     if isinstance(description, StrategyDescription):
-        return {"distributed_types": list(description.distributed_types), "config_section": description.config_section,
-                "owns_precision": description.owns_precision, "launch_flag": description.launch_flag,
-                "checkpoint": description.checkpoint}
+        return {
+            "distributed_types": list(description.distributed_types),
+            "config_section": description.config_section,
+            "owns_precision": description.owns_precision,
+            "launch_flag": description.launch_flag,
+            "checkpoint": description.checkpoint,
+        }
     return {}
 
 
@@ -70,8 +100,17 @@ def _described(row: dict[str, Any]) -> str:
         from lowbit.kernel.recipe_names import describe_recipes
 
         recipes = describe_recipes(row["recipes"]) if row["status"] == "available" else ""
-        return "precisions: " + ", ".join(row["precisions"]) + (f"; recipes here: {recipes}" if recipes else
-                                                                 f"; recipes: {', '.join(r['recipe'] for r in row['recipes'])}" if row["recipes"] else "; one fixed recipe")
+        return (
+            "precisions: "
+            + ", ".join(row["precisions"])
+            + (
+                f"; recipes here: {recipes}"
+                if recipes
+                else f"; recipes: {', '.join(r['recipe'] for r in row['recipes'])}"
+                if row["recipes"]
+                else "; one fixed recipe"
+            )
+        )
     if "distributed_types" in row:
         parts = ["distributed_type: " + " | ".join([*row["distributed_types"], row["name"]])]
         if row["config_section"]:
@@ -101,8 +140,10 @@ def run(args: argparse.Namespace) -> int:
     for row in report["plugins"]:
         mark = " *" if row["chosen"] else ""
         priority = "" if row["priority"] is None else row["priority"]
-        print(f"{row['name'] + mark:<10} {row['role']:<11} {priority:>8}  {row['status']:<11} "
-              f"{row['distribution'] or '-':<20} {row['version'] or '-':<8} {row['reason']}")
+        print(
+            f"{row['name'] + mark:<10} {row['role']:<11} {priority:>8}  {row['status']:<11} "
+            f"{row['distribution'] or '-':<20} {row['version'] or '-':<8} {row['reason']}"
+        )
     print("\nWhat each plugin is:")
     for row in report["plugins"]:
         if _described(row):
@@ -112,8 +153,10 @@ def run(args: argparse.Namespace) -> int:
         if row.get("hooks") is not None:
             print(f"  {row['name']:<10} {', '.join(row['hooks']) or '-'}")
     for name, seconds in report["slow_imports"].items():
-        print(f"\nslow plugin: {name!r} took {seconds:.2f} s to import; every lowbit command pays for it "
-              "(a plugin's entry module should import its backend library lazily).")
+        print(
+            f"\nslow plugin: {name!r} took {seconds:.2f} s to import; every lowbit command pays for it "
+            "(a plugin's entry module should import its backend library lazily)."
+        )
     if report["backend_choice"]:
         print(f"\nmixed_precision='fp8' would use: {report['backend_choice']} (*), {report['backend_choice_reason']}.")
     else:

@@ -6,6 +6,7 @@ with ``sys.argv`` and ``sys.path[0]`` as Python sets them. First it calls
 script build lowbit's Accelerator (nothing else changes: ``import accelerate`` is untouched).
 ``LOWBIT_PATCH_TRAINER=0`` makes ``lowbit launch`` start the script directly instead.
 """
+
 from __future__ import annotations
 
 import os

@@ -8,6 +8,7 @@ distributed strategy (``--kind strategy``) it holds a working ``wrap_for_distrib
 DDP, to change) and the other strategy hooks as stubs. The test it writes runs the conformance
 kit through the entry point, as users' runs find the plugin.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -21,20 +22,37 @@ from lowbit.kernel.errors import ConfigError
 
 # The hooks a low-precision backend may implement, besides describe_backend and convert_model.
 OPTIONAL_FP8_HOOKS = (
-    "check_compatibility", "wrap_optimizer", "prepare_model_and_optimizer", "autocast_context", "after_optimizer_step",
-    "clip_grad_norm", "strategy_integration", "enable_fp8_telemetry", "export_state_dict",
+    "check_compatibility",
+    "wrap_optimizer",
+    "prepare_model_and_optimizer",
+    "autocast_context",
+    "after_optimizer_step",
+    "clip_grad_norm",
+    "strategy_integration",
+    "enable_fp8_telemetry",
+    "export_state_dict",
 )
 # The hooks a distributed strategy may implement, besides describe_backend and wrap_for_distribution.
-OPTIONAL_STRATEGY_HOOKS = ("check_compatibility", "backward", "clip_grad_norm", "full_state_dict", "save_checkpoint",
-                           "load_checkpoint", "add_launch_arguments", "launch_environment")
+OPTIONAL_STRATEGY_HOOKS = (
+    "check_compatibility",
+    "backward",
+    "clip_grad_norm",
+    "full_state_dict",
+    "save_checkpoint",
+    "load_checkpoint",
+    "add_launch_arguments",
+    "launch_environment",
+)
 FILL_IN_MARKER = "raise NotImplementedError"
 KINDS = ("backend", "strategy")
 
 
 def check_name(name: str) -> str:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
-        raise ConfigError(f"backend name {name!r} must be lower case letters, digits and _ (starting with a letter), "
-                          "as users type it in mixed_precision configs: for example 'myfp8'.")
+        raise ConfigError(
+            f"backend name {name!r} must be lower case letters, digits and _ (starting with a letter), "
+            "as users type it in mixed_precision configs: for example 'myfp8'."
+        )
     return name
 
 
@@ -43,12 +61,19 @@ def _stub(hook: str) -> str:
 
     spec = getattr(hookspecs, hook)
     # hookspecs' annotations are strings (postponed evaluation): written unquoted, as in hand-written code
-    signature = str(inspect.signature(spec)).replace("'", "").replace("torch.nn.Module", "Any").replace("torch.optim.Optimizer", "Any")
+    signature = (
+        str(inspect.signature(spec))
+        .replace("'", "")
+        .replace("torch.nn.Module", "Any")
+        .replace("torch.optim.Optimizer", "Any")
+    )
     doc = textwrap.indent(inspect.getdoc(spec) or "", "    ")
-    return (f"# Inactive: put @hookimpl above it to use it.\n"
-            f"def {hook}{signature}:\n"
-            f'    """{doc.strip()}\n    """\n'
-            f"    return None\n")
+    return (
+        f"# Inactive: put @hookimpl above it to use it.\n"
+        f"def {hook}{signature}:\n"
+        f'    """{doc.strip()}\n    """\n'
+        f"    return None\n"
+    )
 
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -59,9 +84,16 @@ def render(template: str, name: str, precision: str = "fp8", what: str = "") -> 
     hooks = OPTIONAL_STRATEGY_HOOKS if template.startswith("strategy") else OPTIONAL_FP8_HOOKS
     text = (TEMPLATES / f"{template}.tmpl").read_text(encoding="utf-8")
     return string.Template(text).substitute(
-        name=name, name_repr=repr(name), upper=name.upper(), upper_repr=repr(name.upper()), precision=precision,
-        precision_repr=repr(precision), what=what, fill_in=FILL_IN_MARKER,
-        stubs="\n\n".join(_stub(hook) for hook in hooks) if template.endswith("module.py") else "")
+        name=name,
+        name_repr=repr(name),
+        upper=name.upper(),
+        upper_repr=repr(name.upper()),
+        precision=precision,
+        precision_repr=repr(precision),
+        what=what,
+        fill_in=FILL_IN_MARKER,
+        stubs="\n\n".join(_stub(hook) for hook in hooks) if template.endswith("module.py") else "",
+    )
 
 
 def module_text(name: str, precision: str = "fp8") -> str:
@@ -78,8 +110,10 @@ def write_backend(name: str, parent: Path, kind: str = "backend", precision: str
     if kind not in KINDS:
         raise ConfigError(f"--kind {kind!r} is not one of {', '.join(KINDS)}.")
     if precision in NATIVE_PRECISIONS or not re.fullmatch(r"[a-z][a-z0-9_]*", precision):
-        raise ConfigError(f"--precision {precision!r}: a backend's own precision name, lower case, not one torch's autocast "
-                          f"serves ({', '.join(sorted(NATIVE_PRECISIONS))}): for example 'fp8' or 'fp4'.")
+        raise ConfigError(
+            f"--precision {precision!r}: a backend's own precision name, lower case, not one torch's autocast "
+            f"serves ({', '.join(sorted(NATIVE_PRECISIONS))}): for example 'fp8' or 'fp4'."
+        )
     root = Path(parent) / f"lowbit-{name}"
     if root.exists():
         raise ConfigError(f"{root} already exists; choose another name or directory (nothing was written).")

@@ -4,6 +4,7 @@
 
 Prints one line per check and a one-line verdict; exits 1 when a check fails.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,15 @@ STEPS = 30
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 64))
+    return nn.Sequential(
+        nn.Linear(64, 128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.GELU(),
+        nn.Linear(128, 64),
+    )
 
 
 def make_data(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,12 +98,18 @@ def run(work_dir: Path) -> int:
         report.check("backend chosen", False, f"{type(exc).__name__}: {exc}")
         return report.verdict()
     report = Report(acc.print)
-    report.check("hardware detected", True, f"{acc.hardware.describe()}, {acc.num_processes} process(es), strategy {acc.distributed_strategy}")
+    report.check(
+        "hardware detected",
+        True,
+        f"{acc.hardware.describe()}, {acc.num_processes} process(es), strategy {acc.distributed_strategy}",
+    )
     if acc.fp8_backend:
         why = acc.explain_backend_choice().splitlines()[0]
         report.check("backend chosen", True, why)
     else:
-        report.check("backend chosen", True, f"mixed_precision={acc.mixed_precision!r} with native autocast (no FP8 backend)")
+        report.check(
+            "backend chosen", True, f"mixed_precision={acc.mixed_precision!r} with native autocast (no FP8 backend)"
+        )
 
     plain = make_model()
     model = copy.deepcopy(plain)
@@ -108,9 +123,12 @@ def run(work_dir: Path) -> int:
         before = {name: type(m) for name, m in plain.named_modules()}
         after = dict(acc.unwrap_model(model, keep_torch_compile=False).named_modules())
         converted = [n for n, cls in before.items() if n and n in after and type(after[n]) is not cls]
-        report.check("FP8 layers converted", bool(converted),
-                     f"{len(converted)} of {sum(isinstance(m, nn.Linear) for m in plain.modules())} Linear layers"
-                     + ("" if converted else f": the {acc.fp8_backend!r} backend converted nothing, so nothing runs in FP8"))
+        report.check(
+            "FP8 layers converted",
+            bool(converted),
+            f"{len(converted)} of {sum(isinstance(m, nn.Linear) for m in plain.modules())} Linear layers"
+            + ("" if converted else f": the {acc.fp8_backend!r} backend converted nothing, so nothing runs in FP8"),
+        )
 
     x, y = (t.to(acc.device) for t in make_data(acc.process_index))
     losses = train_steps(acc, model, opt, x, y, STEPS)
@@ -133,8 +151,13 @@ def run(work_dir: Path) -> int:
         same = all(torch.equal(state[k], restored[k]) for k in state)
         path = acc.save_model(model, work_dir / "model")
         make_model().load_state_dict(safetensors_load(path))
-        report.check("checkpoint round-trip", same, "save_state/load_state restore the weights; save_model loads into the plain model"
-                     if same else "weights after load_state differ from those saved")
+        report.check(
+            "checkpoint round-trip",
+            same,
+            "save_state/load_state restore the weights; save_model loads into the plain model"
+            if same
+            else "weights after load_state differ from those saved",
+        )
     except Exception as exc:  # noqa: BLE001
         report.check("checkpoint round-trip", False, f"{type(exc).__name__}: {exc}")
         acc.print(traceback.format_exc())

@@ -3,6 +3,7 @@
 It runs ``lowbit/cli/self_test.py`` exactly as ``lowbit launch`` would run a training script (same
 config file, flags and launcher, so a multi-process config is tested multi-process).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -7,6 +7,7 @@ config file written for Accelerate uses those names, and lowbit must say which d
 install when the plugin behind one is absent. Which plugin *is* chosen is never decided here:
 plugins describe themselves (``describe_backend``), and the core asks them.
 """
+
 from __future__ import annotations
 
 import enum
@@ -46,6 +47,7 @@ class DistributedType(str, enum.Enum):
     XLA = "XLA"
     MEGATRON_LM = "MEGATRON_LM"
 
+
 # Why big-model inference dispatch (accelerate.big_modeling, .hooks, .utils.modeling) is refused, and what to use.
 INFERENCE_WHY = "places a model over devices and disk for inference, which lowbit does not do (it trains)"
 INFERENCE_USE = "Accelerate's (`pip install accelerate`) or transformers' `from_pretrained(..., device_map='auto')`"
@@ -84,7 +86,6 @@ def refusing_module(module: str, why: Any) -> Any:
     return __getattr__
 
 
-
 def _vocabulary(name: str, members: str, doc: str) -> type[enum.Enum]:
     """A str enum of Accelerate's ("MEMBER=value MEMBER=value ...", a bare MEMBER is its own value)."""
     pairs = [m.split("=") if "=" in m else (m, m) for m in members.split()]
@@ -95,33 +96,56 @@ def _vocabulary(name: str, members: str, doc: str) -> type[enum.Enum]:
 
 # Accelerate's other vocabularies (accelerate.utils), compared equal to their values as its are.
 PrecisionType = _vocabulary("PrecisionType", "NO=no FP8=fp8 FP16=fp16 BF16=bf16", "mixed_precision's values.")
-RNGType = _vocabulary("RNGType", "TORCH=torch CUDA=cuda MLU=mlu SDAA=sdaa MUSA=musa NPU=npu XLA=xla XPU=xpu HPU=hpu "
-                      "NEURON=neuron GENERATOR=generator", "The random generators synchronize_rng_states can set.")
-LoggerType = _vocabulary("LoggerType", "ALL=all AIM=aim TENSORBOARD=tensorboard WANDB=wandb TRACKIO=trackio COMETML=comet_ml "
-                         "MLFLOW=mlflow CLEARML=clearml DVCLIVE=dvclive SWANLAB=swanlab", "log_with's tracker names.")
-DynamoBackend = _vocabulary("DynamoBackend", "NO EAGER AOT_EAGER INDUCTOR AOT_TS_NVFUSER NVPRIMS_NVFUSER CUDAGRAPHS OFI FX2TRT "
-                            "ONNXRT TENSORRT AOT_TORCHXLA_TRACE_ONCE TORCHXLA_TRACE_ONCE TVM HPU_BACKEND NEURON",
-                            "torch.compile backends by Accelerate's names (dynamo_backend).")
+RNGType = _vocabulary(
+    "RNGType",
+    "TORCH=torch CUDA=cuda MLU=mlu SDAA=sdaa MUSA=musa NPU=npu XLA=xla XPU=xpu HPU=hpu "
+    "NEURON=neuron GENERATOR=generator",
+    "The random generators synchronize_rng_states can set.",
+)
+LoggerType = _vocabulary(
+    "LoggerType",
+    "ALL=all AIM=aim TENSORBOARD=tensorboard WANDB=wandb TRACKIO=trackio COMETML=comet_ml "
+    "MLFLOW=mlflow CLEARML=clearml DVCLIVE=dvclive SWANLAB=swanlab",
+    "log_with's tracker names.",
+)
+DynamoBackend = _vocabulary(
+    "DynamoBackend",
+    "NO EAGER AOT_EAGER INDUCTOR AOT_TS_NVFUSER NVPRIMS_NVFUSER CUDAGRAPHS OFI FX2TRT "
+    "ONNXRT TENSORRT AOT_TORCHXLA_TRACE_ONCE TORCHXLA_TRACE_ONCE TVM HPU_BACKEND NEURON",
+    "torch.compile backends by Accelerate's names (dynamo_backend).",
+)
 ComputeEnvironment = _vocabulary("ComputeEnvironment", "LOCAL_MACHINE AMAZON_SAGEMAKER", "Where a job runs.")
-SageMakerDistributedType = _vocabulary("SageMakerDistributedType", "NO DATA_PARALLEL MODEL_PARALLEL",
-                                       "SageMaker's kinds of distribution (lowbit launches no SageMaker jobs).")
+SageMakerDistributedType = _vocabulary(
+    "SageMakerDistributedType",
+    "NO DATA_PARALLEL MODEL_PARALLEL",
+    "SageMaker's kinds of distribution (lowbit launches no SageMaker jobs).",
+)
 
 # Accelerate's top-level names for jobs lowbit does not do (``lowbit.<name>`` raises), and what to use.
 NOT_OFFERED_AT_TOP_LEVEL = {
     "prepare_pippy": "pipeline parallelism (PiPPy) is not offered by lowbit; use FSDP2 or tensor parallelism "
-                     "(ParallelismConfig), or Accelerate for pipelines",
-    "commands": "accelerate's CLI commands are lowbit's own CLI here: use `lowbit launch`, `lowbit config`, `lowbit env`",
+    "(ParallelismConfig), or Accelerate for pipelines",
+    "commands": "accelerate's CLI commands are lowbit's own CLI here: use `lowbit launch`, `lowbit config`, `lowbit "
+    "env`",
     "checkpointing": "accelerate.checkpointing holds the insides of save_state/load_state; call "
-                     "accelerator.save_state / accelerator.load_state",
+    "accelerator.save_state / accelerator.load_state",
 }
 
 # transformers' and TRL's modules that build and drive an Accelerator: lowbit.patch_trainer gives
 # them lowbit's names. Other transformers modules (loading, big-model dispatch, quantizers) keep
 # Accelerate's: lowbit trains and does not dispatch.
-TRAINING_MODULES = frozenset({
-    "transformers.trainer", "transformers.training_args", "transformers.trainer_utils", "transformers.trainer_pt_utils",
-    "transformers.trainer_callback", "transformers.trainer_seq2seq", "transformers.integrations.deepspeed",
-    "transformers.integrations.integration_utils", "transformers.distributed.fsdp",
-})
+TRAINING_MODULES = frozenset(
+    {
+        "transformers.trainer",
+        "transformers.training_args",
+        "transformers.trainer_utils",
+        "transformers.trainer_pt_utils",
+        "transformers.trainer_callback",
+        "transformers.trainer_seq2seq",
+        "transformers.integrations.deepspeed",
+        "transformers.integrations.integration_utils",
+        "transformers.distributed.fsdp",
+    }
+)
 # Every module of these packages trains (TRL's trainers, their callbacks and helpers).
 TRAINING_PACKAGES = ("trl",)

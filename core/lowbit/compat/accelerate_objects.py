@@ -7,6 +7,7 @@ with lowbit's Accelerator. Each such object becomes lowbit's class of the same n
 field; a field lowbit's class does not have is refused when it is set away from Accelerate's
 default (lowbit cannot honour it), never dropped silently.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,7 @@ def lowbit_counterpart(obj: Any) -> Any:
     name = getattr(obj, "__name__", None)
     if not name or not _in_accelerate(module):
         return None
-    for path in ("lowbit" + module[len("accelerate"):], "lowbit", "lowbit.compat.utils"):
+    for path in ("lowbit" + module[len("accelerate") :], "lowbit", "lowbit.compat.utils"):
         try:
             found = getattr(importlib.import_module(path), name)
         except (ImportError, AttributeError):
@@ -49,8 +50,10 @@ def from_accelerate(obj: Any) -> Any:
     cls = type(obj)
     ours = lowbit_counterpart(cls)
     if ours is None:
-        raise ConfigError(f"{cls.__module__}.{cls.__name__} (Accelerate's) has no counterpart in lowbit, so its settings "
-                          "cannot be honoured. Leave it out, or see docs/coming-from-accelerate.md for what lowbit offers.")
+        raise ConfigError(
+            f"{cls.__module__}.{cls.__name__} (Accelerate's) has no counterpart in lowbit, so its settings "
+            "cannot be honoured. Leave it out, or see docs/coming-from-accelerate.md for what lowbit offers."
+        )
     our_fields = {f.name for f in dataclasses.fields(ours) if f.init} if dataclasses.is_dataclass(ours) else None
     defaults = _defaults(obj)
     given: dict[str, Any] = {}
@@ -63,7 +66,8 @@ def from_accelerate(obj: Any) -> Any:
         else:
             raise ConfigError(
                 f"{cls.__name__}({field.name}={value!r}) from Accelerate is not supported by lowbit: lowbit's "
-                f"{cls.__name__} has no {field.name!r} setting. Leave it at its default ({defaults.get(field.name)!r}).")
+                f"{cls.__name__} has no {field.name!r} setting. Leave it at its default ({defaults.get(field.name)!r})."
+            )
     return ours(**given)
 
 

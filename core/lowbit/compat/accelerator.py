@@ -7,6 +7,7 @@ the plugins, the ``Precision``, the layout. The methods are Accelerate's; ``prep
 work to the run (the backend's conversion, then distribution, then the autocast contexts). After
 ``prepare()`` the step is plain torch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -108,44 +109,94 @@ class Accelerator(RankFacts):
         if kwargs_handlers is not None and kwarg_handlers is not None:
             raise ConfigError("Give kwargs_handlers or kwarg_handlers (the spelling in Accelerate's docs), not both.")
         given = kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or []
-        # Accelerate's own handler and plugin objects (transformers' Trainer builds some) become lowbit's, field by field.
-        recipe_handler, self.handlers = sort_handlers([from_accelerate(h) for h in given] if isinstance(given, (list, tuple)) else given)
-        (accumulation, dataloader_config, self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin, project_config,
-         parallelism_config) = (from_accelerate(obj) for obj in (gradient_accumulation_plugin, dataloader_config, fsdp_plugin,
-                                                                 deepspeed_plugin, dynamo_plugin, project_config, parallelism_config))
-        settings = dict(mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps, use_cpu=cpu,
-                        dynamo_backend=dynamo_backend, fp8_fallback=fp8_fallback, on_nonfinite_loss=on_nonfinite_loss)
-        settings.update(settings_from_plugin_objects(accumulation, self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin, settings))
+        # Accelerate's own handler and plugin objects (transformers' Trainer builds some) become lowbit's, field by
+        # field.
+        recipe_handler, self.handlers = sort_handlers(
+            [from_accelerate(h) for h in given] if isinstance(given, (list, tuple)) else given
+        )
+        (
+            accumulation,
+            dataloader_config,
+            self.fsdp_plugin,
+            self.deepspeed_plugin,
+            self.dynamo_plugin,
+            project_config,
+            parallelism_config,
+        ) = (
+            from_accelerate(obj)
+            for obj in (
+                gradient_accumulation_plugin,
+                dataloader_config,
+                fsdp_plugin,
+                deepspeed_plugin,
+                dynamo_plugin,
+                project_config,
+                parallelism_config,
+            )
+        )
+        settings = dict(
+            mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            use_cpu=cpu,
+            dynamo_backend=dynamo_backend,
+            fp8_fallback=fp8_fallback,
+            on_nonfinite_loss=on_nonfinite_loss,
+        )
+        settings.update(
+            settings_from_plugin_objects(
+                accumulation, self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin, settings
+            )
+        )
         self.gradient_accumulation_plugin = accumulation or GradientAccumulationPlugin()
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(
-            split_batches=bool(split_batches), even_batches=True if even_batches is None else even_batches)
+            split_batches=bool(split_batches), even_batches=True if even_batches is None else even_batches
+        )
         self.split_batches, self.device_placement = self.dataloader_config.split_batches, device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(str(project_dir))
         self.gradient_state = GradientState(self)
-        self._run = TrainingRun(self._run_request(settings, config_file, recipe_handler, parallelism_config), plugin_manager)
+        self._run = TrainingRun(
+            self._run_request(settings, config_file, recipe_handler, parallelism_config), plugin_manager
+        )
         self.state = AcceleratorState(self)
         self.flag_tensor: torch.Tensor | None = None
-        self._trackers = Trackers(log_with, self._registered_trackers() if log_with is not None else {}, self.logging_dir)
+        self._trackers = Trackers(
+            log_with, self._registered_trackers() if log_with is not None else {}, self.logging_dir
+        )
 
-    def _run_request(self, settings: dict[str, Any], config_file: Any, recipe_handler: Any,
-                     layout: ParallelismConfig | None) -> RunRequest:
+    def _run_request(
+        self, settings: dict[str, Any], config_file: Any, recipe_handler: Any, layout: ParallelismConfig | None
+    ) -> RunRequest:
         """This Accelerator's arguments and Accelerate's handler objects, as the run takes them."""
-        group, scaler, autocast = (self.handlers.get(cls) for cls in (InitProcessGroupKwargs, GradScalerKwargs, AutocastKwargs))
+        group, scaler, autocast = (
+            self.handlers.get(cls) for cls in (InitProcessGroupKwargs, GradScalerKwargs, AutocastKwargs)
+        )
         loaders = self.dataloader_config
         return RunRequest(
-            settings, config_file, recipe_handler, self.handlers,
+            settings,
+            config_file,
+            recipe_handler,
+            self.handlers,
             process_group_options=dataclasses.asdict(group) if group is not None else None,
             scaler_options=scaler.to_kwargs() if scaler is not None else {},
             autocast_options=autocast.to_kwargs() if autocast is not None else {},
             layout=layout,
-            loaders=LoaderOptions(loaders.split_batches, loaders.even_batches, bool(loaders.non_blocking),
-                                  loaders.dispatch_batches, bool(loaders.use_seedable_sampler), loaders.data_seed),
-            device_placement=self.device_placement, step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
+            loaders=LoaderOptions(
+                loaders.split_batches,
+                loaders.even_batches,
+                bool(loaders.non_blocking),
+                loaders.dispatch_batches,
+                bool(loaders.use_seedable_sampler),
+                loaders.data_seed,
+            ),
+            device_placement=self.device_placement,
+            step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
             compile_options=self.dynamo_plugin.options if self.dynamo_plugin is not None else None,
-            sync=self.gradient_state.sync, gradient_state=self.gradient_state)
+            sync=self.gradient_state.sync,
+            gradient_state=self.gradient_state,
+        )
 
     # ------------------------------------------------------------------ the run's decisions (lowbit.run.training_run)
 
@@ -270,7 +321,11 @@ class Accelerator(RankFacts):
         """Accelerate's name for how work is spread: what the chosen strategy reports itself as
         (an Accelerate ``DistributedType``, or the strategy's own name when it stands for none)."""
         if self._run.strategy is None:
-            return DistributedType.NO if self.num_processes == 1 else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
+            return (
+                DistributedType.NO
+                if self.num_processes == 1
+                else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
+            )
         reported = reported_distributed_type(self._run.strategy.chosen.description.reports_as, self.device.type)
         return DistributedType(reported) if reported in DistributedType.__members__ else reported
 
@@ -290,7 +345,9 @@ class Accelerator(RankFacts):
     def _mesh_rank(self, dim: str) -> int:
         """This process's index along ``dim`` of the mesh; 0 when that dimension is off."""
         if self._run.layout is None:
-            raise ConfigError(f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank.")
+            raise ConfigError(
+                f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank."
+            )
         return self.torch_device_mesh.get_local_rank(dim) if getattr(self._run.layout, f"{dim}_size") > 1 else 0
 
     @property
@@ -310,8 +367,12 @@ class Accelerator(RankFacts):
         return self._mesh_rank("dp_shard")
 
     @contextlib.contextmanager
-    def maybe_context_parallel(self, buffers: list[torch.Tensor] | None = None, buffer_seq_dims: list[int] | None = None,
-                               no_restore_buffers: set[torch.Tensor] | None = None) -> Iterator[None]:
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> Iterator[None]:
         """Split ``buffers`` (inputs, labels, position ids) along their sequence dimension over the
         context-parallel ranks for the block (torch's ``context_parallel``); does nothing, with a
         note, when cp_size is 1. Enter it anew for each step."""
@@ -323,8 +384,12 @@ class Accelerator(RankFacts):
         from torch.distributed.tensor.experimental._attention import set_rotate_method
 
         set_rotate_method(self._run.layout.cp_handler.cp_comm_strategy)
-        with context_parallel(self.torch_device_mesh["cp"], buffers=buffers, buffer_seq_dims=buffer_seq_dims,
-                              no_restore_buffers=no_restore_buffers):
+        with context_parallel(
+            self.torch_device_mesh["cp"],
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
+        ):
             yield
 
     @property
@@ -416,7 +481,10 @@ class Accelerator(RankFacts):
             if use_gather_object:
                 return data[:remainder]
             return operations.recursively_apply(lambda t: t[:remainder], data)
-        except (IndexError, TypeError):  # a leaf with no batch dimension (a 0-dim loss): all returned whole, as in Accelerate
+        except (
+            IndexError,
+            TypeError,
+        ):  # a leaf with no batch dimension (a 0-dim loss): all returned whole, as in Accelerate
             return data
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
@@ -450,8 +518,12 @@ class Accelerator(RankFacts):
         """The trackers started on this process (none but on the main one)."""
         return self._trackers.started
 
-    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
-                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+    def init_trackers(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         """Start the trackers named in ``log_with`` (on the main process), storing ``config``."""
         if self.is_main_process:
             self._trackers.start(project_name, self.logging_dir, config, init_kwargs or {})
@@ -459,7 +531,9 @@ class Accelerator(RankFacts):
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         return self._trackers.get(name, unwrap)
 
-    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+    def log(
+        self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         """Log ``values`` to the trackers; the throughput of the last optimizer step goes with them
         (``throughput/...``, see ``accelerator.throughput``)."""
         self._trackers.log(values, step, log_kwargs or {})
@@ -495,8 +569,9 @@ class Accelerator(RankFacts):
         """
         return self._run.prepare(*objects)
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
-                      evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """``prepare(model)`` alone, as Accelerate's method. ``evaluation_mode=True`` prepares a
         model only evaluated: put on the device (``device_placement=False``: left where it is, as
         transformers' Trainer asks for a model it laid out over the devices itself) and given the
@@ -504,9 +579,11 @@ class Accelerator(RankFacts):
         if evaluation_mode:
             return self._run.preparation.prepare_for_evaluation(model, place=device_placement is not False)
         if device_placement is False:
-            raise ConfigError("prepare_model(device_placement=False): lowbit always places a model prepared for "
-                              "training on its device (the strategy and the backend need it there); only "
-                              "evaluation_mode=True leaves a model where it is.")
+            raise ConfigError(
+                "prepare_model(device_placement=False): lowbit always places a model prepared for "
+                "training on its device (the strategy and the backend need it there); only "
+                "evaluation_mode=True leaves a model where it is."
+            )
         return self.prepare(model)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
@@ -515,8 +592,12 @@ class Accelerator(RankFacts):
     def prepare_scheduler(self, scheduler: Any) -> Any:
         return self.prepare(scheduler)
 
-    def prepare_data_loader(self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None,
-                            slice_fn_for_dispatch: Any = None) -> Any:
+    def prepare_data_loader(
+        self,
+        data_loader: torch.utils.data.DataLoader,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
+    ) -> Any:
         prepared = self.prepare(data_loader)
         if slice_fn_for_dispatch is not None:
             prepared.slice_fn = slice_fn_for_dispatch
@@ -632,7 +713,9 @@ class Accelerator(RankFacts):
 
     clear = free_memory
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
         """The model without distributed wrappers (and without the autocast forward if asked);
         compiled when it was compiled itself and ``keep_torch_compile`` (Accelerate's default)."""
         return unwrap(model, keep_fp32_wrapper, keep_torch_compile)
@@ -650,19 +733,29 @@ class Accelerator(RankFacts):
         if output_dir is None and not options or isinstance(output_dir, ProfileKwargs):
             handler = output_dir or self.handlers.get(ProfileKwargs) or ProfileKwargs()
             return profiling.profile_as_accelerate(handler, self.process_index, self.device)
-        return profiling.profile(output_dir or "runs/profile", self.process_index, self.is_main_process, self.device, **options)
+        return profiling.profile(
+            output_dir or "runs/profile", self.process_index, self.is_main_process, self.device, **options
+        )
 
     def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
         """What FP8 took in a prepared model (the first one by default): how many Linear layers
         train in FP8 and why the others stay in high precision. None without FP8."""
         if self._run.backend is None or not (model is not None or self.prepared.models):
             return None
-        record = self.prepared.conversion_reports.get(self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False))
-        return conversion_report(record, self.fp8_backend,
-                                 self.mixed_precision, self.context.recipe_runs)
+        record = self.prepared.conversion_reports.get(
+            self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False)
+        )
+        return conversion_report(record, self.fp8_backend, self.mixed_precision, self.context.recipe_runs)
 
-    def fp8_payoff(self, model: torch.nn.Module | None = None, tokens: int = 8192, seq_len: int | None = None,
-                   gpu: str | None = None, activation_checkpointing: str = "none", shards: int = 1) -> Any:
+    def fp8_payoff(
+        self,
+        model: torch.nn.Module | None = None,
+        tokens: int = 8192,
+        seq_len: int | None = None,
+        gpu: str | None = None,
+        activation_checkpointing: str = "none",
+        shards: int = 1,
+    ) -> Any:
         """``lowbit fp8-payoff`` for a prepared model (the first one by default): the predicted time
         of each Linear in bf16 and in this run's recipe, and of the step, at ``tokens`` per
         micro-batch on ``gpu`` (default: this device, when lowbit has its figures). Returns a
@@ -670,32 +763,52 @@ class Accelerator(RankFacts):
         from lowbit.runtime.observe import fp8_payoff
 
         if self._run.backend is None or not (model is not None or self.prepared.models):
-            raise ConfigError("fp8_payoff() predicts for a model prepared with a low-precision backend "
-                              f"(mixed_precision='fp8' or 'fp4'); this Accelerator uses {self.mixed_precision!r}"
-                              f"{'' if self.prepared.models else ' and has prepared no model'}.")
+            raise ConfigError(
+                "fp8_payoff() predicts for a model prepared with a low-precision backend "
+                f"(mixed_precision='fp8' or 'fp4'); this Accelerator uses {self.mixed_precision!r}"
+                f"{'' if self.prepared.models else ' and has prepared no model'}."
+            )
         raw = self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False)
         record = self.prepared.conversion_reports.get(raw)
         cost = self.plugins.backend.chosen.description.recipe_costs.get(record.recipe if record else "")
         if cost is None:
-            raise ConfigError(f"The {self.fp8_backend!r} backend declares no cost for this run's recipe "
-                              f"({record.recipe if record else 'none reported'}), so there is nothing to predict with.")
+            raise ConfigError(
+                f"The {self.fp8_backend!r} backend declares no cost for this run's recipe "
+                f"({record.recipe if record else 'none reported'}), so there is nothing to predict with."
+            )
         work = fp8_payoff.count_work(raw, max(tokens // (seq_len or tokens), 1), seq_len or tokens)
-        return fp8_payoff.predict(work, fp8_payoff.known_gpu(gpu or self.context.hardware.device_name), record.recipe, cost,
-                                  record.skipped, compiled=self.context.compiled, recompute=activation_checkpointing,
-                                  shards=shards)
+        return fp8_payoff.predict(
+            work,
+            fp8_payoff.known_gpu(gpu or self.context.hardware.device_name),
+            record.recipe,
+            cost,
+            record.skipped,
+            compiled=self.context.compiled,
+            recompute=activation_checkpointing,
+            shards=shards,
+        )
 
-    def enable_fp8_telemetry(self, model: torch.nn.Module | None = None, every_n_steps: int = 1,
-                             saturation_warning: float = 0.001, underflow_warning: float = 0.01) -> None:
+    def enable_fp8_telemetry(
+        self,
+        model: torch.nn.Module | None = None,
+        every_n_steps: int = 1,
+        saturation_warning: float = 0.001,
+        underflow_warning: float = 0.01,
+    ) -> None:
         """Collect per-layer FP8 numerics (amax, scale, saturated and flushed fractions) every
         ``every_n_steps`` optimizer steps; warn when a tensor's saturated fraction passes
         ``saturation_warning`` (0.1%) or its flushed-to-zero fraction passes ``underflow_warning`` (1%).
         Off by default: when off, nothing is observed and training speed is unchanged."""
         if self._run.backend is None:
-            raise ConfigError(f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
-                              f"this Accelerator uses {self.mixed_precision!r}.")
+            raise ConfigError(
+                f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
+                f"this Accelerator uses {self.mixed_precision!r}."
+            )
         if model is None:
             if not self.prepared.models:
-                raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")
+                raise ConfigError(
+                    "Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model)."
+                )
             model = self.prepared.models[0]
         recorder = TelemetryRecorder(every_n_steps, saturation_warning, underflow_warning)
         if not self._run.start_telemetry(self.unwrap_model(model, keep_torch_compile=False), recorder):
@@ -733,8 +846,14 @@ class Accelerator(RankFacts):
         self._run.checkpointer.load_pre_hooks[handle.id] = hook
         return handle
 
-    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True, *,
-                   allow_nonfinite: bool = False, **save_model_func_kwargs: Any) -> Path:
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        *,
+        allow_nonfinite: bool = False,
+        **save_model_func_kwargs: Any,
+    ) -> Path:
         """Save everything needed to resume: model, optimizer, scheduler, scaler, RNG, counters and
         registered objects. Files go beside any others in ``output_dir``; none of those is touched,
         and a crash at any point leaves the previous checkpoint (see ``lowbit.runtime.checkpoint.files``).
@@ -745,8 +864,10 @@ class Accelerator(RankFacts):
         Weights holding NaN/inf are refused (nothing written, nothing pruned) unless ``allow_nonfinite``
         (lowbit's; Accelerate writes them)."""
         if save_model_func_kwargs:
-            raise ConfigError(f"save_state got {', '.join(save_model_func_kwargs)}: lowbit's save_state writes its own "
-                              "files and takes no save function options; use save_model(...) for those.")
+            raise ConfigError(
+                f"save_state got {', '.join(save_model_func_kwargs)}: lowbit's save_state writes its own "
+                "files and takes no save function options; use save_model(...) for those."
+            )
         if not allow_nonfinite:
             # every rank first (the check agrees across ranks, a collective: a save on the main
             # process only must be named as that mistake, not crash in a mismatched all-reduce)
@@ -756,16 +877,23 @@ class Accelerator(RankFacts):
             output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
         return self._run.checkpointer.save(output_dir)
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, *, allow_precision_change: bool = False,
-                   **load_model_func_kwargs: Any) -> None:
+    def load_state(
+        self,
+        input_dir: str | os.PathLike | None = None,
+        *,
+        allow_precision_change: bool = False,
+        **load_model_func_kwargs: Any,
+    ) -> None:
         """Restore what ``save_state`` wrote into the objects already prepared, after checking each
         file's checksum. With no ``input_dir``, the newest automatically named checkpoint.
         ``allow_precision_change=True`` (lowbit's) resumes a run saved in another precision or by
         another low-precision backend, e.g. an FP8/NVFP4 run finished in bf16: weights, optimizer,
         scheduler and counters load; the old backend's own state (scales, amax histories) is left out."""
         if load_model_func_kwargs:
-            raise ConfigError(f"load_state got {', '.join(load_model_func_kwargs)}: lowbit's load_state takes no load "
-                              "function options.")
+            raise ConfigError(
+                f"load_state got {', '.join(load_model_func_kwargs)}: lowbit's load_state takes no load "
+                "function options."
+            )
         if input_dir is None:
             input_dir = automatic_checkpoint.latest_directory(self.project_configuration)
         self._run.checkpointer.load(input_dir, allow_precision_change=allow_precision_change)
@@ -782,8 +910,15 @@ class Accelerator(RankFacts):
         state = exported if exported is not None else state
         return detached_copy(tied_as_in(inner, state), inner)
 
-    def save_model(self, model: torch.nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
-                   safe_serialization: bool = True, *, allow_nonfinite: bool = False) -> Path:
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+        *,
+        allow_nonfinite: bool = False,
+    ) -> Path:
         """Write the model's weights as Accelerate does: ``model.safetensors`` (``pytorch_model.bin``
         with ``safe_serialization=False``), sharded with an index above ``max_shard_size``. The
         names and layout are the unconverted model's, whichever backend trained it. Returns the
@@ -812,13 +947,17 @@ def _refuse_weights_not_in_memory(model: torch.nn.Module) -> None:
     offloaded = [name or type(model).__name__ for name, m in model.named_modules() if has_offloaded_params(m)]
     empty = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
     if offloaded or empty:
-        where = (f"{len(offloaded)} module(s) offloaded by a device_map hook (first: {offloaded[0]})" if offloaded
-                 else f"{len(empty)} tensor(s) on the meta device (first: {empty[0]})")
+        where = (
+            f"{len(offloaded)} module(s) offloaded by a device_map hook (first: {offloaded[0]})"
+            if offloaded
+            else f"{len(empty)} tensor(s) on the meta device (first: {empty[0]})"
+        )
         raise UnsupportedCombinationError(
             f"save_model: this model's weights are not all in memory: {where}. lowbit saves the weights it holds and "
             "does not gather offloaded ones. Load the model without offloading (or materialize it: "
             "model.to_empty(device=...) and load its weights), or save it with Accelerate's save_model or "
-            "transformers' save_pretrained.")
+            "transformers' save_pretrained."
+        )
 
 
 def tied_as_in(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
@@ -826,7 +965,9 @@ def tied_as_in(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
     embeddings and the output layer) holding the same tensor: a strategy that gathers each name on
     its own (FSDP2, ZeRO-3) returns two copies, which would be saved twice."""
     first: dict[int, str] = {}
-    for name, tensor in itertools.chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)):
+    for name, tensor in itertools.chain(
+        model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)
+    ):
         original = first.setdefault(id(tensor), name)
         if original != name and name in state and original in state:
             state[name] = state[original]
@@ -838,12 +979,23 @@ def detached_copy(state: dict[str, Any], model: torch.nn.Module) -> dict[str, to
     is copied, one a strategy gathered already is not (a second copy of a whole model on the main
     process). Names that share one tensor (tied weights) share one copy, as in the model, so
     ``save_model`` writes them once, as Accelerate does."""
-    live = {ptr for t in model.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor) for ptr in _cpu_storages(t)}
+    live = {
+        ptr
+        for t in model.state_dict(keep_vars=True).values()
+        if isinstance(t, torch.Tensor)
+        for ptr in _cpu_storages(t)
+    }
     copies: dict[tuple, torch.Tensor] = {}
     out = {}
     for name, tensor in state.items():
         if isinstance(tensor, torch.Tensor):
-            key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+            key = (
+                tensor.device,
+                tensor.untyped_storage().data_ptr(),
+                tensor.storage_offset(),
+                tuple(tensor.shape),
+                tensor.stride(),
+            )
             if key not in copies or not tensor.numel():
                 cpu = tensor.detach().cpu()
                 copies[key] = cpu.clone() if cpu.untyped_storage().data_ptr() in live else cpu

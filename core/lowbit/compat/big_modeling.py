@@ -3,6 +3,7 @@
 inference (``dispatch_model``, ``cpu_offload``, ...) is not lowbit's job: those raise, saying what
 to use instead. ``load_checkpoint_in_model`` loads saved weights (without placing them): lowbit has it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +11,15 @@ from typing import Any, Iterator
 
 from lowbit.compat.accelerate_names import INFERENCE_USE, INFERENCE_WHY, not_offered
 
-INFERENCE_DISPATCH = ("cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
-                      "load_checkpoint_and_dispatch", "attach_layerwise_casting_hooks")
+INFERENCE_DISPATCH = (
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "infer_auto_device_map",
+    "load_checkpoint_and_dispatch",
+    "attach_layerwise_casting_hooks",
+)
 
 
 @contextlib.contextmanager
@@ -44,8 +52,9 @@ def init_empty_weights(include_buffers: bool | None = None) -> contextlib.Abstra
     return init_on_device("meta", include_buffers=include_buffers)
 
 
-globals().update({name: not_offered(f"accelerate.big_modeling.{name}", INFERENCE_WHY, INFERENCE_USE)
-                 for name in INFERENCE_DISPATCH})
+globals().update(
+    {name: not_offered(f"accelerate.big_modeling.{name}", INFERENCE_WHY, INFERENCE_USE) for name in INFERENCE_DISPATCH}
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -4,6 +4,7 @@ configuration, and the plugin dataclasses scripts pass to ``Accelerator(...)``.
 Each field here is one lowbit reads. A field it cannot honour is refused when set to a value
 other than its default (``UnsupportedSetting``), never silently dropped.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +22,9 @@ def refuse_unsupported(obj: Any, unsupported: dict[str, str]) -> None:
     """Raise for each field in ``unsupported`` that was set away from its default."""
     for field in dataclasses.fields(obj):
         if field.name in unsupported and getattr(obj, field.name) != field.default:
-            raise ConfigError(f"{type(obj).__name__}({field.name}=...) is not supported by lowbit: {unsupported[field.name]}")
+            raise ConfigError(
+                f"{type(obj).__name__}({field.name}=...) is not supported by lowbit: {unsupported[field.name]}"
+            )
 
 
 class KwargsHandler:
@@ -29,7 +32,11 @@ class KwargsHandler:
 
     def to_kwargs(self) -> dict[str, Any]:
         defaults = type(self)()
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(defaults, f.name)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(defaults, f.name)
+        }
 
 
 @dataclasses.dataclass
@@ -87,16 +94,28 @@ class TorchDynamoPlugin:
 
     def __post_init__(self) -> None:
         # Fields left unset come from Accelerate's launcher variables, as in Accelerate.
-        for name, env in (("backend", "BACKEND"), ("mode", "MODE"), ("fullgraph", "USE_FULLGRAPH"), ("dynamic", "USE_DYNAMIC"),
-                          ("use_regional_compilation", "USE_REGIONAL_COMPILATION")):
+        for name, env in (
+            ("backend", "BACKEND"),
+            ("mode", "MODE"),
+            ("fullgraph", "USE_FULLGRAPH"),
+            ("dynamic", "USE_DYNAMIC"),
+            ("use_regional_compilation", "USE_REGIONAL_COMPILATION"),
+        ):
             value = os.environ.get("ACCELERATE_DYNAMO_" + env)
             if getattr(self, name) is None and value:
-                setattr(self, name, value if name in ("backend", "mode") else value.strip().lower() in ("1", "true", "yes"))
+                setattr(
+                    self, name, value if name in ("backend", "mode") else value.strip().lower() in ("1", "true", "yes")
+                )
 
     def to_kwargs(self) -> dict[str, Any]:
         """``torch.compile``'s keyword arguments this plugin sets (the ones left unset are omitted)."""
-        given = {"backend": str(getattr(self.backend, "value", self.backend)).lower() if self.backend is not None else None,
-                 "mode": self.mode, "fullgraph": self.fullgraph, "dynamic": self.dynamic, "options": self.options}
+        given = {
+            "backend": str(getattr(self.backend, "value", self.backend)).lower() if self.backend is not None else None,
+            "mode": self.mode,
+            "fullgraph": self.fullgraph,
+            "dynamic": self.dynamic,
+            "options": self.options,
+        }
         return {k: v for k, v in given.items() if v is not None}
 
 
@@ -153,19 +172,35 @@ class FullyShardedDataParallelPlugin:
             # FSDP1's CPUOffload(offload_params=...), or FSDP2's policies: OffloadPolicy() is "no offload",
             # its subclass CPUOffloadPolicy offloads.
             offload = getattr(offload, "offload_params", type(offload).__name__ != "OffloadPolicy")
-        section = {"fsdp_reshard_after_forward": self.reshard_after_forward,
-                   "fsdp_sharding_strategy": getattr(self.sharding_strategy, "name", self.sharding_strategy),
-                   "fsdp_transformer_layer_cls_to_wrap": self.transformer_cls_names_to_wrap,
-                   "fsdp_offload_params": offload, "fsdp_activation_checkpointing": self.activation_checkpointing,
-                   "fsdp_auto_wrap_policy": self.auto_wrap_policy if isinstance(self.auto_wrap_policy, str) else None,
-                   "fsdp_backward_prefetch": self.backward_prefetch, "fsdp_forward_prefetch": self.forward_prefetch,
-                   "fsdp_use_orig_params": self.use_orig_params, "fsdp_sync_module_states": self.sync_module_states,
-                   "fsdp_cpu_ram_efficient_loading": self.cpu_ram_efficient_loading,
-                   "fsdp_min_num_params": self.min_num_params}
-        ignored = [f"FullyShardedDataParallelPlugin({name}=...) (FSDP2 here: lowbit sets it itself)"
-                   for name in ("mixed_precision_policy", "ignored_modules", "state_dict_config", "optim_state_dict_config",
-                                "limit_all_gathers", "param_init_fn") if getattr(self, name) is not None]
-        config = translate_fsdp({k: v for k, v in section.items() if v is not None}, "FullyShardedDataParallelPlugin", ignored)
+        section = {
+            "fsdp_reshard_after_forward": self.reshard_after_forward,
+            "fsdp_sharding_strategy": getattr(self.sharding_strategy, "name", self.sharding_strategy),
+            "fsdp_transformer_layer_cls_to_wrap": self.transformer_cls_names_to_wrap,
+            "fsdp_offload_params": offload,
+            "fsdp_activation_checkpointing": self.activation_checkpointing,
+            "fsdp_auto_wrap_policy": self.auto_wrap_policy if isinstance(self.auto_wrap_policy, str) else None,
+            "fsdp_backward_prefetch": self.backward_prefetch,
+            "fsdp_forward_prefetch": self.forward_prefetch,
+            "fsdp_use_orig_params": self.use_orig_params,
+            "fsdp_sync_module_states": self.sync_module_states,
+            "fsdp_cpu_ram_efficient_loading": self.cpu_ram_efficient_loading,
+            "fsdp_min_num_params": self.min_num_params,
+        }
+        ignored = [
+            f"FullyShardedDataParallelPlugin({name}=...) (FSDP2 here: lowbit sets it itself)"
+            for name in (
+                "mixed_precision_policy",
+                "ignored_modules",
+                "state_dict_config",
+                "optim_state_dict_config",
+                "limit_all_gathers",
+                "param_init_fn",
+            )
+            if getattr(self, name) is not None
+        ]
+        config = translate_fsdp(
+            {k: v for k, v in section.items() if v is not None}, "FullyShardedDataParallelPlugin", ignored
+        )
         note_ignored("FullyShardedDataParallelPlugin", ignored)
         return config
 
@@ -186,10 +221,14 @@ class DeepSpeedPlugin:
         # hf_ds_config: a path, a dict, or an object holding the dict as ``.config`` (transformers'
         # HfDeepSpeedConfig, which Trainer fills from its TrainingArguments).
         given = getattr(self.hf_ds_config, "config", self.hf_ds_config)
-        values = {"deepspeed_config_file": given if isinstance(given, (str, os.PathLike)) else None,
-                  "config": given if isinstance(given, dict) else None,
-                  "zero_stage": self.zero_stage, "gradient_clipping": self.gradient_clipping,
-                  "offload_optimizer_device": self.offload_optimizer_device, "offload_param_device": self.offload_param_device}
+        values = {
+            "deepspeed_config_file": given if isinstance(given, (str, os.PathLike)) else None,
+            "config": given if isinstance(given, dict) else None,
+            "zero_stage": self.zero_stage,
+            "gradient_clipping": self.gradient_clipping,
+            "offload_optimizer_device": self.offload_optimizer_device,
+            "offload_param_device": self.offload_param_device,
+        }
         return {k: v for k, v in values.items() if v is not None}
 
 
@@ -266,7 +305,13 @@ class ProfileKwargs(KwargsHandler):
     output_trace_dir: str | None = None
 
 
-HANDLER_CLASSES = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs, ProfileKwargs)
+HANDLER_CLASSES = (
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    AutocastKwargs,
+    ProfileKwargs,
+)
 
 
 def sort_handlers(handlers: Any) -> tuple[Any, dict[type, Any]]:
@@ -283,15 +328,20 @@ def sort_handlers(handlers: Any) -> tuple[Any, dict[type, Any]]:
         raise ConfigError(
             f"kwargs_handlers got {type(unknown[0]).__name__}, which lowbit does not use. It takes FP8RecipeKwargs, "
             "a backend's recipe class (AORecipeKwargs, TERecipeKwargs, ...), and "
-            + ", ".join(c.__name__ for c in HANDLER_CLASSES) + "."
+            + ", ".join(c.__name__ for c in HANDLER_CLASSES)
+            + "."
         )
     if len(recipe_handlers) > 1:
         names = ", ".join(type(h).__name__ for h in recipe_handlers)
         raise ConfigError(f"Give one FP8 recipe handler, got {len(recipe_handlers)}: {names}.")
-    return (recipe_handlers[0] if recipe_handlers else None), {type(h): h for h in handlers if isinstance(h, HANDLER_CLASSES)}
+    return (recipe_handlers[0] if recipe_handlers else None), {
+        type(h): h for h in handlers if isinstance(h, HANDLER_CLASSES)
+    }
 
 
-def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, dynamo: Any, explicit: dict[str, Any]) -> dict[str, Any]:
+def settings_from_plugin_objects(
+    accumulation: Any, fsdp: Any, deepspeed: Any, dynamo: Any, explicit: dict[str, Any]
+) -> dict[str, Any]:
     """Accelerate's plugin objects as lowbit settings (explicit arguments, so they win over files)."""
     out: dict[str, Any] = {}
     if accumulation is not None and accumulation.num_steps is not None:
@@ -310,6 +360,10 @@ def settings_from_plugin_objects(accumulation: Any, fsdp: Any, deepspeed: Any, d
             out["gradient_accumulation_steps"] = deepspeed.gradient_accumulation_steps
     if dynamo is not None and dynamo.backend is not None and not dynamo.disable:
         out["dynamo_backend"] = str(getattr(dynamo.backend, "value", dynamo.backend)).lower()
-        out.update(dynamo_mode=dynamo.mode, dynamo_use_fullgraph=dynamo.fullgraph, dynamo_use_dynamic=dynamo.dynamic,
-                   dynamo_use_regional_compilation=dynamo.use_regional_compilation)
+        out.update(
+            dynamo_mode=dynamo.mode,
+            dynamo_use_fullgraph=dynamo.fullgraph,
+            dynamo_use_dynamic=dynamo.dynamic,
+            dynamo_use_regional_compilation=dynamo.use_regional_compilation,
+        )
     return out

@@ -1,5 +1,6 @@
 """Accelerate's ``accelerate.inference`` path (pipeline-parallel inference with PiPPy), which lowbit
 does not do (it trains): every name imports, and raises on use, saying what to use."""
+
 from __future__ import annotations
 
 from lowbit.compat.accelerate_names import refusing_module
@@ -8,5 +9,10 @@ from lowbit.compat.accelerate_names import refusing_module
 REFUSES_EVERY_NAME = True
 
 
-__getattr__ = refusing_module(__name__, ("runs pipeline-parallel inference (PiPPy), which lowbit does not do (it "
-                                          "trains)", "Accelerate's (`pip install accelerate`)"))
+__getattr__ = refusing_module(
+    __name__,
+    (
+        "runs pipeline-parallel inference (PiPPy), which lowbit does not do (it trains)",
+        "Accelerate's (`pip install accelerate`)",
+    ),
+)

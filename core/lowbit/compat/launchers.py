@@ -5,6 +5,7 @@ test), without ``lowbit launch``.
 distributed script on a laptop); ``notebook_launcher`` runs it on each GPU of this machine (or, with
 none, on the CPU like ``debug_launcher``). Each process gets the variables torchrun would set.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,25 +42,44 @@ def _start(function: Callable, args: tuple, processes: int, env: dict[str, str])
             "CUDA is already in use in this process (a tensor or model was put on a GPU, or a torch.cuda call "
             "made, before the launcher), so the processes it forks could not use the GPUs. Restart the notebook's "
             "kernel and call the launcher before anything touches CUDA: create the model and move it to the "
-            "device inside the training function.")
+            "device inside the training function."
+        )
     mp.start_processes(_run_one, args=(function, tuple(args), processes, env), nprocs=processes, start_method="fork")
 
 
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> None:
     """``function(*args)`` in ``num_processes`` CPU processes over gloo; raises when one of them does."""
-    _start(function, args, num_processes, {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-                                           "LOWBIT_USE_CPU": "true"})
+    _start(
+        function,
+        args,
+        num_processes,
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "LOWBIT_USE_CPU": "true"},
+    )
 
 
-def notebook_launcher(function: Callable, args: tuple = (), num_processes: int | None = None, mixed_precision: str = "no",
-                      use_port: str = "29500", master_addr: str = "127.0.0.1", node_rank: int = 0, num_nodes: int = 1,
-                      **launcher_options: Any) -> None:
+def notebook_launcher(
+    function: Callable,
+    args: tuple = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    **launcher_options: Any,
+) -> None:
     """``function(*args)`` on every GPU of this machine (or ``num_processes`` of them); on a machine
     without one, ``num_processes`` CPU processes (1 if not given, run here). Multi-machine and
     elastic options (``num_nodes > 1``, rendezvous settings) are refused: use ``lowbit launch``."""
-    if num_nodes != 1 or node_rank != 0 or any(v not in (None, "", 0, 0.1, "static", "none") for v in launcher_options.values()):
-        raise ConfigError("notebook_launcher runs on this machine only; for several machines use `lowbit launch "
-                          "--num_machines N --machine_rank R --main_process_ip ...`.")
+    if (
+        num_nodes != 1
+        or node_rank != 0
+        or any(v not in (None, "", 0, 0.1, "static", "none") for v in launcher_options.values())
+    ):
+        raise ConfigError(
+            "notebook_launcher runs on this machine only; for several machines use `lowbit launch "
+            "--num_machines N --machine_rank R --main_process_ip ...`."
+        )
     env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(use_port), "LOWBIT_MIXED_PRECISION": mixed_precision}
     gpus = count_gpus_without_cuda_here()  # not torch.cuda.is_available(): the children it forks could not use CUDA
     if gpus:

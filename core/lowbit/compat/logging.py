@@ -1,5 +1,6 @@
 """``get_logger``: a logger that, in a multi-process run, logs on the main process only unless
 asked otherwise (``logger.info(..., main_process_only=False)``, ``in_order=True``)."""
+
 from __future__ import annotations
 
 import logging
@@ -34,7 +35,6 @@ class MultiProcessAdapter(logging.LoggerAdapter):
                 msg, kwargs = self.process(msg, kwargs)
                 self.logger.log(level, msg, *args, **kwargs)
             state.wait_for_everyone()
-
 
     def warning_once(self, *args: Any, **kwargs: Any) -> None:
         """``warning``, once per distinct message (as Accelerate's; TRL's trainers call it)."""

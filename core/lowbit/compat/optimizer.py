@@ -1,4 +1,5 @@
 """Accelerate's ``accelerate.optimizer`` path: the optimizer ``prepare`` returns."""
+
 from lowbit.runtime.training.prepared import PreparedOptimizer
 
 AcceleratedOptimizer = PreparedOptimizer

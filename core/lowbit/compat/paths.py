@@ -5,6 +5,7 @@ A path's shell file calls :func:`alias_module`: importing ``lowbit.state`` gives
 object ``lowbit.compat.state`` (one copy of each class, patches seen by both names), loaded only
 when a script imports that path.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """Accelerate's ``accelerate.scheduler`` path: the LR scheduler ``prepare`` returns."""
+
 from lowbit.runtime.training.prepared import PreparedScheduler
 
 AcceleratedScheduler = PreparedScheduler

@@ -5,6 +5,7 @@ lowbit's process facts (:mod:`lowbit.runtime.process_group`).
 Precision settings stay per Accelerator: ``accelerator.state`` is an :class:`AcceleratorState`
 bound to that Accelerator, and ``AcceleratorState()`` built by hand sees only process facts.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -76,9 +77,11 @@ class PartialState(RankFacts):
         return self.device
 
     def __repr__(self) -> str:
-        return (f"Distributed environment: {self.distributed_type.value}\nNum processes: {self.num_processes}\n"
-                f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
-                f"Device: {self.device}\n")
+        return (
+            f"Distributed environment: {self.distributed_type.value}\nNum processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\nLocal process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
 
     # -------------------------------------------------------------- synchronising
 
@@ -127,12 +130,16 @@ class PartialState(RankFacts):
     def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
         return self._only_if(function, lambda: self.is_last_process)
 
-    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Callable[..., Any]:
+    def on_process(
+        self, function: Callable[..., Any] | None = None, process_index: int | None = None
+    ) -> Callable[..., Any]:
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
         return self._only_if(function, lambda: self.process_index == process_index)
 
-    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int | None = None) -> Callable[..., Any]:
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Callable[..., Any]:
         if function is None:
             return functools.partial(self.on_local_process, local_process_index=local_process_index)
         return self._only_if(function, lambda: self.local_process_index == local_process_index)
@@ -162,7 +169,9 @@ def _shared_length(inputs: Any) -> int:
     if isinstance(inputs, dict):
         lengths = {len(v) for v in inputs.values()}
         if len(lengths) > 1:
-            raise ValueError(f"split_between_processes needs every value of the dict to have the same length, got {sorted(lengths)}.")
+            raise ValueError(
+                f"split_between_processes needs every value of the dict to have the same length, got {sorted(lengths)}."
+            )
         return lengths.pop() if lengths else 0
     return len(inputs)
 

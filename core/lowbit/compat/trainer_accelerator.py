@@ -12,6 +12,7 @@ Three things a Trainer user cannot do in the script, done here:
 - **lowbit's throughput figures reach Trainer's logs** (``log_history`` and the reporting
   integrations: TensorBoard, W&B, ...), through a callback placed before them.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,13 +55,17 @@ def precision_under_trainer(from_trainer: str | None, asked: str | None, where: 
     if asked == "no":  # the launcher left it at fp32; the script's bf16=True or fp16=True stands
         return trainer, None
     if asked in ("fp8", "fp4") and trainer == "bf16":
-        return asked, (f"mixed_precision={asked!r} from {where} wins over the Trainer's bf16=True (TRL's configs default "
-                       f"to it): the layers the backend converts train in {asked}, the rest in bf16 autocast, as any "
-                       f"{asked} run does.")
+        return asked, (
+            f"mixed_precision={asked!r} from {where} wins over the Trainer's bf16=True (TRL's configs default "
+            f"to it): the layers the backend converts train in {asked}, the rest in bf16 autocast, as any "
+            f"{asked} run does."
+        )
     raise ConfigError(
-        f"The Trainer asks for mixed_precision={trainer!r} (TrainingArguments' fp16/bf16) and {where} asks for {asked!r}. "
+        f"The Trainer asks for mixed_precision={trainer!r} (TrainingArguments' fp16/bf16) and {where} asks for "
+        f"{asked!r}. "
         f"Say one: drop --mixed_precision (or the config's mixed_precision) to keep the Trainer's, or set "
-        f"{'fp16' if trainer == 'fp16' else 'bf16'}=False in the TrainingArguments to use {asked!r}.")
+        f"{'fp16' if trainer == 'fp16' else 'bf16'}=False in the TrainingArguments to use {asked!r}."
+    )
 
 
 class TrainerAccelerator(Accelerator):
@@ -76,10 +81,16 @@ class TrainerAccelerator(Accelerator):
             why = self.explain_backend_choice().splitlines()[0].partition("(")[2].rstrip(").")
             how = f"{self.mixed_precision} by the {self.fp8_backend!r} backend ({why})"
         else:
-            how = f"{self.mixed_precision} by torch's autocast" if self.mixed_precision != "no" else "fp32 (mixed_precision 'no')"
+            how = (
+                f"{self.mixed_precision} by torch's autocast"
+                if self.mixed_precision != "no"
+                else "fp32 (mixed_precision 'no')"
+            )
         kind = getattr(self.distributed_type, "value", self.distributed_type)
-        note(f"transformers' Trainer runs on lowbit's Accelerator: {how}; {self.num_processes} process"
-             f"{'es' if self.num_processes > 1 else ''} ({kind}). accelerator.explain_backend_choice() says why.")
+        note(
+            f"transformers' Trainer runs on lowbit's Accelerator: {how}; {self.num_processes} process"
+            f"{'es' if self.num_processes > 1 else ''} ({kind}). accelerator.explain_backend_choice() says why."
+        )
         if overridden:
             note(overridden)
 

@@ -12,6 +12,7 @@ translated field by field by the Accelerator (:mod:`lowbit.compat.accelerate_obj
 :func:`patch_trainer` first (``LOWBIT_PATCH_TRAINER=0``: not); a script started with ``python`` or
 ``torchrun`` calls it itself. :func:`unpatch_trainer` puts Accelerate's names back.
 """
+
 from __future__ import annotations
 
 import importlib

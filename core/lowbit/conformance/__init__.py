@@ -16,6 +16,7 @@ What is checked, with which inputs and tolerances: docs/writing-a-backend.md, se
 A distributed strategy runs ``run_strategy_conformance("mystrategy", tmp_path=tmp_path)``: it
 trains under ``lowbit launch`` in 2 processes and against one process (:mod:`lowbit.conformance.strategy`).
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -39,26 +40,45 @@ from lowbit.conformance.training import (
 from lowbit.kernel.types import HardwareInfo
 
 __all__ = [
-    "backend_library_modules", "ConformanceFailure", "default_model_factory", "run_conformance", "run_strategy_conformance",
+    "backend_library_modules",
+    "ConformanceFailure",
+    "default_model_factory",
+    "run_conformance",
+    "run_strategy_conformance",
     "check_description",
-    "check_discovery_is_cheap", "check_layers_converted", "check_conversion_keeps_weights",
-    "check_conversion_keeps_outputs_close", "check_autocast_nests_with_bf16", "check_training", "check_odd_sizes",
-    "check_resume", "check_save_model_is_portable",
+    "check_discovery_is_cheap",
+    "check_layers_converted",
+    "check_conversion_keeps_weights",
+    "check_conversion_keeps_outputs_close",
+    "check_autocast_nests_with_bf16",
+    "check_training",
+    "check_odd_sizes",
+    "check_resume",
+    "check_save_model_is_portable",
 ]
 
 
-def run_conformance(backend: str, *, entry_point: str | None = None, heavy_modules: tuple[str, ...] = (),
-                    plugin: object | None = None, hardware: HardwareInfo | None = None,
-                    model_factory: Callable[[], Any] = default_model_factory, tmp_path: Path | None = None,
-                    verbose: bool = False) -> dict[str, Any]:
+def run_conformance(
+    backend: str,
+    *,
+    entry_point: str | None = None,
+    heavy_modules: tuple[str, ...] = (),
+    plugin: object | None = None,
+    hardware: HardwareInfo | None = None,
+    model_factory: Callable[[], Any] = default_model_factory,
+    tmp_path: Path | None = None,
+    verbose: bool = False,
+) -> dict[str, Any]:
     """Run every check. ``entry_point`` (default: ``backend``) names the plugin's entry point for the
     discovery check; ``heavy_modules`` are added to torch and the known backend libraries, none of
     which discovery may import. Returns what was measured (layers converted, losses, errors)."""
     say = print if verbose else (lambda *_: None)
     description = check_description(backend, plugin, hardware)
     if not description.available:
-        raise ConformanceFailure(f"{backend}: describe_backend: not available here ({description.reason}); "
-                                 "run the conformance kit where the backend can run (or pass hardware=)")
+        raise ConformanceFailure(
+            f"{backend}: describe_backend: not available here ({description.reason}); "
+            "run the conformance kit where the backend can run (or pass hardware=)"
+        )
     if plugin is None:
         check_discovery_is_cheap(entry_point or backend, heavy_modules)
         say(f"{backend}: discovery imports nothing heavy")

@@ -9,6 +9,7 @@ with the arguments after ``--``. Either prints one JSON line last: the fp8 backe
 (discovery) and which of the ``--heavy`` top-level modules got imported. The conformance kit, the
 tests and ``bench/startup.py`` launch this file rather than code of their own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plugins", default=None, help="LOWBIT_PLUGINS for the discovery")
     parser.add_argument("--heavy", nargs="*", default=[], help="top-level modules to report if imported")
     argv = sys.argv[1:] if argv is None else argv
-    cli_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    cli_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     result: dict[str, list[str]] = {}
     if args.path == "discovery":
         if args.plugins is not None:

@@ -1,4 +1,5 @@
 """What every conformance check shares: the plugin manager, a prepared Accelerator, the data."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,7 +38,15 @@ def default_model_factory():
     from torch import nn
 
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 64))
+    return nn.Sequential(
+        nn.Linear(64, 128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.GELU(),
+        nn.Linear(128, 128),
+        nn.GELU(),
+        nn.Linear(128, 64),
+    )
 
 
 def backend_precision(backend: str, manager: LowbitPluginManager) -> str:
@@ -59,7 +68,9 @@ def prepare(backend: str, plugin: object | None, hardware: HardwareInfo | None, 
 
     manager = make_manager(plugin, hardware)
     precision = backend_precision(backend, manager)
-    acc = Accelerator(mixed_precision=precision, kwargs_handlers=[FP8RecipeKwargs(backend=backend)], plugin_manager=manager)
+    acc = Accelerator(
+        mixed_precision=precision, kwargs_handlers=[FP8RecipeKwargs(backend=backend)], plugin_manager=manager
+    )
     if acc.fp8_backend is None:
         fail(backend, "describe_backend", f"the backend was not chosen for mixed_precision={precision!r}")
     model, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=lr))

@@ -7,6 +7,7 @@ strategy under test (every rank trains its share of each global batch), or alone
 model's full state as numbers, and the losses of a second model resumed from a checkpoint taken
 mid-way. The reference writes ``OUT/reference.json`` the same way.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,14 @@ def main(out: Path, reference: bool) -> None:
     resumed_acc, resumed, resumed_optimizer = prepared()
     resumed_acc.load_state(out / "checkpoint")
     resumed_losses = train(resumed_acc, resumed, resumed_optimizer, range(SAVE_AFTER, STEPS))
-    result = {"strategy": acc.distributed_strategy, "distributed_type": str(getattr(acc.distributed_type, "value", acc.distributed_type)),
-              "world_size": acc.num_processes, "losses": losses, "resumed_losses": resumed_losses, "state": state}
+    result = {
+        "strategy": acc.distributed_strategy,
+        "distributed_type": str(getattr(acc.distributed_type, "value", acc.distributed_type)),
+        "world_size": acc.num_processes,
+        "losses": losses,
+        "resumed_losses": resumed_losses,
+        "state": state,
+    }
     name = "reference.json" if reference else f"rank{acc.process_index}.json"
     (out / name).write_text(json.dumps(result))
     acc.wait_for_everyone()

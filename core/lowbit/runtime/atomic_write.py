@@ -1,6 +1,7 @@
 """Writing a file all or nothing: into a temp file beside it, flushed to disk, then renamed over it
 (``os.replace`` is atomic), so a crash at any instant leaves the old file or the new one. Every
 file lowbit writes goes through here: checkpoints, model files, config files."""
+
 from __future__ import annotations
 
 import os

@@ -9,7 +9,8 @@ copied to this process's GPU; the caller brings the result back where its own te
 Which device a group needs is worked out once per process group, not per call.
 
 **NCCL's rule on a CPU** (``LOWBIT_SIMULATE_NCCL=1``; ``lowbit launch --simulate_nccl``; the
-test suite sets it for every multi-process run; a run over NCCL itself ignores it): on one machine type every tensor sits on the
+test suite sets it for every multi-process run; a run over NCCL itself ignores it): on one machine type every tensor
+sits on the
 same device, so a gloo run cannot show that a host tensor would reach NCCL. Under the simulation
 the group refuses, as NCCL would, any tensor a lowbit module hands to a collective without
 passing it through :func:`on_group_device` (which, having no GPU to copy to, records the tensor
@@ -19,6 +20,7 @@ past the smaller buffer; the error names both). :func:`on_group_device` hands NC
 contiguous, int16 as int32. Collectives issued by torch itself (DDP, FSDP2, ``*_object``) and by the
 user's own code are not checked: torch places theirs, and the user's are the user's.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,11 +35,20 @@ SIMULATE_ENV = "LOWBIT_SIMULATE_NCCL"
 # The collectives checked under the simulation, each with where its input tensor(s) sit in the
 # call (position, keyword): what the tensor NCCL reads, as torch.distributed 2.11-2.13 names them.
 CHECKED_COLLECTIVES = {
-    "broadcast": (0, "tensor"), "all_reduce": (0, "tensor"), "reduce": (0, "tensor"),
-    "all_gather": (1, "tensor"), "all_gather_into_tensor": (1, "input_tensor"),
-    "reduce_scatter": (1, "input_list"), "reduce_scatter_tensor": (1, "input"),
-    "all_to_all_single": (1, "input"), "gather": (0, "tensor"), "scatter": (1, "scatter_list"),
-    "send": (0, "tensor"), "isend": (0, "tensor"), "recv": (0, "tensor"), "irecv": (0, "tensor"),
+    "broadcast": (0, "tensor"),
+    "all_reduce": (0, "tensor"),
+    "reduce": (0, "tensor"),
+    "all_gather": (1, "tensor"),
+    "all_gather_into_tensor": (1, "input_tensor"),
+    "reduce_scatter": (1, "input_list"),
+    "reduce_scatter_tensor": (1, "input"),
+    "all_to_all_single": (1, "input"),
+    "gather": (0, "tensor"),
+    "scatter": (1, "scatter_list"),
+    "send": (0, "tensor"),
+    "isend": (0, "tensor"),
+    "recv": (0, "tensor"),
+    "irecv": (0, "tensor"),
 }
 
 
@@ -49,8 +60,9 @@ SHAPE_CHECKS = {"on": os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1
 
 # Collectives whose input NCCL takes to be the same shape and dtype on every rank without checking
 # (gloo aborts on a mismatch; NCCL hangs or reads past the smaller buffer): compared under the simulation.
-SAME_SHAPE_COLLECTIVES = frozenset({"broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
-                                    "reduce_scatter_tensor"})
+SAME_SHAPE_COLLECTIVES = frozenset(
+    {"broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor"}
+)
 # dtypes NCCL has no type for (c10d's NCCL type table, torch 2.11-2.13: int16 and the unsigned
 # 16/32-bit types are missing; bool travels as uint8).
 NCCL_REFUSED_DTYPES = frozenset({torch.int16, torch.uint16, torch.uint32})
@@ -91,7 +103,9 @@ def _served_device_types() -> tuple[frozenset[str], torch.device | None]:
         served = frozenset(pair.split(":")[0] for pair in config.split(",") if ":" in pair)
         accelerator = None
         if "cpu" not in served and torch.accelerator.is_available():
-            accelerator = torch.device(torch.accelerator.current_accelerator().type, torch.accelerator.current_device_index())
+            accelerator = torch.device(
+                torch.accelerator.current_accelerator().type, torch.accelerator.current_device_index()
+            )
         _group_device.update(group=group, served=served, accelerator=accelerator)
     return _group_device["served"], _group_device["accelerator"]
 
@@ -151,18 +165,27 @@ def _checked(name: str, collective: Callable[..., Any], position: int, keyword: 
 
 def _check_one(name: str, caller: str, tensor: torch.Tensor) -> None:
     """One tensor against NCCL's rule: on the group's device, contiguous, a dtype NCCL has."""
-    what = f"{caller} called torch.distributed.{name} on a {tensor.device.type} tensor ({tuple(tensor.shape)}, {tensor.dtype})"
+    what = (
+        f"{caller} called torch.distributed.{name} on a {tensor.device.type} tensor "
+        f"({tuple(tensor.shape)}, {tensor.dtype})"
+    )
     if _on_simulated_device.get(id(tensor)) is not tensor:
         raise NcclRuleError(
             f"{what} that was not put on the process group's device. NCCL takes tensors on this process's GPU only, so "
-            f"this collective would fail on a GPU cluster ({SIMULATE_ENV}=1 holds CPU runs to that rule). Hand the tensor "
-            "to lowbit.runtime.collective_device.on_group_device first and move the result back.")
+            f"this collective would fail on a GPU cluster ({SIMULATE_ENV}=1 holds CPU runs to that rule). Hand the "
+            "tensor "
+            "to lowbit.runtime.collective_device.on_group_device first and move the result back."
+        )
     if not tensor.is_contiguous():
-        raise NcclRuleError(f"{what} that is not contiguous: NCCL reads a tensor as one dense buffer and refuses it. "
-                            "Pass tensor.contiguous().")
+        raise NcclRuleError(
+            f"{what} that is not contiguous: NCCL reads a tensor as one dense buffer and refuses it. "
+            "Pass tensor.contiguous()."
+        )
     if tensor.dtype in NCCL_REFUSED_DTYPES:
-        raise NcclRuleError(f"{what}: NCCL has no {tensor.dtype} type and refuses it. Send it as int32/int64 (or "
-                            "uint8) and convert back.")
+        raise NcclRuleError(
+            f"{what}: NCCL has no {tensor.dtype} type and refuses it. Send it as int32/int64 (or "
+            "uint8) and convert back."
+        )
 
 
 def _check_same_shape_everywhere(name: str, caller: str, tensor: torch.Tensor) -> None:
@@ -177,8 +200,10 @@ def _check_same_shape_everywhere(name: str, caller: str, tensor: torch.Tensor) -
         rank, (shape, dtype) = next(iter(others.items()))
         raise NcclRuleError(
             f"{caller} called torch.distributed.{name} with a tensor of shape {mine[0]} ({mine[1]}) on rank "
-            f"{dist.get_rank()} and {shape} ({dtype}) on rank {rank}. NCCL does not compare them: it would hang or read "
-            "past the smaller buffer (gloo aborts). Every rank must pass the same shape and dtype.")
+            f"{dist.get_rank()} and {shape} ({dtype}) on rank {rank}. NCCL does not compare them: it would hang or "
+            "read "
+            "past the smaller buffer (gloo aborts). Every rank must pass the same shape and dtype."
+        )
 
 
 def hold_to_nccl_rules() -> None:

@@ -7,6 +7,7 @@ built on, which still works when the collective did not) and waits a few seconds
 the others: the ranks that timed out too were waiting with it; the ranks that left no mark never
 arrived (stuck elsewhere in the script, or gone). It says so in one line, after the traceback.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,12 +23,14 @@ _KEY = "lowbit/timed_out/{rank}"
 # Timed out waiting 5000ms for recv operation to complete", then "Application timeout caused pair
 # closure" for the next collective; NCCL's watchdog: "collective operation timeout"). A user's own
 # RuntimeError that merely mentions a timeout is not one of them.
-_TIMEOUT_TEXT = re.compile(r"timed out waiting|application timeout|collective operation timeout|watchdog caught",
-                           re.IGNORECASE)
+_TIMEOUT_TEXT = re.compile(
+    r"timed out waiting|application timeout|collective operation timeout|watchdog caught", re.IGNORECASE
+)
 
 
 def is_collective_timeout(exc: BaseException) -> bool:
-    """A process-group error (plain RuntimeErrors over gloo, DistBackendError over NCCL) that says it waited too long."""
+    """A process-group error (plain RuntimeErrors over gloo, DistBackendError over NCCL) that says it waited too
+    long."""
     return isinstance(exc, RuntimeError) and bool(_TIMEOUT_TEXT.search(str(exc)))
 
 
@@ -58,13 +61,17 @@ def ranks_that_did_not_arrive(store: Any, rank: int, world_size: int, window_s: 
 
 def describe(rank: int, world_size: int, missing: list[int]) -> str:
     if not missing:
-        return (f"lowbit: error: rank {rank} timed out in a collective, and so did every other rank: they were "
-                "waiting in different collectives (a call made on some ranks only, or in a different order).")
+        return (
+            f"lowbit: error: rank {rank} timed out in a collective, and so did every other rank: they were "
+            "waiting in different collectives (a call made on some ranks only, or in a different order)."
+        )
     names = ", ".join(str(r) for r in missing)
     waited = sorted(set(range(world_size)) - set(missing))
-    return (f"lowbit: error: rank {rank} timed out in a collective; rank(s) {names} never arrived (stuck elsewhere "
-            f"in the script, or gone), while rank(s) {', '.join(map(str, waited))} waited. Raise the limit with "
-            "InitProcessGroupKwargs(timeout=...) if those ranks were only slow.")
+    return (
+        f"lowbit: error: rank {rank} timed out in a collective; rank(s) {names} never arrived (stuck elsewhere "
+        f"in the script, or gone), while rank(s) {', '.join(map(str, waited))} waited. Raise the limit with "
+        "InitProcessGroupKwargs(timeout=...) if those ranks were only slow."
+    )
 
 
 def report_if_timeout(exc: BaseException) -> None:
@@ -78,6 +85,8 @@ def report_if_timeout(exc: BaseException) -> None:
         if store is None:
             return
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        print(describe(rank, world_size, ranks_that_did_not_arrive(store, rank, world_size)), file=sys.stderr, flush=True)
+        print(
+            describe(rank, world_size, ranks_that_did_not_arrive(store, rank, world_size)), file=sys.stderr, flush=True
+        )
     except Exception:  # noqa: BLE001 - the report is a courtesy on the way out; the error itself was printed
         return

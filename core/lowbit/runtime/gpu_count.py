@@ -5,6 +5,7 @@ registers CUDA's fork handler: every process forked afterwards is a "bad fork" a
 it uses the GPU (pytorch#85951). The launchers that fork (``notebook_launcher``) therefore count
 in a short child process: ``python -m lowbit.runtime.gpu_count`` prints the count.
 """
+
 from __future__ import annotations
 
 import subprocess

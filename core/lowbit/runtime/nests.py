@@ -4,6 +4,7 @@
 Below the runtime's folders: the meter, the work counter, the NaN diagnosis and the Accelerator
 all walk batches with it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -15,7 +16,9 @@ def leaves(data: Any) -> Iterator[Any]:
     """Every leaf of a nest, in order: the one walk over batches, outputs and arguments that does not
     rebuild them (``recursively_apply`` does). Dicts, lists, tuples (named too) and mapping-likes
     (transformers' ModelOutput, BatchEncoding) are walked into; everything else is a leaf."""
-    if isinstance(data, dict) or (hasattr(data, "keys") and hasattr(data, "__getitem__") and not isinstance(data, torch.Tensor)):
+    if isinstance(data, dict) or (
+        hasattr(data, "keys") and hasattr(data, "__getitem__") and not isinstance(data, torch.Tensor)
+    ):
         for key in data.keys():
             yield from leaves(data[key])
     elif isinstance(data, (list, tuple)):

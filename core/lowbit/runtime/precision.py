@@ -10,6 +10,7 @@ its dtype to the plugins. It builds the forward's ``torch.autocast`` once, at ``
 third party's name) composes with it: its GEMMs run inside the bf16 autocast, its own context
 inside that.
 """
+
 from __future__ import annotations
 
 import functools
@@ -60,10 +61,19 @@ class Precision:
     autocast_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def for_run(cls, name: str, device: torch.device, strategy_scales_loss: bool = False,
-                scaler_kwargs: dict[str, Any] | None = None, autocast_kwargs: dict[str, Any] | None = None) -> "Precision":
-        scaler = (torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
-                  if name == "fp16" and not strategy_scales_loss else None)
+    def for_run(
+        cls,
+        name: str,
+        device: torch.device,
+        strategy_scales_loss: bool = False,
+        scaler_kwargs: dict[str, Any] | None = None,
+        autocast_kwargs: dict[str, Any] | None = None,
+    ) -> "Precision":
+        scaler = (
+            torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
+            if name == "fp16" and not strategy_scales_loss
+            else None
+        )
         return cls(name, device, scaler, autocast_kwargs=dict(autocast_kwargs or {}))
 
     def autocast_factory(self, autocast_kwargs: dict[str, Any] | None = None) -> Callable[[], ContextManager] | None:
@@ -72,8 +82,11 @@ class Precision:
         settings) override the run's, as ``accelerator.autocast(autocast_handler=...)`` does."""
         if self.autocast_dtype is None:
             return None
-        given = {k: v for k, v in (self.autocast_kwargs if autocast_kwargs is None else autocast_kwargs).items()
-                 if v is not None}
+        given = {
+            k: v
+            for k, v in (self.autocast_kwargs if autocast_kwargs is None else autocast_kwargs).items()
+            if v is not None
+        }
         return functools.partial(torch.autocast, device_type=self.device.type, dtype=self.autocast_dtype, **given)
 
     @property
@@ -104,14 +117,18 @@ class Precision:
         if self.device.type != "cpu":
             return None
         if self.name == "fp16":
-            return ("fp16 on a CPU usually runs much slower than fp32 (torch's CPU autocast has no fast fp16 matmuls on "
-                    "most CPUs); bf16 is the low-precision choice on CPUs that have native bf16.")
+            return (
+                "fp16 on a CPU usually runs much slower than fp32 (torch's CPU autocast has no fast fp16 matmuls on "
+                "most CPUs); bf16 is the low-precision choice on CPUs that have native bf16."
+            )
         # a torch without the feature probes is taken to have native bf16 (no notice)
         if self.autocast_dtype == torch.bfloat16 and not cpu_has_native_bf16(when_unknown=True):
             inside = f" ({self.name} runs inside bf16 autocast)" if self.served_by_backend else ""
-            return (f"This CPU has no native bf16 (no AVX512-BF16 or AMX; torch reports "
-                    f"{torch.backends.cpu.get_cpu_capability()}), so {self.name}{inside} runs much slower than fp32 "
-                    "here; numerics are unaffected.")
+            return (
+                f"This CPU has no native bf16 (no AVX512-BF16 or AMX; torch reports "
+                f"{torch.backends.cpu.get_cpu_capability()}), so {self.name}{inside} runs much slower than fp32 "
+                "here; numerics are unaffected."
+            )
         return None
 
     def _slow_on_gpu(self) -> str | None:
@@ -121,9 +138,11 @@ class Precision:
         if major >= 8:
             return None
         inside = f" ({self.name} runs inside bf16 autocast)" if self.served_by_backend else ""
-        return (f"This GPU ({torch.cuda.get_device_name(self.device)}, sm_{major}{minor}) has no bf16 tensor cores "
-                f"(they came with sm_80, Ampere), so {self.name}{inside} is emulated and runs slower than fp32 here; "
-                "fp16 (mixed_precision='fp16', with its loss scaling) is the fast half precision on this GPU.")
+        return (
+            f"This GPU ({torch.cuda.get_device_name(self.device)}, sm_{major}{minor}) has no bf16 tensor cores "
+            f"(they came with sm_80, Ampere), so {self.name}{inside} is emulated and runs slower than fp32 here; "
+            "fp16 (mixed_precision='fp16', with its loss scaling) is the fast half precision on this GPU."
+        )
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, the loss scaled first under fp16."""
@@ -135,8 +154,9 @@ class Precision:
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer,
-                       closure: Callable[[], Any] | None = None) -> tuple[Any, "bool | DeviceVerdict"]:
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None
+    ) -> tuple[Any, "bool | DeviceVerdict"]:
         """Step ``optimizer``; returns (its result, whether the step was skipped). Under fp16 the
         scaler skips a step with inf/nan gradients, and lowers the scale exactly then. A fused
         optimizer (``AdamW(fused=True)``) skips on the device: its verdict is a :class:`DeviceVerdict`,
@@ -147,7 +167,9 @@ class Precision:
         self._count_skips(self._uncounted)
         self._uncounted = []
         self._stepped.pop(id(optimizer), None)
-        if id(optimizer) in self._stepped_since_update:  # a new iteration, though not every optimizer stepped in the last
+        if (
+            id(optimizer) in self._stepped_since_update
+        ):  # a new iteration, though not every optimizer stepped in the last
             self._update_scale()
         result = self.scaler.step(optimizer, closure) if closure is not None else self.scaler.step(optimizer)
         self._stepped_since_update.add(id(optimizer))
@@ -168,10 +190,12 @@ class Precision:
             self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
             run = self.consecutive_skips
             if run >= FP16_SKIP_RUN and run & (run - 1) == 0:  # 8, 16, 32, ...: said while it goes on
-                warn(f"fp16: the last {run} optimizer steps were all skipped (their gradients overflowed fp16 to "
-                     f"inf/NaN) and the loss scale fell to {self.scaler.get_scale():.3g}: the model is not training. "
-                     "Train in bf16 (fp16's speed, fp32's range), lower the learning rate, or clip gradients "
-                     "(accelerator.clip_grad_norm_).")
+                warn(
+                    f"fp16: the last {run} optimizer steps were all skipped (their gradients overflowed fp16 to "
+                    f"inf/NaN) and the loss scale fell to {self.scaler.get_scale():.3g}: the model is not training. "
+                    "Train in bf16 (fp16's speed, fp32's range), lower the learning rate, or clip gradients "
+                    "(accelerator.clip_grad_norm_)."
+                )
 
     def _update_scale(self) -> None:
         """The iteration's one scale update; every optimizer's gradients may be unscaled again."""

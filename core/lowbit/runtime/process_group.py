@@ -4,6 +4,7 @@ device) and the process group's life (joining it, barriers, leaving it without h
 Only the process group is global, because torch.distributed makes it so. Accelerate's state
 classes (``lowbit.compat.state``) and the Accelerator read their facts from here.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -83,8 +84,11 @@ def leave_process_group() -> None:
         try:
             dist.barrier(async_op=True).wait(timeout=EXIT_BARRIER_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - a peer is gone or stuck
-            print(f"lowbit: the other ranks did not reach the end of the script within "
-                  f"{EXIT_BARRIER_TIMEOUT.total_seconds():.0f} s ({exc}); leaving without them.", file=sys.stderr)
+            print(
+                f"lowbit: the other ranks did not reach the end of the script within "
+                f"{EXIT_BARRIER_TIMEOUT.total_seconds():.0f} s ({exc}); leaving without them.",
+                file=sys.stderr,
+            )
         else:
             dist.destroy_process_group()
             wait_for_native_threads_to_settle()
@@ -161,7 +165,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         number = int(value)
     except ValueError:
-        raise ConfigError(f"Environment variable {name}={value!r} must be a whole number (torchrun and lowbit launch set it).") from None
+        raise ConfigError(
+            f"Environment variable {name}={value!r} must be a whole number (torchrun and lowbit launch set it)."
+        ) from None
     if number < 0:
         raise ConfigError(f"Environment variable {name}={value!r} must not be negative.")
     return number
@@ -207,8 +213,9 @@ class ProcessFacts(RankFacts):
 DEVICE_ENV = "ACCELERATE_TORCH_DEVICE"
 
 
-def process_facts(device_type: str, device_count: int, group_options: dict | None = None,
-                  group_of_one: bool = False) -> ProcessFacts:
+def process_facts(
+    device_type: str, device_count: int, group_options: dict | None = None, group_of_one: bool = False
+) -> ProcessFacts:
     """Read the ranks torchrun (or ``lowbit launch``) set, or, without them, from the process group
     the script (or Accelerate's ``debug_launcher``) started itself; this process's device is
     the ``local_rank``-th of ``device_count`` devices of ``device_type`` (CUDA devices are also made
@@ -224,8 +231,10 @@ def process_facts(device_type: str, device_count: int, group_options: dict | Non
     else:
         world, local, rank = _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0), _env_int("RANK", 0)
     if world < 1 or rank >= world:
-        raise ConfigError(f"RANK={rank} and WORLD_SIZE={world} do not fit together: a rank is 0 to WORLD_SIZE - 1 "
-                          "(started by hand? `lowbit launch` sets both).")
+        raise ConfigError(
+            f"RANK={rank} and WORLD_SIZE={world} do not fit together: a rank is 0 to WORLD_SIZE - 1 "
+            "(started by hand? `lowbit launch` sets both)."
+        )
     override = os.environ.get(DEVICE_ENV)
     if override:  # Accelerate's variable naming the device outright
         device = torch.device(override)
@@ -253,7 +262,8 @@ def _refuse_ranks_sharing_a_gpu(device_count: int) -> None:
         raise ConfigError(
             f"{local_world} processes on this machine but they see {device_count} GPU(s): two ranks would share a GPU "
             "(NCCL refuses that). Start one process per GPU (lowbit launch --num_processes "
-            f"{device_count}), or give each its own GPU (--gpu_ids with as many ids as processes).")
+            f"{device_count}), or give each its own GPU (--gpu_ids with as many ids as processes)."
+        )
 
 
 def wait_for_everyone() -> None:
@@ -262,8 +272,6 @@ def wait_for_everyone() -> None:
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
 
 
 # How long ``every_rank_must_arrive`` waits for the last rank (LOWBIT_ARRIVAL_TIMEOUT, seconds): in a
@@ -301,6 +309,9 @@ def every_rank_must_arrive(what: str) -> None:
             raise LowbitError(
                 f"{what} must be called on every process at the same point, but not every rank arrived: rank(s) "
                 f"{', '.join(missing)} did not come within {timeout:g} s. Call it outside `if "
-                "accelerator.is_main_process:` (every rank saves its own part; lowbit writes the shared files once); if a "
-                f"rank is rightly busy that long first (work on the main process only), set {ARRIVAL_TIMEOUT_ENV}=<seconds>.")
+                "accelerator.is_main_process:` (every rank saves its own part; lowbit writes the shared files once); "
+                "if a "
+                "rank is rightly busy that long first (work on the main process only), set "
+                f"{ARRIVAL_TIMEOUT_ENV}=<seconds>."
+            )
         time.sleep(0.01)

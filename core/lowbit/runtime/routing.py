@@ -2,10 +2,12 @@
 
 pluggy calls every implementation of a hook; lowbit calls only the chosen plugin's, found once
 and then called as a plain function. Each method here routes to the plugin chosen for its role
-(the low-precision backend, the distributed strategy), passes the run's context, and checks what the plugin returns, so that
+(the low-precision backend, the distributed strategy), passes the run's context, and checks what the plugin returns,
+so that
 a wrong result names the plugin and the hook instead of failing far away. Collaborators of the
 Accelerator (preparation, checkpoints) receive this object, not the Accelerator.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
@@ -37,8 +39,13 @@ def expect_result(selection: Any, hook: str, result: Any, expected: type, wordin
 class ChosenPlugins:
     """The low-precision backend (or None) and the strategy (or None) of one run."""
 
-    def __init__(self, manager: "LowbitPluginManager", backend: "Selection | None", strategy: "Selection | None",
-                 context: PrepareContext) -> None:
+    def __init__(
+        self,
+        manager: "LowbitPluginManager",
+        backend: "Selection | None",
+        strategy: "Selection | None",
+        context: PrepareContext,
+    ) -> None:
         self.manager = manager
         self.backend, self.strategy = backend, strategy
         self.context = context
@@ -49,7 +56,6 @@ class ChosenPlugins:
     @property
     def backend_name(self) -> str | None:
         return self.backend.name if self.backend else None
-
 
     # ------------------------------------------------------------------ routing
 
@@ -96,8 +102,20 @@ class ChosenPlugins:
         converted = self._call(self.backend, "convert_model", model=model)
         wording = "a torch.nn.Module, a ConvertedModel (or None)"
         if isinstance(converted, ConvertedModel):
-            expect_result(self.backend, "convert_model", converted.model, torch.nn.Module, "ConvertedModel.model: a torch.nn.Module")
-            expect_result(self.backend, "convert_model", converted.report, ConversionReport, "ConvertedModel.report: a ConversionReport")
+            expect_result(
+                self.backend,
+                "convert_model",
+                converted.model,
+                torch.nn.Module,
+                "ConvertedModel.model: a torch.nn.Module",
+            )
+            expect_result(
+                self.backend,
+                "convert_model",
+                converted.report,
+                ConversionReport,
+                "ConvertedModel.report: a ConversionReport",
+            )
             return converted.model, converted.report
         return expect_result(self.backend, "convert_model", converted, torch.nn.Module, wording), None
 
@@ -105,7 +123,9 @@ class ChosenPlugins:
         import torch
 
         wrapped = self._call(self.backend, "wrap_optimizer", optimizer=optimizer, model=model)
-        return expect_result(self.backend, "wrap_optimizer", wrapped, torch.optim.Optimizer, "a torch.optim.Optimizer (or None)")
+        return expect_result(
+            self.backend, "wrap_optimizer", wrapped, torch.optim.Optimizer, "a torch.optim.Optimizer (or None)"
+        )
 
     def strategy_integration(self) -> StrategyIntegration:
         """What the backend adds to the strategy's own setup (MS-AMP's DeepSpeed integration); a
@@ -117,11 +137,21 @@ class ChosenPlugins:
             fields = set(StrategyIntegration.__dataclass_fields__)
             unknown = sorted(set(given) - fields)
             if unknown:
-                raise PluginError(f"{plugin_label(self.backend)}: strategy_integration returned keys {unknown} that "
-                                  f"StrategyIntegration has no field for; its fields: {', '.join(sorted(fields))}.")
+                raise PluginError(
+                    f"{plugin_label(self.backend)}: strategy_integration returned keys {unknown} that "
+                    f"StrategyIntegration has no field for; its fields: {', '.join(sorted(fields))}."
+                )
             given = StrategyIntegration(**given)
-        return expect_result(self.backend, "strategy_integration", given, StrategyIntegration,
-                             "a lowbit.kernel.types.StrategyIntegration (or None)") or StrategyIntegration()
+        return (
+            expect_result(
+                self.backend,
+                "strategy_integration",
+                given,
+                StrategyIntegration,
+                "a lowbit.kernel.types.StrategyIntegration (or None)",
+            )
+            or StrategyIntegration()
+        )
 
     def wrap_for_distribution(self, model: Any, optimizer: Any) -> tuple[Any, Any] | None:
         return self._call(self.strategy, "wrap_for_distribution", model=model, optimizer=optimizer)
@@ -136,13 +166,17 @@ class ChosenPlugins:
         if not callable(factory) or (hasattr(factory, "__enter__") and not isinstance(factory, type)):
             raise PluginError(
                 f"{plugin_label(self.backend)}: autocast_context returned {type(factory).__name__} {factory!r:.60}, "
-                "expected a function of no arguments that returns a context manager (or None). The hook is called once, "
+                "expected a function of no arguments that returns a context manager (or None). The hook is called "
+                "once, "
                 "at prepare(); its function runs on every forward (e.g. `return functools.partial(my_library.autocast, "
-                "recipe=recipe)`).")
+                "recipe=recipe)`)."
+            )
         probe = factory()  # a broken factory would fail at the first forward, far from its cause
         if probe is not None and not (hasattr(probe, "__enter__") and hasattr(probe, "__exit__")):
-            raise PluginError(f"{plugin_label(self.backend)}: autocast_context's function returned "
-                              f"{type(probe).__name__} {probe!r:.60}, expected a context manager.")
+            raise PluginError(
+                f"{plugin_label(self.backend)}: autocast_context's function returned "
+                f"{type(probe).__name__} {probe!r:.60}, expected a context manager."
+            )
         return factory
 
     def after_step_work(self, model: Any, optimizer: Any) -> Callable[[], None] | None:
@@ -150,8 +184,10 @@ class ChosenPlugins:
         ``after_optimizer_step`` hook returned once (None: nothing)."""
         work = self._call(self.backend, "after_optimizer_step", model=model, optimizer=optimizer)
         if work is not None and not callable(work):
-            raise PluginError(f"{plugin_label(self.backend)}: after_optimizer_step returned {type(work).__name__} "
-                              f"{work!r:.60}, expected a function of no arguments (or None: no work after a step).")
+            raise PluginError(
+                f"{plugin_label(self.backend)}: after_optimizer_step returned {type(work).__name__} "
+                f"{work!r:.60}, expected a function of no arguments (or None: no work after a step)."
+            )
         return work
 
     # ------------------------------------------------------------------ training loop
@@ -166,7 +202,9 @@ class ChosenPlugins:
     def clip_grad_norm(self, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
         """A strategy that owns the step (DeepSpeed) first, then the backend; None: lowbit clips."""
         for selection in (self.strategy, self.backend):
-            norm = self._call(selection, "clip_grad_norm", parameters=parameters, max_norm=max_norm, norm_type=norm_type)
+            norm = self._call(
+                selection, "clip_grad_norm", parameters=parameters, max_norm=max_norm, norm_type=norm_type
+            )
             if norm is not None:
                 return norm
         return None

@@ -5,6 +5,7 @@ needs; ``AccelerateTestCase`` resets the process-wide state after each test; ``T
 gives a class one scratch folder, emptied before each test; ``execute_subprocess_async`` and
 ``run_command`` run a command and raise with its output when it fails.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -91,8 +92,10 @@ _REQUIREMENTS: dict[str, tuple[bool, str]] = {
     "multi_gpu_or_xpu": (torch_device in ("cuda", "xpu") and device_count > 1, "needs several GPUs or XPUs"),
     "huggingface_suite": (_installed("transformers", "datasets"), "needs transformers and datasets"),
     "transformer_engine": (_installed("transformer_engine"), "needs Transformer Engine"),
-    "transformer_engine_mxfp8": (_installed("transformer_engine") and _CAPABILITY >= (10, 0),
-                                 "needs Transformer Engine on a GPU with MXFP8 (compute capability 10.0+)"),
+    "transformer_engine_mxfp8": (
+        _installed("transformer_engine") and _CAPABILITY >= (10, 0),
+        "needs Transformer Engine on a GPU with MXFP8 (compute capability 10.0+)",
+    ),
     "torchdata_stateful_dataloader": (_installed("torchdata"), "needs torchdata's StatefulDataLoader"),
     "trackers": (_installed("wandb") or _installed("tensorboard") or _installed("comet_ml"), "needs a tracker library"),
     "import_timer": (_installed("import_timer"), "needs import-timer"),
@@ -101,11 +104,28 @@ _REQUIREMENTS: dict[str, tuple[bool, str]] = {
     "tp": (True, "needs tensor parallelism"),
 }
 # Libraries a test may need, by the name of their decorator.
-_LIBRARIES = {"datasets": "datasets", "transformers": "transformers", "timm": "timm", "torchvision": "torchvision",
-              "triton": "triton", "schedulefree": "schedulefree", "bnb": "bitsandbytes", "deepspeed": "deepspeed",
-              "torchao": "torchao", "tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio",
-              "comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab",
-              "pandas": "pandas", "mlflow": "mlflow", "matplotlib": "matplotlib"}
+_LIBRARIES = {
+    "datasets": "datasets",
+    "transformers": "transformers",
+    "timm": "timm",
+    "torchvision": "torchvision",
+    "triton": "triton",
+    "schedulefree": "schedulefree",
+    "bnb": "bitsandbytes",
+    "deepspeed": "deepspeed",
+    "torchao": "torchao",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "trackio": "trackio",
+    "comet_ml": "comet_ml",
+    "aim": "aim",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+    "pandas": "pandas",
+    "mlflow": "mlflow",
+    "matplotlib": "matplotlib",
+}
 _REQUIREMENTS.update({name: (_installed(module), f"needs {module}") for name, module in _LIBRARIES.items()})
 
 
@@ -234,8 +254,14 @@ class _RunOutput:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def execute_subprocess_async(cmd: list[Any], env: dict[str, str] | None = None, stdin: Any = None, timeout: float = 180,
-                             quiet: bool = False, echo: bool = True) -> _RunOutput:
+def execute_subprocess_async(
+    cmd: list[Any],
+    env: dict[str, str] | None = None,
+    stdin: Any = None,
+    timeout: float = 180,
+    quiet: bool = False,
+    echo: bool = True,
+) -> _RunOutput:
     """Run ``cmd`` (printing its output unless ``quiet``); raise RuntimeError with its stderr when it fails."""
     cmd = [str(part) for part in cmd]
     if echo:
@@ -245,7 +271,9 @@ def execute_subprocess_async(cmd: list[Any], env: dict[str, str] | None = None, 
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
     if result.returncode > 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed with return code {result.returncode}; its stderr:\n{result.stderr}")
+        raise RuntimeError(
+            f"`{' '.join(cmd)}` failed with return code {result.returncode}; its stderr:\n{result.stderr}"
+        )
     return _RunOutput(result.returncode, result.stdout.splitlines(), result.stderr.splitlines())
 
 
@@ -257,8 +285,26 @@ def are_the_same_tensors(tensor: torch.Tensor) -> bool:
     return all(torch.equal(everyone[0], other) for other in everyone[1:])
 
 
-__all__ = ["torch_device", "device_count", "memory_allocated_func", "skip", "slow", "run_first", "are_the_same_tensors",
-           *(f"require_{name}" for name in _REQUIREMENTS), "require_torch_min_version", "get_launch_command",
-           "DEFAULT_LAUNCH_COMMAND", "get_torch_dist_unique_port", "path_in_accelerate_package", "TempDirTestCase",
-           "AccelerateTestCase", "MockingTestCase", "assert_exception", "capture_call_output", "SubprocessCallException",
-           "run_command", "execute_subprocess_async"]
+__all__ = [
+    "torch_device",
+    "device_count",
+    "memory_allocated_func",
+    "skip",
+    "slow",
+    "run_first",
+    "are_the_same_tensors",
+    *(f"require_{name}" for name in _REQUIREMENTS),
+    "require_torch_min_version",
+    "get_launch_command",
+    "DEFAULT_LAUNCH_COMMAND",
+    "get_torch_dist_unique_port",
+    "path_in_accelerate_package",
+    "TempDirTestCase",
+    "AccelerateTestCase",
+    "MockingTestCase",
+    "assert_exception",
+    "capture_call_output",
+    "SubprocessCallException",
+    "run_command",
+    "execute_subprocess_async",
+]

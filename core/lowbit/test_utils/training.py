@@ -1,4 +1,5 @@
 """A one-feature linear regression to test training loops with: ``y = a * x + b`` plus noise."""
+
 from __future__ import annotations
 
 import numpy as np

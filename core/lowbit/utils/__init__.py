@@ -4,6 +4,7 @@ first use (``from lowbit.utils import set_seed`` loads the seeding module, not t
 The package stays a folder so that Accelerate's submodule paths (``lowbit.utils.operations``,
 ...) import too; each is an alias of its ``lowbit.compat.utils`` module.
 """
+
 from __future__ import annotations
 
 import importlib

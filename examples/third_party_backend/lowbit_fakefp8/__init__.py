@@ -4,6 +4,7 @@ It rounds every eligible Linear's weight to FP8 (e4m3, one scale per tensor) in 
 and lets gradients through unchanged (a straight-through estimator): FP8 weight numerics on any
 device, no FP8 hardware needed. Priority 50, so the real backends win when they are usable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,11 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     # Cheap: ask whether torch has float8 types without importing torch here.
     has_torch = importlib.util.find_spec("torch") is not None
     return BackendDescription(
-        name="fakefp8", priority=50, available=has_torch,
-        reason="" if has_torch else "torch not installed", options_class=FakeFP8RecipeKwargs,
+        name="fakefp8",
+        priority=50,
+        available=has_torch,
+        reason="" if has_torch else "torch not installed",
+        options_class=FakeFP8RecipeKwargs,
     )
 
 
@@ -43,6 +47,9 @@ def convert_model(model, context: PrepareContext):
 
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child).__name__ == "Linear" and min(child.in_features, child.out_features) >= context.backend_options.min_features:
+            if (
+                type(child).__name__ == "Linear"
+                and min(child.in_features, child.out_features) >= context.backend_options.min_features
+            ):
                 setattr(module, name, FakeFP8Linear.from_linear(child))
     return model

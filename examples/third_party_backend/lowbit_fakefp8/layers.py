@@ -1,4 +1,5 @@
 """The layer the fakefp8 backend swaps in. Imported only once the backend is chosen."""
+
 from __future__ import annotations
 
 import torch

@@ -9,6 +9,7 @@ DeepSpeed). The built-in strategies do not do this. Choose it by name, like a bu
 Its state is saved its own way (``save_checkpoint``): the sharded optimizer state is first
 gathered to rank 0, which writes it with the model; every rank reads it back and keeps its shard.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -25,7 +26,9 @@ MODEL_FILE, OPTIMIZER_FILE = "zero_ddp_model.pt", "zero_ddp_optimizer.pt"
 @hookimpl
 def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     return StrategyDescription(
-        name=NAME, priority=1, available=True,
+        name=NAME,
+        priority=1,
+        available=True,
         distributed_types=("ZERO_DDP",),
         reports_as="MULTI_GPU",  # data parallel, as Accelerate's scripts understand it
         config_section="zero_ddp_config",  # {"parameters_as_bucket_view": true}
@@ -86,7 +89,11 @@ def save_checkpoint(directory: str, model, optimizer, context: PrepareContext):
 def load_checkpoint(directory: str, model, optimizer, context: PrepareContext):
     import torch
 
-    _inner(model).load_state_dict(torch.load(Path(directory) / MODEL_FILE, map_location=context.device, weights_only=True))
+    _inner(model).load_state_dict(
+        torch.load(Path(directory) / MODEL_FILE, map_location=context.device, weights_only=True)
+    )
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(Path(directory) / OPTIMIZER_FILE, map_location=context.device, weights_only=True))
+        optimizer.load_state_dict(
+            torch.load(Path(directory) / OPTIMIZER_FILE, map_location=context.device, weights_only=True)
+        )
     return True

@@ -2,6 +2,7 @@
 
 ``deepspeed`` is imported only inside the hooks that run once DeepSpeed has been chosen.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,10 +26,21 @@ UNMEASURED = "not measured"
 MEMORY = {
     "zero1": StrategyMemory(shards_optimizer=True, note=UNMEASURED),
     "zero2": StrategyMemory(shards_gradients=True, shards_optimizer=True, note=UNMEASURED),
-    "zero3": StrategyMemory(shards_weights=True, shards_gradients=True, shards_optimizer=True, buffers=("block",),
-                            note="buffers: one unsharded block; " + UNMEASURED),
+    "zero3": StrategyMemory(
+        shards_weights=True,
+        shards_gradients=True,
+        shards_optimizer=True,
+        buffers=("block",),
+        note="buffers: one unsharded block; " + UNMEASURED,
+    ),
 }
-LAUNCH_FLAGS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_clipping", "deepspeed_config_file")
+LAUNCH_FLAGS = (
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "gradient_clipping",
+    "deepspeed_config_file",
+)
 
 
 @hookimpl
@@ -36,10 +48,19 @@ def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     found = importlib.util.find_spec("deepspeed") is not None
     # DeepSpeed applies fp16/bf16 itself (its config's sections) and writes its own checkpoints.
     return StrategyDescription(
-        name=NAME, priority=20, available=found,
-        reason="" if found else "deepspeed not installed: `pip install deepspeed`", aliases=("ds", "zero"),
-        libraries=("deepspeed",), distributed_types=("DEEPSPEED",), reports_as="DEEPSPEED",
-        config_section="deepspeed_config", owns_precision=True, launch_flag="use_deepspeed", checkpoint="own", memory=MEMORY,
+        name=NAME,
+        priority=20,
+        available=found,
+        reason="" if found else "deepspeed not installed: `pip install deepspeed`",
+        aliases=("ds", "zero"),
+        libraries=("deepspeed",),
+        distributed_types=("DEEPSPEED",),
+        reports_as="DEEPSPEED",
+        config_section="deepspeed_config",
+        owns_precision=True,
+        launch_flag="use_deepspeed",
+        checkpoint="own",
+        memory=MEMORY,
     )
 
 
@@ -115,6 +136,8 @@ def launch_environment(args):
     if not section:
         return None
     if "zero_stage" in section:
-        section["zero_stage"] = int(section["zero_stage"]) if str(section["zero_stage"]).isdigit() else section["zero_stage"]
+        section["zero_stage"] = (
+            int(section["zero_stage"]) if str(section["zero_stage"]).isdigit() else section["zero_stage"]
+        )
     check_section(section)
     return {"LOWBIT_DEEPSPEED_CONFIG": json.dumps(section)}

@@ -1,5 +1,6 @@
 """Build the DeepSpeed config from lowbit's settings: a JSON file or dict, the YAML
 ``deepspeed_config:`` section, and the Accelerator (batch size, accumulation, precision)."""
+
 from __future__ import annotations
 
 import copy
@@ -22,13 +23,23 @@ SECTION_KEYS = {
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # DeepSpeed's own fp16 defaults: dynamic loss scaling (loss_scale 0), as in its docs' example.
-FP16_DEFAULTS = {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1}
+FP16_DEFAULTS = {
+    "enabled": True,
+    "loss_scale": 0,
+    "loss_scale_window": 1000,
+    "initial_scale_power": 16,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
 
 
 def check_section(options: dict[str, Any]) -> None:
     for key, value in options.items():
         if key not in SECTION_KEYS:
-            raise ConfigError(f"Unknown key {key!r} in deepspeed_config.{did_you_mean(key, SECTION_KEYS)} Valid keys: {', '.join(SECTION_KEYS)}.")
+            raise ConfigError(
+                f"Unknown key {key!r} in deepspeed_config.{did_you_mean(key, SECTION_KEYS)} Valid keys: "
+                f"{', '.join(SECTION_KEYS)}."
+            )
     if "zero_stage" in options and _as_int(options["zero_stage"], "zero_stage") not in ZERO_STAGES:
         raise ConfigError(f"zero_stage must be 0, 1, 2 or 3; got {options['zero_stage']!r}.")
     for key in ("offload_optimizer_device", "offload_param_device"):
@@ -52,7 +63,9 @@ def read_json_config(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"DeepSpeed config file {str(path)!r} is not valid JSON, line {exc.lineno} column {exc.colno}: {exc.msg}.") from None
+        raise ConfigError(
+            f"DeepSpeed config file {str(path)!r} is not valid JSON, line {exc.lineno} column {exc.colno}: {exc.msg}."
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"DeepSpeed config file {str(path)!r} must hold a JSON object.")
     return data
@@ -60,6 +73,7 @@ def read_json_config(path: str | Path) -> dict[str, Any]:
 
 def _precision_sections(config: dict[str, Any], mixed_precision: str) -> None:
     """Fill fp16/bf16 from mixed_precision; refuse a user config that contradicts it."""
+
     def enabled(section: str) -> Any:
         return config.get(section, {}).get("enabled", False) if isinstance(config.get(section), dict) else False
 
@@ -71,12 +85,17 @@ def _precision_sections(config: dict[str, Any], mixed_precision: str) -> None:
         if value is True and wanted != section:
             raise ConfigError(
                 f"The DeepSpeed config sets {section}.enabled=true but mixed_precision={mixed_precision!r}"
-                f"{' (which runs DeepSpeed in bf16)' if mixed_precision == 'fp8' else ''}. Make them agree, or use \"auto\"."
+                f"{' (which runs DeepSpeed in bf16)' if mixed_precision == 'fp8' else ''}. Make them agree, or use "
+                "\"auto\"."
             )
     for section in ("fp16", "bf16"):
         if section == wanted:
             base = FP16_DEFAULTS if section == "fp16" else {"enabled": True}
-            config[section] = {**base, **{k: v for k, v in config.get(section, {}).items() if v != "auto"}, "enabled": True}
+            config[section] = {
+                **base,
+                **{k: v for k, v in config.get(section, {}).items() if v != "auto"},
+                "enabled": True,
+            }
         elif isinstance(config.get(section), dict):
             config[section]["enabled"] = False
 
@@ -100,7 +119,9 @@ def build_config(options: dict[str, Any], context: PrepareContext) -> dict[str, 
         if device != "none":
             zero[target] = {**zero.get(target, {}), "device": device}
     gas = options.get("gradient_accumulation_steps", config.get("gradient_accumulation_steps", "auto"))
-    config["gradient_accumulation_steps"] = context.gradient_accumulation_steps if gas == "auto" else _as_int(gas, "gradient_accumulation_steps")
+    config["gradient_accumulation_steps"] = (
+        context.gradient_accumulation_steps if gas == "auto" else _as_int(gas, "gradient_accumulation_steps")
+    )
     clipping = options.get("gradient_clipping", config.get("gradient_clipping"))
     if clipping not in (None, "auto"):
         config["gradient_clipping"] = float(clipping)
@@ -109,7 +130,9 @@ def build_config(options: dict[str, Any], context: PrepareContext) -> dict[str, 
     micro = config.get("train_micro_batch_size_per_gpu", "auto")
     config["train_micro_batch_size_per_gpu"] = (context.batch_size or 1) if micro == "auto" else micro
     if config.get("train_batch_size", "auto") == "auto":
-        config["train_batch_size"] = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * context.world_size
+        config["train_batch_size"] = (
+            config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * context.world_size
+        )
     _precision_sections(config, context.mixed_precision)
     # lowbit may hand DeepSpeed a backend's optimizer (e.g. torchao's AdamWFp8).
     config.setdefault("zero_allow_untested_optimizer", True)

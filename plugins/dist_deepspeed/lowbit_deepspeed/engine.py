@@ -1,4 +1,5 @@
 """``deepspeed.initialize`` and the objects lowbit hands back around the engine."""
+
 from __future__ import annotations
 
 import contextlib

@@ -3,6 +3,7 @@
 This entry module stays import-light: torchao is imported only in the hooks that run once the
 ao backend has been chosen (``convert``, ``optim``).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,8 +43,10 @@ def unavailable_reason() -> str:
     needs = TORCH_FOR_TORCHAO.get(".".join((version or "").split(".")[:2]))
     torch_version = installed_version("torch")
     if needs and torch_version and older_than(torch_version, needs):
-        return (f"torchao {version} needs torch >= {needs} (found torch {torch_version}): `pip install 'torch>={needs}'`, "
-                f"or the torchao built for your torch (`pip install 'torchao<{version}'`)")
+        return (
+            f"torchao {version} needs torch >= {needs} (found torch {torch_version}): `pip install 'torch>={needs}'`, "
+            f"or the torchao built for your torch (`pip install 'torchao<{version}'`)"
+        )
     return ""
 
 
@@ -53,11 +56,18 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     # On sm_100+ MXFP8 is native only where torchao's kernels are there to run it (native_kernels).
     mxfp8_emulated = ("mxfp8",) if not reason and mxfp8_kernels_problem(hardware) else ()
     return BackendDescription(
-        name=NAME, priority=PRIORITY, available=not reason, reason=reason,
-        options_class=AORecipeKwargs, libraries=("torchao",), aliases=("torchao",),
+        name=NAME,
+        priority=PRIORITY,
+        available=not reason,
+        reason=reason,
+        options_class=AORecipeKwargs,
+        libraries=("torchao",),
+        aliases=("torchao",),
         # Every recipe runs anywhere: FP8 GEMMs are emulated without sm_89, MXFP8 with torchao's
         # emulated kernels and NVFP4 with lowbit-ao's own emulation without sm_100.
-        precisions=("fp8", "fp4"), recipes=RECIPE_NAMES, emulates=RECIPE_NAMES,
+        precisions=("fp8", "fp4"),
+        recipes=RECIPE_NAMES,
+        emulates=RECIPE_NAMES,
         # torchao's NVFP4Linear (triton, bf16, dims % 128, no recipe options) is not bound yet.
         emulated_only=("nvfp4", *mxfp8_emulated),
         # fp32 master weights, gradients and AdamW states; AdamWFp8 / AdamW8bit keep 1 byte per

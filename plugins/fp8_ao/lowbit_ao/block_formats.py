@@ -12,6 +12,7 @@ precision, with the reason in the FP8 report), and the tokens are padded with ze
 (``MXTensor.to_mx``: "the last dimension ... must be divisible by block_size") and what TE's
 NVFP4 quantizer requires (tensor/nvfp4_tensor.py ``is_quantizable``, 2.20.2).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -84,8 +85,11 @@ def _mxfp8_gemm(options: Any, emulated: bool):
 
 
 def _nvfp4_gemm(options: Any, layer_index: int, device: torch.device):
-    settings = NVFP4Settings(weight_2d=options.nvfp4_2d_weight_scaling, stochastic_rounding=options.nvfp4_stochastic_rounding,
-                             random_hadamard=options.nvfp4_random_hadamard)
+    settings = NVFP4Settings(
+        weight_2d=options.nvfp4_2d_weight_scaling,
+        stochastic_rounding=options.nvfp4_stochastic_rounding,
+        random_hadamard=options.nvfp4_random_hadamard,
+    )
     transform = hadamard_16(random_signs(layer_index)).to(device)  # once here, not a copy per backward
 
     def gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -101,7 +105,9 @@ def weight_problem(recipe: str, in_features: int, out_features: int) -> str:
     return ""
 
 
-def convert_block_layers(model: nn.Module, candidates: list[str], skipped: dict[str, str], context: PrepareContext) -> list[str]:
+def convert_block_layers(
+    model: nn.Module, candidates: list[str], skipped: dict[str, str], context: PrepareContext
+) -> list[str]:
     """Convert the ``candidates`` (Linear / Conv1D names, module order) that are not ``skipped``;
     add to ``skipped`` the reason for each one that stays in high precision. Returns the converted."""
     options = context.backend_options
@@ -125,8 +131,9 @@ def convert_block_layers(model: nn.Module, candidates: list[str], skipped: dict[
         module._lowbit_conv1d = conv1d is not None and isinstance(module, conv1d)
         module._lowbit_block_recipe = recipe
         module._lowbit_block_native = recipe == "mxfp8" and not emulated
-        module._lowbit_block_gemm = (_mxfp8_gemm(options, emulated) if recipe == "mxfp8"
-                                     else _nvfp4_gemm(options, index, context.device))
+        module._lowbit_block_gemm = (
+            _mxfp8_gemm(options, emulated) if recipe == "mxfp8" else _nvfp4_gemm(options, index, context.device)
+        )
         pad_tokens(module, BLOCK_SIZES[recipe])
         converted.append(name)
     return converted

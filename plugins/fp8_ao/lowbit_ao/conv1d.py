@@ -7,6 +7,7 @@ transposed weight is exactly the operand torchao's FP8 matmul takes (it multipli
 state dict keeps the original names, shapes and layout, so ``save_model`` output loads into a
 plain GPT-2 and the optimizer keeps the same Parameter objects.
 """
+
 from __future__ import annotations
 
 import sys
@@ -50,7 +51,9 @@ class Float8Conv1D(Float8Linear):
         in_features, out_features = conv.weight.shape
         # from_float reads only these four attributes; it wraps the weight for FSDP float8
         # all-gather when the config asks, whatever the weight's layout.
-        as_linear = SimpleNamespace(in_features=in_features, out_features=out_features, weight=conv.weight, bias=conv.bias)
+        as_linear = SimpleNamespace(
+            in_features=in_features, out_features=out_features, weight=conv.weight, bias=conv.bias
+        )
         layer = cls.from_float(as_linear, config=config)
         layer.nx, layer.nf = in_features, out_features  # Conv1D's own attribute names, read by transformers
         return layer

@@ -1,4 +1,5 @@
 """Model conversion with torchao float8: which Linears, which config, emulation or not."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,10 @@ FLOAT8_ONLY_OPTIONS = ("enable_fsdp_float8_all_gather", "force_recompute_fp8_wei
 # FP8 GEMMs need both dims of a weight to be multiples of 16.
 FP8_DIM_MULTIPLE = 16
 # What pad_inner_dim does, for the FP8 report.
-PADDING_NOTE = ("GEMM inner dims (incl. the token count in weight-gradient GEMMs) padded to multiples of 16 "
-                "where needed (pad_inner_dim)")
+PADDING_NOTE = (
+    "GEMM inner dims (incl. the token count in weight-gradient GEMMs) padded to multiples of 16 "
+    "where needed (pad_inner_dim)"
+)
 
 
 class EmulationNotice(LowbitNote):
@@ -51,7 +54,9 @@ def validate_float8_config(config: Any) -> None:
     """Check a user's Float8LinearConfig field by field; torchao itself does not check types."""
     Float8LinearConfig, CastConfig, Float8GemmConfig = _float8_types()
     if not isinstance(config, Float8LinearConfig):
-        raise ConfigError(f"AORecipeKwargs(config=...) expects a torchao.float8.Float8LinearConfig, got {type(config).__name__}.")
+        raise ConfigError(
+            f"AORecipeKwargs(config=...) expects a torchao.float8.Float8LinearConfig, got {type(config).__name__}."
+        )
     hints = typing.get_type_hints(Float8LinearConfig)
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
@@ -62,7 +67,9 @@ def validate_float8_config(config: Any) -> None:
             continue
         if not isinstance(value, allowed) or (bool in allowed and not isinstance(value, bool)):
             expected = " or ".join(t.__name__ for t in allowed)
-            raise ConfigError(f"Float8LinearConfig.{field.name} expects {expected}, got {value!r} ({type(value).__name__}).")
+            raise ConfigError(
+                f"Float8LinearConfig.{field.name} expects {expected}, got {value!r} ({type(value).__name__})."
+            )
 
 
 def build_float8_config(options: Any, context: PrepareContext) -> Any:
@@ -86,8 +93,11 @@ def build_float8_config(options: Any, context: PrepareContext) -> Any:
         _check_scaled_mm_can_run(context)
     emulate = needs_emulation if options.emulate is None else options.emulate
     if emulate and options.emulate is None and not config.emulate:
-        note(f"{hardware.describe()} has no FP8 GEMMs, so lowbit-ao emulates them: "
-             f"{emulation_summary(options, context)}.", EmulationNotice)
+        note(
+            f"{hardware.describe()} has no FP8 GEMMs, so lowbit-ao emulates them: "
+            f"{emulation_summary(options, context)}.",
+            EmulationNotice,
+        )
     overrides["emulate"] = emulate
     return dataclasses.replace(config, **overrides)
 
@@ -106,8 +116,10 @@ def recipe_of_config(config: Any) -> str:
     def scaling(c: Any) -> tuple:
         return tuple(getattr(c, name) for name in casts)
 
-    return next((name for name in FLOAT8_RECIPE_NAMES
-                 if scaling(Float8LinearConfig.from_recipe_name(name)) == scaling(config)), "Float8LinearConfig")
+    return next(
+        (name for name in FLOAT8_RECIPE_NAMES if scaling(Float8LinearConfig.from_recipe_name(name)) == scaling(config)),
+        "Float8LinearConfig",
+    )
 
 
 def gathers_in_fp8(options: Any, config: Any, context: PrepareContext) -> bool:
@@ -125,8 +137,10 @@ def emulation_summary(options: Any, context: PrepareContext) -> str:
     if options.emulation == "torchao":
         return "torchao's emulation (emulation='torchao': operands dequantized to fp32, fp32 GEMMs)"
     dtype = str(compute_dtype_for(context.device)).removeprefix("torch.")
-    return (f"the exact fp8 values multiplied in {dtype}, scales applied to the output (emulation='fast'; "
-            "emulation='torchao' for torchao's own)")
+    return (
+        f"the exact fp8 values multiplied in {dtype}, scales applied to the output (emulation='fast'; "
+        "emulation='torchao' for torchao's own)"
+    )
 
 
 def _check_scaled_mm_can_run(context: PrepareContext) -> None:
@@ -136,11 +150,15 @@ def _check_scaled_mm_can_run(context: PrepareContext) -> None:
     if context.hardware.device_type != "cpu":
         raise BackendUnavailableError(
             f"emulate=False asks for real FP8 GEMMs, which need a CUDA GPU with compute capability >= 8.9; "
-            f"found {context.hardware.describe()}. Leave emulate unset (lowbit emulates where needed) or set emulate=True."
+            f"found {context.hardware.describe()}. Leave emulate unset (lowbit emulates where needed) or set "
+            "emulate=True."
         )
-    note(f"emulate=False on {context.hardware.describe()}: torch._scaled_mm runs lowbit-ao's FP8 GEMMs "
-         "(torch's CPU reference kernel, the numerics lowbit's fast emulation is tested against; "
-         "not faster than emulation, see plugins/fp8_ao/README.md).", EmulationNotice)
+    note(
+        f"emulate=False on {context.hardware.describe()}: torch._scaled_mm runs lowbit-ao's FP8 GEMMs "
+        "(torch's CPU reference kernel, the numerics lowbit's fast emulation is tested against; "
+        "not faster than emulation, see plugins/fp8_ao/README.md).",
+        EmulationNotice,
+    )
 
 
 def linear_layers(model: nn.Module) -> dict[str, str]:
@@ -170,18 +188,31 @@ def auto_skips(model: nn.Module, options: Any, context: PrepareContext, skipped:
         return {}
     modules = dict(model.named_modules())
     shapes = {name: linear_dims(modules[name]) for name in linear_layers(model) if name not in skipped}
-    shapes = {name: dims for name, dims in shapes.items() if not (dims[0] % FP8_DIM_MULTIPLE or dims[1] % FP8_DIM_MULTIPLE)}
+    shapes = {
+        name: dims for name, dims in shapes.items() if not (dims[0] % FP8_DIM_MULTIPLE or dims[1] % FP8_DIM_MULTIPLE)
+    }
     from lowbit_ao.costs import RECIPE_COSTS
 
     if options.recipe not in RECIPE_COSTS:
-        raise ConfigError(f"layer_filter='auto' has no prediction for recipe={options.recipe!r}: lowbit-ao runs it emulated "
-                          f"on every GPU. Recipes it predicts: {', '.join(RECIPE_COSTS)}; or leave layer_filter at 'default'.")
-    return context.predict_slower_layers(shapes, options.layer_filter_tokens, context.hardware.device_name,
-                                         options.recipe, RECIPE_COSTS[options.recipe], context.compiled)
+        raise ConfigError(
+            f"layer_filter='auto' has no prediction for recipe={options.recipe!r}: lowbit-ao runs it emulated "
+            f"on every GPU. Recipes it predicts: {', '.join(RECIPE_COSTS)}; or leave layer_filter at 'default'."
+        )
+    return context.predict_slower_layers(
+        shapes,
+        options.layer_filter_tokens,
+        context.hardware.device_name,
+        options.recipe,
+        RECIPE_COSTS[options.recipe],
+        context.compiled,
+    )
 
 
-def default_module_filter(model: nn.Module, keep_first_last: bool, also_skip: dict[str, str] | None = None,
-                          ) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
+def default_module_filter(
+    model: nn.Module,
+    keep_first_last: bool,
+    also_skip: dict[str, str] | None = None,
+) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
     """All Linears (and Conv1Ds), but the model's first and last (by module order, at any depth),
     those whose dims FP8 GEMMs cannot take, and ``also_skip``. Returns the filter and the reason
     for each layer it skips."""
@@ -210,23 +241,31 @@ def check_compatibility(context: PrepareContext) -> None:
     if context.device.type == "cuda" and not context.compiled:
         # Eager, each cast (amax, scale, convert, transpose) is a kernel of its own and reads the
         # tensor again; torchao's speedups are measured compiled, where they fuse into the GEMM's neighbours.
-        note("torchao float8 runs without torch.compile here: its casts run as separate kernels, so expect it to be "
-             "no faster than bf16, often slower. Compile for the speedup: dynamo_backend='inductor', or "
-             "TorchDynamoPlugin(backend='inductor', use_regional_compilation=True) to compile each block once "
-             "(`lowbit fp8-payoff MODEL ... --eager` predicts both ways).",
-             EagerNotice)
+        note(
+            "torchao float8 runs without torch.compile here: its casts run as separate kernels, so expect it to be "
+            "no faster than bf16, often slower. Compile for the speedup: dynamo_backend='inductor', or "
+            "TorchDynamoPlugin(backend='inductor', use_regional_compilation=True) to compile each block once "
+            "(`lowbit fp8-payoff MODEL ... --eager` predicts both ways).",
+            EagerNotice,
+        )
     if options.recipe in BLOCK_RECIPES:
         given = [name for name in FLOAT8_ONLY_OPTIONS if not options.is_default(name) and getattr(options, name)]
         if options.config is not None or given:
-            what = "config=Float8LinearConfig(...)" if options.config is not None else ", ".join(f"{n}=True" for n in given)
+            what = (
+                "config=Float8LinearConfig(...)"
+                if options.config is not None
+                else ", ".join(f"{n}=True" for n in given)
+            )
             raise UnsupportedCombinationError(
                 f"{what} belongs to torchao's float8 recipes (tensorwise, rowwise); recipe={options.recipe!r} is a "
-                "block-scaled format that does not use it. Remove it, or choose a float8 recipe.")
+                "block-scaled format that does not use it. Remove it, or choose a float8 recipe."
+            )
     if options.enable_fsdp_float8_all_gather and options.config is None and options.recipe != "tensorwise":
         raise UnsupportedCombinationError(
             f"enable_fsdp_float8_all_gather=True needs weights scaled per tensor (recipe='tensorwise'); torchao "
             f"cannot gather recipe={options.recipe!r}'s row-scaled weights in float8. Use recipe='tensorwise', or "
-            "leave enable_fsdp_float8_all_gather unset (then FSDP2 gathers these weights in high precision).")
+            "leave enable_fsdp_float8_all_gather unset (then FSDP2 gathers these weights in high precision)."
+        )
     if options.config is None and options.recipe == "rowwise_with_gw_hp" and context.device.type != "cuda":
         raise UnsupportedCombinationError(
             "torchao's 'rowwise_with_gw_hp' recipe reads the autocast dtype only on CUDA, so its high-precision "
@@ -258,28 +297,46 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> Converted
     layer_types = linear_layers(model)
     if options.module_filter_func is not None:
         modules = dict(model.named_modules())
-        skipped = {n: "module_filter_func said no" for n in layer_types if not options.module_filter_func(modules[n], n)}
+        skipped = {
+            n: "module_filter_func said no" for n in layer_types if not options.module_filter_func(modules[n], n)
+        }
     else:
         skipped = default_skips(model, options.keep_first_last_high_precision)
         skipped |= auto_skips(model, options, context, skipped)
     kernels = _mxfp8_kernels_problem(context) if options.recipe == "mxfp8" else ""
     if context.recipe_runs == "emulated":
-        how = ("torchao's emulated MX kernels (values and scales as on the GPU, GEMMs in fp32)" if options.recipe == "mxfp8"
-               else "lowbit-ao's NVFP4 emulation (values and scales as NVIDIA's format, GEMMs in fp32)")
-        native = "" if options.recipe == "mxfp8" else " (lowbit-ao binds no native NVFP4 kernel; lowbit-te does, on Blackwell)"
+        how = (
+            "torchao's emulated MX kernels (values and scales as on the GPU, GEMMs in fp32)"
+            if options.recipe == "mxfp8"
+            else "lowbit-ao's NVFP4 emulation (values and scales as NVIDIA's format, GEMMs in fp32)"
+        )
+        native = (
+            ""
+            if options.recipe == "mxfp8"
+            else " (lowbit-ao binds no native NVFP4 kernel; lowbit-te does, on Blackwell)"
+        )
         native = f" ({kernels})" if kernels else native
         note(f"{options.recipe} runs emulated on {context.hardware.describe()}{native}: {how}.", EmulationNotice)
     converted = convert_block_layers(model, list(layer_types), skipped, context)
-    return ConvertedModel(model, ConversionReport(
-        converted, skipped, layer_types, options.recipe,
-        f"token count padded to a multiple of the {options.recipe} block where needed" if converted else ""))
+    return ConvertedModel(
+        model,
+        ConversionReport(
+            converted,
+            skipped,
+            layer_types,
+            options.recipe,
+            f"token count padded to a multiple of the {options.recipe} block where needed" if converted else "",
+        ),
+    )
 
 
 def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     options = context.backend_options
     if options.layer_filter == "auto" and (options.config is not None or options.module_filter_func is not None):
-        raise ConfigError("layer_filter='auto' decides which layers convert by the named recipe; it cannot combine with "
-                          f"{'config=' if options.config is not None else 'module_filter_func='}. Give one of the two.")
+        raise ConfigError(
+            "layer_filter='auto' decides which layers convert by the named recipe; it cannot combine with "
+            f"{'config=' if options.config is not None else 'module_filter_func='}. Give one of the two."
+        )
     if options.recipe in BLOCK_RECIPES and options.config is None:
         return convert_block_recipe(model, context)
     import_torchao()
@@ -291,20 +348,24 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
         module_filter, skipped = options.module_filter_func, {}
     else:
         first_last = default_skips(model, options.keep_first_last_high_precision)
-        module_filter, skipped = default_module_filter(model, options.keep_first_last_high_precision,
-                                                       auto_skips(model, options, context, first_last))
+        module_filter, skipped = default_module_filter(
+            model, options.keep_first_last_high_precision, auto_skips(model, options, context, first_last)
+        )
     layer_types = linear_layers(model)
     uneven = uneven_shards(model, module_filter, context) if config.enable_fsdp_float8_all_gather else {}
     if uneven:
         # torchao's float8 all-gather needs every rank's shard the same size (pytorch/ao#3982): these
         # layers train in float8 too, but FSDP2 gathers their weights in high precision.
-        note(f"FSDP2 gathers {len(uneven)} layer(s) in high precision, not float8: their weights' first dimension "
-             f"does not divide by the number of shards ({', '.join(f'{n} {d}' for n, d in uneven.items())}).")
+        note(
+            f"FSDP2 gathers {len(uneven)} layer(s) in high precision, not float8: their weights' first dimension "
+            f"does not divide by the number of shards ({', '.join(f'{n} {d}' for n, d in uneven.items())})."
+        )
         plain = dataclasses.replace(config, enable_fsdp_float8_all_gather=False)
         model = convert_to_float8_training(model, module_filter_fn=lambda m, fqn: fqn in uneven, config=plain)
         model = convert_conv1d_layers(model, lambda m, fqn: fqn in uneven, plain)
-    model = convert_to_float8_training(model, module_filter_fn=lambda m, fqn: module_filter(m, fqn) and fqn not in uneven,
-                                       config=config)
+    model = convert_to_float8_training(
+        model, module_filter_fn=lambda m, fqn: module_filter(m, fqn) and fqn not in uneven, config=config
+    )
     model = convert_conv1d_layers(model, lambda m, fqn: module_filter(m, fqn) and fqn not in uneven, config)
     if config.emulate or context.device.type != "cuda":
         # Off a real FP8 GPU, hold every GEMM to CUDA's shape rule, and emulate the fast way.
@@ -314,28 +375,46 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     # Which layers are FP8, why the others are not, and each one's type (for the report's wording).
     gathered = gathered_in_fp8(model) if config.enable_fsdp_float8_all_gather else None
     context.plugin_state(Float8Gather).on |= bool(gathered)
-    return ConvertedModel(model, ConversionReport(
-        converted, skipped, layer_types, options.recipe if options.config is None else recipe_of_config(options.config),
-        PADDING_NOTE if converted and config.pad_inner_dim else "", gathered))
+    return ConvertedModel(
+        model,
+        ConversionReport(
+            converted,
+            skipped,
+            layer_types,
+            options.recipe if options.config is None else recipe_of_config(options.config),
+            PADDING_NOTE if converted and config.pad_inner_dim else "",
+            gathered,
+        ),
+    )
 
 
-def uneven_shards(model: nn.Module, module_filter: Callable[[nn.Module, str], bool], context: PrepareContext) -> dict[str, int]:
+def uneven_shards(
+    model: nn.Module, module_filter: Callable[[nn.Module, str], bool], context: PrepareContext
+) -> dict[str, int]:
     """The layers to convert whose weight FSDP2 would shard unevenly (dim 0 not divisible by the
     ranks), with that dimension. Under a ParallelismConfig FSDP2 shards over dp_shard x cp, after
     tensor parallelism may have split dim 0 by tp already (counted for every layer: a safe side)."""
     layout = context.parallelism
     parts = layout.dp_shard_size * layout.cp_size * layout.tp_size if layout is not None else context.world_size
-    return {name: module.weight.shape[0] for name, module in model.named_modules()
-            if (isinstance(module, nn.Linear) or is_conv1d(module)) and module_filter(module, name)
-            and module.weight.shape[0] % max(parts, 1)}
+    return {
+        name: module.weight.shape[0]
+        for name, module in model.named_modules()
+        if (isinstance(module, nn.Linear) or is_conv1d(module))
+        and module_filter(module, name)
+        and module.weight.shape[0] % max(parts, 1)
+    }
 
 
 def gathered_in_fp8(model: nn.Module) -> list[str]:
     """The layers whose weights FSDP2 all-gathers in float8 (torchao wraps them for it)."""
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
-    return [name for name, module in model.named_modules() if isinstance(getattr(module, "weight", None), nn.Parameter)
-            and isinstance(getattr(module.weight, "_local_tensor", module.weight), WeightWithDynamicFloat8CastTensor)]
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "weight", None), nn.Parameter)
+        and isinstance(getattr(module.weight, "_local_tensor", module.weight), WeightWithDynamicFloat8CastTensor)
+    ]
 
 
 @dataclasses.dataclass
@@ -364,15 +443,21 @@ def tensor_parallel_style(module: nn.Module, style: str) -> Any:
     from torchao.float8.config import ScalingGranularity
     from torchao.float8.float8_linear import Float8Linear
 
-    if not isinstance(module, Float8Linear) or module.config.cast_config_input.scaling_granularity != ScalingGranularity.TENSORWISE:
+    if (
+        not isinstance(module, Float8Linear)
+        or module.config.cast_config_input.scaling_granularity != ScalingGranularity.TENSORWISE
+    ):
         return None
     from torch.distributed.tensor import Replicate
     from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
 
-    styles = {"colwise": Float8ColwiseParallel, "rowwise": Float8RowwiseParallel,
-              "colwise_gather_output": lambda: Float8ColwiseParallel(output_layouts=Replicate()),
-              "colwise_rep": lambda: Float8ColwiseParallel(output_layouts=Replicate()),
-              "rowwise_rep": lambda: Float8RowwiseParallel(output_layouts=Replicate())}
+    styles = {
+        "colwise": Float8ColwiseParallel,
+        "rowwise": Float8RowwiseParallel,
+        "colwise_gather_output": lambda: Float8ColwiseParallel(output_layouts=Replicate()),
+        "colwise_rep": lambda: Float8ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_rep": lambda: Float8RowwiseParallel(output_layouts=Replicate()),
+    }
     return styles[style]() if style in styles else None
 
 
@@ -380,7 +465,11 @@ def plain_state_dict(state_dict: dict[str, Any]) -> dict[str, Any]:
     """Unwrap torchao's weight subclasses (float8 all-gather) into plain tensors."""
     out = {}
     for key, value in state_dict.items():
-        while isinstance(value, torch.Tensor) and type(value) not in (torch.Tensor, nn.Parameter) and hasattr(value, "_tensor"):
+        while (
+            isinstance(value, torch.Tensor)
+            and type(value) not in (torch.Tensor, nn.Parameter)
+            and hasattr(value, "_tensor")
+        ):
             value = value._tensor
         out[key] = value
     return out

@@ -23,6 +23,7 @@ layer lowbit marked (their ``ScaledMMConfig`` is one of ``marker_class``'s): it 
 CUDA's shape rule (``gemm_rules``), then takes this path or torchao's own function as the mark
 says. Every other Float8 tensor goes to torchao's own function, unchanged.
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,8 +65,10 @@ def scaled_mm(a: Any, b: Any, output_dtype: torch.dtype, compute_dtype: torch.dt
     per column of ``b`` (rowwise recipes), so they factor out of every dot product."""
     a_scale, b_scale = a._scale, b._scale
     if a_scale.dim() == 2 and a_scale.shape[1] != 1 or b_scale.dim() == 2 and b_scale.shape[0] != 1:
-        raise ValueError(f"fast FP8 emulation needs per-tensor, per-row (a) or per-column (b) scales; "
-                         f"got {tuple(a_scale.shape)} and {tuple(b_scale.shape)}")
+        raise ValueError(
+            f"fast FP8 emulation needs per-tensor, per-row (a) or per-column (b) scales; "
+            f"got {tuple(a_scale.shape)} and {tuple(b_scale.shape)}"
+        )
     product = torch.mm(exact_values(a._data, compute_dtype), exact_values(b._data, compute_dtype)).float()
     if a_scale.numel() == 1 and b_scale.numel() == 1:
         product.mul_(a_scale.reciprocal() * b_scale.reciprocal())
@@ -161,8 +164,11 @@ def marker_class(compute_dtype: torch.dtype | None) -> type:
 
         # The distributed checkpoint's planner reads what it pickled back with weights_only=True.
         torch.serialization.add_safe_globals([_remake_marked])
-        _MARKERS[compute_dtype] = type(f"CheckedMMConfig_{label}", (ScaledMMConfig,), {
-            "__slots__": (), "lowbit_marked": True, "lowbit_compute_dtype": compute_dtype, "__reduce__": __reduce__})
+        _MARKERS[compute_dtype] = type(
+            f"CheckedMMConfig_{label}",
+            (ScaledMMConfig,),
+            {"__slots__": (), "lowbit_marked": True, "lowbit_compute_dtype": compute_dtype, "__reduce__": __reduce__},
+        )
     return _MARKERS[compute_dtype]
 
 

@@ -9,6 +9,7 @@ crashes on its first GPU backward: the weight-gradient GEMM puts the token count
 sequence) on the inner axis. lowbit checks every GEMM of a converted layer against the CUDA
 rule, after the padding torchao applies with ``pad_inner_dim``, and raises what a GPU would.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -49,14 +50,21 @@ def check_scaled_mm_shapes(a: Any, b: Any, pad_inner_dim: bool) -> None:
     problems = []
     if inner_sent % SCALED_MM_MULTIPLE:
         what = "the token count (batch x sequence)" if gemm.startswith("weight-gradient") else "the inner dimension"
-        problems.append(f"its inner dimension {inner} ({what}) is not a multiple of {SCALED_MM_MULTIPLE} and "
-                        "padding is off (pad_inner_dim=False)")
+        problems.append(
+            f"its inner dimension {inner} ({what}) is not a multiple of {SCALED_MM_MULTIPLE} and "
+            "padding is off (pad_inner_dim=False)"
+        )
     if columns % SCALED_MM_MULTIPLE:
-        problems.append(f"its output has {columns} columns, not a multiple of {SCALED_MM_MULTIPLE} (a layer with such "
-                        "dims was converted: check module_filter_func)")
-    fixes = ("Turn padding back on (AORecipeKwargs(pad_inner_dim=True), lowbit's default; a config=Float8LinearConfig(...) "
-             "needs pad_inner_dim=True itself) or make batch x sequence a multiple of 16."
-             if inner_sent % SCALED_MM_MULTIPLE else "Keep layers whose dims are not multiples of 16 out of FP8.")
+        problems.append(
+            f"its output has {columns} columns, not a multiple of {SCALED_MM_MULTIPLE} (a layer with such "
+            "dims was converted: check module_filter_func)"
+        )
+    fixes = (
+        "Turn padding back on (AORecipeKwargs(pad_inner_dim=True), lowbit's default; a config=Float8LinearConfig(...) "
+        "needs pad_inner_dim=True itself) or make batch x sequence a multiple of 16."
+        if inner_sent % SCALED_MM_MULTIPLE
+        else "Keep layers whose dims are not multiples of 16 out of FP8."
+    )
     raise FP8GemmShapeError(
         f"lowbit-ao: this FP8 {gemm} GEMM, ({rows}x{inner}) @ ({inner}x{columns}), would fail on a CUDA GPU, whose "
         f"torch._scaled_mm needs every inner dimension and the output columns to be multiples of {SCALED_MM_MULTIPLE}: "

@@ -13,6 +13,7 @@ whenever the GPU reports sm_100+ and CUDA 12.8+, whether or not the extension lo
 * :func:`mxfp8_op_problem` asks torch, once torchao is imported at ``prepare()``, whether the op
   has a CUDA kernel, i.e. whether the extension really loaded.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -38,14 +39,18 @@ def mxfp8_kernels_problem(hardware: HardwareInfo) -> str:
     if capability is None or capability < (10, 0):
         return ""
     if capability[0] != BUILT_FOR_MAJOR:
-        return (f"torchao's MXFP8 cast kernel ({MXFP8_OP}, extension _C_mxfp8) is built for sm_100a; on "
-                f"{hardware.describe()} it is not known to run")
+        return (
+            f"torchao's MXFP8 cast kernel ({MXFP8_OP}, extension _C_mxfp8) is built for sm_100a; on "
+            f"{hardware.describe()} it is not known to run"
+        )
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (torchao's MXFP8 dim-0 cast is a triton kernel): `pip install triton`"
     folder = _torchao_folder()
     if folder is not None and not any(folder.glob("_C_mxfp8*.so")):
-        return (f"this torchao ({folder}) has no _C_mxfp8 extension, which holds {MXFP8_OP}'s CUDA kernel: install "
-                "torchao's CUDA wheel for x86-64 (`pip install torchao`), not its py3-none-any wheel")
+        return (
+            f"this torchao ({folder}) has no _C_mxfp8 extension, which holds {MXFP8_OP}'s CUDA kernel: install "
+            "torchao's CUDA wheel for x86-64 (`pip install torchao`), not its py3-none-any wheel"
+        )
     return ""
 
 
@@ -59,5 +64,7 @@ def mxfp8_op_problem() -> str:
         loaded = False
     if loaded:
         return ""
-    return (f"{MXFP8_OP} has no CUDA kernel in this process: torchao's _C_mxfp8 extension did not load (torchao "
-            "logs why at import; often a torch it was not built for)")
+    return (
+        f"{MXFP8_OP} has no CUDA kernel in this process: torchao's _C_mxfp8 extension did not load (torchao "
+        "logs why at import; often a torch it was not built for)"
+    )

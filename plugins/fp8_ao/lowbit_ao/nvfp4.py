@@ -15,6 +15,7 @@ operands of the weight-gradient GEMM, whose inner dimension is the tokens, pass 
 16x16 Hadamard transform first (``nvfp4_random_hadamard``), which spreads outliers over the block
 and cancels in the product (H is orthogonal).
 """
+
 from __future__ import annotations
 
 import functools
@@ -76,7 +77,11 @@ def _blocks(x: torch.Tensor, two_d: bool) -> torch.Tensor:
     rows, cols = x.shape
     if not two_d:
         return x.reshape(rows, cols // BLOCK, BLOCK)
-    return x.reshape(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK).permute(0, 2, 1, 3).reshape(rows // BLOCK, cols // BLOCK, BLOCK * BLOCK)
+    return (
+        x.reshape(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
+        .permute(0, 2, 1, 3)
+        .reshape(rows // BLOCK, cols // BLOCK, BLOCK * BLOCK)
+    )
 
 
 def _unblocks(blocks: torch.Tensor, shape: torch.Size, two_d: bool) -> torch.Tensor:
@@ -86,11 +91,15 @@ def _unblocks(blocks: torch.Tensor, shape: torch.Size, two_d: bool) -> torch.Ten
     return blocks.reshape(rows // BLOCK, cols // BLOCK, BLOCK, BLOCK).permute(0, 2, 1, 3).reshape(rows, cols)
 
 
-def quantize(x: torch.Tensor, two_d: bool = False, stochastic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize(
+    x: torch.Tensor, two_d: bool = False, stochastic: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """NVFP4-quantize a 2-D ``x`` along its last dim (or in 16x16 tiles): returns the E2M1 values
     (as floats on the grid), the E4M3 block scales and the fp32 global scale."""
     if x.dim() != 2 or x.shape[-1] % BLOCK or (two_d and x.shape[0] % BLOCK):
-        raise ValueError(f"NVFP4 quantizes 2-D tensors whose dims are multiples of {BLOCK} (its block); got {list(x.shape)}")
+        raise ValueError(
+            f"NVFP4 quantizes 2-D tensors whose dims are multiples of {BLOCK} (its block); got {list(x.shape)}"
+        )
     x = x.float()
     scale = global_scale(x.abs().amax())
     blocks = _blocks(x, two_d)
@@ -102,7 +111,9 @@ def quantize(x: torch.Tensor, two_d: bool = False, stochastic: bool = False) -> 
     return _unblocks(values, x.shape, two_d), block_scale.squeeze(-1), scale
 
 
-def dequantize(values: torch.Tensor, block_scale: torch.Tensor, scale: torch.Tensor, two_d: bool = False) -> torch.Tensor:
+def dequantize(
+    values: torch.Tensor, block_scale: torch.Tensor, scale: torch.Tensor, two_d: bool = False
+) -> torch.Tensor:
     """The fp32 tensor that ``quantize``'s output stands for."""
     decode = block_scale.float().unsqueeze(-1) / scale
     return _unblocks(_blocks(values, two_d) * decode, values.shape, two_d)
@@ -118,7 +129,7 @@ def hadamard_16(signs: torch.Tensor) -> torch.Tensor:
     h = torch.ones(1, 1)
     while h.shape[0] < BLOCK:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (signs.float().unsqueeze(1) * h) / BLOCK ** 0.5
+    return (signs.float().unsqueeze(1) * h) / BLOCK**0.5
 
 
 def random_signs(seed: int) -> torch.Tensor:
@@ -168,5 +179,7 @@ class NVFP4Linear(torch.autograd.Function):
         return grad_x.reshape(ctx.shape).to(x_dtype), grad_w.to(w_dtype), None, None
 
 
-def nvfp4_linear(x: torch.Tensor, weight: torch.Tensor, settings: NVFP4Settings, transform: torch.Tensor | None) -> torch.Tensor:
+def nvfp4_linear(
+    x: torch.Tensor, weight: torch.Tensor, settings: NVFP4Settings, transform: torch.Tensor | None
+) -> torch.Tensor:
     return NVFP4Linear.apply(x, weight, settings, transform)

@@ -1,4 +1,5 @@
 """FP8 (or 8-bit) Adam states with torchao's low-bit optimizers: O2-style memory without MS-AMP."""
+
 from __future__ import annotations
 
 import torch
@@ -27,7 +28,8 @@ def to_low_bit_optimizer(optimizer: torch.optim.Optimizer, states: str) -> torch
     if name is None:
         raise UnsupportedCombinationError(
             f"optimizer_states={states!r} converts torch.optim.AdamW and torch.optim.Adam only; got "
-            f"{type(optimizer).__module__}.{type(optimizer).__qualname__}. Use one of those, or optimizer_states='default'."
+            f"{type(optimizer).__module__}.{type(optimizer).__qualname__}. Use one of those, or "
+            "optimizer_states='default'."
         )
     if any(group.get("maximize") for group in optimizer.param_groups):
         raise UnsupportedCombinationError(f"torchao's {name} cannot maximize; the optimizer has maximize=True.")

@@ -7,6 +7,7 @@ registers. On a machine without a CUDA GPU the libraries that fail are the GPU-o
 nothing the user can act on, and they come from every rank. Only those records are dropped, and
 only during lowbit's import of torchao: anything else torchao or torch logs still shows.
 """
+
 from __future__ import annotations
 
 import logging

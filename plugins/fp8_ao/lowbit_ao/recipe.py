@@ -1,4 +1,5 @@
 """``AORecipeKwargs``: the torchao backend's options. Importing it does not import torchao."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,26 +37,49 @@ class AORecipeKwargs(FP4RecipeOptions, RecipeKwargs):
 
     config: Any = recipe_option(None, code_only=True, help="a torchao Float8LinearConfig")
     module_filter_func: Callable[..., bool] | None = recipe_option(None, code_only=True, help="(module, fqn) -> bool")
-    recipe: str | None = recipe_name_option("tensorwise", help="tensorwise, rowwise, rowwise_with_gw_hp, mxfp8 (fp8); nvfp4 (fp4)")
-    mx_scale_rounding: str | None = recipe_option("rceil", choices=MX_SCALE_ROUNDINGS, help="mxfp8 block scales: rceil or floor (OCP spec)")
+    recipe: str | None = recipe_name_option(
+        "tensorwise", help="tensorwise, rowwise, rowwise_with_gw_hp, mxfp8 (fp8); nvfp4 (fp4)"
+    )
+    mx_scale_rounding: str | None = recipe_option(
+        "rceil", choices=MX_SCALE_ROUNDINGS, help="mxfp8 block scales: rceil or floor (OCP spec)"
+    )
     # On by default, as in Accelerate: CUDA's FP8 GEMM refuses an inner dim (the token count, in the
     # weight-gradient GEMM) that is not a multiple of 16.
-    pad_inner_dim: bool | None = recipe_option(True, type=bool, help="pad GEMM inner dims (tokens too) to multiples of 16")
+    pad_inner_dim: bool | None = recipe_option(
+        True, type=bool, help="pad GEMM inner dims (tokens too) to multiples of 16"
+    )
     # Unset: on under FSDP2 with tensorwise weight scales (as Accelerate's default Float8LinearConfig),
     # off elsewhere; torchao gathers tensorwise-scaled weights only.
     enable_fsdp_float8_all_gather: bool | None = recipe_option(
-        None, type=bool, help="FSDP2 all-gathers weights in float8 (default: on under FSDP2 with recipe tensorwise)")
-    force_recompute_fp8_weight_in_bwd: bool | None = recipe_option(False, type=bool, help="recompute the fp8 weight in backward")
+        None, type=bool, help="FSDP2 all-gathers weights in float8 (default: on under FSDP2 with recipe tensorwise)"
+    )
+    force_recompute_fp8_weight_in_bwd: bool | None = recipe_option(
+        False, type=bool, help="recompute the fp8 weight in backward"
+    )
     layer_filter: str | None = recipe_option(
-        "default", choices=LAYER_FILTERS,
+        "default",
+        choices=LAYER_FILTERS,
         help="default (first/last Linear and dims not divisible by 16 stay high precision) or auto "
-             "(also the layers predicted no faster in the recipe on this GPU)")
-    layer_filter_tokens: int | None = recipe_option(8192, type=int, normalize=at_least(1),
-                                                    help="tokens per micro-batch the auto layer filter assumes (default 8192)")
-    keep_first_last_high_precision: bool | None = recipe_option(True, type=bool, help="keep the first and last Linear in high precision")
-    emulate: bool | None = recipe_option(None, type=bool, help="emulate FP8 GEMMs (default: only where hardware lacks them)")
+        "(also the layers predicted no faster in the recipe on this GPU)",
+    )
+    layer_filter_tokens: int | None = recipe_option(
+        8192,
+        type=int,
+        normalize=at_least(1),
+        help="tokens per micro-batch the auto layer filter assumes (default 8192)",
+    )
+    keep_first_last_high_precision: bool | None = recipe_option(
+        True, type=bool, help="keep the first and last Linear in high precision"
+    )
+    emulate: bool | None = recipe_option(
+        None, type=bool, help="emulate FP8 GEMMs (default: only where hardware lacks them)"
+    )
     emulation: str | None = recipe_option(
-        "fast", choices=EMULATIONS,
+        "fast",
+        choices=EMULATIONS,
         help="how FP8 GEMMs are emulated: fast (fp8 values multiplied in bf16/fp32, scales on the output) "
-             "or torchao (torchao's emulate=True: dequantized, fp32)")
-    optimizer_states: str | None = recipe_option("default", choices=OPTIMIZER_STATES, help="default, fp8 (AdamWFp8) or 8bit (AdamW8bit)")
+        "or torchao (torchao's emulate=True: dequantized, fp32)",
+    )
+    optimizer_states: str | None = recipe_option(
+        "default", choices=OPTIMIZER_STATES, help="default, fp8 (AdamWFp8) or 8bit (AdamW8bit)"
+    )

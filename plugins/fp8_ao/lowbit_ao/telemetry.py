@@ -1,5 +1,6 @@
 """FP8 telemetry for torchao's Float8Linear (the casts torchao makes, with torchao's own scales) and
 for the block-scaled layers (MXFP8, NVFP4): per block, whether its scale saturates or underflows."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,17 +25,19 @@ def _scale(x: torch.Tensor, fp8_dtype: torch.dtype, cast_config: Any) -> torch.T
 # Scale ranges. MXFP8: a power of two 2^e, e in [-127, 127] (E8M0; OCP MX v1.0). NVFP4: an E4M3
 # value; below half its smallest subnormal (2^-9) it rounds to zero, and it rounds to its largest
 # value (448) up to 448 + half the top spacing (32 / 2), beyond which it saturates.
-E8M0_RANGE = (2.0 ** -127, 2.0 ** 127)
-NVFP4_SCALE_RANGE = (2.0 ** -10, 464.0)
+E8M0_RANGE = (2.0**-127, 2.0**127)
+NVFP4_SCALE_RANGE = (2.0**-10, 464.0)
 
 
 def _mxfp8_scale(rounding: str):
     """The power-of-two scale a block gets from its amax: ``rceil`` rounds amax/448 up, the OCP
     spec's ``floor`` takes 2^(floor(log2 amax) - 8) (E4M3's largest exponent is 8)."""
+
     def wanted(block_amax: torch.Tensor) -> torch.Tensor:
         safe = block_amax.clamp(min=torch.finfo(torch.float32).tiny)
         exponent = torch.ceil(torch.log2(safe / 448.0)) if rounding == "rceil" else torch.floor(torch.log2(safe)) - 8
         return torch.where(block_amax > 0, torch.exp2(exponent), torch.ones_like(block_amax))
+
     return wanted
 
 
@@ -73,8 +76,9 @@ def enable_blocks(layers: list[tuple[str, nn.Module]], recorder: Any, rounding: 
             weight = module.weight.t() if module._lowbit_conv1d else module.weight
             recorder.record_stats(name, "weight", _block_stats(recipe, weight, rounding))
             if output.requires_grad:
-                output.register_hook(lambda g, name=name: recorder.record_stats(
-                    name, "grad_output", _block_stats(recipe, g, rounding)))
+                output.register_hook(
+                    lambda g, name=name: recorder.record_stats(name, "grad_output", _block_stats(recipe, g, rounding))
+                )
 
         recorder.removers.append(layer.register_forward_hook(on_forward))
 
@@ -102,8 +106,11 @@ def enable(model: nn.Module, recorder: Any, options: Any = None) -> bool:
             recorder.record(name, "weight", weight, e4m3_dtype, _scale(weight, e4m3_dtype, config.cast_config_weight))
             if output.requires_grad:
                 # The gradient of the output is the grad_output torchao casts to e5m2 in backward.
-                output.register_hook(lambda g, name=name: recorder.record(
-                    name, "grad_output", g, e5m2_dtype, _scale(g, e5m2_dtype, config.cast_config_grad_output)))
+                output.register_hook(
+                    lambda g, name=name: recorder.record(
+                        name, "grad_output", g, e5m2_dtype, _scale(g, e5m2_dtype, config.cast_config_grad_output)
+                    )
+                )
 
         recorder.removers.append(layer.register_forward_hook(on_forward))
     return True

@@ -2,6 +2,7 @@
 
 ``msamp`` is imported only in the hooks that run once MS-AMP has been chosen.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -42,8 +43,10 @@ def unavailable_reason(hardware: HardwareInfo) -> str:
         return "MS-AMP cannot run with what is installed here: " + "; ".join(unmet)
     # `import msamp` imports both; without them it fails in prepare(), after winning the ranking.
     if importlib.util.find_spec("transformer_engine_extensions") is None:
-        return ("msamp not importable here: it imports transformer_engine_extensions, the extension module of the "
-                "Transformer Engine it pins (2023); Transformer Engine 2.x no longer has it")
+        return (
+            "msamp not importable here: it imports transformer_engine_extensions, the extension module of the "
+            "Transformer Engine it pins (2023); Transformer Engine 2.x no longer has it"
+        )
     if importlib.util.find_spec("deepspeed") is None:
         return "msamp not importable here: it imports deepspeed (MS-AMP pins deepspeed==0.13.1)"
     return ""
@@ -55,9 +58,14 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     # Read from source files only where MS-AMP could otherwise run, so discovery elsewhere stays free.
     under_deepspeed = "" if reason else deepspeed_integration_problem()
     return BackendDescription(
-        name=NAME, priority=PRIORITY, available=not reason, reason=reason,
+        name=NAME,
+        priority=PRIORITY,
+        available=not reason,
+        reason=reason,
         unusable_under={"deepspeed": under_deepspeed} if under_deepspeed else {},
-        options_class=MSAMPRecipeKwargs, aliases=("ms-amp", "ms_amp"), libraries=("MS-AMP",),
+        options_class=MSAMPRecipeKwargs,
+        aliases=("ms-amp", "ms_amp"),
+        libraries=("MS-AMP",),
         # msamp.initialize keeps the converted Linears' weights as fp16 ScalingTensors
         # (LinearReplacer.replace's weight_qtype default), so they round to fp16 at conversion.
         weight_storage="float16",
@@ -89,8 +97,10 @@ def zero_stage(options: dict) -> int:
 def check_compatibility(context: PrepareContext) -> None:
     if context.parallelism is not None and context.parallelism.tp_enabled:
         raise UnsupportedCombinationError(
-            f"tp_size={context.parallelism.tp_size}: MS-AMP's ScalingTensor weights cannot be split over tensor-parallel "
-            "ranks. Use the ao backend (fp8_config backend: ao) for FP8 with tensor parallelism.")
+            f"tp_size={context.parallelism.tp_size}: MS-AMP's ScalingTensor weights cannot be split over "
+            "tensor-parallel "
+            "ranks. Use the ao backend (fp8_config backend: ao) for FP8 with tensor parallelism."
+        )
     if context.strategy == "fsdp":
         raise UnsupportedCombinationError(
             "MS-AMP does not support PyTorch FSDP2 through lowbit. Use DDP, or DeepSpeed ZeRO-1/2 "
@@ -166,8 +176,11 @@ def initialize(msamp, model, optimizer, level: str, use_te: bool = False):
     if decoupled and getattr(cast, "use_adam", False):
         accepted = inspect.signature(msamp.optim.LBAdamW).parameters
         kwargs = {k: v for k, v in cast.defaults.items() if k in accepted}
-        kwargs.update(exp_avg_dtype=cast.exp_avg_dtype, exp_avg_sq_dtype=cast.exp_avg_sq_dtype,
-                      bias_correction=cast.bias_correction)
+        kwargs.update(
+            exp_avg_dtype=cast.exp_avg_dtype,
+            exp_avg_sq_dtype=cast.exp_avg_sq_dtype,
+            bias_correction=cast.bias_correction,
+        )
         cast = msamp.optim.LBAdamW(cast.param_groups, **kwargs)
     return model, cast
 
@@ -203,10 +216,14 @@ def strategy_integration(strategy: str, context: PrepareContext):
     try:
         importlib.import_module("msamp.deepspeed")  # its DeepSpeed integration, a subpackage
     except ImportError as exc:  # what deepspeed_integration_problem could not see coming (a changed source)
-        raise BackendUnavailableError(f"MS-AMP cannot run under DeepSpeed here: `import msamp.deepspeed` failed: "
-                                      f"{type(exc).__name__}: {exc}. Use backend 'te' or 'ao' with DeepSpeed.") from None
-    return StrategyIntegration(initialize=deepspeed_initialize(msamp),
-                               config={"msamp": {"enabled": True, "opt_level": context.backend_options.opt_level}})
+        raise BackendUnavailableError(
+            f"MS-AMP cannot run under DeepSpeed here: `import msamp.deepspeed` failed: "
+            f"{type(exc).__name__}: {exc}. Use backend 'te' or 'ao' with DeepSpeed."
+        ) from None
+    return StrategyIntegration(
+        initialize=deepspeed_initialize(msamp),
+        config={"msamp": {"enabled": True, "opt_level": context.backend_options.opt_level}},
+    )
 
 
 @hookimpl

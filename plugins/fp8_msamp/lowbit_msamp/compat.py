@@ -5,6 +5,7 @@ Answered from package metadata alone (nothing imported): MS-AMP declares exact p
 a mismatch means it fails in ``prepare()`` or later. lowbit reports MS-AMP unavailable instead,
 with what is installed and what to change, so it never wins the ranking only to fail.
 """
+
 from __future__ import annotations
 
 import ast
@@ -31,8 +32,10 @@ def _git_tag_version(url: str) -> Version | None:
 
 def _advice(requirement: Requirement, wanted: str) -> str:
     if requirement.name.lower() == "deepspeed":
-        return (f"`pip install \"deepspeed{wanted}\"` (lowbit-deepspeed needs deepspeed>={LOWBIT_DEEPSPEED_FLOOR}, "
-                "so MS-AMP then runs in one process or under DDP, not under the DeepSpeed strategy)")
+        return (
+            f"`pip install \"deepspeed{wanted}\"` (lowbit-deepspeed needs deepspeed>={LOWBIT_DEEPSPEED_FLOOR}, "
+            "so MS-AMP then runs in one process or under DDP, not under the DeepSpeed strategy)"
+        )
     if requirement.url:
         return f"`pip install \"{requirement.name} @ {requirement.url}\"`"
     return f"`pip install \"{requirement.name}{wanted}\"`"
@@ -66,19 +69,25 @@ def unmet_requirements() -> list[str]:
         installed = installed_version(requirement.name)
         wanted = str(requirement.specifier) or (f" from {requirement.url}" if requirement.url else "")
         if installed is None:
-            problems.append(f"{requirement.name} is not installed (MS-AMP {dist.version} requires {requirement.name}"
-                            f"{wanted}): {_advice(requirement, str(requirement.specifier))}")
+            problems.append(
+                f"{requirement.name} is not installed (MS-AMP {dist.version} requires {requirement.name}"
+                f"{wanted}): {_advice(requirement, str(requirement.specifier))}"
+            )
             continue
         try:
             version = Version(installed)
         except InvalidVersion:
             continue
         if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
-            problems.append(f"MS-AMP {dist.version} requires {requirement.name}{requirement.specifier}, installed "
-                            f"{installed}: {_advice(requirement, str(requirement.specifier))}")
+            problems.append(
+                f"MS-AMP {dist.version} requires {requirement.name}{requirement.specifier}, installed "
+                f"{installed}: {_advice(requirement, str(requirement.specifier))}"
+            )
         elif requirement.url and (tag := _git_tag_version(requirement.url)) and tag.major != version.major:
-            problems.append(f"MS-AMP {dist.version} requires {requirement.name} {tag} (from {requirement.url}), "
-                            f"installed {installed}: {_advice(requirement, '')}")
+            problems.append(
+                f"MS-AMP {dist.version} requires {requirement.name} {tag} (from {requirement.url}), "
+                f"installed {installed}: {_advice(requirement, '')}"
+            )
     return problems
 
 
@@ -86,9 +95,23 @@ def unmet_requirements() -> list[str]:
 # of msamp/deepspeed/runtime/engine.py (v0.4.0 and main, the same list), used when the installed
 # msamp's own file cannot be read (e.g. a zipped install).
 MSAMP_DEEPSPEED_ENGINE_IMPORTS = (
-    "SparseTensor", "ZERO_OPTIMIZATION", "AMP", "amp", "FP16", "BFLOAT16", "logger", "DeepSpeedEngine",
-    "instrument_w_nvtx", "log_dist", "see_memory_usage", "DummyOptim", "DeepSpeedZeroOptimizer",
-    "DeepSpeedZeRoOffload", "PipelineModule", "ZeroStageEnum")
+    "SparseTensor",
+    "ZERO_OPTIMIZATION",
+    "AMP",
+    "amp",
+    "FP16",
+    "BFLOAT16",
+    "logger",
+    "DeepSpeedEngine",
+    "instrument_w_nvtx",
+    "log_dist",
+    "see_memory_usage",
+    "DummyOptim",
+    "DeepSpeedZeroOptimizer",
+    "DeepSpeedZeRoOffload",
+    "PipelineModule",
+    "ZeroStageEnum",
+)
 ENGINE_MODULE = "deepspeed.runtime.engine"
 
 
@@ -103,8 +126,12 @@ def _package_file(package: str, relative: str) -> Path | None:
 
 
 def _imported_from_engine(source: str) -> list[str]:
-    return [alias.name for node in ast.parse(source).body
-            if isinstance(node, ast.ImportFrom) and node.module == ENGINE_MODULE for alias in node.names]
+    return [
+        alias.name
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ImportFrom) and node.module == ENGINE_MODULE
+        for alias in node.names
+    ]
 
 
 def _module_level_names(source: str) -> set[str] | None:
@@ -150,9 +177,12 @@ def deepspeed_integration_problem() -> str:
     if not missing:
         return ""
     dist = msamp_distribution()
-    return (f"MS-AMP{' ' + dist.version if dist else ''}'s DeepSpeed integration (msamp.deepspeed) imports "
-            f"{', '.join(missing)} from {ENGINE_MODULE}, which the installed deepspeed {installed_version('deepspeed') or '?'} "
-            "no longer has (DeepSpeed removed its Apex AMP integration); MS-AMP pins deepspeed==0.13.1 and "
-            f"lowbit-deepspeed needs deepspeed>={LOWBIT_DEEPSPEED_FLOOR}, so no install that meets both runs them "
-            "together. Under DeepSpeed use backend 'te' or 'ao' (FP8 with ZeRO 1-3); MS-AMP runs in one process or "
-            "under DDP")
+    return (
+        f"MS-AMP{' ' + dist.version if dist else ''}'s DeepSpeed integration (msamp.deepspeed) imports "
+        f"{', '.join(missing)} from {ENGINE_MODULE}, which the installed deepspeed "
+        f"{installed_version('deepspeed') or '?'} "
+        "no longer has (DeepSpeed removed its Apex AMP integration); MS-AMP pins deepspeed==0.13.1 and "
+        f"lowbit-deepspeed needs deepspeed>={LOWBIT_DEEPSPEED_FLOOR}, so no install that meets both runs them "
+        "together. Under DeepSpeed use backend 'te' or 'ao' (FP8 with ZeRO 1-3); MS-AMP runs in one process or "
+        "under DDP"
+    )

@@ -1,4 +1,5 @@
 """``MSAMPRecipeKwargs``: MS-AMP's one option, the optimization level. Imports nothing heavy."""
+
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass
@@ -13,7 +14,9 @@ def check_opt_level(value: object) -> object:
     """Levels use the letter O. A zero ("01", "O0") is the classic typo: say so."""
     text = str(value).strip()
     if text[:1] == "0":
-        raise ConfigError(f"opt_level {text!r} starts with a zero; MS-AMP levels use the letter O: did you mean 'O{text[1:]}'?")
+        raise ConfigError(
+            f"opt_level {text!r} starts with a zero; MS-AMP levels use the letter O: did you mean 'O{text[1:]}'?"
+        )
     if text[:1] in "oO" and text[1:] == "0":
         raise ConfigError(f"opt_level {text!r} does not exist; MS-AMP has O1 and O2 (letter O, then 1 or 2).")
     return text
@@ -27,7 +30,9 @@ class MSAMPRecipeKwargs(RecipeKwargs):
 
     backend_name: ClassVar[str] = "msamp"
 
-    opt_level: str | None = recipe_option("O2", choices=OPT_LEVELS, help="O1 or O2 (letter O)", normalize=check_opt_level)
+    opt_level: str | None = recipe_option(
+        "O2", choices=OPT_LEVELS, help="O1 or O2 (letter O)", normalize=check_opt_level
+    )
     optimization_level: InitVar[str | None] = None
 
     def __post_init__(self, optimization_level: str | None = None) -> None:

@@ -3,6 +3,7 @@
 This entry module stays import-light: ``transformer_engine`` is imported only once TE has been
 chosen and ``prepare`` runs.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -41,8 +42,10 @@ def _incomplete_install(version: str) -> str:
     three in one distribution; then only the extension module is looked for."""
     fix = f"`pip install \"transformer-engine[pytorch]=={version}\"`" if version else INSTALL
     if importlib.util.find_spec("transformer_engine_torch") is None:
-        return (f"transformer_engine {version} is installed without its PyTorch extension (transformer_engine_torch), "
-                f"so it cannot be imported: {fix}")
+        return (
+            f"transformer_engine {version} is installed without its PyTorch extension (transformer_engine_torch), "
+            f"so it cannot be imported: {fix}"
+        )
     for extension in ("transformer_engine_torch", "transformer_engine_cu12", "transformer_engine_cu13"):
         other = installed_version(extension)
         if version and other and other != version:
@@ -61,7 +64,10 @@ def unavailable_reason(hardware: HardwareInfo) -> str:
         return f"transformer_engine not importable: not installed; {INSTALL}"
     version = installed_version("transformer_engine") or ""
     if version and older_than(version, MIN_TE):
-        return f"transformer_engine {version} is older than the supported {MIN_TE}: `pip install -U transformer-engine[pytorch]`"
+        return (
+            f"transformer_engine {version} is older than the supported {MIN_TE}: "
+            "`pip install -U transformer-engine[pytorch]`"
+        )
     return _incomplete_install(version)
 
 
@@ -69,9 +75,15 @@ def unavailable_reason(hardware: HardwareInfo) -> str:
 def describe_backend(hardware: HardwareInfo) -> BackendDescription:
     reason = unavailable_reason(hardware)
     return BackendDescription(
-        name=NAME, priority=PRIORITY, available=not reason, reason=reason,
-        options_class=TERecipeKwargs, aliases=("transformer_engine", "transformerengine", "transformersengine"),
-        libraries=("transformer-engine",), precisions=("fp8", "fp4"), recipes=RECIPE_NAMES,
+        name=NAME,
+        priority=PRIORITY,
+        available=not reason,
+        reason=reason,
+        options_class=TERecipeKwargs,
+        aliases=("transformer_engine", "transformerengine", "transformersengine"),
+        libraries=("transformer-engine",),
+        precisions=("fp8", "fp4"),
+        recipes=RECIPE_NAMES,
         recipe_costs=RECIPE_COSTS,
     )
 
@@ -84,7 +96,8 @@ def check_compatibility(context: PrepareContext) -> None:
         raise UnsupportedCombinationError(
             f"tp_size={context.parallelism.tp_size}: lowbit-te does not lay Transformer Engine's modules out over "
             "tensor-parallel ranks. Use the ao backend (fp8_config backend: ao), whose float8 layers take torchao's "
-            "tensor-parallel styles, or shard with FSDP2 alone (dp_shard_size) under te.")
+            "tensor-parallel styles, or shard with FSDP2 alone (dp_shard_size) under te."
+        )
     from lowbit_te.runtime import check_runtime
 
     check_runtime(context)

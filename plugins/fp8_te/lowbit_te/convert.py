@@ -1,4 +1,5 @@
 """Swap nn.Linear / nn.LayerNorm / nn.RMSNorm for their Transformer Engine versions."""
+
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +60,13 @@ def _adopt(new: nn.Module, old: nn.Module, names: tuple[str, ...]) -> None:
 def _te_linear(te: Any, layer: nn.Linear) -> nn.Module:
     weight = layer.weight
     with _gathered(weight):  # the shape and dtype of a ZeRO-3 shard are those of the full weight once gathered
-        new = te.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, params_dtype=weight.dtype,
-                        device=weight.device)
+        new = te.Linear(
+            layer.in_features,
+            layer.out_features,
+            bias=layer.bias is not None,
+            params_dtype=weight.dtype,
+            device=weight.device,
+        )
     _adopt(new, layer, ("weight", "bias"))
     return new
 
@@ -80,7 +86,9 @@ def _te_norm(te: Any, norm: nn.Module) -> nn.Module:
         if isinstance(norm, nn.LayerNorm):
             new = te.LayerNorm(norm.normalized_shape, eps=norm.eps, params_dtype=weight.dtype, device=weight.device)
         else:
-            new = te.RMSNorm(norm.normalized_shape, eps=rms_norm_eps(norm), params_dtype=weight.dtype, device=weight.device)
+            new = te.RMSNorm(
+                norm.normalized_shape, eps=rms_norm_eps(norm), params_dtype=weight.dtype, device=weight.device
+            )
     _adopt(new, norm, ("weight", "bias") if isinstance(norm, nn.LayerNorm) else ("weight",))
     return new
 
@@ -121,7 +129,12 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module | ConvertedM
                     continue
                 setattr(module, child_name, _te_norm(te, child))
                 converted.append(fqn)
-            elif hasattr(nn, "RMSNorm") and type(child) is nn.RMSNorm and child.elementwise_affine and hasattr(te, "RMSNorm"):
+            elif (
+                hasattr(nn, "RMSNorm")
+                and type(child) is nn.RMSNorm
+                and child.elementwise_affine
+                and hasattr(te, "RMSNorm")
+            ):
                 setattr(module, child_name, _te_norm(te, child))
                 converted.append(fqn)
     shape_skips = [n for n, why in skipped.items() if why.startswith("dims")]
@@ -129,9 +142,13 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module | ConvertedM
         note(
             f"lowbit-te: {len(shape_skips)} Linear layer(s) kept in high precision because FP8 GEMMs cannot take "
             f"their shapes: {', '.join(f'{n} ({skipped[n]})' for n in shape_skips)}. "
-            "All other layers were converted.")
+            "All other layers were converted."
+        )
     keep_pickles_out_of_state_dicts(model)
-    padding = (f"token count padded to a multiple of {token_multiple(options)} where needed (pad_tokens)"
-               if options.pad_tokens and any(n for n in converted if isinstance(model.get_submodule(n), te.Linear)) else "")
+    padding = (
+        f"token count padded to a multiple of {token_multiple(options)} where needed (pad_tokens)"
+        if options.pad_tokens and any(n for n in converted if isinstance(model.get_submodule(n), te.Linear))
+        else ""
+    )
     recipe = options.recipe if options.te_recipe is None else type(options.te_recipe).__name__
     return ConvertedModel(model, ConversionReport(converted, skipped, recipe=recipe, padding=padding))

@@ -7,6 +7,7 @@ its scale from the amax history, so the amax is reduced inside that kernel; curr
 reads the tensor once more for its amax first. TE runs eager with these kernels already fused,
 so torch.compile saves nothing here (``fusable_read=False``).
 """
+
 from __future__ import annotations
 
 from lowbit.kernel.plugin_api import RecipeCost
@@ -17,16 +18,31 @@ ROLES = ("input", "weight", "grad_output")
 _BLOCK_GEMM = 0.77
 
 RECIPE_COSTS = {
-    "delayed": RecipeCost("fp8", {role: (4.0,) for role in ROLES}, "TE cast-transpose, amax from the history",
-                          fusable_read=False),
-    "current": RecipeCost("fp8", {role: (2.0, 4.0) for role in ROLES}, "TE amax pass, then cast-transpose",
-                          fusable_read=False),
-    "block": RecipeCost("fp8", {role: (4.0,) for role in ROLES}, "TE cast-transpose; GEMM share: FBGEMM#2546",
-                        gemm_share=_BLOCK_GEMM, block=128, fusable_read=False),
+    "delayed": RecipeCost(
+        "fp8", {role: (4.0,) for role in ROLES}, "TE cast-transpose, amax from the history", fusable_read=False
+    ),
+    "current": RecipeCost(
+        "fp8", {role: (2.0, 4.0) for role in ROLES}, "TE amax pass, then cast-transpose", fusable_read=False
+    ),
+    "block": RecipeCost(
+        "fp8",
+        {role: (4.0,) for role in ROLES},
+        "TE cast-transpose; GEMM share: FBGEMM#2546",
+        gemm_share=_BLOCK_GEMM,
+        block=128,
+        fusable_read=False,
+    ),
     # both MX copies (1 byte per value + 1 per 32) from one read
-    "mxfp8": RecipeCost("fp8", {role: (2.0 + 2 * (1 + 1 / 32),) for role in ROLES}, "TE MXFP8 quantizer",
-                        block=32, fusable_read=False),
+    "mxfp8": RecipeCost(
+        "fp8", {role: (2.0 + 2 * (1 + 1 / 32),) for role in ROLES}, "TE MXFP8 quantizer", block=32, fusable_read=False
+    ),
     # both NVFP4 copies (half a byte per value + 1 per 16) from one read; the GEMMs at the FP4 peak
-    "nvfp4": RecipeCost("fp4", {role: (2.0 + 2 * (0.5 + 1 / 16),) for role in ROLES}, "TE NVFP4 quantizer",
-                        value_bytes=0.5, block=16, fusable_read=False),
+    "nvfp4": RecipeCost(
+        "fp4",
+        {role: (2.0 + 2 * (0.5 + 1 / 16),) for role in ROLES},
+        "TE NVFP4 quantizer",
+        value_bytes=0.5,
+        block=16,
+        fusable_read=False,
+    ),
 }

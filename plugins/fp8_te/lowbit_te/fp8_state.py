@@ -21,6 +21,7 @@ minus the recipe, as tensors and numbers in a file of its own (read back with
 unpickling: set the plain metadata and lowbit's recipe, let TE allocate its state, copy the
 tensors in.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -45,8 +46,12 @@ PER_PROCESS_KEYS = ("buffer_index_and_autocast_key", RECOMPUTE_BUFFER_KEY)
 
 def te_fp8_modules(model: nn.Module) -> dict[str, nn.Module]:
     """The modules that carry TE FP8 metadata (TransformerEngineBaseModule: Linear, LayerNormLinear, ...)."""
-    return {name: module for name, module in model.named_modules()
-            if isinstance(getattr(module, "fp8_meta", None), dict) and callable(getattr(module, "init_fp8_meta_tensors", None))}
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "fp8_meta", None), dict)
+        and callable(getattr(module, "init_fp8_meta_tensors", None))
+    }
 
 
 def _empty_extra_state(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
@@ -96,9 +101,11 @@ def load_scaling_state(model: nn.Module, state: dict[str, dict[str, Any]], recip
         # Saved under delayed scaling, resumed under a recipe that keeps no amax history (current,
         # block, MXFP8, NVFP4 compute their scales from each tensor): the weights carry over, the
         # histories have nowhere to go. TE itself would fail here (no amax_history to copy into).
-        note(f"lowbit-te: this checkpoint holds delayed-scaling state (amax histories of {len(state)} module(s)); "
-             f"this run's recipe ({type(recipe).__name__}) computes its scales from each tensor and keeps none, "
-             "so the histories are not restored. The weights and optimizer state are.")
+        note(
+            f"lowbit-te: this checkpoint holds delayed-scaling state (amax histories of {len(state)} module(s)); "
+            f"this run's recipe ({type(recipe).__name__}) computes its scales from each tensor and keeps none, "
+            "so the histories are not restored. The weights and optimizer state are."
+        )
         return
     for name, entry in state.items():
         module = modules[name]
@@ -112,7 +119,8 @@ def load_scaling_state(model: nn.Module, state: dict[str, dict[str, Any]], recip
                 if target.amax_history.shape != entry[history_name].shape:
                     raise ValueError(
                         f"{name}: the saved amax history has shape {tuple(entry[history_name].shape)}, this run's "
-                        f"{tuple(target.amax_history.shape)} (amax_history_len changed?)")
+                        f"{tuple(target.amax_history.shape)} (amax_history_len changed?)"
+                    )
                 target.scale.copy_(entry[scale_name])
                 target.amax_history.copy_(entry[history_name])
 
@@ -120,12 +128,17 @@ def load_scaling_state(model: nn.Module, state: dict[str, dict[str, Any]], recip
 def without_pickled_extra_state(state: dict[str, Any]) -> dict[str, Any] | None:
     """A model state dict with TE's pickled ``_extra_state`` entries emptied (a checkpoint written
     before lowbit kept them out, or by TE itself): lowbit never unpickles. None when there were none."""
-    pickled = [k for k, v in state.items()
-               if k.endswith(EXTRA_STATE) and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.numel()]
+    pickled = [
+        k
+        for k, v in state.items()
+        if k.endswith(EXTRA_STATE) and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.numel()
+    ]
     if not pickled:
         return None
     note(
         f"lowbit-te: {len(pickled)} module(s) of this checkpoint hold Transformer Engine's pickled FP8 state "
         f"({pickled[0]}, ...); lowbit does not unpickle checkpoint data, so their amax histories start afresh "
-        "(they refill within amax_history_len steps). Checkpoints saved by this lowbit keep that state as plain tensors.")
+        "(they refill within amax_history_len steps). Checkpoints saved by this lowbit keep that state as plain "
+        "tensors."
+    )
     return {k: (torch.empty(0, dtype=torch.uint8) if k in pickled else v) for k, v in state.items()}

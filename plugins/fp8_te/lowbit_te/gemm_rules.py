@@ -9,6 +9,7 @@ are multiples of 16 (``tensor/nvfp4_tensor.py``, ``NVFP4Quantizer.is_quantizable
 A batch of 3 sequences of 11 tokens trains on a CPU and crashes on a GPU, so lowbit pads the
 flattened tokens with zero rows (``lowbit.kernel.token_padding``).
 """
+
 from __future__ import annotations
 
 from typing import Any

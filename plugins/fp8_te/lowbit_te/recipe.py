@@ -1,4 +1,5 @@
 """``TERecipeKwargs``: Transformer Engine options. Importing it does not import TE."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,16 +36,24 @@ class TERecipeKwargs(FP4RecipeOptions, RecipeKwargs):
 
     use_autocast_during_eval: bool | None = recipe_option(False, type=bool, help="keep FP8 autocast on in eval mode")
     margin: int | None = recipe_option(0, type=int, normalize=at_least(0), help="margin for the scaling factor")
-    interval: int | None = recipe_option(1, type=int, normalize=at_least(1), help="steps between scaling-factor updates (TE 1.x only)")
+    interval: int | None = recipe_option(
+        1, type=int, normalize=at_least(1), help="steps between scaling-factor updates (TE 1.x only)"
+    )
     fp8_format: str | None = recipe_option("HYBRID", choices=FP8_FORMATS, help="HYBRID, E4M3 or E5M2")
-    amax_history_len: int | None = recipe_option(1024, type=int, normalize=at_least(1), help="length of the amax history window")
+    amax_history_len: int | None = recipe_option(
+        1024, type=int, normalize=at_least(1), help="length of the amax history window"
+    )
     amax_compute_algo: str | None = recipe_option("most_recent", choices=AMAX_COMPUTE_ALGOS, help="max or most_recent")
     override_linear_precision: tuple[bool, bool, bool] | None = recipe_option(
         (False, False, False), type="bools3", help="(fprop, dgrad, wgrad) in high precision (TE 1.x only)"
     )
     recipe: str | None = recipe_name_option("delayed", help="delayed, current, block, mxfp8 (fp8); nvfp4 (fp4)")
-    use_mxfp8_block_scaling: bool | None = recipe_option(False, type=bool, code_only=True, help="Accelerate's name for recipe='mxfp8'")
-    keep_first_last_high_precision: bool | None = recipe_option(False, type=bool, help="keep the first and last Linear in high precision")
+    use_mxfp8_block_scaling: bool | None = recipe_option(
+        False, type=bool, code_only=True, help="Accelerate's name for recipe='mxfp8'"
+    )
+    keep_first_last_high_precision: bool | None = recipe_option(
+        False, type=bool, help="keep the first and last Linear in high precision"
+    )
     te_recipe: Any = recipe_option(None, code_only=True, help="a transformer_engine.common.recipe object, used as is")
     # TE's FP8 GEMMs refuse token counts that are not multiples of 8 (32 for MXFP8): pad them.
     pad_tokens: bool | None = recipe_option(True, type=bool, help="pad odd token counts to what TE's FP8 GEMMs need")
@@ -53,6 +62,8 @@ class TERecipeKwargs(FP4RecipeOptions, RecipeKwargs):
         super().__post_init__()
         if self.use_mxfp8_block_scaling:
             if self.recipe not in (None, "mxfp8"):
-                raise ConfigError(f"TERecipeKwargs got use_mxfp8_block_scaling=True and recipe={self.recipe!r}; "
-                                  "they contradict each other. Give recipe='mxfp8' alone.")
+                raise ConfigError(
+                    f"TERecipeKwargs got use_mxfp8_block_scaling=True and recipe={self.recipe!r}; "
+                    "they contradict each other. Give recipe='mxfp8' alone."
+                )
             self.recipe = "mxfp8"

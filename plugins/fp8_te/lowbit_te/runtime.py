@@ -1,4 +1,5 @@
 """What needs Transformer Engine itself: its own hardware checks, the recipe object, autocast."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,14 +19,21 @@ from lowbit.kernel.plugin_api import (
 # Options Accelerate passes to DelayedScaling that TE 2.x removed, with the value that means
 # "TE 2.x's behaviour" (scaling factors update every step; no per-GEMM override).
 REMOVED_IN_TE2 = {"interval": 1, "override_linear_precision": (False, False, False)}
-RECIPE_CLASSES = {"delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
-                  "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling"}
+RECIPE_CLASSES = {
+    "delayed": "DelayedScaling",
+    "current": "Float8CurrentScaling",
+    "mxfp8": "MXFP8BlockScaling",
+    "block": "Float8BlockScaling",
+    "nvfp4": "NVFP4BlockScaling",
+}
 # lowbit's NVFP4 options -> NVFP4BlockScaling's fields, which say the opposite (disable_*), and the
 # environment variables whose value TE reads into each field's default when its recipe module is
 # imported (common/recipe/__init__.py, 2.9.0 and 2.20.2).
-NVFP4_SWITCHES = {"nvfp4_random_hadamard": ("disable_rht", "NVTE_NVFP4_DISABLE_RHT"),
-                  "nvfp4_stochastic_rounding": ("disable_stochastic_rounding", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"),
-                  "nvfp4_2d_weight_scaling": ("disable_2d_quantization", "NVTE_NVFP4_DISABLE_2D_QUANTIZATION")}
+NVFP4_SWITCHES = {
+    "nvfp4_random_hadamard": ("disable_rht", "NVTE_NVFP4_DISABLE_RHT"),
+    "nvfp4_stochastic_rounding": ("disable_stochastic_rounding", "NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING"),
+    "nvfp4_2d_weight_scaling": ("disable_2d_quantization", "NVTE_NVFP4_DISABLE_2D_QUANTIZATION"),
+}
 
 
 def import_te() -> tuple[Any, Any]:
@@ -48,7 +56,9 @@ def check_runtime(context: PrepareContext) -> None:
     te, _ = import_te()
     ok, why = _te_check(te, "is_fp8_available")
     if not ok:
-        raise BackendUnavailableError(f"Transformer Engine reports FP8 unavailable on {context.hardware.describe()}: {why}")
+        raise BackendUnavailableError(
+            f"Transformer Engine reports FP8 unavailable on {context.hardware.describe()}: {why}"
+        )
     build_recipe(context)
 
 
@@ -58,7 +68,10 @@ def build_recipe(context: PrepareContext) -> Any:
     options = context.backend_options
     if options.te_recipe is not None:
         if not isinstance(options.te_recipe, recipe_module.Recipe):
-            raise ConfigError(f"TERecipeKwargs(te_recipe=...) expects a transformer_engine.common.recipe.Recipe, got {type(options.te_recipe).__name__}.")
+            raise ConfigError(
+                "TERecipeKwargs(te_recipe=...) expects a transformer_engine.common.recipe.Recipe, got "
+                f"{type(options.te_recipe).__name__}."
+            )
         return options.te_recipe
     _check_te_supports(te, options.recipe, context)
     if options.recipe == "delayed" and context.compiled:
@@ -67,18 +80,28 @@ def build_recipe(context: PrepareContext) -> Any:
             "Use recipe='current' with dynamo_backend, or train without dynamo_backend."
         )
     if options.fp8_format == "E5M2":
-        raise ConfigError("fp8_format='E5M2' (pure E5M2 training) is not supported by Transformer Engine; use HYBRID or E4M3.")
+        raise ConfigError(
+            "fp8_format='E5M2' (pure E5M2 training) is not supported by Transformer Engine; use HYBRID or E4M3."
+        )
     cls = getattr(recipe_module, RECIPE_CLASSES[options.recipe], None)
     if cls is None:
         raise BackendUnavailableError(
             f"recipe={options.recipe!r} needs Transformer Engine's {RECIPE_CLASSES[options.recipe]}, which this TE "
-            f"({_te_version()}) does not have (NVFP4BlockScaling: TE 2.8+). `pip install -U transformer-engine[pytorch]`.")
-    accepted = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set(inspect.signature(cls).parameters)
+            f"({_te_version()}) does not have (NVFP4BlockScaling: TE 2.8+). `pip install -U "
+            "transformer-engine[pytorch]`."
+        )
+    accepted = (
+        {f.name for f in dataclasses.fields(cls)}
+        if dataclasses.is_dataclass(cls)
+        else set(inspect.signature(cls).parameters)
+    )
     _refuse_options_the_recipe_ignores(options, cls)
     if options.recipe == "nvfp4":
         if not options.is_default("fp8_format"):
-            raise ConfigError(f"fp8_format={options.fp8_format!r} cannot reach Transformer Engine with recipe='nvfp4': "
-                              "NVFP4BlockScaling's block scales are always E4M3. Remove the option.")
+            raise ConfigError(
+                f"fp8_format={options.fp8_format!r} cannot reach Transformer Engine with recipe='nvfp4': "
+                "NVFP4BlockScaling's block scales are always E4M3. Remove the option."
+            )
         return _nvfp4_recipe(cls, options)
     wanted = {}
     # HYBRID is Accelerate's default for delayed scaling; the block recipes default to E4M3 in TE
@@ -87,7 +110,11 @@ def build_recipe(context: PrepareContext) -> Any:
     if options.recipe in ("delayed", "current") or not options.is_default("fp8_format"):
         wanted["fp8_format"] = recipe_module.Format[options.fp8_format]
     if options.recipe == "delayed":
-        wanted.update(margin=options.margin, amax_history_len=options.amax_history_len, amax_compute_algo=options.amax_compute_algo)
+        wanted.update(
+            margin=options.margin,
+            amax_history_len=options.amax_history_len,
+            amax_compute_algo=options.amax_compute_algo,
+        )
     elif options.recipe == "mxfp8":
         wanted["margin"] = options.margin
     for name, neutral in REMOVED_IN_TE2.items():
@@ -120,8 +147,10 @@ def _nvfp4_recipe(cls: type, options: Any) -> Any:
             continue
         given[field] = not getattr(options, option)
         if field in te_defaults and given[field] != te_defaults[field]:
-            note(f"lowbit-te: {option}={getattr(options, option)} overrides {variable}="
-                 f"{os.environ.get(variable, '(unset)')} (Transformer Engine's own switch for {field}).")
+            note(
+                f"lowbit-te: {option}={getattr(options, option)} overrides {variable}="
+                f"{os.environ.get(variable, '(unset)')} (Transformer Engine's own switch for {field})."
+            )
     return cls(**given)
 
 
@@ -152,7 +181,8 @@ def _check_te_supports(te: Any, recipe: str, context: PrepareContext) -> None:
     if not ok:
         raise BackendUnavailableError(
             f"Transformer Engine cannot run recipe={recipe!r} on {context.hardware.describe()}: {why} "
-            "Use recipe='delayed' or 'current' (FP8 on sm_89+).")
+            "Use recipe='delayed' or 'current' (FP8 on sm_89+)."
+        )
 
 
 def _te_version() -> str:

@@ -1,4 +1,5 @@
 """DDP and FSDP2 in 2 processes over gloo, started by `lowbit launch --cpu --num_processes 2`."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,19 @@ def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2, env_extra
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env_extra or {}))
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
-           str(WORKER), scenario, str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        str(world),
+        *flags,
+        str(WORKER),
+        scenario,
+        str(out),
+    ]
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(world)]
@@ -135,13 +147,18 @@ def test_block_formats_under_ddp_and_fsdp2(tmp_path, recipe, precision, strategy
     scenario = f"block-{recipe}-{strategy}"
     results = launch(tmp_path, scenario, *flags, "--mixed_precision", precision)
     assert results[0]["strategy"] == strategy and results[0]["fp8_backend"] == "ao"
-    assert results[0]["fp8_report"].startswith(f"{precision} (ao, {recipe}, emulated): 2 of 4 Linear layers"), results[0]["fp8_report"]
+    assert results[0]["fp8_report"].startswith(f"{precision} (ao, {recipe}, emulated): 2 of 4 Linear layers"), results[
+        0
+    ]["fp8_report"]
     assert_ranks_agree(gathered_states(tmp_path / scenario))
     assert_loss_decreases(results[0]["losses"])
 
 
-@pytest.mark.parametrize("flags", [("--use_fsdp",), ("--use_deepspeed", "--zero_stage", "3", "--mixed_precision", "bf16")],
-                         ids=["fsdp2", "zero3"])
+@pytest.mark.parametrize(
+    "flags",
+    [("--use_fsdp",), ("--use_deepspeed", "--zero_stage", "3", "--mixed_precision", "bf16")],
+    ids=["fsdp2", "zero3"],
+)
 def test_a_sharded_model_is_gathered_on_the_main_process_only_and_a_tied_weight_saved_once(tmp_path, flags):
     if "--use_deepspeed" in flags:
         pytest.importorskip("lowbit_deepspeed")
@@ -184,17 +201,20 @@ def test_ddp_comm_hooks_are_registered_and_train(tmp_path, hook, registered):
     assert_loss_decreases(results[0]["losses"])
 
 
-
 def test_ranks_come_from_a_process_group_the_script_started_itself(tmp_path):
     """With no RANK variable both processes said they were rank 0 (lowbit read the environment only)."""
     worker = TESTS / "distributed" / "own_group_worker.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, str(worker), str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(worker), str(tmp_path)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert facts == [{"process_index": 0, "num_processes": 2, "is_main_process": True},
-                     {"process_index": 1, "num_processes": 2, "is_main_process": False}]
+    assert facts == [
+        {"process_index": 0, "num_processes": 2, "is_main_process": True},
+        {"process_index": 1, "num_processes": 2, "is_main_process": False},
+    ]
 
 
 @pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp2"])
@@ -208,8 +228,19 @@ def test_torch_compile_of_a_prepared_model_adds_nothing_to_what_torch_compiles(t
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     precisions = "no,bf16,fp16,fp8-tensorwise,fp8-rowwise"
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *flags,
-           str(TESTS / "distributed" / "compile_worker.py"), str(out), precisions]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        *flags,
+        str(TESTS / "distributed" / "compile_worker.py"),
+        str(out),
+        precisions,
+    ]
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     for rank in range(2):

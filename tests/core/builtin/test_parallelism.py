@@ -1,6 +1,7 @@
 """N-D parallelism with Accelerate's ParallelismConfig: HSDP, tensor parallelism, FSDP2 x TP, with
 FP8 (lowbit-ao's float8 TP styles) and activation checkpointing; each layout against plain PyTorch
 on one process over the same global batch."""
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,19 @@ transformers = pytest.importorskip("transformers")
 
 def tiny_llama(**overrides):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**{**dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                                 num_attention_heads=4, num_key_value_heads=2), **overrides})
+    config = transformers.LlamaConfig(
+        **{
+            **dict(
+                vocab_size=128,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            ),
+            **overrides,
+        }
+    )
     return transformers.LlamaForCausalLM(config)
 
 
@@ -55,11 +67,14 @@ def test_sizes_come_from_accelerates_launcher_variables_and_default_to_one(monke
     assert ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"tp_size": 0}, "whole number >= 1"),
-    ({"dp_replicate_size": 2, "tp_size": 2}, "needs dp_shard_size > 1"),
-    ({"cp_backend": "ring"}, "cp_backend"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"tp_size": 0}, "whole number >= 1"),
+        ({"dp_replicate_size": 2, "tp_size": 2}, "needs dp_shard_size > 1"),
+        ({"cp_backend": "ring"}, "cp_backend"),
+    ],
+)
 def test_layouts_lowbit_cannot_run_are_refused_when_made(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ParallelismConfig(**kwargs)
@@ -83,8 +98,9 @@ def test_the_layout_must_fit_the_job_and_the_strategy():
     with pytest.raises(ConfigError, match="lays out 4 processes .* the job has 2"):
         ParallelismConfig(dp_shard_size=2, tp_size=2).fit_to(2, "fsdp", ("dp_shard", "tp"), {})
     with pytest.raises(ConfigError, match="'ddp' strategy does not lay out.*Use distributed_type fsdp"):
-        ParallelismConfig(dp_shard_size=2).fit_to(2, "ddp", ("dp_replicate", "tp"),
-                                                  {"ddp": ("dp_replicate", "tp"), "fsdp": ("dp_shard", "tp")})
+        ParallelismConfig(dp_shard_size=2).fit_to(
+            2, "ddp", ("dp_replicate", "tp"), {"ddp": ("dp_replicate", "tp"), "fsdp": ("dp_shard", "tp")}
+        )
     spread = ParallelismConfig()
     spread.fit_to(4, "fsdp", ("dp_replicate", "dp_shard"), {})
     assert spread.dp_shard_size == 4  # all ones: every process shards
@@ -95,8 +111,12 @@ def test_launcher_flags_and_accelerate_variables_fill_the_section():
     add_config_flags(parser)
     args = parser.parse_args(["--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2"])
     assert raw_config_from_args(args)["parallelism_config"] == {"dp_shard_size": "2", "tp_size": "2"}
-    environ = {"ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_TP_SIZE": "2",
-               "PARALLELISM_CONFIG_SP_SIZE": "1", "PARALLELISM_CONFIG_SP_BACKEND": "deepspeed"}
+    environ = {
+        "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
+        "PARALLELISM_CONFIG_TP_SIZE": "2",
+        "PARALLELISM_CONFIG_SP_SIZE": "1",
+        "PARALLELISM_CONFIG_SP_BACKEND": "deepspeed",
+    }
     assert settings_from_accelerate_env(environ)["parallelism_config"] == {"tp_size": "2"}
 
 
@@ -129,12 +149,19 @@ def test_a_plan_pattern_matches_each_block():
     assert len([name for name in layout if name.startswith("model.layers.")]) == 14
 
 
-@pytest.mark.parametrize("model, handler, message", [
-    (nn.Sequential(nn.Linear(8, 8)), {}, "has no tensor-parallel plan"),
-    (nn.Sequential(nn.Linear(8, 8)), {"plan": {"5": "colwise"}}, "names no module"),
-    (nn.Sequential(nn.Linear(8, 6)), {"plan": {"0": "colwise"}}, "6 does not divide by 4"),
-    (nn.Sequential(nn.Linear(8, 8)), {"plan": {"0": "packed_colwise"}}, "'packed_colwise', which lowbit does not offer"),
-])
+@pytest.mark.parametrize(
+    "model, handler, message",
+    [
+        (nn.Sequential(nn.Linear(8, 8)), {}, "has no tensor-parallel plan"),
+        (nn.Sequential(nn.Linear(8, 8)), {"plan": {"5": "colwise"}}, "names no module"),
+        (nn.Sequential(nn.Linear(8, 6)), {"plan": {"0": "colwise"}}, "6 does not divide by 4"),
+        (
+            nn.Sequential(nn.Linear(8, 8)),
+            {"plan": {"0": "packed_colwise"}},
+            "'packed_colwise', which lowbit does not offer",
+        ),
+    ],
+)
 def test_plans_lowbit_cannot_lay_out_are_errors_before_any_collective(model, handler, message):
     with pytest.raises(ConfigError, match=message):
         apply_tensor_parallel(model, tp_context(4, **handler))
@@ -152,10 +179,15 @@ def test_lowbit_ao_lays_its_tensorwise_float8_layers_out_with_torchaos_float8_st
 
     from lowbit_ao.convert import tensor_parallel_style
 
-    tensorwise = convert_to_float8_training(nn.Sequential(nn.Linear(16, 16)), config=Float8LinearConfig(emulate=True))[0]
-    rowwise = convert_to_float8_training(nn.Sequential(nn.Linear(16, 16)),
-                                         config=Float8LinearConfig.from_recipe_name("rowwise"))[0]
-    assert isinstance(tensorwise_style := tensor_parallel_style(tensorwise, "colwise"), Float8ColwiseParallel), tensorwise_style
+    tensorwise = convert_to_float8_training(nn.Sequential(nn.Linear(16, 16)), config=Float8LinearConfig(emulate=True))[
+        0
+    ]
+    rowwise = convert_to_float8_training(
+        nn.Sequential(nn.Linear(16, 16)), config=Float8LinearConfig.from_recipe_name("rowwise")
+    )[0]
+    assert isinstance(tensorwise_style := tensor_parallel_style(tensorwise, "colwise"), Float8ColwiseParallel), (
+        tensorwise_style
+    )
     assert isinstance(tensor_parallel_style(tensorwise, "rowwise"), Float8RowwiseParallel)
     assert tensor_parallel_style(rowwise, "colwise") is None  # torch's plain style: float8 TP styles scale per tensor
     assert tensor_parallel_style(nn.Linear(16, 16), "colwise") is None
@@ -192,8 +224,19 @@ def run_layout(tmp_path: Path, world: int, *args: str, flags: tuple[str, ...] = 
     tmp_path.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
-           str(WORKER), str(tmp_path), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        str(world),
+        *flags,
+        str(WORKER),
+        str(tmp_path),
+        *args,
+    ]
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((tmp_path / "result.json").read_text())
@@ -217,8 +260,11 @@ LAYOUTS = {
     "fp8-rowwise-tp": (2, ("tp_size=2", "mp=fp8", "recipe=rowwise"), ()),
     # torch.compile (inductor) at scale: each block compiled once under FSDP2 with checkpointing and
     # fp8, and the whole model under DDP.
-    "fp8-fsdp-selective-ac-regional-compile": (2, ("dp_shard_size=2", "mp=fp8", "ac=selective", "compile=regional"),
-                                               ("--use_fsdp",)),
+    "fp8-fsdp-selective-ac-regional-compile": (
+        2,
+        ("dp_shard_size=2", "mp=fp8", "ac=selective", "compile=regional"),
+        ("--use_fsdp",),
+    ),
     "bf16-ddp-compile": (2, ("dp_replicate_size=2", "mp=bf16", "compile=whole"), ()),
 }
 
@@ -238,7 +284,9 @@ def test_each_layout_trains_like_one_process_on_the_global_batch(tmp_path, name)
     assert result["losses"] == pytest.approx(result["reference"], **TOLERANCE[precision]), result
     if precision == "fp8":
         recipe = next((a.split("=")[1] for a in args if a.startswith("recipe=")), "tensorwise")
-        assert result["fp8_report"].startswith(f"fp8 (ao, {recipe}, emulated): 13 of 15 Linear layers"), result["fp8_report"]
+        assert result["fp8_report"].startswith(f"fp8 (ao, {recipe}, emulated): 13 of 15 Linear layers"), result[
+            "fp8_report"
+        ]
 
 
 # ------------------------------------------------------------------ Accelerate's example, import changed
@@ -247,17 +295,34 @@ ND_SCRIPT = TESTS / "accelerate_style" / "nd_parallel.py"
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world, flags, sizes, steps", [
-    (2, (), ("--tp-size", "2"), 8),  # laid out by transformers at load time; both ranks see every batch of 2
-    (4, ("--use_fsdp",), ("--dp-replicate-size", "2", "--dp-shard-size", "2"), 2),  # HSDP: 16 samples over 4 ranks
-])
-def test_accelerates_nd_parallel_example_trains_checkpoints_and_saves_whole_weights(tmp_path, world, flags, sizes, steps):
+@pytest.mark.parametrize(
+    "world, flags, sizes, steps",
+    [
+        (2, (), ("--tp-size", "2"), 8),  # laid out by transformers at load time; both ranks see every batch of 2
+        (4, ("--use_fsdp",), ("--dp-replicate-size", "2", "--dp-shard-size", "2"), 2),  # HSDP: 16 samples over 4 ranks
+    ],
+)
+def test_accelerates_nd_parallel_example_trains_checkpoints_and_saves_whole_weights(
+    tmp_path, world, flags, sizes, steps
+):
     model_dir = tmp_path / "tiny"
     tiny_llama(use_cache=False).save_pretrained(model_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), *flags,
-           str(ND_SCRIPT), str(model_dir), str(tmp_path / "out"), *sizes]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        str(world),
+        *flags,
+        str(ND_SCRIPT),
+        str(model_dir),
+        str(tmp_path / "out"),
+        *sizes,
+    ]
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads((tmp_path / "out" / "result.json").read_text())
@@ -266,7 +331,10 @@ def test_accelerates_nd_parallel_example_trains_checkpoints_and_saves_whole_weig
     original = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
     for name, tensor in original.state_dict().items():  # whole weights, once, trained (SGD moved them)
         assert saved.state_dict()[name].shape == tensor.shape, name
-    assert not torch.equal(saved.state_dict()["model.layers.0.mlp.up_proj.weight"], original.state_dict()["model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(
+        saved.state_dict()["model.layers.0.mlp.up_proj.weight"],
+        original.state_dict()["model.layers.0.mlp.up_proj.weight"],
+    )
     assert (tmp_path / "out" / "checkpoint-1" / "lowbit_state.json").exists()
 
 
@@ -302,11 +370,26 @@ def test_an_fp8_run_finishes_in_bf16_when_asked(tmp_path):
     pytest.importorskip("lowbit_ao")
     ckpt = tmp_path / "ckpt"
     run_layout(tmp_path / "fp8", 2, "dp_shard_size=2", "mp=fp8", "steps=2", f"save={ckpt}", flags=("--use_fsdp",))
-    finish = run_layout(tmp_path / "bf16", 2, "dp_shard_size=2", "mp=bf16", f"resume={ckpt}", "switch=1", flags=("--use_fsdp",))
+    finish = run_layout(
+        tmp_path / "bf16", 2, "dp_shard_size=2", "mp=bf16", f"resume={ckpt}", "switch=1", flags=("--use_fsdp",)
+    )
     assert finish["losses"] == pytest.approx(finish["reference"][2:], rel=1e-2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", "--use_fsdp", str(WORKER),
-           str(tmp_path / "refused"), "dp_shard_size=2", "mp=bf16", f"resume={ckpt}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--use_fsdp",
+        str(WORKER),
+        str(tmp_path / "refused"),
+        "dp_shard_size=2",
+        "mp=bf16",
+        f"resume={ckpt}",
+    ]
     (tmp_path / "refused").mkdir()
     proc = run_launch(cmd, env=dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     assert proc.returncode != 0 and "allow_precision_change=True" in proc.stderr, proc.stderr[-3000:]

@@ -4,6 +4,7 @@ attention kernel, so CPU runs refuse cp_size > 1): ``pytest -m gpu tests/core/bu
 Needs 2 CUDA GPUs (NCCL puts one rank on each); skipped otherwise. Not run in this repository's CI
 (it has no GPU); ``bench/gpu_check.sh`` runs it where the machine has two.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,10 @@ from helpers import TESTS, run_launch
 
 SCRIPT = TESTS / "accelerate_style" / "nd_parallel.py"
 transformers = pytest.importorskip("transformers")
-two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                              reason="context parallelism needs 2 CUDA GPUs (one NCCL rank on each)")
+two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="context parallelism needs 2 CUDA GPUs (one NCCL rank on each)",
+)
 
 
 @pytest.mark.gpu
@@ -25,12 +28,31 @@ two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device
 @two_gpus
 def test_context_parallel_trains_a_llama_with_each_rank_holding_half_of_every_sequence(tmp_path):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_cache=False,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--num_processes", "2", "--use_fsdp", str(SCRIPT),
-           str(tmp_path / "tiny"), str(tmp_path / "out"), "--cp-size", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--num_processes",
+        "2",
+        "--use_fsdp",
+        str(SCRIPT),
+        str(tmp_path / "tiny"),
+        str(tmp_path / "out"),
+        "--cp-size",
+        "2",
+    ]
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads((tmp_path / "out" / "result.json").read_text())

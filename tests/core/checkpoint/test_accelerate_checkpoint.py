@@ -1,6 +1,7 @@
 """A run moving from Accelerate to lowbit mid-training: ``load_state`` on a directory written by
 Accelerate's own ``save_state`` (run for real, in its own process) restores weights, optimizer
 state, scheduler, registered objects, the step counter and the RNGs."""
+
 from __future__ import annotations
 
 import subprocess
@@ -22,8 +23,9 @@ ACCELERATE_RUN = TESTS / "scripts" / "accelerate_save_state.py"
 @pytest.mark.parametrize("weights", ["safetensors", "bin"])
 def test_load_state_resumes_a_checkpoint_written_by_accelerate(tmp_path, weights, recwarn):
     pytest.importorskip("accelerate")
-    proc = subprocess.run([sys.executable, str(ACCELERATE_RUN), str(tmp_path), weights], capture_output=True, text=True,
-                          timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, str(ACCELERATE_RUN), str(tmp_path), weights], capture_output=True, text=True, timeout=1500
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "ckpt" / ("model.safetensors" if weights == "safetensors" else "pytorch_model.bin")).exists()
     reference = torch.load(tmp_path / "reference.pt", weights_only=True)
@@ -63,7 +65,9 @@ def test_a_pickled_object_in_an_accelerate_checkpoint_is_refused_by_name(tmp_pat
 
     torch.save({"state": {}, "param_groups": [Evil()]}, tmp_path / "optimizer.bin")
     accelerator = Accelerator(cpu=True)
-    model, optimizer = accelerator.prepare(nn.Sequential(nn.Linear(8, 4)), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    model, optimizer = accelerator.prepare(
+        nn.Sequential(nn.Linear(8, 4)), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
+    )
     with pytest.raises(CheckpointError, match=r"optimizer.bin \(optimizer state\) cannot be read safely"):
         accelerator.load_state(tmp_path)
 
@@ -77,8 +81,10 @@ def _prepared_run():
 
 
 def _snapshot(model, optimizer) -> tuple[dict, dict]:
-    return ({k: v.clone() for k, v in model.state_dict().items()},
-            {"lr": optimizer.param_groups[0]["lr"], "state": len(optimizer.state_dict()["state"])})
+    return (
+        {k: v.clone() for k, v in model.state_dict().items()},
+        {"lr": optimizer.param_groups[0]["lr"], "state": len(optimizer.state_dict()["state"])},
+    )
 
 
 def _write_checkpoint(directory: Path, width: int = 16, optimizer_bytes: bytes | None = None) -> None:
@@ -97,8 +103,9 @@ def _write_checkpoint(directory: Path, width: int = 16, optimizer_bytes: bytes |
         (directory / "optimizer.bin").write_bytes(optimizer_bytes)
 
 
-@pytest.mark.parametrize("damage", ["truncated optimizer", "model of another width", "safetensors header too long",
-                                    "truncated safetensors"])
+@pytest.mark.parametrize(
+    "damage", ["truncated optimizer", "model of another width", "safetensors header too long", "truncated safetensors"]
+)
 def test_a_load_that_fails_changes_nothing_and_names_the_file(tmp_path, damage):
     """The weights were loaded before the optimizer file failed, and a model of another width had
     its fitting tensors copied before the error; a broken .safetensors gave a raw SafetensorError."""
@@ -109,7 +116,9 @@ def test_a_load_that_fails_changes_nothing_and_names_the_file(tmp_path, damage):
         (ckpt / "optimizer.bin").write_bytes(data[: len(data) // 2])
         message = r"optimizer.bin \(optimizer state\) cannot be read"
     elif damage == "model of another width":
-        message = r"model.safetensors does not fit this model: 0.weight is \(32, 8\) torch.float32 in the file and \(16, 8\)"
+        message = (
+            r"model.safetensors does not fit this model: 0.weight is \(32, 8\) torch.float32 in the file and \(16, 8\)"
+        )
     elif damage == "safetensors header too long":
         data = (ckpt / "model.safetensors").read_bytes()
         (ckpt / "model.safetensors").write_bytes((2**40).to_bytes(8, "little") + data[8:])

@@ -4,6 +4,7 @@ Faults are injected for real: a save SIGKILLed at every step of its commit (in a
 a full disk (a small tmpfs when this machine lets us mount one, else RLIMIT_FSIZE), flipped
 bytes, edited metadata, files that lowbit did not write.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -190,7 +191,9 @@ def test_a_missing_rng_file_is_an_error(tmp_path):
     (tmp_path / "ckpt" / "rng_state_0.pt").unlink()
     with pytest.raises(CheckpointError, match=r"rng_state_0.pt' is missing"):
         acc.load_state(tmp_path / "ckpt")
-    rewrite_metadata(tmp_path / "ckpt", lambda m: {**m, "files": {k: v for k, v in m["files"].items() if "rng" not in k}})
+    rewrite_metadata(
+        tmp_path / "ckpt", lambda m: {**m, "files": {k: v for k, v in m["files"].items() if "rng" not in k}}
+    )
     with pytest.raises(CheckpointError, match=r"has no rng_state_0.pt"):
         acc.load_state(tmp_path / "ckpt")
 
@@ -200,7 +203,10 @@ def test_a_missing_rng_file_is_an_error(tmp_path):
     [
         (lambda m: [m], "expected a JSON object, found a list"),
         (lambda m: {**m, "step": "3"}, r"'step' should be an int from 0 to \d+, found '3'"),
-        (lambda m: {**m, "step": 10**30}, r"'step' should be an int from 0 to 9223372036854775807, found 1000000000000000000000000000000"),
+        (
+            lambda m: {**m, "step": 10**30},
+            r"'step' should be an int from 0 to 9223372036854775807, found 1000000000000000000000000000000",
+        ),
         (lambda m: {**m, "step": -1}, r"'step' should be an int from 0 to \d+, found -1"),
         (lambda m: {**m, "world_size": 10**30}, r"'world_size' should be an int from 1 to 16777216, found 10{30}"),
         (lambda m: {**m, "world_size": 0}, r"'world_size' should be an int from 1 to 16777216, found 0"),
@@ -334,9 +340,13 @@ def small_disk(tmp_path, size_kib):
     a process file-size limit of the same size (writes then fail with EFBIG instead of ENOSPC)."""
     mount = tmp_path / "small"
     mount.mkdir()
-    mounted = os.geteuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount)], capture_output=True
-    ).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        == 0
+    )
     if mounted:
         try:
             yield mount, None
@@ -379,7 +389,9 @@ def test_torchs_writer_failure_is_recognised_as_a_full_disk():
     assert checkpoint.is_disk_full(RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64"))
     assert checkpoint.is_disk_full(OSError(28, "No space left on device"))
     assert not checkpoint.is_disk_full(RuntimeError("something else"))
-    assert "disk is full" in checkpoint.disk_full_message(tempfile.gettempdir() and __import__("pathlib").Path(tempfile.gettempdir()) / "x")
+    assert "disk is full" in checkpoint.disk_full_message(
+        tempfile.gettempdir() and __import__("pathlib").Path(tempfile.gettempdir()) / "x"
+    )
 
 
 class StatefulBackend:
@@ -427,7 +439,9 @@ def test_the_checkpoint_hooks_of_the_chosen_fp8_backend_run_and_their_files_load
     acc.save_state(tmp_path / "ckpt")
     written = torch.load(tmp_path / "ckpt" / "model_0.pt", weights_only=True)
     assert set(written) == {"encoded"}
-    assert torch.equal(torch.load(tmp_path / "ckpt" / "fp8_state_0.pt", weights_only=True)["scales"]["w"], torch.tensor([2.0]))
+    assert torch.equal(
+        torch.load(tmp_path / "ckpt" / "fp8_state_0.pt", weights_only=True)["scales"]["w"], torch.tensor([2.0])
+    )
     fresh_backend = StatefulBackend()
     fresh = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(fresh_backend))
     fresh_model = mlp(seed=1)

@@ -1,6 +1,7 @@
 """Killed at any step and resumed from its checkpoint (mid-epoch included, with Accelerate's
 ``skip_first_batches`` pattern), a run ends on weights bit-identical to an uninterrupted one:
 the epoch's shuffle order, dropout's RNG, the scheduler and the optimizer all continue exactly."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,24 @@ def test_kill_and_resume_at_every_step_is_bit_identical(tmp_path, world, variant
     stops = list(range(every, steps_total, every))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(world), str(WORKER),
-           str(tmp_path), ",".join(map(str, stops)), variant]
-    proc = run_launch(cmd, env=env) if world > 1 else subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        str(world),
+        str(WORKER),
+        str(tmp_path),
+        ",".join(map(str, stops)),
+        variant,
+    ]
+    proc = (
+        run_launch(cmd, env=env)
+        if world > 1
+        else subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in range(world):
         diffs = json.loads((tmp_path / f"resume_rank{rank}.json").read_text())

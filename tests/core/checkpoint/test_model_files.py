@@ -1,5 +1,6 @@
 """save_model writes what Accelerate writes: the same file names, sharding and index, readable by
 Accelerate's own loader and by transformers."""
+
 from __future__ import annotations
 
 import json
@@ -114,6 +115,7 @@ def test_a_sharded_save_killed_at_any_point_leaves_a_complete_set(tmp_path, monk
                 raise KeyboardInterrupt("killed mid-save")
             calls["n"] += 1
             return write(*args, **kwargs)
+
         return wrapped
 
     monkeypatch.setattr(model_files, "write_file_atomically", dying(real_write))
@@ -131,4 +133,6 @@ def test_a_sharded_save_killed_at_any_point_leaves_a_complete_set(tmp_path, monk
     monkeypatch.setattr(model_files, "write_json_atomically", real_json)
     acc.save_model(new, tmp_path, max_shard_size="10KB")  # the next save completes and cleans up
     assert not (tmp_path / model_files.PREVIOUS_SET_DIR).exists()
-    assert all(torch.equal(_load_indexed(tmp_path)[k], v.detach()) for k, v in acc.unwrap_model(new).state_dict().items())
+    assert all(
+        torch.equal(_load_indexed(tmp_path)[k], v.detach()) for k, v in acc.unwrap_model(new).state_dict().items()
+    )

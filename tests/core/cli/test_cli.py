@@ -1,4 +1,5 @@
 """The `lowbit` command: plugins, env, config, launch."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,22 @@ def test_env_prints_a_bug_report(capsys):
 
 def test_config_from_flags_round_trips_through_launch(tmp_path, capsys):
     path = tmp_path / "c.yaml"
-    assert main(["config", "--config_file", str(path), "--mixed_precision", "fp8", "--fp8_backend", "ao",
-                 "--gradient_accumulation_steps", "2"]) == 0
+    assert (
+        main(
+            [
+                "config",
+                "--config_file",
+                str(path),
+                "--mixed_precision",
+                "fp8",
+                "--fp8_backend",
+                "ao",
+                "--gradient_accumulation_steps",
+                "2",
+            ]
+        )
+        == 0
+    )
     data = yaml.safe_load(path.read_text())
     assert data["mixed_precision"] == "fp8" and data["gradient_accumulation_steps"] == 2
     assert data["fp8_config"] == {"backend": "ao"}
@@ -106,7 +121,9 @@ def test_launch_two_processes_runs_torchrun_and_prints_the_command(tmp_path):
     assert "torch.distributed.run --nproc_per_node 2" in proc.stderr
     ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert sorted((e["RANK"], e["WORLD_SIZE"], e["LOWBIT_DISTRIBUTED_TYPE"]) for e in ranks) == [
-        ("0", "2", "MULTI_CPU"), ("1", "2", "MULTI_CPU")]
+        ("0", "2", "MULTI_CPU"),
+        ("1", "2", "MULTI_CPU"),
+    ]
 
 
 def test_script_exit_code_is_passed_through(tmp_path):
@@ -115,7 +132,9 @@ def test_script_exit_code_is_passed_through(tmp_path):
 
 def test_ao_launch_flags_reach_the_script(tmp_path):
     pytest.importorskip("lowbit_ao")
-    proc = run_cli("launch", "--mixed_precision", "fp8", "--fp8_recipe", "rowwise", "--fp8_pad_inner_dim", "yes", SHOW_ENV)
+    proc = run_cli(
+        "launch", "--mixed_precision", "fp8", "--fp8_recipe", "rowwise", "--fp8_pad_inner_dim", "yes", SHOW_ENV
+    )
     assert proc.returncode == 0, proc.stderr
     env = json.loads(proc.stdout)
     assert (env["LOWBIT_FP8_RECIPE"], env["LOWBIT_FP8_PAD_INNER_DIM"]) == ("rowwise", "true")
@@ -130,14 +149,46 @@ def test_multi_machine_launch_uses_torchrun_rendezvous_arguments(tmp_path, monke
     script = tmp_path / "train.py"
     script.write_text("")
     monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
-    args = build_parser().parse_args(["launch", "--num_processes", "8", "--num_machines", "2", "--machine_rank", "1",
-                                      "--main_process_ip", "10.1.2.3", "--main_process_port", "29555", str(script), "--lr", "3"])
+    args = build_parser().parse_args(
+        [
+            "launch",
+            "--num_processes",
+            "8",
+            "--num_machines",
+            "2",
+            "--machine_rank",
+            "1",
+            "--main_process_ip",
+            "10.1.2.3",
+            "--main_process_port",
+            "29555",
+            str(script),
+            "--lr",
+            "3",
+        ]
+    )
     command, env, _ = build_command(args)
     # --num_processes is the total over all machines, as in Accelerate: 8 over 2 machines is 4 each.
     # The script runs through lowbit's runner (transformers' Trainer then builds lowbit's Accelerator).
-    assert command[1:] == ["-m", "torch.distributed.run", "--nproc_per_node", "4", "--module", "--nnodes", "2",
-                           "--node_rank", "1", "--master_addr", "10.1.2.3", "--master_port", "29555",
-                           "lowbit.cli.run_script", str(script), "--lr", "3"]
+    assert command[1:] == [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "4",
+        "--module",
+        "--nnodes",
+        "2",
+        "--node_rank",
+        "1",
+        "--master_addr",
+        "10.1.2.3",
+        "--master_port",
+        "29555",
+        "lowbit.cli.run_script",
+        str(script),
+        "--lr",
+        "3",
+    ]
     assert env["LOWBIT_DISTRIBUTED_TYPE"] == "MULTI_GPU" and env["LOWBIT_NUM_MACHINES"] == "2"
 
 

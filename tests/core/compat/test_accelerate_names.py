@@ -1,4 +1,5 @@
 """Every name docs/coming-from-accelerate.md lists as 'same' exists under lowbit."""
+
 from __future__ import annotations
 
 import importlib
@@ -47,7 +48,9 @@ def test_listed_name_exists(module, name, accelerator):
         path, attr = name.rsplit(".", 1)
         assert hasattr(importlib.import_module(path), attr), name
     elif name.startswith("accelerator."):
-        attr = name.split(".", 1)[1]  # on the class first: a property may refuse on this Accelerator (a mesh rank without a mesh)
+        attr = name.split(".", 1)[
+            1
+        ]  # on the class first: a property may refuse on this Accelerator (a mesh rank without a mesh)
         assert hasattr(Accelerator, attr) or hasattr(accelerator, attr), name
     elif name == "Accelerator":
         assert Accelerator

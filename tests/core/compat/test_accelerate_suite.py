@@ -3,6 +3,7 @@ passes under Accelerate 1.15 passes under lowbit (the record: tests/accelerate_s
 written by `python tests/accelerate_suite/run_suite.py --record`). The tests come from Accelerate's
 sdist, downloaded from the package registry when this runs; the imports are rewritten as a user
 would (`accelerate` -> `lowbit`)."""
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,9 @@ from excluded import DELIBERATE_CHECKS, EXCLUDED, MODULES  # noqa: E402
 def test_the_rewrite_renames_the_module_wherever_code_names_it_and_nothing_else():
     original = (TESTS / "fixtures" / "accelerate_imports.py").read_text().splitlines()
     rewritten = run_suite.rewrite("\n".join(original)).splitlines()
-    statements = [i for i, line in enumerate(original) if line.split(" ")[0] in ("import", "from") and "accelerate" in line]
+    statements = [
+        i for i, line in enumerate(original) if line.split(" ")[0] in ("import", "from") and "accelerate" in line
+    ]
     assert len(statements) == 3
     for i, line in enumerate(original):
         renamed = i in statements or line.startswith("TARGET")  # imports, and a mock.patch target's dotted path
@@ -54,8 +57,10 @@ def test_accelerates_public_api_tests_pass_under_lowbit(tmp_path):
     assert not unimportable, f"with imports rewritten, these modules do not import under lowbit: {unimportable}"
     expected = run_suite.public_passing(run_suite.recorded()["accelerate"])
     failing = sorted(t for t in expected if ours.get(t) != "passed")
-    assert not failing, (f"{len(failing)} of Accelerate's {len(expected)} public-API tests that pass under Accelerate do "
-                         f"not pass under lowbit (rerun: python tests/accelerate_suite/run_suite.py): {failing}")
+    assert not failing, (
+        f"{len(failing)} of Accelerate's {len(expected)} public-API tests that pass under Accelerate do "
+        f"not pass under lowbit (rerun: python tests/accelerate_suite/run_suite.py): {failing}"
+    )
 
 
 def test_every_script_check_that_passes_under_accelerate_passes_under_lowbit(tmp_path):
@@ -70,6 +75,8 @@ def test_every_script_check_that_passes_under_accelerate_passes_under_lowbit(tmp
     expected = [check for check, outcome in reference.items() if outcome == "passed" and check not in DELIBERATE_CHECKS]
     assert len(expected) >= 30, "the recorded Accelerate run counted too few checks: re-record it"
     failing = {check: ours.get(check) for check in expected if ours.get(check) != "passed"}
-    assert not failing, f"{len(failing)} of the {len(expected)} script checks that pass under Accelerate fail under lowbit: {failing}"
+    assert not failing, (
+        f"{len(failing)} of the {len(expected)} script checks that pass under Accelerate fail under lowbit: {failing}"
+    )
     for check in DELIBERATE_CHECKS:
         assert reference.get(check) == "passed", f"stale: {check}"

@@ -1,5 +1,6 @@
 """lowbit's versions of Accelerate utilities that its own test suite does not cover on a CPU, or
 that lowbit does its own way (tests/accelerate_suite runs Accelerate's tests for the rest)."""
+
 from __future__ import annotations
 
 import copy
@@ -139,10 +140,13 @@ def test_a_datasets_stream_with_a_shard_per_process_is_split_by_its_own_shards()
     stream = datasets.Dataset.from_dict({"x": list(range(10))}).to_iterable_dataset(num_shards=2)
     seen = []
     for rank in range(2):
-        loader = prepare_data_loader(DataLoader(stream, batch_size=4), num_processes=2, process_index=rank,
-                                     dispatch_batches=False)
+        loader = prepare_data_loader(
+            DataLoader(stream, batch_size=4), num_processes=2, process_index=rank, dispatch_batches=False
+        )
         assert not isinstance(loader.dataset, IterableDatasetShard)
         seen.append([x for batch in loader for x in batch["x"].tolist()])
     assert sorted(seen[0] + seen[1]) == list(range(10)) and not set(seen[0]) & set(seen[1])
-    single = prepare_data_loader(DataLoader(stream, batch_size=4), num_processes=3, process_index=0, dispatch_batches=False)
+    single = prepare_data_loader(
+        DataLoader(stream, batch_size=4), num_processes=3, process_index=0, dispatch_batches=False
+    )
     assert isinstance(single.dataset, IterableDatasetShard), "fewer shards than processes: every N-th batch"

@@ -1,4 +1,5 @@
 """Config file, env vars, explicit arguments: parsing, validation, precedence, round trip."""
+
 from __future__ import annotations
 
 import pytest
@@ -110,7 +111,10 @@ def test_default_config_path_is_used_when_present(tmp_path, monkeypatch):
 
 def test_file_env_round_trip(tmp_path):
     original = LowbitConfig(
-        mixed_precision="fp8", num_processes=2, use_cpu=True, gradient_accumulation_steps=2,
+        mixed_precision="fp8",
+        num_processes=2,
+        use_cpu=True,
+        gradient_accumulation_steps=2,
         fp8_config={"backend": "te", "amax_history_len": 16, "override_linear_precision": (True, False, False)},
         sections={"deepspeed_config": {"zero_stage": 2}},
     )
@@ -146,10 +150,18 @@ def test_recipe_precedence_env_over_file_over_default(tmp_path, monkeypatch):
 
 def test_fp8_recipe_kwargs_options_reach_the_backend_and_typos_are_caught():
     backend = FakeBackend("fake", 100, options_class=FakeRecipe)
-    acc = Accelerator(mixed_precision="fp8", kwarg_handlers=[FP8RecipeKwargs(backend="fake", margin=2)], plugin_manager=manager_with(backend))
+    acc = Accelerator(
+        mixed_precision="fp8",
+        kwarg_handlers=[FP8RecipeKwargs(backend="fake", margin=2)],
+        plugin_manager=manager_with(backend),
+    )
     assert acc.fp8_options.margin == 2
     with pytest.raises(ConfigError, match=r"'margn'.*Did you mean 'margin'"):
-        Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="fake", margn=2)], plugin_manager=manager_with(backend))
+        Accelerator(
+            mixed_precision="fp8",
+            kwargs_handlers=[FP8RecipeKwargs(backend="fake", margn=2)],
+            plugin_manager=manager_with(backend),
+        )
 
 
 def test_plugin_options_are_valid_config_keys(tmp_path):
@@ -161,7 +173,9 @@ def test_plugin_options_are_valid_config_keys(tmp_path):
 
 
 def test_written_yaml_is_plain(tmp_path):
-    path = write_config_file(LowbitConfig(fp8_config={"override_linear_precision": (False, True, False)}), tmp_path / "c.yaml")
+    path = write_config_file(
+        LowbitConfig(fp8_config={"override_linear_precision": (False, True, False)}), tmp_path / "c.yaml"
+    )
     assert yaml.safe_load(path.read_text())["fp8_config"]["override_linear_precision"] == [False, True, False]
 
 

@@ -1,4 +1,5 @@
 """The recipe vocabulary: one name per format and scaling, mapped to whichever backend offers it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,9 @@ class Offering:
     """A backend that offers the given recipes (and emulates some): what the choice sees."""
 
     def __init__(self, name, priority, options_class, recipes, emulates=(), precisions=("fp8", "fp4")):
-        self.description = BackendDescription(name, priority, True, options_class=options_class, recipes=recipes,
-                                              emulates=emulates, precisions=precisions)
+        self.description = BackendDescription(
+            name, priority, True, options_class=options_class, recipes=recipes, emulates=emulates, precisions=precisions
+        )
 
     @hookimpl
     def describe_backend(self, hardware):
@@ -50,7 +52,9 @@ class Offering:
 
 
 def accelerator(hardware, *handlers, precision="fp8", **kwargs):
-    grid = Offering("grid", 100, GridRecipe, ("tensorwise", "mxfp8", "nvfp4"), emulates=("tensorwise", "mxfp8", "nvfp4"))
+    grid = Offering(
+        "grid", 100, GridRecipe, ("tensorwise", "mxfp8", "nvfp4"), emulates=("tensorwise", "mxfp8", "nvfp4")
+    )
     tile = Offering("tile", 200, TileRecipe, ("delayed", "mxfp8", "nvfp4"))
     manager = manager_with(grid, tile, HardwareDetector(hardware))
     return Accelerator(mixed_precision=precision, kwargs_handlers=list(handlers), plugin_manager=manager, **kwargs)
@@ -80,15 +84,21 @@ def test_native_is_preferred_to_emulated_and_emulation_is_said():
 
 
 def test_a_named_backend_without_the_recipe_names_the_backends_that_have_it():
-    with pytest.raises(BackendUnavailableError, match=r"recipe 'tensorwise' \(from TileRecipe\) is not offered by the "
-                                                      r"'tile' backend \(it offers: delayed, mxfp8, nvfp4\).*offering "
-                                                      r"'tensorwise': grid \(native\).*Backends not installed here, which may offer it.*ao"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"recipe 'tensorwise' \(from TileRecipe\) is not offered by the "
+        r"'tile' backend \(it offers: delayed, mxfp8, nvfp4\).*offering "
+        r"'tensorwise': grid \(native\).*Backends not installed here, which may offer it.*ao",
+    ):
         accelerator(H100, TileRecipe(recipe="tensorwise"))
 
 
 def test_a_recipe_the_hardware_lacks_names_the_hardware_and_who_emulates_it():
-    with pytest.raises(BackendUnavailableError, match=r"mxfp8 needs a GPU with compute capability >= 10.0 \(Blackwell\); "
-                                                      r"found stand-in H100 \(sm_90\) \(backend 'tile'\).*grid \(emulated\)"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"mxfp8 needs a GPU with compute capability >= 10.0 \(Blackwell\); "
+        r"found stand-in H100 \(sm_90\) \(backend 'tile'\).*grid \(emulated\)",
+    ):
         accelerator(H100, TileRecipe(recipe="mxfp8"))
 
 
@@ -132,7 +142,9 @@ def test_a_plugin_may_declare_a_recipe_of_its_own(monkeypatch):
     assert RowsRecipe(recipe="INT8ROWS").recipe == "int8rows"
     rows = Offering("rows", 50, RowsRecipe, (INT8_ROWS,))
     manager = manager_with(rows, HardwareDetector(HardwareInfo("cpu", "A100", 1, (8, 0))))
-    chosen = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(recipe="int8rows")], plugin_manager=manager)
+    chosen = Accelerator(
+        mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(recipe="int8rows")], plugin_manager=manager
+    )
     assert (chosen.fp8_backend, chosen.fp8_options.recipe) == ("rows", "int8rows")
     monkeypatch.setenv("LOWBIT_FP8_RECIPE", "int8rows")
     assert Accelerator(mixed_precision="fp8", plugin_manager=manager).fp8_options.recipe == "int8rows"
@@ -168,7 +180,9 @@ def test_lowbit_launch_takes_the_recipe_flag_in_any_spelling():
 
     saved, _sys.argv = _sys.argv, ["lowbit", "launch"]
     try:
-        args = build_parser().parse_args(["launch", "--mixed_precision", "fp8", "--fp8_recipe", "MXFP8BlockScaling", __file__])
+        args = build_parser().parse_args(
+            ["launch", "--mixed_precision", "fp8", "--fp8_recipe", "MXFP8BlockScaling", __file__]
+        )
     finally:
         _sys.argv = saved
     _, env, _ = build_command(args)

@@ -1,4 +1,5 @@
 """lowbit.conformance: the conformance suite passes for real backends and fails for broken ones."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """The conformance kit catches the defects that ruin a training run silently: each is planted,
 one at a time, into a small working backend, and run_conformance must fail naming the problem."""
+
 from __future__ import annotations
 
 import copy
@@ -58,7 +59,9 @@ class TinyFP8:
         target = copy.deepcopy(model) if self.defect == "returns_none" else model  # converts a copy, returns nothing
         for parent in list(target.modules()):
             for name, child in list(parent.named_children()):
-                eligible = type(child) is nn.Linear and (self.defect != "filter_takes_nothing" or child.in_features > 10**6)
+                eligible = type(child) is nn.Linear and (
+                    self.defect != "filter_takes_nothing" or child.in_features > 10**6
+                )
                 if eligible:
                     if self.defect == "rounds_weights_in_place":
                         with torch.no_grad():
@@ -79,14 +82,23 @@ def test_the_working_backend_passes(tmp_path):
     assert report["losses"][-1] < 0.9 * report["losses"][0]
 
 
-@pytest.mark.parametrize("defect, message", [
-    ("returns_none", r"tinyfp8: convert_model: no layer was converted: all 4 Linear layers"),
-    ("filter_takes_nothing", r"tinyfp8: convert_model: no layer was converted"),
-    ("rounds_weights_in_place", r"tinyfp8: convert_model: conversion changed 0.weight by up to 0.00\d+; expected the weights bit for bit"),
-    ("detaches_weight", r"tinyfp8: convert_model: after backward, 0.weight: no gradient; 2.weight: no gradient"),
-    ("needs_multiple_of_32_tokens", r"tinyfp8: convert_model: the converted model fails on an input of shape \(1, 64\): "
-                                    r"RuntimeError: kernel needs a multiple of 32 tokens"),
-])
+@pytest.mark.parametrize(
+    "defect, message",
+    [
+        ("returns_none", r"tinyfp8: convert_model: no layer was converted: all 4 Linear layers"),
+        ("filter_takes_nothing", r"tinyfp8: convert_model: no layer was converted"),
+        (
+            "rounds_weights_in_place",
+            r"tinyfp8: convert_model: conversion changed 0.weight by up to 0.00\d+; expected the weights bit for bit",
+        ),
+        ("detaches_weight", r"tinyfp8: convert_model: after backward, 0.weight: no gradient; 2.weight: no gradient"),
+        (
+            "needs_multiple_of_32_tokens",
+            r"tinyfp8: convert_model: the converted model fails on an input of shape \(1, 64\): "
+            r"RuntimeError: kernel needs a multiple of 32 tokens",
+        ),
+    ],
+)
 def test_a_planted_defect_fails_the_kit_naming_it(tmp_path, defect, message):
     with pytest.raises(ConformanceFailure, match=message):
         run_conformance("tinyfp8", plugin=TinyFP8(defect), tmp_path=tmp_path)
@@ -104,9 +116,16 @@ def test_a_module_level_torch_import_fails_discovery(tmp_path, monkeypatch):
 def test_an_autocast_context_that_is_not_a_context_manager_fails_at_prepare():
     from lowbit.run.plugin_manager import make_plugin_manager
 
-    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
-                      plugin_manager=make_plugin_manager(extra_plugins=[TinyFP8("autocast_returns_42")]))
-    with pytest.raises(PluginError, match=r"low-precision backend 'tinyfp8'.*autocast_context returned int 42, expected a function of no arguments that returns a context manager"):
+    acc = Accelerator(
+        mixed_precision="fp8",
+        kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
+        plugin_manager=make_plugin_manager(extra_plugins=[TinyFP8("autocast_returns_42")]),
+    )
+    with pytest.raises(
+        PluginError,
+        match=r"low-precision backend 'tinyfp8'.*autocast_context returned int 42, expected a function of no "
+        r"arguments that returns a context manager",
+    ):
         acc.prepare(nn.Sequential(nn.Linear(16, 16)))
 
 
@@ -118,7 +137,12 @@ def test_a_convert_model_that_returns_something_else_fails_at_prepare():
 
     from lowbit.run.plugin_manager import make_plugin_manager
 
-    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
-                      plugin_manager=make_plugin_manager(extra_plugins=[ReturnsDict()]))
-    with pytest.raises(PluginError, match=r"low-precision backend 'tinyfp8'.*convert_model returned dict, expected a torch.nn.Module"):
+    acc = Accelerator(
+        mixed_precision="fp8",
+        kwargs_handlers=[FP8RecipeKwargs(backend="tinyfp8")],
+        plugin_manager=make_plugin_manager(extra_plugins=[ReturnsDict()]),
+    )
+    with pytest.raises(
+        PluginError, match=r"low-precision backend 'tinyfp8'.*convert_model returned dict, expected a torch.nn.Module"
+    ):
         acc.prepare(nn.Sequential(nn.Linear(16, 16)))

@@ -1,4 +1,5 @@
 """`lowbit test`, accelerator.profile() and FP8 numerics telemetry."""
+
 from __future__ import annotations
 
 import json
@@ -85,7 +86,7 @@ def test_profile_without_a_directory_behaves_as_accelerate(tmp_path, given_to):
     acc = Accelerator(kwargs_handlers=[handler] if given_to == "accelerator" else [])
     model = acc.prepare(mlp())
     x, _ = regression_data(8)
-    with (acc.profile() if given_to == "accelerator" else acc.profile(handler)) as prof:
+    with acc.profile() if given_to == "accelerator" else acc.profile(handler) as prof:
         model(x)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=5)
     assert "aten::" in table
@@ -149,8 +150,11 @@ def test_underflow_is_said_like_saturation():
     x = torch.full((100,), 1e-3)
     x[0] = 1e6
     scale = torch.tensor(448.0 / 1e6)
-    with pytest.warns(UnderflowWarning, match=r"FP8 underflow: 99.00% of layer1's input flushes to zero at step 0 "
-                                              r"\(threshold 1.00%\)"):
+    with pytest.warns(
+        UnderflowWarning,
+        match=r"FP8 underflow: 99.00% of layer1's input flushes to zero at step 0 "
+        r"\(threshold 1.00%\)",
+    ):
         recorder = TelemetryRecorder()
         recorder.record("layer1", "input", x, torch.float8_e4m3fn, scale)
         recorder.next_step()

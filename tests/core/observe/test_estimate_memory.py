@@ -6,6 +6,7 @@ asynchronous reduce-scatters, so how many are alive at once depends on timing). 
 samples after every tensor operation (``memory_worker.py``), so it does not depend on how the
 machine schedules a sampling thread: 501.4 MB (DDP) and 369.7 MB (FSDP2) for the Llama, run after
 run, with the thread or without."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,16 @@ from lowbit.runtime.observe.memory_estimate import estimate_all
 
 HERE = TESTS
 WORKER = HERE / "distributed" / "memory_worker.py"
-LLAMA = {"model_type": "llama", "vocab_size": 4096, "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4,
-         "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 512}
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 4096,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 512,
+}
 GPT2 = {"model_type": "gpt2", "vocab_size": 4096, "n_embd": 384, "n_layer": 6, "n_head": 6, "n_positions": 256}
 
 
@@ -40,7 +49,8 @@ def _spec(tmp_path: Path, name: str) -> tuple[str, int, int]:
 # Every model under both strategies in fp32; the transformers models under DDP in bf16 and in
 # fp8 (lowbit-ao's row: bf16 autocast around emulated FP8 GEMMs, fp32 master weights and states).
 CASES = [(name, strategy, "no") for name in ("llama", "gpt2", "mlp") for strategy in ("ddp", "fsdp")] + [
-    (name, "ddp", precision) for name in ("llama", "gpt2") for precision in ("bf16", "fp8")]
+    (name, "ddp", precision) for name in ("llama", "gpt2") for precision in ("bf16", "fp8")
+]
 
 
 @pytest.mark.multiprocess
@@ -57,11 +67,28 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, 
         sys.path.remove(str(HERE / "distributed"))
     estimate = next(e for e in rows if e.label in ("fp32", precision, f"{precision} (ao)"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-               PYTHONPATH=os.pathsep.join([str(HERE / "distributed"), env.get("PYTHONPATH", "")]))
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        PYTHONPATH=os.pathsep.join([str(HERE / "distributed"), env.get("PYTHONPATH", "")]),
+    )
     flags = ["--use_fsdp"] if strategy == "fsdp" else []
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *flags, str(WORKER),
-           spec, precision, str(batch), str(seq), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        *flags,
+        str(WORKER),
+        spec,
+        precision,
+        str(batch),
+        str(seq),
+        str(tmp_path),
+    ]
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"memory_rank{r}.json").read_text()) for r in range(2)]
@@ -69,8 +96,11 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, 
     measured = max(rank["peak"] for rank in ranks)
     low, high = estimate.peak_low, estimate.peak
     nearest = min(max(measured, low), high)  # the measured peak itself when it lies in the range
-    print(f"{name} {strategy} {precision}: estimated {low / 2**20:.1f}-{high / 2**20:.1f} MB, measured {measured / 2**20:.1f} MB "
-          f"({nearest / measured - 1:+.1%})")
+    print(
+        f"{name} {strategy} {precision}: estimated {low / 2**20:.1f}-{high / 2**20:.1f} MB, measured "
+        f"{measured / 2**20:.1f} MB "
+        f"({nearest / measured - 1:+.1%})"
+    )
     assert abs(nearest / measured - 1) <= 0.15
 
 
@@ -80,7 +110,9 @@ def test_the_command_prints_a_row_per_precision_backend_and_strategy(tmp_path, c
     from lowbit.cli.main import main
 
     spec, _, _ = _spec(tmp_path, "llama")
-    assert main(["estimate-memory", spec, "--precisions", "no,fp8", "--strategies", "ddp,zero3", "--seq_len", "64"]) == 0
+    assert (
+        main(["estimate-memory", spec, "--precisions", "no,fp8", "--strategies", "ddp,zero3", "--seq_len", "64"]) == 0
+    )
     out = capsys.readouterr().out
     assert "16.78 M parameters" in out
     assert "fp32                               ddpx2              4+4+8" in out

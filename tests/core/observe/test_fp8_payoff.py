@@ -1,5 +1,6 @@
 """The FP8 payoff prediction: its model counts, its calibration, its validation against published
 end-to-end figures, the ``lowbit fp8-payoff`` command and the FP8 report's clause."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,15 @@ def _validation():
 
 
 def _tiny_llama():
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
     return transformers.LlamaForCausalLM(config)
 
 
@@ -71,8 +79,25 @@ def test_the_calibration_point_is_met_and_a_small_linear_is_predicted_slower_in_
 
 def test_the_command_prints_the_layer_table_and_the_speedup_last(capsys):
     path = ROOT / "examples" / "models" / "llama3-8b.json"
-    assert main(["fp8-payoff", str(path), "--tokens", "8192", "--gpu", "H100", "--recipe", "tensorwise",
-                 "--activation_checkpointing", "op", "--shards", "8"]) == 0
+    assert (
+        main(
+            [
+                "fp8-payoff",
+                str(path),
+                "--tokens",
+                "8192",
+                "--gpu",
+                "H100",
+                "--recipe",
+                "tensorwise",
+                "--activation_checkpointing",
+                "op",
+                "--shards",
+                "8",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"predicted step speedup: \d\.\d\dx", out[-1]), out[-1]
     table = "\n".join(out)
@@ -81,13 +106,16 @@ def test_the_command_prints_the_layer_table_and_the_speedup_last(capsys):
     assert "attention (unchanged)" in table
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gpu", "H10"], "Did you mean 'H100'"),
-    (["--gpu", "H100", "--recipe", "nvfp4", "--backend", "te"], "no FP4 tensor cores"),
-    (["--gpu", "H100", "--recipe", "nvfp4", "--backend", "ao"], "backend 'ao' declares no cost for recipe 'nvfp4'"),
-    (["--gpu", "H100", "--recipe", "rowwse"], "Did you mean 'rowwise'"),
-    (["--gpu", "H100", "--seq_len", "3000"], "multiple of --seq_len"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpu", "H10"], "Did you mean 'H100'"),
+        (["--gpu", "H100", "--recipe", "nvfp4", "--backend", "te"], "no FP4 tensor cores"),
+        (["--gpu", "H100", "--recipe", "nvfp4", "--backend", "ao"], "backend 'ao' declares no cost for recipe 'nvfp4'"),
+        (["--gpu", "H100", "--recipe", "rowwse"], "Did you mean 'rowwise'"),
+        (["--gpu", "H100", "--seq_len", "3000"], "multiple of --seq_len"),
+    ],
+)
 def test_bad_input_gets_a_clear_error(argv, message, capsys):
     path = ROOT / "examples" / "models" / "llama3-8b.json"
     assert main(["fp8-payoff", str(path), "--tokens", "8192", *argv]) == 2
@@ -100,8 +128,14 @@ def test_counting_reads_the_model_without_touching_it_and_attention_matches_torc
     forward of a non-causal model counts the same attention and Linear FLOPs."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                                     vocab_size=256, max_position_embeddings=64)
+    config = transformers.BertConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
     model = transformers.BertModel(config, add_pooling_layer=False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     work = count_work(model, 2, 32)
@@ -112,7 +146,9 @@ def test_counting_reads_the_model_without_touching_it_and_attention_matches_torc
     # This CPU runs SDPA as two batched matmuls (torch's math path); the Linears are the addmms.
     counts = {str(op): flops for op, flops in counter.get_flop_counts()["Global"].items()}
     assert work.attention_flops == counts["aten.bmm"]
-    assert 3 * counts["aten.addmm"] == sum(6 * layer.tokens * layer.in_features * layer.out_features for layer in work.linears)
+    assert 3 * counts["aten.addmm"] == sum(
+        6 * layer.tokens * layer.in_features * layer.out_features for layer in work.linears
+    )
     assert 0 < work.pointwise_bytes < work.pointwise_bytes_eager
 
 
@@ -121,26 +157,38 @@ def test_a_causal_lm_counts_half_the_attention_and_gpt2s_conv1d_layers_are_linea
     layers, batch, heads, seq, head_dim = 2, 2, 4, 32, 16
     # QK^T and PV, 2 FLOPs per multiply-add, over the causal half of the score matrix
     assert llama.attention_flops == layers * 2 * batch * heads * (seq * seq / 2) * (head_dim + head_dim)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64))
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64)
+    )
     shapes = {layer.name: (layer.in_features, layer.out_features) for layer in count_work(gpt2, 1, 32).linears}
     assert shapes["transformer.h.0.attn.c_attn"] == (64, 192) and shapes["lm_head"] == (64, 256)
 
 
 def test_small_layers_are_slower_in_fp8_and_large_ones_faster():
     gpu = known_gpu("H100")
-    work = ModelWork([LinearShape("small", 8192, 512, 512), LinearShape("large", 8192, 8192, 8192),
-                      LinearShape("odd", 8192, 8192, 8200)])
+    work = ModelWork(
+        [
+            LinearShape("small", 8192, 512, 512),
+            LinearShape("large", 8192, 8192, 8192),
+            LinearShape("odd", 8192, 8192, 8200),
+        ]
+    )
     layers = {p.layer.name: p for p in predict(work, gpu, "tensorwise", cost(), auto=True).layers}
     assert layers["small"].low_s is None and layers["small"].kept.startswith("auto")
     assert layers["large"].low_s < layers["large"].bf16_s / 1.3
     assert layers["odd"].kept == "dims not divisible by 16"
-    assert list(slower_layers({"small": (512, 512), "large": (8192, 8192)}, 8192, H100, "tensorwise", cost(), True)) == ["small"]
+    assert list(
+        slower_layers({"small": (512, 512), "large": (8192, 8192)}, 8192, H100, "tensorwise", cost(), True)
+    ) == ["small"]
 
 
 def test_eager_runs_pay_less_than_compiled_ones():
     work = count_work(_tiny_llama(), 8, 64)
     gpu = known_gpu("H100")
-    assert predict(work, gpu, "tensorwise", cost(), compiled=False).speedup < predict(work, gpu, "tensorwise", cost()).speedup
+    assert (
+        predict(work, gpu, "tensorwise", cost(), compiled=False).speedup
+        < predict(work, gpu, "tensorwise", cost()).speedup
+    )
 
 
 def test_the_fp8_report_predicts_on_a_known_gpu_and_says_nothing_elsewhere():
@@ -203,8 +251,10 @@ def test_a_recipe_given_accelerates_way_is_predicted_as_its_name(recipe):
 def test_a_model_that_refuses_the_example_batch_is_a_clear_error(tmp_path, capsys):
     """A vision model takes pixels, not token ids: the error says what was tried and what to do."""
     config = tmp_path / "config.json"
-    config.write_text('{"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, '
-                      '"intermediate_size": 128}')
+    config.write_text(
+        '{"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, '
+        '"intermediate_size": 128}'
+    )
     assert main(["fp8-payoff", str(config), "--tokens", "64", "--gpu", "H100"]) == 2
     err = capsys.readouterr().err
     assert "ViTModel did not run on an example batch" in err and "module:factory" in err
@@ -215,13 +265,21 @@ def test_counting_a_plain_module_in_training_mode_leaves_its_running_statistics_
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 8)).train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     work = count_work(model, 4, 16)
-    assert [(layer.tokens, layer.in_features, layer.out_features) for layer in work.linears] == [(4, 32, 64), (4, 64, 8)]
+    assert [(layer.tokens, layer.in_features, layer.out_features) for layer in work.linears] == [
+        (4, 32, 64),
+        (4, 64, 8),
+    ]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and model.training
 
 
 def test_the_report_falls_back_to_the_linear_layers_when_the_forward_cannot_be_traced():
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 30 * 30, 4096),
-                                torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 30 * 30, 4096),
+        torch.nn.Linear(4096, 4096),
+        torch.nn.Linear(4096, 10),
+    )
     work = report_work(model, H100)
     assert [layer.tokens for layer in work.linears] == [8192] * 3 and work.attention_flops == 0
     clause = report_prediction(work, H100, "tensorwise", {"tensorwise": cost()}, {}, True)

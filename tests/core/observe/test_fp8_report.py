@@ -1,4 +1,5 @@
 """prepare() says which Linear layers train in FP8, and why the others do not."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,9 @@ from lowbit.kernel.types import ConversionReport, ConvertedModel  # noqa: E402
 
 
 def test_prepare_prints_what_fp8_took(recwarn):
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 40), nn.Linear(40, 8))
+    model = nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 40), nn.Linear(40, 8)
+    )
     acc = Accelerator(mixed_precision="fp8")
     acc.prepare(model)
     line = said(recwarn)
@@ -31,7 +34,10 @@ def test_a_model_fp8_cannot_take_gets_the_reason_and_the_way_out(capsys):
     with pytest.warns(LowbitWarning, match=r"0 of 2 Linear layers.*Nothing trains in fp8"):
         acc.prepare(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)))
     report = acc.fp8_report()
-    assert report.startswith("fp8 (ao, tensorwise, emulated): 0 of 2 Linear layers") and "keep_first_last_high_precision=False" in report
+    assert (
+        report.startswith("fp8 (ao, tensorwise, emulated): 0 of 2 Linear layers")
+        and "keep_first_last_high_precision=False" in report
+    )
 
 
 def test_no_report_without_fp8(capsys):
@@ -57,11 +63,15 @@ def test_a_backend_returns_its_report_typed_and_lowbit_words_it(recwarn):
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(ReportingBackend(report)))
     model = acc.prepare(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)))
     assert acc.prepared.conversion_reports[acc.unwrap_model(model)] is report
-    assert acc.fp8_report() == "fp8 (reporting, myrecipe): 1 of 2 Linear layers; kept high precision: 2 (kept on purpose)."
+    assert (
+        acc.fp8_report() == "fp8 (reporting, myrecipe): 1 of 2 Linear layers; kept high precision: 2 (kept on purpose)."
+    )
     assert acc.fp8_report() in said(recwarn)
 
 
 def test_a_report_that_is_not_a_conversion_report_is_a_plugin_error():
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(ReportingBackend({"converted": ["0"]})))
-    with pytest.raises(PluginError, match="convert_model returned dict, expected ConvertedModel.report: a ConversionReport"):
+    with pytest.raises(
+        PluginError, match="convert_model returned dict, expected ConvertedModel.report: a ConversionReport"
+    ):
         acc.prepare(nn.Sequential(nn.Linear(16, 16)))

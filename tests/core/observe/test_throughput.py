@@ -1,5 +1,6 @@
 """The throughput meter: tokens, samples, FLOPs (counted on the first training step), MFU, data
 wait and peak memory of a run, with no code in the script; on the progress line and in trackers."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,14 +33,22 @@ def _tiny_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return LlamaForCausalLM(config)
 
 
 def _batches(n=6, batch=4, seq=32):
     data = [torch.randint(0, 128, (seq,)) for _ in range(n * batch)]
-    return DataLoader(data, batch_size=batch, collate_fn=lambda b: {"input_ids": torch.stack(b), "labels": torch.stack(b)})
+    return DataLoader(
+        data, batch_size=batch, collate_fn=lambda b: {"input_ids": torch.stack(b), "labels": torch.stack(b)}
+    )
 
 
 class _Recorder(GeneralTracker):
@@ -89,8 +98,9 @@ def test_the_count_is_exact_for_a_known_model():
     accelerator = Accelerator(cpu=True)
     data = [(torch.randn(32), torch.randn(8)) for _ in range(8)]
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01),
-                                                   DataLoader(data, batch_size=4))
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(data, batch_size=4)
+    )
     for x, y in loader:
         accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
         optimizer.step()
@@ -123,7 +133,9 @@ def test_the_count_traces_a_copy_even_when_the_forward_was_replaced_on_the_insta
 def test_the_meter_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("LOWBIT_THROUGHPUT", "0")
     accelerator = Accelerator(cpu=True)
-    model, optimizer, loader = accelerator.prepare(torch.nn.Linear(3, 1), None, DataLoader(torch.randn(8, 3), batch_size=4))
+    model, optimizer, loader = accelerator.prepare(
+        torch.nn.Linear(3, 1), None, DataLoader(torch.randn(8, 3), batch_size=4)
+    )
     for batch in loader:
         accelerator.backward(model(batch).sum())
     assert accelerator.throughput == {}
@@ -148,8 +160,9 @@ class _SeesModes(torch.nn.Module):
 def test_the_meter_runs_nothing_inside_the_users_forward():
     accelerator = Accelerator(cpu=True)
     model = _SeesModes()
-    prepared, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                                      DataLoader(torch.randn(12, 4), batch_size=4))
+    prepared, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.randn(12, 4), batch_size=4)
+    )
     for batch in loader:
         accelerator.backward(prepared(batch).sum())
         optimizer.step()
@@ -167,12 +180,16 @@ def test_a_count_that_fails_leaves_flops_out_with_one_note_and_never_breaks_the_
     monkeypatch.setattr(payoff, "trace_work", refuses)
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(4, 4)
-    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                                   DataLoader(torch.randn(12, 4), batch_size=4))
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.randn(12, 4), batch_size=4)
+    )
     for batch in loader:
         accelerator.backward(model(batch).sum())
         optimizer.step()
-    assert "throughput/tflops_per_device" not in accelerator.throughput and "throughput/samples_per_s" in accelerator.throughput
+    assert (
+        "throughput/tflops_per_device" not in accelerator.throughput
+        and "throughput/samples_per_s" in accelerator.throughput
+    )
     notes = [str(w.message) for w in recwarn if "FLOPs were not counted" in str(w.message)]
     assert len(notes) == 1 and "model(batch)" in notes[0] and "AssertionError" in notes[0]
 
@@ -181,8 +198,9 @@ def test_fp8_gemm_share_counts_the_layers_the_backend_converted():
     pytest.importorskip("torchao")
     accelerator = Accelerator(mixed_precision="fp8", cpu=True)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
-    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                                   DataLoader(torch.randn(64, 64), batch_size=16))
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.randn(64, 64), batch_size=16)
+    )
     for batch in loader:
         accelerator.backward(model(batch).float().pow(2).mean())
         optimizer.step()
@@ -197,8 +215,13 @@ def test_under_model_parallelism_the_count_is_per_device_and_tokens_per_data_par
     from lowbit.runtime.observe.throughput import ThroughputMeter
 
     def metered(data_parallel: int, model_parallel: int) -> ThroughputMeter:
-        meter = ThroughputMeter(torch.device("cpu"), data_parallel, Precision.for_run("bf16", torch.device("cpu")),
-                                is_main=False, model_parallel=model_parallel)
+        meter = ThroughputMeter(
+            torch.device("cpu"),
+            data_parallel,
+            Precision.for_run("bf16", torch.device("cpu")),
+            is_main=False,
+            model_parallel=model_parallel,
+        )
         meter.copy_structure(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 8)))
         batch = {"input_ids": torch.zeros(4, 16, dtype=torch.long), "x": torch.randn(4, 16, 32)}
         meter.on_batch(batch, 0.0)
@@ -211,7 +234,9 @@ def test_under_model_parallelism_the_count_is_per_device_and_tokens_per_data_par
     assert whole.counted_as == "model(batch['x'])"
     assert whole.flops_per_unit == 3 * 2 * 16 * (32 * 64 + 64 * 8) * 4 / 64  # per token of the 4 x 16 batch
     assert split.flops_per_unit == whole.flops_per_unit / 2
-    assert split.latest["throughput/tokens_per_s"] == pytest.approx(split.latest["throughput/tokens_per_s_per_device"] * 2)
+    assert split.latest["throughput/tokens_per_s"] == pytest.approx(
+        split.latest["throughput/tokens_per_s_per_device"] * 2
+    )
 
 
 # ---------------------------------------------------------------- the meter never changes a run
@@ -283,8 +308,9 @@ def test_the_count_runs_no_hook_of_the_users_and_copies_no_tensor_for_real():
     copy = meta_copy(model)
     assert copy.table.device.type == "meta" and copy[0].weight.device.type == "meta"
     assert not copy[0]._forward_hooks and not copy[1]._forward_pre_hooks and model[0]._forward_hooks
-    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                                   DataLoader(torch.randn(12, 8), batch_size=4))
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.randn(12, 8), batch_size=4)
+    )
     for batch in loader:
         accelerator.backward(model(batch).sum())
         optimizer.step()
@@ -329,8 +355,9 @@ class _ItemShape(torch.nn.Module):
 
 def _counted(model, batches=3):
     accelerator = Accelerator(cpu=True)
-    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01),
-                                                   DataLoader(torch.randn(4 * batches, 16), batch_size=4))
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(torch.randn(4 * batches, 16), batch_size=4)
+    )
     for batch in loader:
         accelerator.backward(model(batch).sum())
         optimizer.step()
@@ -345,7 +372,10 @@ def test_a_block_applied_several_times_is_counted_each_time():
 def test_a_forward_sized_by_a_host_read_value_is_not_counted_but_said(recwarn):
     """``.item()`` as a shape has no value on meta: the count took it as 1 (1/64 of the work here)."""
     accelerator = _counted(_ItemShape())
-    assert "throughput/tflops_per_device" not in accelerator.throughput and "throughput/samples_per_s" in accelerator.throughput
+    assert (
+        "throughput/tflops_per_device" not in accelerator.throughput
+        and "throughput/samples_per_s" in accelerator.throughput
+    )
     notes = [str(w.message) for w in recwarn if "FLOPs were not counted" in str(w.message)]
     assert len(notes) == 1 and ".item()" in notes[0]
 
@@ -410,7 +440,9 @@ def test_on_a_gpu_the_step_time_is_the_devices_read_without_a_sync(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
-    meter = ThroughputMeter(torch.device("cuda", 0), 1, Precision.for_run("bf16", torch.device("cuda", 0)), is_main=False)
+    meter = ThroughputMeter(
+        torch.device("cuda", 0), 1, Precision.for_run("bf16", torch.device("cuda", 0)), is_main=False
+    )
     batch = {"input_ids": torch.zeros(4, 16, dtype=torch.long)}
     for _ in range(4):
         meter.on_batch(batch, 0.0)

@@ -1,5 +1,6 @@
 """`lowbit new-backend NAME` writes a distribution whose own test passes once convert_model is
 filled in (and fails, saying so, before)."""
+
 from __future__ import annotations
 
 import os
@@ -39,15 +40,25 @@ def install_in_place(root: Path, site: Path) -> None:
 def run_its_test(root: Path, site: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(root)])
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests")],
-                          capture_output=True, text=True, env=env, cwd=root, timeout=1500)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=1500,
+    )
 
 
 def assert_lints_clean(root: Path) -> None:
     """The generated distribution (core/lowbit/cli/scaffold.py's templates, filled in) passes
     the same linter as lowbit's own code: the templates are code in strings, checked here."""
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "E9,F", str(root)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "E9,F", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
 
 
@@ -124,8 +135,13 @@ def test_a_scaffolded_backend_with_its_own_precision_name_trains(tmp_path):
     assert_lints_clean(root)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(root)]), LOWBIT_MIXED_PRECISION="fp4")
-    out = subprocess.run([sys.executable, str(TESTS / "scripts" / "show_settings.py")],
-                         capture_output=True, text=True, env=env, timeout=1500)
+    out = subprocess.run(
+        [sys.executable, str(TESTS / "scripts" / "show_settings.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+    )
     assert out.stdout.split()[3:] == ["fp4", "myfp4", "none", "torch.bfloat16"], out.stdout + out.stderr[-2000:]
 
 

@@ -1,4 +1,5 @@
 """Plugin manager and backend selection: ranking, routing, isolation, discovery."""
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,9 @@ def test_explicit_choice_beats_priority():
 
 def test_explicit_choice_of_unavailable_backend_is_an_error_naming_hardware():
     with pytest.raises(BackendUnavailableError, match=r"needs sm_89.*Detected hardware: CPU.*Available instead: low"):
-        choose(FakeBackend("high", 300, available=False, reason="needs sm_89"), FakeBackend("low", 100), requested="high")
+        choose(
+            FakeBackend("high", 300, available=False, reason="needs sm_89"), FakeBackend("low", 100), requested="high"
+        )
 
 
 def test_unknown_backend_name_suggests_nearest():
@@ -145,7 +148,10 @@ def test_a_wrong_result_type_marks_only_that_plugin_broken():
     acc = Accelerator(mixed_precision="no", plugin_manager=manager)
     assert acc.hardware.device_type == "cpu"  # the built-in detector answered instead
     errors = " | ".join(b.describe() for b in manager.broken)
-    assert "describe_backend returned 'fp8 backend, very fast': expected one of lowbit.kernel.types.BackendDescription" in errors
+    assert (
+        "describe_backend returned 'fp8 backend, very fast': expected one of lowbit.kernel.types.BackendDescription"
+        in errors
+    )
     assert "detect_hardware returned 'a GPU': expected a lowbit.kernel.types.HardwareInfo" in errors
     assert choose_plugin(PluginRegistry(manager, CPU), "backend").name == "good"
     launch = manager_with(WrongLaunchEnvironment())
@@ -233,7 +239,9 @@ HEAVY = ("transformer_engine", "msamp", "deepspeed", "torchao")
 
 def _probe(*args: str) -> dict:
     """``python -m lowbit.conformance.import_probe ARGS`` in a fresh interpreter: its JSON answer."""
-    proc = subprocess.run([sys.executable, "-m", "lowbit.conformance.import_probe", *args], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lowbit.conformance.import_probe", *args], capture_output=True, text=True, check=True
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -256,7 +264,9 @@ def test_installed_backends_share_option_names_only_with_the_same_meaning():
             meaning = (spec.type, spec.choices)
             if name in seen:
                 other, *other_meaning = seen[name]
-                assert tuple(other_meaning) == meaning, f"option {name!r} means different things in {other} and {cand.name}"
+                assert tuple(other_meaning) == meaning, (
+                    f"option {name!r} means different things in {other} and {cand.name}"
+                )
             else:
                 seen[name] = (cand.name, *meaning)
 
@@ -303,8 +313,11 @@ def test_two_plugins_claiming_one_strategy_name_is_the_clash_not_a_missing_strat
     """It said the name 'names no installed strategy', blaming a config file that did not exist."""
     monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "mystrat")
     manager = manager_with(NamedStrategy("mystrat"), NamedStrategy("mystrat"))
-    with pytest.raises(BackendUnavailableError, match=r"distributed strategy 'mystrat'.*cannot be used: distributed "
-                                                      r"strategy name 'mystrat' is claimed by both"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"distributed strategy 'mystrat'.*cannot be used: distributed "
+        r"strategy name 'mystrat' is claimed by both",
+    ):
         Accelerator(plugin_manager=manager)
 
 

@@ -1,4 +1,5 @@
 """Every routed hook is called on the chosen plugins only, in the documented order."""
+
 from __future__ import annotations
 
 import contextlib
@@ -117,20 +118,36 @@ def test_every_routed_hook_reaches_the_chosen_plugins_only(tmp_path, monkeypatch
     run_everything(acc, tmp_path)
     assert chosen.calls == [  # autocast_context and after_optimizer_step: once each, at prepare (they give
         # functions); the after-step work after the step, and again after load_state replaced the weights
-        "check_compatibility", "convert_model", "wrap_optimizer", "strategy_integration:deepspeed",
-        "autocast_context", "after_optimizer_step", "clip_grad_norm", "after-step work", "export_state_dict",
+        "check_compatibility",
+        "convert_model",
+        "wrap_optimizer",
+        "strategy_integration:deepspeed",
+        "autocast_context",
+        "after_optimizer_step",
+        "clip_grad_norm",
+        "after-step work",
+        "export_state_dict",
         "after-step work",
     ]
-    assert strategy.calls == ["check_compatibility", "wrap_for_distribution", "backward", "full_state_dict",
-                              "save_checkpoint", "load_checkpoint"]
+    assert strategy.calls == [
+        "check_compatibility",
+        "wrap_for_distribution",
+        "backward",
+        "full_state_dict",
+        "save_checkpoint",
+        "load_checkpoint",
+    ]
     assert strategy.saw_integration.config == {"marker": "chosen"}
     assert other.calls == []
 
 
-@pytest.mark.parametrize("answer, config_or_error", [
-    ({"config": {"marker": "dict"}}, {"marker": "dict"}),  # a dict with the record's field names is taken
-    ({"marker": "dict"}, "strategy_integration returned keys ['marker'] that StrategyIntegration has no field for"),
-])
+@pytest.mark.parametrize(
+    "answer, config_or_error",
+    [
+        ({"config": {"marker": "dict"}}, {"marker": "dict"}),  # a dict with the record's field names is taken
+        ({"marker": "dict"}, "strategy_integration returned keys ['marker'] that StrategyIntegration has no field for"),
+    ],
+)
 def test_a_strategy_integration_dict_becomes_the_typed_record(monkeypatch, answer, config_or_error):
     monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "DEEPSPEED")
     backend, strategy = RecordingBackend("chosen", 300), RecordingStrategy()
@@ -196,6 +213,9 @@ def test_firstresult_only_where_the_first_answer_wins():
     and takes the first answer (a third-party detector before the built-in one)."""
     import lowbit.kernel.hookspecs as specs
 
-    marked = {name for name, spec in vars(specs).items()
-              if callable(spec) and getattr(spec, "lowbit_spec", {}).get("firstresult")}
+    marked = {
+        name
+        for name, spec in vars(specs).items()
+        if callable(spec) and getattr(spec, "lowbit_spec", {}).get("firstresult")
+    }
     assert marked == {"detect_hardware"}

@@ -2,6 +2,7 @@
 (DDP with torch's ZeroRedundancyOptimizer), installed through its entry point as `pip install -e`
 would, listed by `lowbit plugins`, chosen by name from the launcher, a config file and the env,
 and passing the strategy conformance kit in 2 processes over gloo."""
+
 from __future__ import annotations
 
 import json
@@ -36,15 +37,35 @@ def launch(env, tmp_path, *flags, config: str | None = None):
     if config is not None:
         (tmp_path / "config.yaml").write_text(config)
         extra = ["--config_file", str(tmp_path / "config.yaml")]
-    proc = run_launch([sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *extra, *flags,
-                       str(WORKER), str(tmp_path)], env={**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, cwd=str(tmp_path))
+    proc = run_launch(
+        [
+            sys.executable,
+            "-m",
+            "lowbit.cli.main",
+            "launch",
+            "--cpu",
+            "--num_processes",
+            "2",
+            *extra,
+            *flags,
+            str(WORKER),
+            str(tmp_path),
+        ],
+        env={**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def test_lowbit_plugins_lists_it_with_what_it_is(installed):
-    proc = subprocess.run([sys.executable, "-m", "lowbit.cli.main", "plugins", "--json"], capture_output=True, text=True,
-                          env=installed, timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lowbit.cli.main", "plugins", "--json"],
+        capture_output=True,
+        text=True,
+        env=installed,
+        timeout=1500,
+    )
     row = next(r for r in json.loads(proc.stdout)["plugins"] if r["name"] == "zero_ddp")
     assert row["distribution"] == "lowbit-zero-ddp" and row["role"] == "strategy" and row["status"] == "available"
     assert row["distributed_types"] == ["ZERO_DDP"] and row["config_section"] == "zero_ddp_config"
@@ -58,8 +79,9 @@ def test_it_passes_the_strategy_conformance_kit(installed, tmp_path):
 
 
 def test_chosen_from_a_config_file_with_its_own_section_and_the_state_is_sharded(installed, tmp_path):
-    ranks = launch(installed, tmp_path,
-                   config="distributed_type: ZERO_DDP\nzero_ddp_config:\n  parameters_as_bucket_view: true\n")
+    ranks = launch(
+        installed, tmp_path, config="distributed_type: ZERO_DDP\nzero_ddp_config:\n  parameters_as_bucket_view: true\n"
+    )
     assert [r["strategy"] for r in ranks] == ["zero_ddp", "zero_ddp"]
     assert {r["optimizer"] for r in ranks} == {"ZeroRedundancyOptimizer"}
     total = 2 * ranks[0]["params"]  # AdamW: two moments per parameter
@@ -78,6 +100,22 @@ def test_chosen_by_its_launch_switch_and_by_the_env(installed, tmp_path, how):
 def test_a_misspelt_strategy_name_suggests_the_installed_one(installed, tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('never runs')\n")
-    proc = subprocess.run([sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2",
-                           "--distributed_type", "zero_dpp", str(script)], capture_output=True, text=True, env=installed, timeout=1500)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lowbit.cli.main",
+            "launch",
+            "--cpu",
+            "--num_processes",
+            "2",
+            "--distributed_type",
+            "zero_dpp",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=installed,
+        timeout=1500,
+    )
     assert proc.returncode == 2 and "Did you mean 'zero_ddp'" in proc.stderr and "never runs" not in proc.stdout

@@ -1,6 +1,7 @@
 """lowbit's opt-in instruments and block formats under torch.compile: FP8 telemetry's unsampled
 steps run the one compiled graph (no recompile per step), and token padding (block recipes, TE)
 inside activation-checkpointed blocks adds no graph break. Both torch lanes run this."""
+
 from __future__ import annotations
 
 import pytest

@@ -3,6 +3,7 @@
 A steady-state step makes no plugin call; torch.compile of a prepared model compiles, once, with
 no graph break (every default on, the throughput meter included); AutocastKwargs is honoured.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -22,7 +23,9 @@ def accelerator_for(precision: str, **kwargs) -> Accelerator:
         recipe = precision.split("-")[1]
         # every layer in FP8 (the default keeps the first and last in bf16)
         options = AORecipeKwargs(recipe=recipe, keep_first_last_high_precision=False)
-        return Accelerator(mixed_precision="fp8", cpu=True, kwargs_handlers=[options, *kwargs.pop("handlers", [])], **kwargs)
+        return Accelerator(
+            mixed_precision="fp8", cpu=True, kwargs_handlers=[options, *kwargs.pop("handlers", [])], **kwargs
+        )
     return Accelerator(mixed_precision=precision, cpu=True, kwargs_handlers=kwargs.pop("handlers", []), **kwargs)
 
 
@@ -209,19 +212,24 @@ class _HostReads:
         self.mode.__exit__(*exc)
 
 
-@pytest.mark.parametrize("precision, on_nonfinite_loss, reads", [
-    ("bf16", "continue", 0),  # Accelerate's behaviour: nothing read
-    ("bf16", "skip", 1),  # lowbit's default: the one read of the step's finite verdict
-    ("no", "skip", 1),
-    ("fp16", "skip", 1),  # the loss scaler's own read of its inf check, nothing of lowbit's
-    ("fp8-tensorwise", "continue", 0),
-])
+@pytest.mark.parametrize(
+    "precision, on_nonfinite_loss, reads",
+    [
+        ("bf16", "continue", 0),  # Accelerate's behaviour: nothing read
+        ("bf16", "skip", 1),  # lowbit's default: the one read of the step's finite verdict
+        ("no", "skip", 1),
+        ("fp16", "skip", 1),  # the loss scaler's own read of its inf check, nothing of lowbit's
+        ("fp8-tensorwise", "continue", 0),
+    ],
+)
 def test_a_steady_state_step_reads_the_device_only_where_asked(precision, on_nonfinite_loss, reads):
     accelerator = accelerator_for(precision, on_nonfinite_loss=on_nonfinite_loss)
     accelerator.on_preemption(lambda: None)  # the preemption poll is on, too
     model, loader = model_and_data()
     # SGD: AdamW on a CPU reads each parameter's step count (.item()) itself
-    model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), loader)
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9), loader
+    )
     batches = iter(loader)
     for step in range(4):
         x, y = next(batches)
@@ -239,8 +247,15 @@ def test_a_transformers_llama_compiled_after_prepare_compiles_once(precision, fr
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_cache=False,
+    )
     model = LlamaForCausalLM(config)
     ids = [torch.randint(0, 256, (32,)) for _ in range(4 * 12)]
     loader = DataLoader(ids, batch_size=4, collate_fn=lambda b: {"input_ids": torch.stack(b), "labels": torch.stack(b)})

@@ -1,6 +1,7 @@
 """What several GPUs under NCCL require of lowbit, checked on CPU processes (issue #46): the device
 rule of NCCL's collectives (held by LOWBIT_SIMULATE_NCCL, which every launched test sets), and the
 prepared DataLoader loading in the user's workers."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,19 @@ def launch(tmp_path: Path, scenario: str, *flags: str, worker: Path = WORKER) ->
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", *flags,
-           str(worker), scenario, str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        *flags,
+        str(worker),
+        scenario,
+        str(out),
+    ]
     proc = run_launch(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], proc.stderr
@@ -115,12 +127,10 @@ def test_a_tensor_of_a_device_type_the_group_does_not_serve_moves_to_the_acceler
     """Under NCCL (serves "cuda" only) a CPU tensor is copied to the process's accelerator (here
     the meta device stands in for it); a served type stays where it is, copied only when asked."""
     monkeypatch.delenv(collective_device.SIMULATE_ENV, raising=False)
-    monkeypatch.setattr(collective_device, "_served_device_types",
-                        lambda: (frozenset({"cuda"}), torch.device("meta")))
+    monkeypatch.setattr(collective_device, "_served_device_types", lambda: (frozenset({"cuda"}), torch.device("meta")))
     moved = collective_device.on_group_device(torch.ones(3))
     assert moved.device.type == "meta"
-    monkeypatch.setattr(collective_device, "_served_device_types",
-                        lambda: (frozenset({"cpu", "cuda"}), None))
+    monkeypatch.setattr(collective_device, "_served_device_types", lambda: (frozenset({"cpu", "cuda"}), None))
     tensor = torch.ones(3)
     assert collective_device.on_group_device(tensor) is tensor
     copied = collective_device.on_group_device(tensor, copy=True)
@@ -176,7 +186,10 @@ def test_fsdp2_shards_a_block_listed_several_times_once_and_trains_as_ddp_does(t
     fsdp, _ = launch(tmp_path, "shared", "--use_fsdp", worker=FSDP_WORKER)
     (tmp_path / "ddp").mkdir()  # the same scenario again, under DDP
     ddp, _ = launch(tmp_path / "ddp", "shared", worker=FSDP_WORKER)
-    assert fsdp[0]["losses"] == pytest.approx(ddp[0]["losses"], rel=1e-4, abs=1e-5), (fsdp[0]["losses"], ddp[0]["losses"])
+    assert fsdp[0]["losses"] == pytest.approx(ddp[0]["losses"], rel=1e-4, abs=1e-5), (
+        fsdp[0]["losses"],
+        ddp[0]["losses"],
+    )
     assert fsdp[0]["losses"][-1] < fsdp[0]["losses"][0]
 
 
@@ -246,8 +259,14 @@ def test_the_launchers_run_a_function_defined_where_no_file_holds_it(tmp_path):
     debug_launcher fork (as Accelerate does); spawned processes could not find the function."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     with open(TESTS / "scripts" / "notebook_cell.py") as cell:
-        proc = subprocess.run([sys.executable, "-", str(tmp_path)], stdin=cell, capture_output=True, text=True,
-                              env={**env, "OMP_NUM_THREADS": "1"}, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-", str(tmp_path)],
+            stdin=cell,
+            capture_output=True,
+            text=True,
+            env={**env, "OMP_NUM_THREADS": "1"},
+            timeout=600,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for tag in ("notebook", "debug"):
         for rank in range(2):
@@ -267,10 +286,20 @@ def test_the_launchers_refuse_to_fork_once_cuda_is_in_use(monkeypatch):
 # ---------------------------------------------------------------------- smaller
 
 
-@pytest.mark.parametrize("name, row", [("NVIDIA L40", "L40"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"),
-                                       ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA H200", "H200"),
-                                       ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"),
-                                       ("NVIDIA A100-SXM4-80GB", "A100"), ("Tesla T4", None)])
+@pytest.mark.parametrize(
+    "name, row",
+    [
+        ("NVIDIA L40", "L40"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("Tesla T4", None),
+    ],
+)
 def test_gpu_names_match_their_own_row_of_the_table(name, row):
     from lowbit.runtime.observe.gpu_specs import gpu_peak
 
@@ -287,8 +316,11 @@ def test_cuda_rng_states_are_restored_on_a_rank_that_sees_fewer_gpus(monkeypatch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((int(state[0]), device)))
-    state = {"python": __import__("random").getstate(), "torch": torch.get_rng_state(),
-             "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)]}
+    state = {
+        "python": __import__("random").getstate(),
+        "torch": torch.get_rng_state(),
+        "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)],
+    }
     set_rng_state(state)
     assert restored == [(7, 0)]  # Accelerate's save (no own GPU's state): the first state
 
@@ -303,9 +335,12 @@ def test_a_rank_that_sees_other_gpus_now_gets_its_own_gpus_saved_rng_state(monke
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((int(state[0]), device)))
-    state = {"python": __import__("random").getstate(), "torch": torch.get_rng_state(),
-             "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)],
-             "cuda_own": torch.tensor([9], dtype=torch.uint8)}
+    state = {
+        "python": __import__("random").getstate(),
+        "torch": torch.get_rng_state(),
+        "cuda": [torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)],
+        "cuda_own": torch.tensor([9], dtype=torch.uint8),
+    }
     set_rng_state(state)
     assert restored == [(9, 0)]
     restored.clear()
@@ -351,7 +386,9 @@ def test_the_hop_scenario_runs_over_gloo(tmp_path):
 def test_a_config_files_gpu_ids_choose_the_gpus(tmp_path, monkeypatch):
     """`gpu_ids: 0,1` in a config file written by `accelerate config` (was: noted and ignored)."""
     config = tmp_path / "default_config.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\ngpu_ids: 0,1\nmixed_precision: bf16\n")
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\ngpu_ids: 0,1\nmixed_precision: bf16\n"
+    )
     command, env, _ = launch_command(tmp_path, monkeypatch, "--config_file", str(config))
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and command[command.index("--nproc_per_node") + 1] == "2"
     config.write_text("distributed_type: MULTI_GPU\ngpu_ids: all\nnum_processes: 3\n")

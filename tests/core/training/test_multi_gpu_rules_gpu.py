@@ -4,6 +4,7 @@ One CUDA GPU is enough: ``lowbit launch --multi_gpu --num_processes 1`` (DDP) an
 --num_processes 1`` (FSDP2) start one rank under torchrun that joins an NCCL process group alone.
 The same worker runs in CPU CI on two gloo processes (test_multi_gpu_rules.py). Skipped without CUDA.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,15 +16,29 @@ import torch
 from helpers import TESTS, run_launch
 
 WORKER = TESTS / "distributed" / "loader_worker.py"
-pytestmark = [pytest.mark.gpu, pytest.mark.multiprocess,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL)"),
+]
 
 
 def launch_one_rank(tmp_path, scenario: str, *flags: str) -> dict:
     out = tmp_path / scenario
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--num_processes", "1", *flags, str(WORKER), scenario, str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--num_processes",
+        "1",
+        *flags,
+        str(WORKER),
+        scenario,
+        str(out),
+    ]
     proc = run_launch(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((out / "rank0.json").read_text())

@@ -1,5 +1,6 @@
 """The NaN guard names where a non-finite step began (the step's batch replayed once, after the
 check failed: nothing on healthy steps), and saves never write NaN/inf weights unseen."""
+
 from __future__ import annotations
 
 import warnings
@@ -79,7 +80,9 @@ def _run(poison, mixed_precision="no", steps=3):
             optimizer.step()
             if step == 2:
                 rng["after"] = torch.get_rng_state()
-                rng["grads_kept"] = all(torch.allclose(g, p.grad, equal_nan=True) for g, p in zip(grads, model.parameters()))
+                rng["grads_kept"] = all(
+                    torch.allclose(g, p.grad, equal_nan=True) for g, p in zip(grads, model.parameters())
+                )
             optimizer.zero_grad()
             if step == 2:
                 model.overflow.on = model.bad_backward.on = False
@@ -90,6 +93,7 @@ def _run(poison, mixed_precision="no", steps=3):
 def _on(part):
     def poison(model):
         getattr(model, part).on = True
+
     return poison
 
 
@@ -102,7 +106,9 @@ def test_a_nan_that_begins_in_a_forward_is_named_with_its_module():
 
 def test_a_nan_that_begins_in_a_backward_is_named_with_the_module_whose_backward_made_it():
     messages, _, _ = _run(_on("bad_backward"))
-    assert "replayed: backward: in the input-gradient computation of bad_backward (_BadBackward)" in messages[0], messages
+    assert "replayed: backward: in the input-gradient computation of bad_backward (_BadBackward)" in messages[0], (
+        messages
+    )
 
 
 def test_a_layer_whose_weights_already_held_nan_is_said_so():
@@ -123,7 +129,10 @@ def test_an_fp8_layer_that_overflows_is_named():
 
     messages, _, model = _run(corrupt, mixed_precision="fp8")
     assert type(model.middle).__name__ == "Float8Linear"
-    assert "forward: middle (Float8Linear) made its finite input non-finite; its weight already held NaN/inf" in messages[0]
+    assert (
+        "forward: middle (Float8Linear) made its finite input non-finite; its weight already held NaN/inf"
+        in messages[0]
+    )
 
 
 def test_a_healthy_step_replays_nothing(monkeypatch):
@@ -140,7 +149,9 @@ def test_save_state_and_save_model_refuse_nonfinite_weights_unless_asked(tmp_pat
     acc.save_state(tmp_path / "good")
     with torch.no_grad():
         model.weight[1, 2] = float("nan")
-    with pytest.raises(CheckpointError, match=r"save_state: 1 weight tensor\(s\) hold NaN or inf: weight\. Nothing was written"):
+    with pytest.raises(
+        CheckpointError, match=r"save_state: 1 weight tensor\(s\) hold NaN or inf: weight\. Nothing was written"
+    ):
         acc.save_state(tmp_path / "good")
     with pytest.raises(CheckpointError, match=r"save_model: 1 weight tensor\(s\) hold NaN or inf: weight"):
         acc.save_model(model, tmp_path / "model")

@@ -1,5 +1,6 @@
 """lowbit.runtime.precision: what each precision means, answered once (autocast dtype, loss
 scaling, unscale, step, state, whether this CPU runs it slowly), and the Accelerator asking it."""
+
 from __future__ import annotations
 
 import warnings
@@ -15,8 +16,17 @@ from lowbit.runtime.precision import Precision, SlowPrecisionNotice
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("name, dtype", [("no", None), ("fp16", torch.float16), ("bf16", torch.bfloat16),
-                                         ("fp8", torch.bfloat16), ("fp4", torch.bfloat16), ("myfp6", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "name, dtype",
+    [
+        ("no", None),
+        ("fp16", torch.float16),
+        ("bf16", torch.bfloat16),
+        ("fp8", torch.bfloat16),
+        ("fp4", torch.bfloat16),
+        ("myfp6", torch.bfloat16),
+    ],
+)
 def test_each_precision_has_one_autocast_dtype_and_the_accelerator_passes_it_on(name, dtype):
     precision = Precision.for_run(name, CPU)
     assert precision.autocast_dtype == dtype
@@ -82,7 +92,9 @@ def test_fp16_with_a_fused_optimizer_reports_the_step_it_skipped_on_the_device(m
     model = nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
     scheduler = torch.optim.lr_scheduler.StepLR(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=1.0), 1)
-    model, optimizer, scheduler = acc.prepare(model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (s + 1)))
+    model, optimizer, scheduler = acc.prepare(
+        model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 / (s + 1))
+    )
     reads = []
     monkeypatch.setattr(torch.Tensor, "item", lambda self, _item=torch.Tensor.item: reads.append(1) or _item(self))
     weight = model.weight.detach().clone()

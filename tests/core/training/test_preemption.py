@@ -1,5 +1,6 @@
 """A scheduler's SIGTERM to `lowbit launch`: every rank saves through `on_preemption` at the same
 step, exits, and nothing is left running (1 and 2 processes, for real)."""
+
 from __future__ import annotations
 
 import os
@@ -41,9 +42,13 @@ def test_sigterm_to_the_launcher_saves_on_every_rank_and_leaves_nothing_running(
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOWBIT_PREEMPTION_GRACE="120")
     flags = ["--cpu", "--num_processes", str(world)]
-    launcher = subprocess.Popen([sys.executable, "-m", "lowbit.cli.main", "launch", *flags, str(WORKER), str(tmp_path),
-                                 str(loader_workers)],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "lowbit.cli.main", "launch", *flags, str(WORKER), str(tmp_path), str(loader_workers)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for([tmp_path / f"training_{r}" for r in range(world)], timeout=600)
         launcher.send_signal(signal.SIGTERM)
@@ -90,11 +95,14 @@ def test_the_preemption_checkpoint_is_taken_between_iterations(prepared_loader):
     model, optimizer, scheduler, loader = acc.prepare(model, optimizer, scheduler, loader)
     done = {"steps": 0}
     seen = {}
-    acc.on_preemption(lambda: seen.update(steps=done["steps"], scheduler=scheduler.scheduler.last_epoch,
-                                          weights=model.weight.detach().clone()))
+    acc.on_preemption(
+        lambda: seen.update(
+            steps=done["steps"], scheduler=scheduler.scheduler.last_epoch, weights=model.weight.detach().clone()
+        )
+    )
     try:
         with pytest.raises(SystemExit) as stop:
-            for batch in (loader if prepared_loader else iter(lambda: torch.randn(4, 4), None)):
+            for batch in loader if prepared_loader else iter(lambda: torch.randn(4, 4), None):
                 acc.backward(model(batch).pow(2).mean())
                 optimizer.step()
                 scheduler.step()

@@ -1,5 +1,6 @@
 """lowbit.run.training_run: a run built from lowbit's settings alone, without Accelerate's
 classes (what a second front would build), trains exactly as the Accelerator that builds one."""
+
 from __future__ import annotations
 
 import pytest

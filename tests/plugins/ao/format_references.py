@@ -15,6 +15,7 @@ consecutive values, and a per-tensor fp32 scale ``s = 448 * 6 / amax(tensor)``. 
 scale is ``e4m3(amax(block) / 6 * s)``; its elements are ``v / (stored / s)`` rounded to E2M1
 (nearest, ties to even), saturating at 6. Weights may share one scale per 16x16 tile instead.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ def _fp8_e4m3fn_values() -> list[tuple[int, float]]:
     out = []
     for bits in range(0x7F):  # 0x7F is NaN
         exponent, mantissa = bits >> 3, bits & 0b111
-        value = (mantissa / 8) * 2.0 ** -6 if exponent == 0 else (1 + mantissa / 8) * 2.0 ** (exponent - 7)
+        value = (mantissa / 8) * 2.0**-6 if exponent == 0 else (1 + mantissa / 8) * 2.0 ** (exponent - 7)
         out.append((bits, value))
     return out
 
@@ -58,7 +59,7 @@ def mxfp8_quantize(row: list[float], rounding: str = "floor") -> tuple[list[int]
     """One row (length a multiple of 32) -> (E8M0 exponents per block, E4M3 element values)."""
     exponents, elements = [], []
     for start in range(0, len(row), 32):
-        block = row[start:start + 32]
+        block = row[start : start + 32]
         amax = max(abs(v) for v in block)
         if amax == 0:
             shared = -127
@@ -71,7 +72,7 @@ def mxfp8_quantize(row: list[float], rounding: str = "floor") -> tuple[list[int]
             shared = exponent - 1 if mantissa == 0.5 else exponent  # ceil(log2(ratio))
         shared = max(-127, min(127, shared))
         exponents.append(shared)
-        elements += [round_to_table(v / 2.0 ** shared, E4M3) for v in block]
+        elements += [round_to_table(v / 2.0**shared, E4M3) for v in block]
     return exponents, elements
 
 
@@ -87,7 +88,7 @@ def nvfp4_quantize(matrix: np.ndarray, two_d: bool = False) -> tuple[np.ndarray,
     scales = np.zeros((rows // tile_rows, cols // 16), dtype=np.float32)
     for r0 in range(0, rows, tile_rows):
         for c0 in range(0, cols, 16):
-            block = matrix[r0:r0 + tile_rows, c0:c0 + 16]
+            block = matrix[r0 : r0 + tile_rows, c0 : c0 + 16]
             block_amax = np.float32(np.abs(block).max())
             wanted = np.float32(np.float32(block_amax / np.float32(6.0)) * tensor_scale)
             stored = np.float32(round_to_table(float(min(wanted, np.float32(448.0))), E4M3))

@@ -1,4 +1,5 @@
 """lowbit-ao: torchao float8 training, for real on CPU (emulated FP8 GEMMs)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,7 +63,10 @@ def test_a_higher_priority_backend_beats_ao_and_explicit_ao_beats_it():
     manager = make_plugin_manager(extra_plugins=[FakeBackend("faster", 200)])
     assert Accelerator(mixed_precision="fp8", plugin_manager=manager).fp8_backend == "faster"
     manager = make_plugin_manager(extra_plugins=[FakeBackend("faster", 200)])
-    assert Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()], plugin_manager=manager).fp8_backend == "ao"
+    assert (
+        Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs()], plugin_manager=manager).fp8_backend
+        == "ao"
+    )
 
 
 def test_default_filter_keeps_first_and_last_linear_by_module_order_at_any_depth():
@@ -147,7 +151,9 @@ def test_non_emulated_fp8_on_a_gpu_without_fp8_is_a_clear_error():
     from lowbit_ao.convert import build_float8_config
 
     a100 = HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0))
-    context = PrepareContext(a100, "fp8", torch.device("cpu"), backend_options=AORecipeKwargs(emulate=False, recipe="tensorwise"))
+    context = PrepareContext(
+        a100, "fp8", torch.device("cpu"), backend_options=AORecipeKwargs(emulate=False, recipe="tensorwise")
+    )
     with pytest.raises(BackendUnavailableError, match=r"emulate=False.*compute capability >= 8.9; found NVIDIA A100"):
         build_float8_config(context.backend_options, context)
 
@@ -160,8 +166,9 @@ def test_float8_on_a_gpu_without_compile_says_what_to_expect(compiled, recwarn):
     from lowbit_ao.convert import check_compatibility
 
     h100 = HardwareInfo("cuda", "NVIDIA H100", 1, (9, 0))
-    context = PrepareContext(h100, "fp8", torch.device("cuda"), backend_options=AORecipeKwargs(recipe="tensorwise"),
-                             compiled=compiled)
+    context = PrepareContext(
+        h100, "fp8", torch.device("cuda"), backend_options=AORecipeKwargs(recipe="tensorwise"), compiled=compiled
+    )
     check_compatibility(context)
     said = " ".join(str(w.message) for w in recwarn)
     assert ("without torch.compile" in said and "use_regional_compilation=True" in said) is not compiled, said
@@ -169,7 +176,9 @@ def test_float8_on_a_gpu_without_compile_says_what_to_expect(compiled, recwarn):
 
 def test_model_without_eligible_linears_warns_and_trains_in_high_precision():
     model = nn.Sequential(nn.Linear(10, 30), nn.ReLU(), nn.Linear(30, 5))
-    with pytest.warns(UserWarning, match=r"0 of 2 Linear layers; kept high precision: .*first Linear kept.*Nothing trains"):
+    with pytest.warns(
+        UserWarning, match=r"0 of 2 Linear layers; kept high precision: .*first Linear kept.*Nothing trains"
+    ):
         prepared = ao_accelerator().prepare(model)
     prepared(torch.randn(3, 10)).sum().backward()
 
@@ -181,7 +190,12 @@ def test_settings_from_yaml_and_env(tmp_path, monkeypatch):
     assert acc.fp8_backend == "ao" and acc.fp8_options.recipe == "rowwise" and acc.fp8_options.pad_inner_dim is True
     monkeypatch.setenv("LOWBIT_FP8_RECIPE", "tensorwise")
     assert Accelerator(config_file=path).fp8_options.recipe == "tensorwise"  # env beats the file
-    assert Accelerator(config_file=path, kwargs_handlers=[FP8RecipeKwargs(backend="ao", recipe="rowwise")]).fp8_options.recipe == "rowwise"
+    assert (
+        Accelerator(
+            config_file=path, kwargs_handlers=[FP8RecipeKwargs(backend="ao", recipe="rowwise")]
+        ).fp8_options.recipe
+        == "rowwise"
+    )
 
 
 def test_eval_pass_under_model_eval():
@@ -253,8 +267,10 @@ def test_fp8_converges_like_bf16():
     x, y = _teacher_task()
     start = nn.functional.mse_loss(torch.zeros_like(y), y).item()  # loss of predicting 0: the target variance
     fp8, bf16 = _train_precision("fp8", x, y), _train_precision("bf16", x, y)
-    print(f"loss of predicting zero {start:.3f}; after 150 steps: fp8 {fp8:.5f}, bf16 {bf16:.5f}, "
-          f"relative gap {abs(fp8 - bf16) / bf16:.2%}")
+    print(
+        f"loss of predicting zero {start:.3f}; after 150 steps: fp8 {fp8:.5f}, bf16 {bf16:.5f}, "
+        f"relative gap {abs(fp8 - bf16) / bf16:.2%}"
+    )
     assert bf16 < start / 5  # the task is really learned
     assert abs(fp8 - bf16) / bf16 <= 0.05
 
@@ -263,7 +279,10 @@ def test_fp8_optimizer_states_keep_hyperparameters_and_groups():
     model = mlp()
     opt = torch.optim.AdamW(
         [{"params": model[0].parameters(), "lr": 1e-2}, {"params": model[2].parameters()}],
-        lr=1e-3, betas=(0.8, 0.9), weight_decay=0.05, eps=1e-7,
+        lr=1e-3,
+        betas=(0.8, 0.9),
+        weight_decay=0.05,
+        eps=1e-7,
     )
     acc = ao_accelerator(optimizer_states="fp8")
     model, opt = acc.prepare(model, opt)
@@ -281,7 +300,11 @@ def _state_bytes_per_param(optimizer, params):
     for param in params:
         for value in optimizer.state[param].values():
             if isinstance(value, torch.Tensor) and value.dim() > 0:
-                inner = [getattr(value, n) for n in value.__tensor_flatten__()[0]] if hasattr(value, "__tensor_flatten__") else [value]
+                inner = (
+                    [getattr(value, n) for n in value.__tensor_flatten__()[0]]
+                    if hasattr(value, "__tensor_flatten__")
+                    else [value]
+                )
                 state_bytes += sum(t.numel() * t.element_size() for t in inner)
     return state_bytes / sum(p.numel() for p in params)
 
@@ -357,7 +380,8 @@ def test_a_torch_older_than_the_torchao_release_needs_makes_ao_unavailable_with_
     monkeypatch.setattr(lowbit_ao.importlib.metadata, "version", lambda name: versions[name])
     assert lowbit_ao.unavailable_reason() == (
         "torchao 0.18.0 needs torch >= 2.11 (found torch 2.10.0+cu128): `pip install 'torch>=2.11'`, "
-        "or the torchao built for your torch (`pip install 'torchao<0.18.0'`)")
+        "or the torchao built for your torch (`pip install 'torchao<0.18.0'`)"
+    )
     versions["torch"] = "2.11.0+cu130"
     assert lowbit_ao.unavailable_reason() == ""
 
@@ -404,5 +428,7 @@ def test_multi_gpu_with_one_process_trains_under_ddp():
 
 def test_float8_all_gather_of_row_scaled_weights_is_refused_naming_the_recipe_that_has_it():
     """torchao gathers only tensorwise-scaled weights in float8 (its config asserts otherwise)."""
-    with pytest.raises(UnsupportedCombinationError, match=r"enable_fsdp_float8_all_gather=True needs.*recipe='tensorwise'"):
+    with pytest.raises(
+        UnsupportedCombinationError, match=r"enable_fsdp_float8_all_gather=True needs.*recipe='tensorwise'"
+    ):
         ao_accelerator(recipe="rowwise", enable_fsdp_float8_all_gather=True).prepare(mlp())

@@ -3,6 +3,7 @@
 Skipped without a CUDA sm_89+ GPU; these have not run in this repository's CI (it has no GPU).
 ``bench/gpu_check.sh`` runs them on a GPU machine, offline.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,12 @@ HIDDEN = 256
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
-        self.inp, self.up, self.down, self.out = (nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, 4 * HIDDEN),
-                                                  nn.Linear(4 * HIDDEN, HIDDEN), nn.Linear(HIDDEN, HIDDEN))
+        self.inp, self.up, self.down, self.out = (
+            nn.Linear(HIDDEN, HIDDEN),
+            nn.Linear(HIDDEN, 4 * HIDDEN),
+            nn.Linear(4 * HIDDEN, HIDDEN),
+            nn.Linear(HIDDEN, HIDDEN),
+        )
 
     def forward(self, x):
         return self.out(self.down(nn.functional.gelu(self.up(self.inp(x)))))
@@ -80,7 +85,9 @@ def test_save_state_load_state_and_save_model(tmp_path):
 def test_ddp_on_one_gpu_under_lowbit_launch():
     """ddp_worker.py on the GPU; test_ao.py runs the same file on 2 CPU processes in CI."""
     result = launch_ddp_worker("--multi_gpu", "--num_processes", "1")
-    assert result["device"] == "cuda" and result["strategy"] == "ddp" and result["losses"][-1] < result["losses"][0], result
+    assert result["device"] == "cuda" and result["strategy"] == "ddp" and result["losses"][-1] < result["losses"][0], (
+        result
+    )
 
 
 @gpu_ao

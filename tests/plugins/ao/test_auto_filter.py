@@ -1,5 +1,6 @@
 """lowbit-ao's ``layer_filter="auto"``: layers the FP8 payoff prediction finds no faster stay in
 high precision, for the float8 and the block recipes; beside torchao's own auto filter."""
+
 from __future__ import annotations
 
 import contextlib
@@ -26,21 +27,37 @@ pytestmark = pytest.mark.filterwarnings("ignore::lowbit_ao.convert.EmulationNoti
 
 def wide_and_narrow():
     """Two wide layers (FP8 pays at 8192 tokens on an H100) between narrow ones (it does not)."""
-    return nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 4096), nn.Linear(4096, 4096), nn.Linear(4096, 4096),
-                         nn.Linear(4096, 64), nn.Linear(64, 64), nn.Linear(64, 8))
+    return nn.Sequential(
+        nn.Linear(64, 64),
+        nn.Linear(64, 4096),
+        nn.Linear(4096, 4096),
+        nn.Linear(4096, 4096),
+        nn.Linear(4096, 64),
+        nn.Linear(64, 64),
+        nn.Linear(64, 8),
+    )
 
 
 def converted_layers(model) -> set[str]:
     """The layers the backend swapped for its own (Float8Linear, the MX layer)."""
-    return {name for name, module in model.named_modules() if isinstance(module, nn.Linear) and type(module) is not nn.Linear}
+    return {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and type(module) is not nn.Linear
+    }
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "mxfp8"])
 def test_auto_keeps_the_narrow_layers_in_high_precision_and_says_why(recipe):
-    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(recipe=recipe, layer_filter="auto")])
-    # On a GPU in lowbit's table the filter judges for that GPU and says nothing; elsewhere it says it judges for an H100.
+    accelerator = Accelerator(
+        mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(recipe=recipe, layer_filter="auto")]
+    )
+    # On a GPU in lowbit's table the filter judges for that GPU and says nothing; elsewhere it says it judges for an
+    # H100.
     in_table = gpu_peak(accelerator.context.hardware.device_name) is not None
-    said = contextlib.nullcontext() if in_table else pytest.warns(AutoFilterNotice, match="judges each layer for the H100")
+    said = (
+        contextlib.nullcontext() if in_table else pytest.warns(AutoFilterNotice, match="judges each layer for the H100")
+    )
     with said:
         model = accelerator.prepare(wide_and_narrow())
     assert converted_layers(model) == {"2", "3"}
@@ -49,7 +66,9 @@ def test_auto_keeps_the_narrow_layers_in_high_precision_and_says_why(recipe):
 
 
 def test_auto_reports_the_prediction_for_each_layer_it_keeps():
-    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(layer_filter="auto", layer_filter_tokens=64)])
+    accelerator = Accelerator(
+        mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(layer_filter="auto", layer_filter_tokens=64)]
+    )
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         model = accelerator.prepare(wide_and_narrow())
@@ -59,8 +78,13 @@ def test_auto_reports_the_prediction_for_each_layer_it_keeps():
 
 
 def test_auto_with_a_filter_of_ones_own_is_refused():
-    for options in ({"module_filter_func": lambda module, fqn: True}, {"config": __import__("torchao.float8").float8.Float8LinearConfig()}):
-        accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(layer_filter="auto", **options)])
+    for options in (
+        {"module_filter_func": lambda module, fqn: True},
+        {"config": __import__("torchao.float8").float8.Float8LinearConfig()},
+    ):
+        accelerator = Accelerator(
+            mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(layer_filter="auto", **options)]
+        )
         with pytest.raises(ConfigError, match="layer_filter='auto'.*cannot combine"):
             accelerator.prepare(wide_and_narrow())
 

@@ -1,5 +1,6 @@
 """MXFP8 and NVFP4 in lowbit-ao: the quantized values against independent references (bit for
 bit), the GEMM shape rules a GPU would enforce, training a tiny Llama, save/load, telemetry."""
+
 from __future__ import annotations
 
 import sys
@@ -32,7 +33,7 @@ def _mx_test_rows(seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     rows = torch.randn(6, 64, generator=g) * torch.logspace(-6, 6, 6).unsqueeze(1)
     rows[0, :32] = 0.0
-    rows[1, 5] = 2.0 ** -3 * (1 + 1 / 16)  # halfway between two E4M3 values of the block's scale
+    rows[1, 5] = 2.0**-3 * (1 + 1 / 16)  # halfway between two E4M3 values of the block's scale
     return rows
 
 
@@ -74,7 +75,7 @@ def test_nvfp4_dequantized_error_is_within_the_formats_resolution():
     # decode scale: amax / 6, times up to 1 + 2^-4 where its E4M3 rounding went up.
     block_amax = x.abs().reshape(16, 4, 16).amax(-1, keepdim=True).expand(16, 4, 16).reshape(16, 64)
     error = (back - x).abs() / (block_amax / 6)
-    assert error.max() <= 1 + 2 ** -4 and error.max() > 0.5
+    assert error.max() <= 1 + 2**-4 and error.max() > 0.5
 
 
 def test_stochastic_rounding_is_unbiased_and_stays_on_neighbours():
@@ -107,8 +108,13 @@ class Odd(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.first, self.a, self.odd, self.b, self.last = (nn.Linear(32, 64), nn.Linear(64, 64), nn.Linear(64, 48),
-                                                           nn.Linear(48, 64), nn.Linear(64, 8))
+        self.first, self.a, self.odd, self.b, self.last = (
+            nn.Linear(32, 64),
+            nn.Linear(64, 64),
+            nn.Linear(64, 48),
+            nn.Linear(48, 64),
+            nn.Linear(64, 8),
+        )
 
     def forward(self, x):
         return self.last(self.b(self.odd(self.a(self.first(x)))))
@@ -162,14 +168,23 @@ def test_torchaos_mx_cast_refuses_what_lowbit_pads():
 
 
 def test_float8_only_options_with_a_block_recipe_are_refused():
-    with pytest.raises(UnsupportedCombinationError, match="enable_fsdp_float8_all_gather=True belongs to torchao's float8"):
+    with pytest.raises(
+        UnsupportedCombinationError, match="enable_fsdp_float8_all_gather=True belongs to torchao's float8"
+    ):
         block_accelerator("mxfp8", enable_fsdp_float8_all_gather=True).prepare(mlp())
 
 
 def _train_tiny_llama(precision: str, handlers: list, steps: int = 40) -> tuple[float, Accelerator, nn.Module]:
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
     acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)

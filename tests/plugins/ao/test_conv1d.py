@@ -1,4 +1,5 @@
 """GPT-2's Conv1D layers train in FP8 under the ao backend, and save as the plain GPT-2 they were."""
+
 from __future__ import annotations
 
 import copy
@@ -17,8 +18,18 @@ from lowbit_ao.conv1d import Float8Conv1D
 
 def tiny_gpt2() -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    config = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=64, bos_token_id=0, eos_token_id=0,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        vocab_size=128,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     return GPT2LMHeadModel(config)
 
 
@@ -57,11 +68,15 @@ def test_gpt2_trains_in_fp8_and_saves_as_plain_gpt2(tmp_path):
     assert len(converted) == 7  # 8 Conv1D; the first is kept in high precision
     assert "transformer.h.0.attn.c_attn" not in converted
     report = acc.fp8_report()
-    assert report.startswith("fp8 (ao, tensorwise, emulated): 7 of 9 Conv1D/Linear layers (Conv1D 7 of 8, Linear 0 of 1)"), report
+    assert report.startswith(
+        "fp8 (ao, tensorwise, emulated): 7 of 9 Conv1D/Linear layers (Conv1D 7 of 8, Linear 0 of 1)"
+    ), report
     # Same Parameter objects: the optimizer steps the weights the model uses.
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    assert all(id(dict(model.named_modules())[name].weight) in params and
-               dict(model.named_modules())[name].weight is weight for name, weight in conv_weights.items())
+    assert all(
+        id(dict(model.named_modules())[name].weight) in params and dict(model.named_modules())[name].weight is weight
+        for name, weight in conv_weights.items()
+    )
 
     ids = torch.randint(0, 128, (4, 32), generator=torch.Generator().manual_seed(1))
     losses = []
@@ -89,7 +104,9 @@ def test_conv1d_dims_and_first_last_rules_apply_as_for_linear(keep_first_last):
     from lowbit.utils import AORecipeKwargs
 
     model = torch.nn.Sequential(Conv1D(64, 32), Conv1D(40, 64), Conv1D(64, 40), Conv1D(32, 64))
-    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(keep_first_last_high_precision=keep_first_last)])
+    acc = Accelerator(
+        mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(keep_first_last_high_precision=keep_first_last)]
+    )
     model = acc.prepare(model)
     kinds = [type(m).__name__ for m in model]
     # 64 -> 40 and 40 -> 64 have a dim that is not a multiple of 16.

@@ -3,6 +3,7 @@
 The reference is ``torch._scaled_mm`` on CPU (torch's FP8 GEMM); torchao's own emulation stays
 available (``emulation="torchao"``, bit for bit torchao: ``test_ao.py::test_parity_with_raw_torchao_is_bitwise``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -65,7 +66,9 @@ def _bf16_ulps(out, ref):
 @pytest.mark.parametrize("shape", ((16, 32, 16), (64, 96, 48), (3, 48, 80)))
 def test_fast_gemm_against_torch_scaled_mm(rowwise, shape):
     a8, a_scale, b8, b_scale = _operands(*shape, rowwise)
-    reference = torch._scaled_mm(a8, b8, scale_a=a_scale.reciprocal(), scale_b=b_scale.reciprocal(), out_dtype=torch.bfloat16)
+    reference = torch._scaled_mm(
+        a8, b8, scale_a=a_scale.reciprocal(), scale_b=b_scale.reciprocal(), out_dtype=torch.bfloat16
+    )
     a, b = SimpleNamespace(_data=a8, _scale=a_scale), SimpleNamespace(_data=b8, _scale=b_scale)
     # fp32 GEMM: the same exact products, one rounding to bf16: equal to the reference
     assert torch.equal(scaled_mm(a, b, torch.bfloat16, torch.float32), reference)
@@ -75,9 +78,15 @@ def test_fast_gemm_against_torch_scaled_mm(rowwise, shape):
     assert (ulps > 0).float().mean() < 0.4  # measured 0.26-0.27 on (64, 96, 48)
     # fp32 output: fp32 GEMM; the sums may be added in another order (measured: up to 4e-6 absolute
     # where the largest output is ~10, i.e. a few fp32 ulps of the terms)
-    reference32 = torch._scaled_mm(a8, b8, scale_a=a_scale.reciprocal(), scale_b=b_scale.reciprocal(), out_dtype=torch.float32)
-    torch.testing.assert_close(scaled_mm(a, b, torch.float32, torch.float32), reference32, rtol=1e-5,
-                               atol=2e-6 * reference32.abs().max().item())
+    reference32 = torch._scaled_mm(
+        a8, b8, scale_a=a_scale.reciprocal(), scale_b=b_scale.reciprocal(), out_dtype=torch.float32
+    )
+    torch.testing.assert_close(
+        scaled_mm(a, b, torch.float32, torch.float32),
+        reference32,
+        rtol=1e-5,
+        atol=2e-6 * reference32.abs().max().item(),
+    )
 
 
 def test_a_column_scale_on_the_left_operand_is_refused():
@@ -104,7 +113,11 @@ def test_forward_and_backward_match_torchao_emulation(recipe, compiled):
     rounding, forward and every gradient, in eager mode and under torch.compile (both compiled:
     inductor's fused casts differ from eager ones by a bf16 ulp, for torchao's path as for this)."""
     ours, theirs = _layer_pair(recipe)
-    assert all(type(m.linear_mm_config.output).lowbit_compute_dtype is not None for m in ours.modules() if isinstance(m, Float8Linear))
+    assert all(
+        type(m.linear_mm_config.output).lowbit_compute_dtype is not None
+        for m in ours.modules()
+        if isinstance(m, Float8Linear)
+    )
     x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
     results = []
     for model in (ours, theirs):

@@ -6,6 +6,7 @@ sizes under every CPU path (lowbit's fast emulation, torchao's emulation, torch'
 _scaled_mm) and check that lowbit's default pads, as Accelerate does, and that padding turned
 off fails here the way it would fail on the GPU.
 """
+
 from __future__ import annotations
 
 import types
@@ -48,8 +49,9 @@ class TokenModel(nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(),
-                                    nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8))
+        self.layers = nn.Sequential(
+            nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8)
+        )
 
     def forward(self, x):
         return self.layers(x)
@@ -97,7 +99,10 @@ def test_padding_changes_no_result():
     """Zero padding adds nothing to a dot product: the same losses, padded or not."""
     shapes = [(2, 16), (3, 16)]
     padded = train(Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(emulation="torchao")]), shapes)
-    plain = train(Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(emulation="torchao", pad_inner_dim=False)]), shapes)
+    plain = train(
+        Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(emulation="torchao", pad_inner_dim=False)]),
+        shapes,
+    )
     assert padded == plain
 
 
@@ -105,12 +110,15 @@ def _fp8(shape, role):
     return types.SimpleNamespace(_data=torch.empty(shape), _gemm_input_role=types.SimpleNamespace(value=role))
 
 
-@pytest.mark.parametrize("a, b, pad, ok", [
-    ((33, 64), (64, 64), False, True),  # rows (M) are free
-    ((64, 33), (33, 64), False, False),  # inner dim 33
-    ((64, 33), (33, 64), True, True),  # padded to 48
-    ((64, 64), (64, 40), True, False),  # output columns 40: padding does not help
-])
+@pytest.mark.parametrize(
+    "a, b, pad, ok",
+    [
+        ((33, 64), (64, 64), False, True),  # rows (M) are free
+        ((64, 33), (33, 64), False, False),  # inner dim 33
+        ((64, 33), (33, 64), True, True),  # padded to 48
+        ((64, 64), (64, 40), True, False),  # output columns 40: padding does not help
+    ],
+)
 def test_the_rule_is_cudas(a, b, pad, ok):
     check = lambda: check_scaled_mm_shapes(_fp8(a, "grad_output"), _fp8(b, "input"), pad)  # noqa: E731
     if ok:
@@ -124,8 +132,10 @@ def test_a_user_config_keeps_its_own_padding_unless_the_option_is_given():
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.float8_linear import Float8Linear
 
-    for recipe, expected in ((AORecipeKwargs(config=Float8LinearConfig()), False),
-                             (AORecipeKwargs(config=Float8LinearConfig(), pad_inner_dim=True), True)):
+    for recipe, expected in (
+        (AORecipeKwargs(config=Float8LinearConfig()), False),
+        (AORecipeKwargs(config=Float8LinearConfig(), pad_inner_dim=True), True),
+    ):
         acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[recipe])
         model = acc.prepare(TokenModel())
         layer = next(m for m in model.modules() if isinstance(m, Float8Linear))

@@ -5,6 +5,7 @@
     LOWBIT_DISTRIBUTED_TYPE=DEEPSPEED LOWBIT_DEEPSPEED_CONFIG='{"zero_stage": 2}' \\
         python tests/plugins/deepspeed/overflow_worker.py
 """
+
 import json
 
 import torch
@@ -31,7 +32,13 @@ for step in range(3):
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad()
-    steps.append({"finite_loss": bool(torch.isfinite(loss)), "skipped": optimizer.step_was_skipped,
-                  "accelerator_says": acc.optimizer_step_was_skipped, "lr": scheduler.get_last_lr()[0],
-                  "weights_moved": not torch.equal(before, first_weight.detach().float())})
+    steps.append(
+        {
+            "finite_loss": bool(torch.isfinite(loss)),
+            "skipped": optimizer.step_was_skipped,
+            "accelerator_says": acc.optimizer_step_was_skipped,
+            "lr": scheduler.get_last_lr()[0],
+            "weights_moved": not torch.equal(before, first_weight.detach().float()),
+        }
+    )
 print(json.dumps({"steps": steps}))

@@ -1,4 +1,5 @@
 """lowbit-deepspeed: config building on its own, and ZeRO 0-3 for real in 2 processes over gloo."""
+
 from __future__ import annotations
 
 import json
@@ -22,22 +23,50 @@ from test_distributed import assert_loss_decreases, launch  # noqa: E402
 
 
 def context(mixed_precision="bf16", **kw):
-    return PrepareContext(HardwareInfo("cpu", "CPU"), mixed_precision, torch.device("cpu"), world_size=2,
-                          gradient_accumulation_steps=kw.pop("gas", 1), batch_size=kw.pop("batch_size", 8), **kw)
+    return PrepareContext(
+        HardwareInfo("cpu", "CPU"),
+        mixed_precision,
+        torch.device("cpu"),
+        world_size=2,
+        gradient_accumulation_steps=kw.pop("gas", 1),
+        batch_size=kw.pop("batch_size", 8),
+        **kw,
+    )
 
 
 def test_auto_values_are_filled_from_the_accelerator():
-    config = build_config({"config": {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                                      "train_batch_size": "auto", "bf16": {"enabled": "auto"}}}, context(gas=4))
-    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"], config["train_batch_size"]) == (8, 4, 64)
+    config = build_config(
+        {
+            "config": {
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "train_batch_size": "auto",
+                "bf16": {"enabled": "auto"},
+            }
+        },
+        context(gas=4),
+    )
+    assert (
+        config["train_micro_batch_size_per_gpu"],
+        config["gradient_accumulation_steps"],
+        config["train_batch_size"],
+    ) == (8, 4, 64)
     assert config["bf16"] == {"enabled": True}
 
 
 def test_fp16_maps_to_dynamic_loss_scaling_and_keeps_every_docs_key():
-    user = {"fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 3, "min_loss_scale": 2}}
+    user = {
+        "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 3, "min_loss_scale": 2}
+    }
     config = build_config({"config": user}, context("fp16"))
-    assert config["fp16"] == {"enabled": True, "loss_scale": 0, "loss_scale_window": 500, "initial_scale_power": 16,
-                              "hysteresis": 3, "min_loss_scale": 2}
+    assert config["fp16"] == {
+        "enabled": True,
+        "loss_scale": 0,
+        "loss_scale_window": 500,
+        "initial_scale_power": 16,
+        "hysteresis": 3,
+        "min_loss_scale": 2,
+    }
     assert "bf16" not in config or not config["bf16"]["enabled"]
 
 
@@ -56,10 +85,16 @@ def test_config_contradicting_mixed_precision_names_both_values():
 
 
 def test_section_keys_map_to_zero_settings():
-    config = build_config({"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu",
-                           "gradient_clipping": 1.0}, context())
+    config = build_config(
+        {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu", "gradient_clipping": 1.0},
+        context(),
+    )
     zero = config["zero_optimization"]
-    assert zero["stage"] == 3 and zero["offload_optimizer"] == {"device": "cpu"} and zero["offload_param"] == {"device": "cpu"}
+    assert (
+        zero["stage"] == 3
+        and zero["offload_optimizer"] == {"device": "cpu"}
+        and zero["offload_param"] == {"device": "cpu"}
+    )
     assert config["gradient_clipping"] == 1.0
 
 
@@ -107,8 +142,16 @@ def zero0(tmp_path_factory):
     new virtual environment (results[0]["extensions_built"] lists what was compiled into it)."""
     work = tmp_path_factory.mktemp("z0")
     extensions = work / "torch_extensions"
-    results = launch(work, "ds", "--use_deepspeed", "--zero_stage", "0", "--mixed_precision", "bf16",
-                     env_extra={"TORCH_EXTENSIONS_DIR": str(extensions)})
+    results = launch(
+        work,
+        "ds",
+        "--use_deepspeed",
+        "--zero_stage",
+        "0",
+        "--mixed_precision",
+        "bf16",
+        env_extra={"TORCH_EXTENSIONS_DIR": str(extensions)},
+    )
     results[0]["extensions_built"] = sorted(p.name for p in extensions.iterdir()) if extensions.exists() else []
     return results
 
@@ -130,7 +173,10 @@ def test_zero_stages_train_and_shard_state(tmp_path, zero0, stage):
     assert_loss_decreases(zero0[0]["losses"])
     state_ratio = rank0["optimizer_state_bytes"] / zero0[0]["optimizer_state_bytes"]
     param_ratio = rank0["param_bytes"] / zero0[0]["param_bytes"]
-    print(f"ZeRO-{stage}: optimizer-state bytes per rank / ZeRO-0's = {state_ratio:.3f}; parameter bytes = {param_ratio:.3f}")
+    print(
+        f"ZeRO-{stage}: optimizer-state bytes per rank / ZeRO-0's = {state_ratio:.3f}; parameter bytes = "
+        f"{param_ratio:.3f}"
+    )
     assert 0.4 <= state_ratio <= 0.6
     if stage == 3:
         assert 0.4 <= param_ratio <= 0.6
@@ -152,8 +198,10 @@ def test_zero3_checkpoint_resume(tmp_path):
 
 @pytest.fixture(scope="module")
 def clip_under_ddp(tmp_path_factory):
-    return {precision: launch(tmp_path_factory.mktemp(f"ddp-{precision}"), "clip", "--mixed_precision", precision)
-            for precision in ("no", "bf16")}
+    return {
+        precision: launch(tmp_path_factory.mktemp(f"ddp-{precision}"), "clip", "--mixed_precision", precision)
+        for precision in ("no", "bf16")
+    }
 
 
 @pytest.mark.multiprocess
@@ -171,7 +219,6 @@ def test_clip_grad_norm_clips_under_deepspeed_as_under_ddp(tmp_path, clip_under_
             assert rank["update"] == pytest.approx(0.05, rel=0.05), "the update was not clipped to max_norm"
 
 
-
 def test_zero3_state_dict_gathers_one_layer_at_a_time_and_clipping_is_for_one_step(tmp_path):
     """get_state_dict under ZeRO-3 gathered every parameter at once on every rank (the whole
     model per GPU); clip_grad_norm_ left DeepSpeed's gradient_clipping at its max_norm for every
@@ -180,12 +227,17 @@ def test_zero3_state_dict_gathers_one_layer_at_a_time_and_clipping_is_for_one_st
     import subprocess
 
     script = Path(__file__).with_name("zero3_gather_worker.py")
-    env = {**os.environ, "LOWBIT_DISTRIBUTED_TYPE": "DEEPSPEED",
-           "LOWBIT_DEEPSPEED_CONFIG": json.dumps({"zero_stage": 3, "gradient_clipping": 1.0})}
+    env = {
+        **os.environ,
+        "LOWBIT_DISTRIBUTED_TYPE": "DEEPSPEED",
+        "LOWBIT_DEEPSPEED_CONFIG": json.dumps({"zero_stage": 3, "gradient_clipping": 1.0}),
+    }
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["full"] and all(equal and device == "cpu" for _, equal, device in result["full"].values()), result["full"]
+    assert result["full"] and all(equal and device == "cpu" for _, equal, device in result["full"].values()), result[
+        "full"
+    ]
     assert result["largest_gather"] == result["largest_layer"] < result["total"]
     assert result["clipping_after"] == [1.0, 1.0]
 
@@ -199,7 +251,11 @@ def test_a_step_deepspeed_skips_is_reported_and_holds_the_lr_schedule():
     import subprocess
 
     script = Path(__file__).with_name("overflow_worker.py")
-    env = {**os.environ, "LOWBIT_DISTRIBUTED_TYPE": "DEEPSPEED", "LOWBIT_DEEPSPEED_CONFIG": json.dumps({"zero_stage": 2})}
+    env = {
+        **os.environ,
+        "LOWBIT_DISTRIBUTED_TYPE": "DEEPSPEED",
+        "LOWBIT_DEEPSPEED_CONFIG": json.dumps({"zero_stage": 2}),
+    }
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = json.loads(proc.stdout.strip().splitlines()[-1])["steps"]
@@ -207,4 +263,3 @@ def test_a_step_deepspeed_skips_is_reported_and_holds_the_lr_schedule():
     assert [step["skipped"] for step in steps] == [False, True, False] == [step["accelerator_says"] for step in steps]
     assert [step["weights_moved"] for step in steps] == [True, False, True]
     assert [step["lr"] for step in steps] == pytest.approx([1e-2 / 2, 1e-2 / 2, 1e-2 / 3])
-

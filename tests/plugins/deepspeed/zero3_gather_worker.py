@@ -4,6 +4,7 @@ time, and ``clip_grad_norm_`` must leave DeepSpeed's own clipping as configured.
     LOWBIT_DISTRIBUTED_TYPE=DEEPSPEED LOWBIT_DEEPSPEED_CONFIG='{"zero_stage": 3, "gradient_clipping": 1.0}' \\
         python tests/plugins/deepspeed/zero3_gather_worker.py
 """
+
 import json
 
 import deepspeed
@@ -36,8 +37,17 @@ engine = acc.context.plugin_state(DeepSpeedRunState).engine
 acc.backward(model(torch.randn(4, 16)).float().pow(2).mean())
 norm = acc.clip_grad_norm_(model.parameters(), 0.5)
 optimizer.step()
-print(json.dumps({
-    "full": {k: [list(v.shape), torch.equal(v.to(torch.bfloat16), reference[k]), v.device.type] for k, v in state.items()},
-    "largest_gather": max(gathered), "largest_layer": largest, "total": sum(reference[k].numel() for k in reference),
-    "clipping_after": [engine._config.gradient_clipping, getattr(engine.optimizer, "clip_grad", None)],
-}))
+print(
+    json.dumps(
+        {
+            "full": {
+                k: [list(v.shape), torch.equal(v.to(torch.bfloat16), reference[k]), v.device.type]
+                for k, v in state.items()
+            },
+            "largest_gather": max(gathered),
+            "largest_layer": largest,
+            "total": sum(reference[k].numel() for k in reference),
+            "clipping_after": [engine._config.gradient_clipping, getattr(engine.optimizer, "clip_grad", None)],
+        }
+    )
+)

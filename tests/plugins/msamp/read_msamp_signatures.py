@@ -8,6 +8,7 @@ this manifest instead of the library. To refresh it from a clone of Azure/MS-AMP
 Each revision is read with ``git show`` and ``ast`` (nothing imported); the signatures must agree
 across the revisions given, and the manifest records each revision's commit.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,9 +25,15 @@ from source_signatures import as_text, callable_args, find_definition, parameter
 
 MANIFEST = Path(__file__).with_name("msamp_signatures.json")
 # what lowbit-msamp and its stand-in use, as module and exported name
-NAMES = [("msamp", "initialize"), ("msamp", "clip_grad_norm_"), ("msamp.optim", "LBAdamW"),
-         ("msamp.optim", "LBAdam"), ("msamp.deepspeed", "initialize"),
-         ("msamp.common.tensor", "ScalingTensor"), ("msamp.common.tensor", "ScalingMeta")]
+NAMES = [
+    ("msamp", "initialize"),
+    ("msamp", "clip_grad_norm_"),
+    ("msamp.optim", "LBAdamW"),
+    ("msamp.optim", "LBAdam"),
+    ("msamp.deepspeed", "initialize"),
+    ("msamp.common.tensor", "ScalingTensor"),
+    ("msamp.common.tensor", "ScalingMeta"),
+]
 # `import msamp` runs these top-level imports of other distributions (msamp/__init__ and msamp/te)
 IMPORT_FILES = ("msamp/__init__.py", "msamp/te/extension.py")
 # `import msamp.deepspeed` imports this file, which takes names from deepspeed's engine module
@@ -40,7 +47,9 @@ def _git(repo: Path, *args: str) -> str:
 def read_revision(repo: Path, revision: str) -> dict:
     commit = _git(repo, "rev-parse", f"{revision}^{{commit}}").strip()
     with tempfile.TemporaryDirectory() as tmp:
-        files = [f for f in _git(repo, "ls-tree", "-r", "--name-only", commit, "msamp").splitlines() if f.endswith(".py")]
+        files = [
+            f for f in _git(repo, "ls-tree", "-r", "--name-only", commit, "msamp").splitlines() if f.endswith(".py")
+        ]
         for name in files + ["pyproject.toml"]:
             target = Path(tmp) / name
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -58,15 +67,26 @@ def read_revision(repo: Path, revision: str) -> dict:
                     imports.update(a.name for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
                     imports.add(node.module)
-        engine_imports = [alias.name for node in ast.parse((Path(tmp) / DEEPSPEED_ENGINE_FILE).read_text()).body
-                          if isinstance(node, ast.ImportFrom) and node.module == "deepspeed.runtime.engine"
-                          for alias in node.names]
+        engine_imports = [
+            alias.name
+            for node in ast.parse((Path(tmp) / DEEPSPEED_ENGINE_FILE).read_text()).body
+            if isinstance(node, ast.ImportFrom) and node.module == "deepspeed.runtime.engine"
+            for alias in node.names
+        ]
         dependencies = tomllib.loads((Path(tmp) / "pyproject.toml").read_text())["project"]["dependencies"]
-        version = next(line.split("=")[1].strip().strip("'\"") for line in (root / "__init__.py").read_text().splitlines()
-                       if line.startswith("__version__"))
-    return {"commit": commit, "version": version, "signatures": signatures,
-            "third_party_imports": sorted(m for m in imports if not m.startswith("msamp")), "dependencies": dependencies,
-            "deepspeed_engine_imports": engine_imports}
+        version = next(
+            line.split("=")[1].strip().strip("'\"")
+            for line in (root / "__init__.py").read_text().splitlines()
+            if line.startswith("__version__")
+        )
+    return {
+        "commit": commit,
+        "version": version,
+        "signatures": signatures,
+        "third_party_imports": sorted(m for m in imports if not m.startswith("msamp")),
+        "dependencies": dependencies,
+        "deepspeed_engine_imports": engine_imports,
+    }
 
 
 def main(repo: str, *revisions: str) -> None:

@@ -13,6 +13,7 @@ work around); the DeepSpeed one casts the raw optimizer through the engine modul
 file: state dicts hold ``ScalingTensor`` objects (not tensors), LBAdamW keeps its state dtypes
 outside ``defaults``, a Linear with ``use_fp32_linear`` is not replaced. Calls are recorded.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,7 +52,12 @@ class Dtypes:
     kfloat8_e5m2 = QType(name="kFloat8E5M2", value=6)
 
 
-_STORAGE = {"kFloat16": torch.float16, "kFloat8E4M3": torch.uint8, "kFloat8E5M2": torch.uint8, "kFloat32": torch.float32}
+_STORAGE = {
+    "kFloat16": torch.float16,
+    "kFloat8E4M3": torch.uint8,
+    "kFloat8E5M2": torch.uint8,
+    "kFloat32": torch.float32,
+}
 
 
 class ScalingMeta:
@@ -83,7 +89,9 @@ def _update_scaling_factors() -> None:
             meta = metas[name]
             finite = bool(torch.isfinite(meta.amax[0]))
             window_max = meta.amax.max() if finite else torch.zeros(())
-            meta.scale.copy_(torch.where(window_max > 0, torch.exp2(torch.floor(torch.log2(448.0 / window_max))), meta.scale))
+            meta.scale.copy_(
+                torch.where(window_max > 0, torch.exp2(torch.floor(torch.log2(448.0 / window_max))), meta.scale)
+            )
             meta.amax.copy_(meta.amax.roll(1))
             meta.amax[0] = 0
             meta.amax_counter.copy_(meta.amax_counter + 1 if finite else torch.zeros_like(meta.amax_counter))
@@ -106,7 +114,9 @@ def _wrapped(tensor: torch.Tensor) -> ScalingTensor:
     """A ScalingTensor around ``tensor``, losslessly: the stand-in trains in fp32, so its weights and
     moments are kFloat32 (MS-AMP's are fp16 weights and, at O2, fp8/fp16 moments). What lowbit meets
     is the same: an object that is not a tensor, with a qtype and scaling tensors."""
-    return ScalingTensor(tensor.detach().clone(), ScalingMeta(Dtypes.kfloat32, amax=tensor.detach().abs().max().reshape(1)))
+    return ScalingTensor(
+        tensor.detach().clone(), ScalingMeta(Dtypes.kfloat32, amax=tensor.detach().abs().max().reshape(1))
+    )
 
 
 class FP8Linear(nn.Linear):
@@ -119,9 +129,11 @@ class FP8Linear(nn.Linear):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.scaling_metas = dict(input=ScalingMeta(Dtypes.kfloat8_e4m3, window_size=FP8Linear.DEFAULT_WINDOW_SIZE),
-                                  wgrad=ScalingMeta(Dtypes.kfloat8_e4m3, window_size=FP8Linear.DEFAULT_WGRAD_WINDOW_SIZE),
-                                  ograd=ScalingMeta(Dtypes.kfloat8_e5m2, window_size=FP8Linear.DEFAULT_WINDOW_SIZE))
+        self.scaling_metas = dict(
+            input=ScalingMeta(Dtypes.kfloat8_e4m3, window_size=FP8Linear.DEFAULT_WINDOW_SIZE),
+            wgrad=ScalingMeta(Dtypes.kfloat8_e4m3, window_size=FP8Linear.DEFAULT_WGRAD_WINDOW_SIZE),
+            ograd=ScalingMeta(Dtypes.kfloat8_e5m2, window_size=FP8Linear.DEFAULT_WINDOW_SIZE),
+        )
 
     def forward(self, x):
         with torch.no_grad():  # the amax of this step's input, as MS-AMP's FP8 GEMM records it
@@ -162,8 +174,14 @@ class LBAdamW(torch.optim.AdamW):
         exp_avg_sq_dtype=torch.float16,
         tensor_scale=True,
     ):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize)
-        self.bias_correction, self.exp_avg_dtype, self.exp_avg_sq_dtype = bias_correction, exp_avg_dtype, exp_avg_sq_dtype
+        super().__init__(
+            params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize
+        )
+        self.bias_correction, self.exp_avg_dtype, self.exp_avg_sq_dtype = (
+            bias_correction,
+            exp_avg_dtype,
+            exp_avg_sq_dtype,
+        )
         self.use_adam = False
 
     def step(self, closure=None):
@@ -174,19 +192,47 @@ class LBAdamW(torch.optim.AdamW):
     def state_dict(self):
         state = super().state_dict()
         low = {"exp_avg": self.exp_avg_dtype != torch.float32, "exp_avg_sq": self.exp_avg_sq_dtype != torch.float32}
-        state["state"] = {index: {k: _wrapped(v) if low.get(k) else v for k, v in entry.items()}
-                          for index, entry in state["state"].items()}
+        state["state"] = {
+            index: {k: _wrapped(v) if low.get(k) else v for k, v in entry.items()}
+            for index, entry in state["state"].items()
+        }
         return state
 
     def load_state_dict(self, state_dict):
-        state_dict = {**state_dict, "state": {index: {k: v.float() if isinstance(v, ScalingTensor) else v for k, v in entry.items()}
-                                              for index, entry in state_dict["state"].items()}}
+        state_dict = {
+            **state_dict,
+            "state": {
+                index: {k: v.float() if isinstance(v, ScalingTensor) else v for k, v in entry.items()}
+                for index, entry in state_dict["state"].items()
+            },
+        }
         super().load_state_dict(state_dict)
 
 
 class LBAdam(LBAdamW):
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, maximize: bool = False, *args, **kwargs):
-        super().__init__(params=params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize, *args, **kwargs)
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0,
+        amsgrad=False,
+        maximize: bool = False,
+        *args,
+        **kwargs,
+    ):
+        super().__init__(
+            params=params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            *args,
+            **kwargs,
+        )
         self.use_adam = True  # MS-AMP's LBAdam is LBAdamW with L2 (coupled) weight decay
 
 
@@ -231,16 +277,29 @@ def initialize(model, optimizer=None, opt_level="O1", use_te=False):
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
     CALLS.append(("clip_grad_norm_", {"max_norm": max_norm}))
-    return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
+    return torch.nn.utils.clip_grad_norm_(
+        parameters, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+    )
 
 
 def deepspeed_initialize(
-    args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
-    mpu=None, dist_init_required=None, collate_fn=None, config=None, config_params=None,
+    args=None,
+    model=None,
+    optimizer=None,
+    model_parameters=None,
+    training_data=None,
+    lr_scheduler=None,
+    mpu=None,
+    dist_init_required=None,
+    collate_fn=None,
+    config=None,
+    config_params=None,
 ):
     import deepspeed
 
-    CALLS.append(("deepspeed.initialize", {"msamp": dict(config.get("msamp", {})), "zero": config["zero_optimization"]["stage"]}))
+    CALLS.append(
+        ("deepspeed.initialize", {"msamp": dict(config.get("msamp", {})), "zero": config["zero_optimization"]["stage"]})
+    )
     plain = {k: v for k, v in config.items() if k != "msamp"}  # the section MSAMPDeepSpeedEngine reads
     section = config.get("msamp", {})
     if section.get("enabled"):
@@ -259,7 +318,9 @@ class DeepSpeedIntegrationFinder(importlib.abc.MetaPathFinder, importlib.abc.Loa
     releases without Apex AMP lack ``AMP``/``amp``, so there the import fails as MS-AMP's does."""
 
     def find_spec(self, fullname, path=None, target=None):
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True) if fullname == "msamp.deepspeed" else None
+        return (
+            importlib.machinery.ModuleSpec(fullname, self, is_package=True) if fullname == "msamp.deepspeed" else None
+        )
 
     def create_module(self, spec):
         return None
@@ -270,8 +331,11 @@ class DeepSpeedIntegrationFinder(importlib.abc.MetaPathFinder, importlib.abc.Loa
         ds_engine = _importlib.import_module("deepspeed.runtime.engine")
         missing = [name for name in MANIFEST["deepspeed_engine_imports"] if not hasattr(ds_engine, name)]
         if missing:
-            raise ImportError(f"cannot import name {missing[0]!r} from 'deepspeed.runtime.engine' ({ds_engine.__file__})",
-                              name="deepspeed.runtime.engine", path=ds_engine.__file__)
+            raise ImportError(
+                f"cannot import name {missing[0]!r} from 'deepspeed.runtime.engine' ({ds_engine.__file__})",
+                name="deepspeed.runtime.engine",
+                path=ds_engine.__file__,
+            )
         engine = types.ModuleType("msamp.deepspeed.runtime.engine")
         engine.msamp_initialize = initialize  # `from msamp import initialize as msamp_initialize`
         sys.modules["msamp.deepspeed.runtime.engine"] = engine
@@ -303,6 +367,11 @@ def install() -> dict[str, types.ModuleType]:
     # msamp imports Transformer Engine's pre-2.0 extension module at import time.
     tex = types.ModuleType("transformer_engine_extensions")
     tex.__spec__ = importlib.machinery.ModuleSpec("transformer_engine_extensions", None)
-    return {"msamp": msamp, "msamp.optim": optim,
-            "msamp.common": common, "msamp.common.tensor": tensor, "msamp.common.dtype": dtype,
-            "transformer_engine_extensions": tex}
+    return {
+        "msamp": msamp,
+        "msamp.optim": optim,
+        "msamp.common": common,
+        "msamp.common.tensor": tensor,
+        "msamp.common.dtype": dtype,
+        "transformer_engine_extensions": tex,
+    }

@@ -1,4 +1,5 @@
 """lowbit-msamp against a stand-in msamp (MS-AMP 0.4.0 signatures). GPU tests need real MS-AMP."""
+
 from __future__ import annotations
 
 import ast
@@ -93,15 +94,22 @@ def test_default_level_is_o2_and_the_swapped_objects_come_back(msamp):
     assert initialize_levels() == ["O2"]
     assert isinstance(prepared_model[2], standin_msamp.FP8Linear)
     assert isinstance(prepared_opt.optimizer, standin_msamp.LBAdamW)
-    assert prepared_opt.optimizer.exp_avg_dtype == torch.uint8 and prepared_opt.optimizer.exp_avg_sq_dtype == torch.float16
-    assert {id(p) for g in prepared_opt.param_groups for p in g["params"]} == {id(p) for p in prepared_model.parameters()}
+    assert (
+        prepared_opt.optimizer.exp_avg_dtype == torch.uint8 and prepared_opt.optimizer.exp_avg_sq_dtype == torch.float16
+    )
+    assert {id(p) for g in prepared_opt.param_groups for p in g["params"]} == {
+        id(p) for p in prepared_model.parameters()
+    }
 
 
-@pytest.mark.parametrize("make", [
-    lambda: [MSAMPRecipeKwargs(opt_level="O1")],
-    lambda: [MSAMPRecipeKwargs(optimization_level="O1")],
-    lambda: [FP8RecipeKwargs(backend="msamp", optimization_level="O1")],
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: [MSAMPRecipeKwargs(opt_level="O1")],
+        lambda: [MSAMPRecipeKwargs(optimization_level="O1")],
+        lambda: [FP8RecipeKwargs(backend="msamp", optimization_level="O1")],
+    ],
+)
 def test_opt_level_from_code(msamp, make):
     accelerator(*make()).prepare(*model_and_adamw())
     assert initialize_levels() == ["O1"]
@@ -118,19 +126,39 @@ def test_opt_level_from_yaml(msamp, tmp_path):
 
 def test_opt_level_from_launch_flags(msamp, tmp_path, monkeypatch):
     show_env = Path(__file__).parents[2] / "scripts" / "show_env.py"
-    proc = subprocess.run([sys.executable, "-m", "lowbit.cli.main", "launch", "--mixed_precision", "fp8", "--fp8_backend=msamp",
-                           "--fp8_opt_level=O1", str(show_env)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lowbit.cli.main",
+            "launch",
+            "--mixed_precision",
+            "fp8",
+            "--fp8_backend=msamp",
+            "--fp8_opt_level=O1",
+            str(show_env),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     env = json.loads(proc.stdout)
     backend, level, precision = env["LOWBIT_FP8_BACKEND"], env["LOWBIT_FP8_OPT_LEVEL"], env["LOWBIT_MIXED_PRECISION"]
-    for key, value in (("LOWBIT_FP8_BACKEND", backend), ("LOWBIT_FP8_OPT_LEVEL", level), ("LOWBIT_MIXED_PRECISION", precision)):
+    for key, value in (
+        ("LOWBIT_FP8_BACKEND", backend),
+        ("LOWBIT_FP8_OPT_LEVEL", level),
+        ("LOWBIT_MIXED_PRECISION", precision),
+    ):
         monkeypatch.setenv(key, value)
     acc = Accelerator(plugin_manager=manager())
     acc.prepare(*model_and_adamw())
     assert acc.fp8_backend == "msamp" and initialize_levels() == ["O1"]
 
 
-@pytest.mark.parametrize("bad, hint", [("01", "did you mean 'O1'"), ("02", "did you mean 'O2'"), ("O0", "O1 and O2"), ("O3", "Valid: O1, O2")])
+@pytest.mark.parametrize(
+    "bad, hint",
+    [("01", "did you mean 'O1'"), ("02", "did you mean 'O2'"), ("O0", "O1 and O2"), ("O3", "Valid: O1, O2")],
+)
 def test_levels_are_letter_o_not_zero(bad, hint):
     with pytest.raises(ConfigError, match=hint):
         MSAMPRecipeKwargs(opt_level=bad)
@@ -147,7 +175,9 @@ def test_env_level_is_checked_too(monkeypatch):
 
 
 def test_model_without_optimizer_says_how_to_call_prepare(msamp):
-    with pytest.raises(UnsupportedCombinationError, match=r"model, optimizer = accelerator.prepare\(model, optimizer\)"):
+    with pytest.raises(
+        UnsupportedCombinationError, match=r"model, optimizer = accelerator.prepare\(model, optimizer\)"
+    ):
         accelerator().prepare(mlp())
 
 
@@ -200,8 +230,9 @@ def test_zero3_with_msamp_is_a_clear_error(msamp, monkeypatch, deepspeed_with_ap
 
 
 @pytest.mark.parametrize("handlers, level", [([], "O2"), ([MSAMPRecipeKwargs(opt_level="O1")], "O1")])
-def test_deepspeed_path_uses_msamp_deepspeed_and_its_config_section(msamp, monkeypatch, handlers, level,
-                                                                   deepspeed_with_apex_amp):
+def test_deepspeed_path_uses_msamp_deepspeed_and_its_config_section(
+    msamp, monkeypatch, handlers, level, deepspeed_with_apex_amp
+):
     monkeypatch.setenv("LOWBIT_DISTRIBUTED_TYPE", "DEEPSPEED")
     monkeypatch.setenv("LOWBIT_DEEPSPEED_CONFIG", '{"zero_stage": 2}')
     acc = accelerator(*handlers)
@@ -254,8 +285,11 @@ def test_the_deepspeed_check_reads_the_installed_sources(tmp_path, monkeypatch):
     engine = tmp_path / "engine.py"
     monkeypatch.setattr(compat, "_package_file", lambda package, relative: engine if package == "deepspeed" else None)
     bound = "\n".join(f"{name} = None" for name in MANIFEST["deepspeed_engine_imports"] if name != "amp")
-    for source, answer in ((bound + "\ntry:\n    amp = object()\nexcept NameError:\n    amp = None\n", ""),
-                           (bound, "imports amp from"), ((Path(__file__).parents[2] / "fixtures" / "deepspeed_engine_with_star_import.py").read_text(), "")):
+    for source, answer in (
+        (bound + "\ntry:\n    amp = object()\nexcept NameError:\n    amp = None\n", ""),
+        (bound, "imports amp from"),
+        ((Path(__file__).parents[2] / "fixtures" / "deepspeed_engine_with_star_import.py").read_text(), ""),
+    ):
         engine.write_text(source)
         compat.deepspeed_integration_problem.cache_clear()
         problem = compat.deepspeed_integration_problem()
@@ -263,11 +297,14 @@ def test_the_deepspeed_check_reads_the_installed_sources(tmp_path, monkeypatch):
     compat.deepspeed_integration_problem.cache_clear()
 
 
-@pytest.mark.parametrize("make, adam_w", [
-    (lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1), True),
-    (lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True), True),
-    (lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1), False),
-])
+@pytest.mark.parametrize(
+    "make, adam_w",
+    [
+        (lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1), True),
+        (lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True), True),
+        (lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1), False),
+    ],
+)
 def test_current_pytorch_adam_and_adamw_reach_the_right_msamp_optimizer(msamp, make, adam_w):
     """MS-AMP 0.4 passes `decoupled_weight_decay` (a default of today's Adam/AdamW) on to LBAdam
     (TypeError) and takes today's AdamW, a subclass of Adam, for Adam (L2 decay). lowbit hands
@@ -283,7 +320,9 @@ def test_o1_with_adamw_keeps_o1s_fp32_optimizer_states(msamp):
     """MS-AMP keeps the state dtypes in LBAdamW attributes, not in defaults: rebuilt from defaults
     alone, an O1 AdamW got O2's uint8/fp16 moments."""
     model = mlp()
-    _, opt = accelerator(MSAMPRecipeKwargs(opt_level="O1")).prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    _, opt = accelerator(MSAMPRecipeKwargs(opt_level="O1")).prepare(
+        model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
     cast = opt.optimizer
     assert isinstance(cast, standin_msamp.LBAdamW) and not cast.use_adam
     assert (cast.exp_avg_dtype, cast.exp_avg_sq_dtype) == (torch.float32, torch.float32)
@@ -340,7 +379,9 @@ def test_save_state_keeps_msamps_scaling_windows_and_amax_counters(msamp, tmp_pa
                     assert torch.equal(getattr(meta, t), getattr(trained[name][kind], t)), (name, kind, t)
             assert bool(module.scaling_metas["input"].is_warmup())  # 3 of 16 steps: still in the warm-up
     # copied in place: MS-AMP's flattened buffers (model_state) keep pointing at the same tensors
-    assert [m.scaling_metas["input"].amax_counter for m in fresh.modules() if isinstance(m, standin_msamp.FP8Linear)][0] is flat[0]
+    assert [m.scaling_metas["input"].amax_counter for m in fresh.modules() if isinstance(m, standin_msamp.FP8Linear)][
+        0
+    ] is flat[0]
 
 
 def test_a_linear_tied_to_an_embedding_stays_tied_and_high_precision(msamp):
@@ -359,14 +400,25 @@ def test_msamp_without_its_te_extension_is_unavailable_and_loses_the_ranking(msa
 def test_availability_reasons():
     """What the machine lacks comes first (installing MS-AMP would not help on a CPU), then the install."""
     reason = lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU"))
-    assert reason.startswith("MS-AMP needs CUDA (a GPU with compute capability >= 8.9); found CPU (and msamp is not installed")
-    assert lowbit_msamp.unavailable_reason(HardwareInfo("cuda", "NVIDIA H100", 1, (9, 0))).startswith("msamp not importable")
+    assert reason.startswith(
+        "MS-AMP needs CUDA (a GPU with compute capability >= 8.9); found CPU (and msamp is not installed"
+    )
+    assert lowbit_msamp.unavailable_reason(HardwareInfo("cuda", "NVIDIA H100", 1, (9, 0))).startswith(
+        "msamp not importable"
+    )
 
 
 def test_availability_reasons_with_msamp(msamp):
-    assert lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU")) == "MS-AMP needs CUDA (a GPU with compute capability >= 8.9); found CPU"
-    assert "found NVIDIA A100 (sm_80)" in lowbit_msamp.unavailable_reason(HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0)))
-    with pytest.raises(BackendUnavailableError, match=r"MS-AMP needs CUDA \(a GPU with compute capability >= 8.9\); found CPU"):
+    assert (
+        lowbit_msamp.unavailable_reason(HardwareInfo("cpu", "CPU"))
+        == "MS-AMP needs CUDA (a GPU with compute capability >= 8.9); found CPU"
+    )
+    assert "found NVIDIA A100 (sm_80)" in lowbit_msamp.unavailable_reason(
+        HardwareInfo("cuda", "NVIDIA A100", 1, (8, 0))
+    )
+    with pytest.raises(
+        BackendUnavailableError, match=r"MS-AMP needs CUDA \(a GPU with compute capability >= 8.9\); found CPU"
+    ):
         Accelerator(mixed_precision="fp8", kwargs_handlers=[MSAMPRecipeKwargs()])
 
 
@@ -425,11 +477,15 @@ def test_the_conformance_kit_passes_on_the_msamp_stand_in(msamp, tmp_path):
 # ------------------------------------------------------------------ the stand-in cannot drift
 
 
-STANDIN_OBJECTS = {"msamp.initialize": standin_msamp.initialize, "msamp.clip_grad_norm_": standin_msamp.clip_grad_norm_,
-                   "msamp.optim.LBAdamW": standin_msamp.LBAdamW, "msamp.optim.LBAdam": standin_msamp.LBAdam,
-                   "msamp.deepspeed.initialize": standin_msamp.deepspeed_initialize,
-                   "msamp.common.tensor.ScalingTensor": standin_msamp.ScalingTensor,
-                   "msamp.common.tensor.ScalingMeta": standin_msamp.ScalingMeta}
+STANDIN_OBJECTS = {
+    "msamp.initialize": standin_msamp.initialize,
+    "msamp.clip_grad_norm_": standin_msamp.clip_grad_norm_,
+    "msamp.optim.LBAdamW": standin_msamp.LBAdamW,
+    "msamp.optim.LBAdam": standin_msamp.LBAdam,
+    "msamp.deepspeed.initialize": standin_msamp.deepspeed_initialize,
+    "msamp.common.tensor.ScalingTensor": standin_msamp.ScalingTensor,
+    "msamp.common.tensor.ScalingMeta": standin_msamp.ScalingMeta,
+}
 
 
 @pytest.mark.parametrize("name", sorted(MANIFEST["signatures"]))
@@ -476,8 +532,10 @@ def test_every_msamp_call_of_lowbit_binds_to_msamp_signatures():
         try:
             _manifest_signature(name).bind(*range(positional), **dict.fromkeys(keywords))
         except TypeError as exc:
-            pytest.fail(f"{where}: {name}({positional} positional, {', '.join(keywords)}) does not fit MS-AMP's "
-                        f"({MANIFEST['signatures'][name]}): {exc}")
+            pytest.fail(
+                f"{where}: {name}({positional} positional, {', '.join(keywords)}) does not fit MS-AMP's "
+                f"({MANIFEST['signatures'][name]}): {exc}"
+            )
 
 
 def test_a_call_msamp_would_refuse_does_not_bind():
@@ -496,7 +554,9 @@ def install_msamp_distribution(site, requires):
     return info
 
 
-def test_msamp_whose_pins_are_not_met_is_unavailable_says_what_to_change_and_loses_the_ranking(msamp, tmp_path, monkeypatch):
+def test_msamp_whose_pins_are_not_met_is_unavailable_says_what_to_change_and_loses_the_ranking(
+    msamp, tmp_path, monkeypatch
+):
     """MS-AMP 0.4.0's own requirements (from the manifest) against what is installed here:
     deepspeed 0.19 against its ==0.13.1 pin, and no Transformer Engine at all."""
     install_msamp_distribution(tmp_path, requires=tuple(MANIFEST["dependencies"]))
@@ -506,10 +566,14 @@ def test_msamp_whose_pins_are_not_met_is_unavailable_says_what_to_change_and_los
     if importlib.util.find_spec("deepspeed") is not None:
         import deepspeed
 
-        assert (f"MS-AMP 0.4.0 requires deepspeed==0.13.1, installed {deepspeed.__version__}: "
-                '`pip install "deepspeed==0.13.1"` (lowbit-deepspeed needs deepspeed>=0.14') in reason
-    assert ("transformer-engine is not installed (MS-AMP 0.4.0 requires transformer-engine from "
-            "git+https://github.com/NVIDIA/TransformerEngine.git@v1.1)") in reason
+        assert (
+            f"MS-AMP 0.4.0 requires deepspeed==0.13.1, installed {deepspeed.__version__}: "
+            '`pip install "deepspeed==0.13.1"` (lowbit-deepspeed needs deepspeed>=0.14'
+        ) in reason
+    assert (
+        "transformer-engine is not installed (MS-AMP 0.4.0 requires transformer-engine from "
+        "git+https://github.com/NVIDIA/TransformerEngine.git@v1.1)"
+    ) in reason
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager())
     assert acc.fp8_backend == "ao" and "deepspeed==0.13.1" in acc.explain_backend_choice()
 
@@ -529,4 +593,5 @@ def test_a_transformer_engine_of_another_major_than_the_git_tag_is_named(monkeyp
     monkeypatch.syspath_prepend(str(tmp_path))
     assert compat.unmet_requirements() == [
         "MS-AMP 0.4.0 requires transformer-engine 1.1 (from git+https://github.com/NVIDIA/TransformerEngine.git@v1.1), "
-        'installed 2.20.2: `pip install "transformer-engine @ git+https://github.com/NVIDIA/TransformerEngine.git@v1.1"`']
+        'installed 2.20.2: `pip install "transformer-engine @ git+https://github.com/NVIDIA/TransformerEngine.git@v1.1"`'
+    ]

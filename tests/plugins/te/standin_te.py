@@ -9,6 +9,7 @@ forward under autocast, ``_extra_state`` pickling with the recipe (refused on lo
 unpickled by 2.9), the GEMM dimension rule, new Parameters made by every constructor, and
 activation recompute (``te.distributed.checkpoint``) with its per-process buffer of scales.
 """
+
 from __future__ import annotations
 
 import collections
@@ -26,8 +27,12 @@ from torch import nn
 from torch.nn import functional as F
 
 AUTOCAST_CALLS: list[dict[str, Any]] = []
-CAPABILITY = {"fp8": (True, ""), "mxfp8": (False, "stand-in verdict: no MXFP8 GEMMs on this GPU"), "block": (True, ""),
-              "nvfp4": (False, "stand-in verdict: no NVFP4 GEMMs on this GPU")}
+CAPABILITY = {
+    "fp8": (True, ""),
+    "mxfp8": (False, "stand-in verdict: no MXFP8 GEMMs on this GPU"),
+    "block": (True, ""),
+    "nvfp4": (False, "stand-in verdict: no NVFP4 GEMMs on this GPU"),
+}
 # The release whose behaviour the stand-in has where releases differ (set_extra_state); tests
 # switch it to "2.9.0", the oldest release lowbit-te accepts.
 RELEASE = {"version": "2.20.2"}
@@ -63,8 +68,10 @@ def _check_fp8_gemm_dims(inp: torch.Tensor, weight: torch.Tensor, recipe: Any) -
     for tensor in (inp, weight):
         leading = math.prod(tensor.shape[:-1])
         if leading % multiples[0] or tensor.shape[-1] % multiples[1]:
-            raise ValueError(f"stand-in TE: an FP8 GEMM operand of dims {list(tensor.shape)} has {leading} rows (needs a "
-                             f"multiple of {multiples[0]}) and {tensor.shape[-1]} columns (needs a multiple of {multiples[1]})")
+            raise ValueError(
+                f"stand-in TE: an FP8 GEMM operand of dims {list(tensor.shape)} has {leading} rows (needs a "
+                f"multiple of {multiples[0]}) and {tensor.shape[-1]} columns (needs a multiple of {multiples[1]})"
+            )
 
 
 class _DelayedScalingState:
@@ -107,8 +114,12 @@ class _TEBaseModule(nn.Module):
         recipe = FP8_STATE["recipe"]
         if self.fp8_initialized and recipe == self.fp8_meta["recipe"]:
             return
-        self.fp8_meta.update(recipe=recipe, num_gemms=num_gemms, fp8_max_fwd=recipe.fp8_format.value.max_fwd,
-                             fp8_max_bwd=recipe.fp8_format.value.max_bwd)
+        self.fp8_meta.update(
+            recipe=recipe,
+            num_gemms=num_gemms,
+            fp8_max_fwd=recipe.fp8_format.value.max_fwd,
+            fp8_max_bwd=recipe.fp8_format.value.max_bwd,
+        )
         self.init_fp8_meta_tensors(recipe)
         self.fp8_initialized = True
 
@@ -118,11 +129,18 @@ class _TEBaseModule(nn.Module):
             return torch.empty(0, dtype=torch.uint8)  # e.g. after a forward outside autocast (eval)
         if not isinstance(meta.get("scaling_fwd"), _DelayedScalingState):
             return torch.empty(0, dtype=torch.uint8)  # stateless recipe
-        state = {"recipe": meta["recipe"],
-                 "scale_fwd": meta["scaling_fwd"].scale.clone(), "amax_history_fwd": meta["scaling_fwd"].amax_history.clone(),
-                 "scale_bwd": meta["scaling_bwd"].scale.clone(), "amax_history_bwd": meta["scaling_bwd"].amax_history.clone(),
-                 "extra_fp8_variables": {k: v for k, v in meta.items() if k != "buffer_index_and_autocast_key"
-                                         and isinstance(v, (bool, int, float, str, tuple, list))}}
+        state = {
+            "recipe": meta["recipe"],
+            "scale_fwd": meta["scaling_fwd"].scale.clone(),
+            "amax_history_fwd": meta["scaling_fwd"].amax_history.clone(),
+            "scale_bwd": meta["scaling_bwd"].scale.clone(),
+            "amax_history_bwd": meta["scaling_bwd"].amax_history.clone(),
+            "extra_fp8_variables": {
+                k: v
+                for k, v in meta.items()
+                if k != "buffer_index_and_autocast_key" and isinstance(v, (bool, int, float, str, tuple, list))
+            },
+        }
         return torch.frombuffer(bytearray(pickle.dumps(state)), dtype=torch.uint8)
 
     def set_extra_state(self, state: Any) -> None:
@@ -132,8 +150,10 @@ class _TEBaseModule(nn.Module):
         # 2.20.2 (pytorch/_extra_state.py): a delayed-scaling pickle is refused unless the unsafe
         # opt-in is set; 2.9.0 (module/base.py): unpickled, whatever it holds.
         if RELEASE["version"] != "2.9.0" and os.environ.get(UNSAFE_PICKLE_ENV, "0") != "1":
-            raise RuntimeError(f"stand-in TE {RELEASE['version']}: refusing to unpickle the extra state of "
-                               f"{type(self).__name__} (set {UNSAFE_PICKLE_ENV}=1 to allow it)")
+            raise RuntimeError(
+                f"stand-in TE {RELEASE['version']}: refusing to unpickle the extra state of "
+                f"{type(self).__name__} (set {UNSAFE_PICKLE_ENV}=1 to allow it)"
+            )
         loaded = pickle.loads(data)
         self.fp8_meta.update(loaded["extra_fp8_variables"])
         self.fp8_meta["recipe"] = loaded["recipe"]
@@ -179,7 +199,11 @@ class Linear(_TEBaseModule):
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
         self.use_bias = bias
         # As in TE: without a bias, `bias` is an empty plain tensor, not None and not a parameter.
-        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device)) if bias else torch.Tensor().to(dtype=dtype, device=device)
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, dtype=dtype, device=device))
+            if bias
+            else torch.Tensor().to(dtype=dtype, device=device)
+        )
         nn.init.normal_(self.weight)
 
     def forward(self, x):
@@ -280,13 +304,20 @@ class autocast:  # noqa: N801 - TE's name
         amax_reduction_group: Optional["dist_group_type"] = None,  # noqa: F821
         _graph: bool = False,
     ) -> None:
-        self.record = {"enabled": enabled, "recipe": recipe, "amax_reduction_group": amax_reduction_group, "api": "autocast"}
+        self.record = {
+            "enabled": enabled,
+            "recipe": recipe,
+            "amax_reduction_group": amax_reduction_group,
+            "api": "autocast",
+        }
 
     def __enter__(self):
         AUTOCAST_CALLS.append(self.record)
         self._outer = dict(FP8_STATE)
         # TE's default recipe when none is given is DelayedScaling() (quantization.py get_default_fp8_recipe)
-        FP8_STATE.update(enabled=self.record["enabled"], recipe=self.record["recipe"] or RECIPE_MODULE["module"].DelayedScaling())
+        FP8_STATE.update(
+            enabled=self.record["enabled"], recipe=self.record["recipe"] or RECIPE_MODULE["module"].DelayedScaling()
+        )
         return self
 
     def __exit__(self, *exc):
@@ -338,8 +369,9 @@ def checkpoint(
             RECOMPUTE["phase"] = False
             FP8_STATE.update(outer)
 
-    return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False,
-                                             context_fn=lambda: (forward_region(), recompute_phase()), **kwargs)
+    return torch.utils.checkpoint.checkpoint(
+        function, *args, use_reentrant=False, context_fn=lambda: (forward_region(), recompute_phase()), **kwargs
+    )
 
 
 def is_fp8_available(return_reason: bool = False) -> Union[bool, Tuple[bool, str]]:
@@ -372,8 +404,17 @@ def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     common.__path__ = []
     common.recipe = recipe_module
     pytorch = types.ModuleType("transformer_engine.pytorch")
-    for obj in (Linear, LayerNorm, RMSNorm, autocast, fp8_autocast, is_fp8_available, is_mxfp8_available,
-                is_fp8_block_scaling_available, is_nvfp4_available):
+    for obj in (
+        Linear,
+        LayerNorm,
+        RMSNorm,
+        autocast,
+        fp8_autocast,
+        is_fp8_available,
+        is_mxfp8_available,
+        is_fp8_block_scaling_available,
+        is_nvfp4_available,
+    ):
         setattr(pytorch, obj.__name__, obj)
     distributed = types.ModuleType("transformer_engine.pytorch.distributed")
     distributed.checkpoint = checkpoint
@@ -382,9 +423,14 @@ def install(recipe_module: types.ModuleType) -> dict[str, types.ModuleType]:
     # The PyTorch extension, a distribution of its own (transformer_engine_torch); lowbit-te looks for it.
     extension = types.ModuleType("transformer_engine_torch")
     extension.__spec__ = importlib.machinery.ModuleSpec("transformer_engine_torch", None)
-    return {"transformer_engine": te, "transformer_engine_torch": extension, "transformer_engine.common": common,
-            "transformer_engine.common.recipe": recipe_module, "transformer_engine.pytorch": pytorch,
-            "transformer_engine.pytorch.distributed": distributed}
+    return {
+        "transformer_engine": te,
+        "transformer_engine_torch": extension,
+        "transformer_engine.common": common,
+        "transformer_engine.common.recipe": recipe_module,
+        "transformer_engine.pytorch": pytorch,
+        "transformer_engine.pytorch.distributed": distributed,
+    }
 
 
 Linear.__module__ = LayerNorm.__module__ = RMSNorm.__module__ = "transformer_engine.pytorch.module"

@@ -2,6 +2,7 @@
 
 Writes rank<N>.json: strategy, backend, losses, a hash of the weights and the first TE layer's
 forward amax history (which TE reduces over the data-parallel group)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,14 +29,23 @@ def main(out: Path) -> None:
     y = torch.randn(64, 256, device=accelerator.device, generator=generator)
     losses = train_steps(accelerator, model, optimizer, x, y, 20)  # the loss averaged over ranks
     first_te = next(m for m in accelerator.unwrap_model(model).modules() if hasattr(m, "fp8_meta"))
-    amax = first_te.fp8_meta["scaling_fwd"].amax_history.float().cpu().tolist() if "scaling_fwd" in first_te.fp8_meta else None
+    amax = (
+        first_te.fp8_meta["scaling_fwd"].amax_history.float().cpu().tolist()
+        if "scaling_fwd" in first_te.fp8_meta
+        else None
+    )
     state = accelerator.get_state_dict(model)
     digest = hashlib.sha256()
     for name in sorted(state):
         if torch.is_tensor(state[name]):
             digest.update(state[name].float().cpu().numpy().tobytes())
-    result = {"strategy": accelerator.distributed_strategy, "fp8_backend": accelerator.fp8_backend,
-              "losses": losses, "amax": amax, "weights_sha": digest.hexdigest()}
+    result = {
+        "strategy": accelerator.distributed_strategy,
+        "fp8_backend": accelerator.fp8_backend,
+        "losses": losses,
+        "amax": amax,
+        "weights_sha": digest.hexdigest(),
+    }
     (out / f"rank{accelerator.process_index}.json").write_text(json.dumps(result))
     accelerator.end_training()
 

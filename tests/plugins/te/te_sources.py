@@ -3,6 +3,7 @@
 The wheel (about 1 MB, pure Python) is downloaded once per version into
 ``~/.cache/lowbit-tests``; without network the tests that need it skip and say why.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,11 +27,28 @@ def te_source(version: str) -> Path:
         return package
     cache.mkdir(parents=True, exist_ok=True)
     try:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
-                        f"transformer-engine=={version}"], check=True, timeout=900, capture_output=True, text=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "-q",
+                "-d",
+                str(cache),
+                f"transformer-engine=={version}",
+            ],
+            check=True,
+            timeout=900,
+            capture_output=True,
+            text=True,
+        )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"the transformer-engine {version} wheel could not be downloaded (offline?), so TE's "
-                    f"sources cannot be read: {(getattr(exc, 'stderr', '') or str(exc)).strip()[-300:]}")
+        pytest.skip(
+            f"the transformer-engine {version} wheel could not be downloaded (offline?), so TE's "
+            f"sources cannot be read: {(getattr(exc, 'stderr', '') or str(exc)).strip()[-300:]}"
+        )
     wheel = next(cache.glob("transformer_engine-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(cache / "src")

@@ -2,6 +2,7 @@
 
 GPU tests at the end run only with CUDA sm_89+ and the real Transformer Engine.
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,7 +48,9 @@ def te_source() -> Path:
 
 @pytest.fixture(scope="session")
 def real_recipe(te_source):
-    spec = importlib.util.spec_from_file_location("transformer_engine.common.recipe", te_source / "common" / "recipe" / "__init__.py")
+    spec = importlib.util.spec_from_file_location(
+        "transformer_engine.common.recipe", te_source / "common" / "recipe" / "__init__.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["transformer_engine.common.recipe"] = module  # pydantic dataclasses resolve names through here
     spec.loader.exec_module(module)
@@ -95,18 +98,21 @@ def _real_signature(path: Path, qualname: str) -> list[tuple[str, str | None]]:
     return source_signatures.parameters_with_defaults(func.args)
 
 
-@pytest.mark.parametrize("path, qualname, standin", [
-    ("pytorch/module/linear.py", "Linear.__init__", standin_te.Linear.__init__),
-    ("pytorch/module/layernorm.py", "LayerNorm.__init__", standin_te.LayerNorm.__init__),
-    ("pytorch/module/rmsnorm.py", "RMSNorm.__init__", standin_te.RMSNorm.__init__),
-    ("pytorch/quantization.py", "autocast.__init__", standin_te.autocast.__init__),
-    ("pytorch/quantization.py", "fp8_autocast", standin_te.fp8_autocast),
-    ("pytorch/quantization.py", "is_fp8_available", standin_te.is_fp8_available),
-    ("pytorch/quantization.py", "is_mxfp8_available", standin_te.is_mxfp8_available),
-    ("pytorch/quantization.py", "is_fp8_block_scaling_available", standin_te.is_fp8_block_scaling_available),
-    ("pytorch/quantization.py", "is_nvfp4_available", standin_te.is_nvfp4_available),
-    ("pytorch/distributed.py", "checkpoint", standin_te.checkpoint),
-])
+@pytest.mark.parametrize(
+    "path, qualname, standin",
+    [
+        ("pytorch/module/linear.py", "Linear.__init__", standin_te.Linear.__init__),
+        ("pytorch/module/layernorm.py", "LayerNorm.__init__", standin_te.LayerNorm.__init__),
+        ("pytorch/module/rmsnorm.py", "RMSNorm.__init__", standin_te.RMSNorm.__init__),
+        ("pytorch/quantization.py", "autocast.__init__", standin_te.autocast.__init__),
+        ("pytorch/quantization.py", "fp8_autocast", standin_te.fp8_autocast),
+        ("pytorch/quantization.py", "is_fp8_available", standin_te.is_fp8_available),
+        ("pytorch/quantization.py", "is_mxfp8_available", standin_te.is_mxfp8_available),
+        ("pytorch/quantization.py", "is_fp8_block_scaling_available", standin_te.is_fp8_block_scaling_available),
+        ("pytorch/quantization.py", "is_nvfp4_available", standin_te.is_nvfp4_available),
+        ("pytorch/distributed.py", "checkpoint", standin_te.checkpoint),
+    ],
+)
 def test_standin_signatures_match_the_real_te(te_source, path, qualname, standin):
     assert source_signatures.parameters_of(standin) == _real_signature(te_source / path, qualname)
 
@@ -128,8 +134,10 @@ def test_every_te_call_of_the_plugin_binds_to_that_te_release(version):
         try:
             real.bind(*range(positional), **dict.fromkeys(keywords))
         except TypeError as exc:
-            pytest.fail(f"{where}: te.{name}({positional} positional, {', '.join(keywords)}) does not fit "
-                        f"TE {version}'s {name}{real}: {exc}")
+            pytest.fail(
+                f"{where}: te.{name}({positional} positional, {', '.join(keywords)}) does not fit "
+                f"TE {version}'s {name}{real}: {exc}"
+            )
 
 
 def test_the_call_reader_sees_a_call_that_does_not_fit(tmp_path):
@@ -137,7 +145,9 @@ def test_the_call_reader_sees_a_call_that_does_not_fit(tmp_path):
     (tmp_path / "bad.py").write_text("def f(te):\n    te.Linear(1, 2, bais=True)\n    te.fp8_magic()\n")
     root = te_sources.te_source(TE_VERSION)
     (name, positional, keywords, _), (missing, *_rest) = te_sources.te_calls(tmp_path)
-    real = source_signatures.signature(source_signatures.callable_args(source_signatures.find_definition(root, "transformer_engine.pytorch", name)))
+    real = source_signatures.signature(
+        source_signatures.callable_args(source_signatures.find_definition(root, "transformer_engine.pytorch", name))
+    )
     with pytest.raises(TypeError, match="bais"):
         real.bind(*range(positional), **dict.fromkeys(keywords))
     assert source_signatures.find_definition(root, "transformer_engine.pytorch", missing) is None
@@ -156,7 +166,10 @@ def test_unavailable_on_cpu_and_without_te_with_precise_reasons(te, monkeypatch)
     monkeypatch.setattr(lowbit_te.importlib.util, "find_spec", lambda name: None)
     assert lowbit_te.unavailable_reason(H100).startswith("transformer_engine not importable")
     # On a CPU the hardware comes first: installing TE would not help there.
-    assert lowbit_te.unavailable_reason(HardwareInfo("cpu", "CPU")) == cpu + " (and it is not installed: " + lowbit_te.INSTALL + ")"
+    assert (
+        lowbit_te.unavailable_reason(HardwareInfo("cpu", "CPU"))
+        == cpu + " (and it is not installed: " + lowbit_te.INSTALL + ")"
+    )
 
 
 def test_te_without_its_pytorch_extension_or_with_mixed_versions_is_unavailable(te, monkeypatch):
@@ -193,7 +206,9 @@ def test_te_priority_200_beats_ao(te):
 
 
 def test_forcing_te_on_cpu_is_a_clear_error(te):
-    with pytest.raises(BackendUnavailableError, match=r"'te'.*needs CUDA \(a GPU with compute capability >= 8.9\); found CPU"):
+    with pytest.raises(
+        BackendUnavailableError, match=r"'te'.*needs CUDA \(a GPU with compute capability >= 8.9\); found CPU"
+    ):
         Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()])
 
 
@@ -211,7 +226,9 @@ def test_layers_converted_and_skipped_with_reasons_and_weights_copied(te):
     assert set(report.converted) == {"inp", "norm", "rms", "block.0", "block.2", "out"}
     assert report.skipped == {"block.3": "dims 40x64: TE's FP8 GEMMs need in_features % 16 and out_features % 8"}
     assert isinstance(prepared.block[2], standin_te.Linear)  # 64 -> 40: out 40 is a multiple of 8
-    assert isinstance(prepared.block[0], standin_te.Linear) and prepared.block[0].bias.numel() == 0  # TE: empty, not None
+    assert (
+        isinstance(prepared.block[0], standin_te.Linear) and prepared.block[0].bias.numel() == 0
+    )  # TE: empty, not None
     assert isinstance(prepared.block[3], nn.Linear)
     after = prepared.state_dict()
     for key, value in before.items():
@@ -256,7 +273,9 @@ def test_tied_weights_stay_tied_and_train(te, tmp_path):
     acc.backward(nn.functional.cross_entropy(model(ids).flatten(0, 1).float(), ids.flatten()))
     optimizer.step()
     assert model.head.weight is model.embed.weight and not torch.equal(model.embed.weight, before)
-    assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for g in optimizer.param_groups for p in g["params"]) == sum(
+        p.numel() for p in model.parameters()
+    )
     state = load_file(acc.save_model(model, tmp_path))
     assert "head.weight" not in state or "embed.weight" not in state  # one tensor for the tied pair
 
@@ -280,14 +299,19 @@ def test_block_recipes_keep_tes_e4m3_default_unless_a_format_is_given(te, real_r
     from lowbit_te.runtime import build_recipe
 
     assert build_recipe(te_accelerator(B200, recipe=scaling).context).fp8_format is real_recipe.Format.E4M3
-    assert build_recipe(te_accelerator(B200, recipe=scaling, fp8_format="HYBRID").context).fp8_format is real_recipe.Format.HYBRID
+    assert (
+        build_recipe(te_accelerator(B200, recipe=scaling, fp8_format="HYBRID").context).fp8_format
+        is real_recipe.Format.HYBRID
+    )
 
 
 @pytest.mark.parametrize("option", [{"margin": 1}, {"amax_history_len": 16}, {"amax_compute_algo": "max"}])
 def test_delayed_scaling_options_with_another_recipe_are_an_error(te, option):
     from lowbit_te.runtime import build_recipe
 
-    with pytest.raises(ConfigError, match=f"{next(iter(option))}=.*recipe='current'.*Float8CurrentScaling has no such option"):
+    with pytest.raises(
+        ConfigError, match=f"{next(iter(option))}=.*recipe='current'.*Float8CurrentScaling has no such option"
+    ):
         build_recipe(te_accelerator(recipe="current", **option).context)
 
 
@@ -312,10 +336,15 @@ def test_current_recipes(te, real_recipe, name, cls, monkeypatch):
 
 
 def test_mxfp8_needs_blackwell(te, real_recipe, monkeypatch):
-    with pytest.raises(BackendUnavailableError, match=r"mxfp8 needs a GPU with compute capability >= 10.0 \(Blackwell\); "
-                                                      r"found stand-in NVIDIA H100.*sm_90.*backend 'te'"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"mxfp8 needs a GPU with compute capability >= 10.0 \(Blackwell\); "
+        r"found stand-in NVIDIA H100.*sm_90.*backend 'te'",
+    ):
         te_accelerator(recipe="mxfp8").prepare(Net())
-    with pytest.raises(BackendUnavailableError, match=r"Transformer Engine cannot run recipe='mxfp8'.*stand-in verdict"):
+    with pytest.raises(
+        BackendUnavailableError, match=r"Transformer Engine cannot run recipe='mxfp8'.*stand-in verdict"
+    ):
         te_accelerator(B200, recipe="mxfp8").prepare(Net())  # TE's own verdict counts too (it refuses sm_120)
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
     model = te_accelerator(B200, recipe="mxfp8", margin=2, fp8_format="E4M3").prepare(Net())
@@ -327,8 +356,11 @@ def test_mxfp8_needs_blackwell(te, real_recipe, monkeypatch):
 def test_block_scaling_needs_hopper_and_cuda_12_9_at_prepare(te, real_recipe, monkeypatch):
     """TE itself finds this out at the first forward; lowbit says it at prepare()."""
     ada = HardwareInfo("cpu", "stand-in NVIDIA L4 (tensors on CPU)", 1, (8, 9), (12, 9))
-    with pytest.raises(BackendUnavailableError, match=r"block needs a GPU with compute capability >= 9.0 \(Hopper, Blackwell\) "
-                                                      r"and CUDA >= 12.9; found .*sm_89"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"block needs a GPU with compute capability >= 9.0 \(Hopper, Blackwell\) "
+        r"and CUDA >= 12.9; found .*sm_89",
+    ):
         te_accelerator(ada, recipe="block").prepare(Net())
     old_cuda = HardwareInfo("cpu", "stand-in NVIDIA H100 (tensors on CPU)", 1, (9, 0), (12, 4))
     with pytest.raises(BackendUnavailableError, match=r"with CUDA 12.4"):
@@ -340,11 +372,17 @@ def test_block_scaling_needs_hopper_and_cuda_12_9_at_prepare(te, real_recipe, mo
 
 def test_delayed_scaling_under_torch_compile_is_refused_at_prepare(te):
     manager = make_plugin_manager(extra_plugins=[HardwareDetector(H100)])
-    acc = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()], dynamo_backend="eager", plugin_manager=manager)
+    acc = Accelerator(
+        mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs()], dynamo_backend="eager", plugin_manager=manager
+    )
     with pytest.raises(UnsupportedCombinationError, match="DelayedScaling.*torch.compile.*recipe='current'"):
         acc.prepare(Net())
-    current = Accelerator(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(recipe="current")], dynamo_backend="eager",
-                          plugin_manager=manager)
+    current = Accelerator(
+        mixed_precision="fp8",
+        kwargs_handlers=[TERecipeKwargs(recipe="current")],
+        dynamo_backend="eager",
+        plugin_manager=manager,
+    )
     current.prepare(Net())
 
 
@@ -377,12 +415,18 @@ def test_pure_e5m2_is_refused_before_te_asserts(te):
 
 def test_options_from_yaml_env_and_launch_flags(te, tmp_path, monkeypatch):
     path = tmp_path / "c.yaml"
-    path.write_text("mixed_precision: fp8\nfp8_config:\n  backend: TE\n  fp8_format: E4M3\n  amax_history_len: 32\n"
-                    "  amax_compute_algo: max\n  override_linear_precision: (false, false, false)\n")
+    path.write_text(
+        "mixed_precision: fp8\nfp8_config:\n  backend: TE\n  fp8_format: E4M3\n  amax_history_len: 32\n"
+        "  amax_compute_algo: max\n  override_linear_precision: (false, false, false)\n"
+    )
     manager = make_plugin_manager(extra_plugins=[HardwareDetector(H100)])
     acc = Accelerator(config_file=path, plugin_manager=manager)
     assert acc.fp8_backend == "te"
-    assert (acc.fp8_options.fp8_format, acc.fp8_options.amax_history_len, acc.fp8_options.amax_compute_algo) == ("E4M3", 32, "max")
+    assert (acc.fp8_options.fp8_format, acc.fp8_options.amax_history_len, acc.fp8_options.amax_compute_algo) == (
+        "E4M3",
+        32,
+        "max",
+    )
     monkeypatch.setenv("LOWBIT_FP8_AMAX_HISTORY_LEN", "64")
     assert Accelerator(config_file=path, plugin_manager=manager).fp8_options.amax_history_len == 64
     from lowbit.cli.launch import build_command
@@ -391,7 +435,9 @@ def test_options_from_yaml_env_and_launch_flags(te, tmp_path, monkeypatch):
     script = tmp_path / "s.py"
     script.write_text("")
     monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
-    args = build_parser().parse_args(["launch", "--mixed_precision", "fp8", "--fp8_format", "E4M3", "--fp8_amax_history_len", "8", str(script)])
+    args = build_parser().parse_args(
+        ["launch", "--mixed_precision", "fp8", "--fp8_format", "E4M3", "--fp8_amax_history_len", "8", str(script)]
+    )
     _, env, _ = build_command(args)
     assert env["LOWBIT_FP8_FORMAT"] == "E4M3" and env["LOWBIT_FP8_AMAX_HISTORY_LEN"] == "8"
 
@@ -404,7 +450,9 @@ def test_te_autocast_runs_inside_native_bf16_autocast(te):
 
     class Probe(nn.Module):
         def forward(self, x):
-            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), len(standin_te.AUTOCAST_CALLS)))
+            seen.append(
+                (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), len(standin_te.AUTOCAST_CALLS))
+            )
             return x
 
     model = nn.Sequential(nn.Linear(16, 16), Probe())
@@ -453,8 +501,11 @@ def _trained_te(acc, steps: int = 2, model_class: type | None = None):
 
 
 def _amax_histories(model):
-    return {name: m.fp8_meta["scaling_fwd"].amax_history.clone() for name, m in model.named_modules()
-            if isinstance(m, standin_te.Linear) and "scaling_fwd" in m.fp8_meta}
+    return {
+        name: m.fp8_meta["scaling_fwd"].amax_history.clone()
+        for name, m in model.named_modules()
+        if isinstance(m, standin_te.Linear) and "scaling_fwd" in m.fp8_meta
+    }
 
 
 @pytest.mark.parametrize("release", ["2.20.2", "2.9.0"])
@@ -495,7 +546,10 @@ def test_a_save_after_an_eval_pass_keeps_the_amax_history(te, tmp_path):
 def test_a_checkpoint_with_pickled_te_state_loads_without_unpickling(te):
     from lowbit_te.fp8_state import without_pickled_extra_state
 
-    state = {"inp.weight": torch.ones(2), "inp._extra_state": torch.frombuffer(bytearray(b"\x80\x04N."), dtype=torch.uint8)}
+    state = {
+        "inp.weight": torch.ones(2),
+        "inp._extra_state": torch.frombuffer(bytearray(b"\x80\x04N."), dtype=torch.uint8),
+    }
     with pytest.warns(UserWarning, match="does not unpickle"):
         cleaned = without_pickled_extra_state(state)
     assert cleaned["inp._extra_state"].numel() == 0 and torch.equal(cleaned["inp.weight"], state["inp.weight"])
@@ -520,8 +574,11 @@ def test_odd_token_counts_are_padded_for_te(te, monkeypatch, scaling, hardware):
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
     monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
     manager = make_plugin_manager(extra_plugins=[HardwareDetector(hardware)])
-    acc = Accelerator(mixed_precision="fp4" if scaling == "nvfp4" else "fp8", plugin_manager=manager,
-                      kwargs_handlers=[TERecipeKwargs(recipe=scaling, keep_first_last_high_precision=False, fp4_last_layers_bf16=0)])
+    acc = Accelerator(
+        mixed_precision="fp4" if scaling == "nvfp4" else "fp8",
+        plugin_manager=manager,
+        kwargs_handlers=[TERecipeKwargs(recipe=scaling, keep_first_last_high_precision=False, fp4_last_layers_bf16=0)],
+    )
     reference = TokenNet()
     model = acc.prepare(TokenNet())
     x = torch.randn(3, 11, 64)
@@ -544,7 +601,9 @@ def test_without_padding_te_refuses_odd_token_counts_as_on_a_gpu(te):
 
 def test_mxfp8_keeps_layers_whose_dims_are_not_multiples_of_32(te, monkeypatch):
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
-    with pytest.warns(UserWarning, match=r"block.2 \(dims 64x40: TE's FP8 GEMMs need in_features % 32 and out_features % 32\)"):
+    with pytest.warns(
+        UserWarning, match=r"block.2 \(dims 64x40: TE's FP8 GEMMs need in_features % 32 and out_features % 32\)"
+    ):
         model = te_accelerator(B200, recipe="mxfp8").prepare(Net())
     assert type(model.block[2]) is nn.Linear
     model(torch.randn(32, 32))
@@ -610,7 +669,11 @@ def test_fp4_builds_tes_nvfp4_recipe_with_nvidias_defaults(te, real_recipe, monk
     model(torch.randn(16, 32)).sum().backward()
     recipe = standin_te.AUTOCAST_CALLS[-1]["recipe"]
     assert type(recipe) is real_recipe.NVFP4BlockScaling
-    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (False, False, False)
+    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (
+        False,
+        False,
+        False,
+    )
     assert acc.fp8_report().startswith("fp4 (te, nvfp4): ")
 
 
@@ -618,9 +681,16 @@ def test_nvfp4_options_reach_te_as_its_disable_switches(te, real_recipe, monkeyp
     monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
     from lowbit_te.runtime import build_recipe
 
-    recipe = build_recipe(fp4_accelerator(nvfp4_random_hadamard=False, nvfp4_stochastic_rounding=False,
-                                          nvfp4_2d_weight_scaling=False).context)
-    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (True, True, True)
+    recipe = build_recipe(
+        fp4_accelerator(
+            nvfp4_random_hadamard=False, nvfp4_stochastic_rounding=False, nvfp4_2d_weight_scaling=False
+        ).context
+    )
+    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (
+        True,
+        True,
+        True,
+    )
     with pytest.raises(ConfigError, match="fp8_format='HYBRID' cannot reach Transformer Engine with recipe='nvfp4'"):
         build_recipe(fp4_accelerator(fp8_format="HYBRID").context)
 
@@ -632,7 +702,9 @@ def test_tes_own_nvfp4_switches_hold_unless_a_lowbit_option_is_given(te_source, 
 
     monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
     monkeypatch.setenv("NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING", "1")
-    spec = importlib.util.spec_from_file_location("transformer_engine.common.recipe", te_source / "common" / "recipe" / "__init__.py")
+    spec = importlib.util.spec_from_file_location(
+        "transformer_engine.common.recipe", te_source / "common" / "recipe" / "__init__.py"
+    )
     recipe_module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "transformer_engine.common.recipe", recipe_module)
     spec.loader.exec_module(recipe_module)  # imported with the variables set, as on the user's machine
@@ -641,7 +713,11 @@ def test_tes_own_nvfp4_switches_hold_unless_a_lowbit_option_is_given(te_source, 
     monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
 
     recipe = build_recipe(fp4_accelerator().context)
-    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (True, True, False)
+    assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (
+        True,
+        True,
+        False,
+    )
     assert "overrides" not in said(recwarn)
     recipe = build_recipe(fp4_accelerator(nvfp4_random_hadamard=True).context)  # the user's option wins, and says so
     assert (recipe.disable_rht, recipe.disable_stochastic_rounding) == (False, True)
@@ -653,19 +729,28 @@ def test_fp4_keeps_the_last_linears_in_bf16(te, monkeypatch):
     acc = fp4_accelerator(fp4_last_layers_bf16=0.4)
     model = acc.prepare(Net())
     # Net's Linears: inp, block.0, block.2 (dims 64x40: not NVFP4's 16x16), block.3, out.
-    te_linears = [n for n, m in model.named_modules() if type(m).__name__ == "Linear" and type(m).__module__.startswith("transformer_engine")]
+    te_linears = [
+        n
+        for n, m in model.named_modules()
+        if type(m).__name__ == "Linear" and type(m).__module__.startswith("transformer_engine")
+    ]
     assert te_linears == ["inp", "block.0"]  # TE keeps the first and last by choice only
     report = acc.fp8_report()
     assert "block.3 (in the last 40% of Linears, kept in bf16 (fp4_last_layers_bf16))" in report
 
 
 def test_fp4_on_hopper_names_the_hardware_it_needs(te):
-    with pytest.raises(BackendUnavailableError, match=r"nvfp4 needs a GPU with compute capability >= 10.0 \(Blackwell\); found stand-in NVIDIA H100"):
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"nvfp4 needs a GPU with compute capability >= 10.0 \(Blackwell\); found stand-in NVIDIA H100",
+    ):
         fp4_accelerator(H100)
 
 
 def test_nvfp4_under_fp8_is_a_clear_error(te):
-    with pytest.raises(ConfigError, match=r"recipe 'nvfp4' \(from TERecipeKwargs\) trains in 'fp4'.*Set mixed_precision='fp4'"):
+    with pytest.raises(
+        ConfigError, match=r"recipe 'nvfp4' \(from TERecipeKwargs\) trains in 'fp4'.*Set mixed_precision='fp4'"
+    ):
         te_accelerator(B200, recipe="nvfp4")
 
 
@@ -715,7 +800,9 @@ def test_resume_under_another_te_recipe_loads_and_says_the_histories_are_dropped
     fresh, _ = _trained_te(fresh_acc, steps=0)
     fresh_acc.load_state(tmp_path / "ckpt")
     assert "holds delayed-scaling state" in said(recwarn) and "are not restored" in said(recwarn)
-    for (name, saved), restored in zip(acc.unwrap_model(model).state_dict().items(), acc.unwrap_model(fresh).state_dict().values()):
+    for (name, saved), restored in zip(
+        acc.unwrap_model(model).state_dict().items(), acc.unwrap_model(fresh).state_dict().values()
+    ):
         if not name.endswith("_extra_state"):
             assert torch.equal(saved, restored), name
     fresh_acc.backward(fresh(torch.randn(8, 32)).pow(2).mean())  # and trains on under the new recipe
@@ -739,10 +826,15 @@ def test_checkpointed_blocks_recompute_in_fp8_through_tes_own_checkpoint(te, mon
     seen: dict[str, list[bool]] = {"forward": [], "backward": []}
     phase = ["forward"]
     forward = standin_te.Linear.forward
-    monkeypatch.setattr(standin_te.Linear, "forward",
-                        lambda self, x: (seen[phase[0]].append(standin_te.FP8_STATE["enabled"]), forward(self, x))[1])
+    monkeypatch.setattr(
+        standin_te.Linear,
+        "forward",
+        lambda self, x: (seen[phase[0]].append(standin_te.FP8_STATE["enabled"]), forward(self, x))[1],
+    )
     given = lowbit_te.strategy_integration(strategy="fsdp", context=acc.context).activation_checkpoint
-    checkpoint_blocks(acc.unwrap_model(model), [acc.unwrap_model(model).block], "full", given if recompute == "te" else None)
+    checkpoint_blocks(
+        acc.unwrap_model(model), [acc.unwrap_model(model).block], "full", given if recompute == "te" else None
+    )
     loss = model(torch.randn(8, 32)).pow(2).mean()
     phase[0] = "backward"
     acc.backward(loss)

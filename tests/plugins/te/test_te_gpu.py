@@ -4,6 +4,7 @@ Skipped without a CUDA sm_89+ GPU or without TE; a TE that is installed but does
 fails (see ``helpers.needs_fp8_gpu_with``). The 2-process tests also need two GPUs. These have
 not run in this repository's CI (it has no GPU); ``bench/gpu_check.sh`` runs them.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,13 @@ gpu_te = needs_fp8_gpu_with("transformer_engine.pytorch", "Transformer Engine")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 WORKER = Path(__file__).with_name("te_gpu_worker.py")
 # recipe -> TE's own check for it on this GPU
-RECIPE_CHECKS = {"delayed": "is_fp8_available", "current": "is_fp8_available", "mxfp8": "is_mxfp8_available",
-                 "block": "is_fp8_block_scaling_available", "nvfp4": "is_nvfp4_available"}
+RECIPE_CHECKS = {
+    "delayed": "is_fp8_available",
+    "current": "is_fp8_available",
+    "mxfp8": "is_mxfp8_available",
+    "block": "is_fp8_block_scaling_available",
+    "nvfp4": "is_nvfp4_available",
+}
 
 
 class Block(nn.Module):
@@ -78,9 +84,16 @@ def test_every_recipe_this_gpu_supports_trains(scaling):
     if not ok:
         pytest.skip(f"Transformer Engine says {scaling} scaling cannot run on this GPU: {why}")
     accelerator, model, losses = train("fp4" if scaling == "nvfp4" else "fp8", recipe=scaling)
-    assert type(accelerator.context.plugin_state(TERunState).recipe).__name__ == {
-        "delayed": "DelayedScaling", "current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
-        "block": "Float8BlockScaling", "nvfp4": "NVFP4BlockScaling"}[scaling]
+    assert (
+        type(accelerator.context.plugin_state(TERunState).recipe).__name__
+        == {
+            "delayed": "DelayedScaling",
+            "current": "Float8CurrentScaling",
+            "mxfp8": "MXFP8BlockScaling",
+            "block": "Float8BlockScaling",
+            "nvfp4": "NVFP4BlockScaling",
+        }[scaling]
+    )
     assert losses[-1] < 0.7 * losses[0], losses
 
 
@@ -89,8 +102,11 @@ def test_save_state_and_load_state_keep_the_fp8_metadata(tmp_path):
     """With the real TE (2.20 refuses pickled extra state; 2.9 would run it): nothing pickled is
     written, an eval pass before the save loses nothing, and a never-run model resumes exactly."""
     accelerator, model, _ = train("fp8", steps=5)
-    histories = {n: m.fp8_meta["scaling_fwd"].amax_history.clone() for n, m in model.named_modules()
-                 if hasattr(getattr(m, "fp8_meta", {}).get("scaling_fwd"), "amax_history")}
+    histories = {
+        n: m.fp8_meta["scaling_fwd"].amax_history.clone()
+        for n, m in model.named_modules()
+        if hasattr(getattr(m, "fp8_meta", {}).get("scaling_fwd"), "amax_history")
+    }
     assert histories and all(v.numel() == 0 for k, v in model.state_dict().items() if k.endswith("_extra_state"))
     model.eval()
     with torch.no_grad():
@@ -119,7 +135,17 @@ def test_the_conformance_kit_passes_on_real_te(tmp_path):
 
 def _launch(tmp_path: Path, *flags: str) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--num_processes", "2", *flags, str(WORKER), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lowbit.cli.main",
+        "launch",
+        "--num_processes",
+        "2",
+        *flags,
+        str(WORKER),
+        str(tmp_path),
+    ]
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -6,6 +6,7 @@ Each name is defined (or re-exported) in the submodule of Accelerate's path (``u
 gathers them, as ``accelerate.utils`` does, loading a submodule when one of its names is first
 asked for: ``from lowbit.utils import set_seed`` loads the seeding module, not the preparation.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,15 +14,37 @@ from typing import Any
 
 # The submodules whose public names (``__all__``) this package gathers, looked in for a name in
 # this order: the light ones first.
-GATHERED = ("random", "environment", "imports", "memory", "operations", "other", "modeling", "dataclasses", "fsdp_utils")
+GATHERED = (
+    "random",
+    "environment",
+    "imports",
+    "memory",
+    "operations",
+    "other",
+    "modeling",
+    "dataclasses",
+    "fsdp_utils",
+)
 # Accelerate's other submodule paths (importable as attributes too).
 SUBMODULES = (*GATHERED, "constants", "deepspeed", "versions")
 # Names gathered from elsewhere -> the module that defines them.
-SINGLE_NAMES = {"LocalSGD": "lowbit.runtime.training.local_sgd", "compile_regions": "lowbit.runtime.training.preparation",
-                "compare_versions": "lowbit.compat.utils.versions", "is_torch_version": "lowbit.compat.utils.versions",
-                **{name: "lowbit.compat.utils.deepspeed" for name in ("DummyOptim", "DummyScheduler", "DeepSpeedSchedulerWrapper",
-                                                                      "DeepSpeedOptimizerWrapper", "DeepSpeedEngineWrapper",
-                                                                      "HfDeepSpeedConfig")}}
+SINGLE_NAMES = {
+    "LocalSGD": "lowbit.runtime.training.local_sgd",
+    "compile_regions": "lowbit.runtime.training.preparation",
+    "compare_versions": "lowbit.compat.utils.versions",
+    "is_torch_version": "lowbit.compat.utils.versions",
+    **{
+        name: "lowbit.compat.utils.deepspeed"
+        for name in (
+            "DummyOptim",
+            "DummyScheduler",
+            "DeepSpeedSchedulerWrapper",
+            "DeepSpeedOptimizerWrapper",
+            "DeepSpeedEngineWrapper",
+            "HfDeepSpeedConfig",
+        )
+    },
+}
 
 
 def _submodule(name: str) -> Any:

@@ -3,6 +3,7 @@ recipe classes. ``FP8RecipeKwargs`` lives in the core; each backend's own class 
 ``TERecipeKwargs``, ``MSAMPRecipeKwargs``) in that backend's plugin, and always imports (as in
 Accelerate): when the plugin is absent, the name is a placeholder that raises, with the install
 command, only when a script creates one, so a script that names TE but trains on ao still runs."""
+
 from __future__ import annotations
 
 import importlib
@@ -50,21 +51,49 @@ PLUGIN_CLASSES = {
     "MSAMPRecipeKwargs": ("lowbit_msamp.recipe", "msamp"),
 }
 
-__all__ = ["AutocastKwargs", "DataLoaderConfiguration", "DDPCommunicationHookType", "DeepSpeedPlugin",
-           "DistributedDataParallelKwargs", "FullyShardedDataParallelPlugin", "GradientAccumulationPlugin", "GradScalerKwargs",
-           "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs", "ProjectConfiguration", "TorchDynamoPlugin",
-           "FP8RecipeKwargs", "RecipeKwargs", "DeepSpeedSequenceParallelConfig", "ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig",
-           "DistributedType", "ComputeEnvironment", "DynamoBackend", "LoggerType", "PrecisionType", "RNGType",
-           "SageMakerDistributedType"]  # the PLUGIN_CLASSES stay lazy (__getattr__): each is looked up when named
+__all__ = [
+    "AutocastKwargs",
+    "DataLoaderConfiguration",
+    "DDPCommunicationHookType",
+    "DeepSpeedPlugin",
+    "DistributedDataParallelKwargs",
+    "FullyShardedDataParallelPlugin",
+    "GradientAccumulationPlugin",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
+    "ProfileKwargs",
+    "ProjectConfiguration",
+    "TorchDynamoPlugin",
+    "FP8RecipeKwargs",
+    "RecipeKwargs",
+    "DeepSpeedSequenceParallelConfig",
+    "ParallelismConfig",
+    "TorchContextParallelConfig",
+    "TorchTensorParallelConfig",
+    "DistributedType",
+    "ComputeEnvironment",
+    "DynamoBackend",
+    "LoggerType",
+    "PrecisionType",
+    "RNGType",
+    "SageMakerDistributedType",
+]  # the PLUGIN_CLASSES stay lazy (__getattr__): each is looked up when named
 
 
 def _missing_plugin_class(name: str, backend: str) -> type:
     """A stand-in class that fails on use, naming the plugin to install."""
 
     def refuse(*args: Any, **kwargs: Any) -> None:
-        raise ImportError(f"{name} comes with the {backend} backend's plugin, which is not installed: {install_command(backend)}.")
+        raise ImportError(
+            f"{name} comes with the {backend} backend's plugin, which is not installed: {install_command(backend)}."
+        )
 
-    return type(name, (), {"__init__": refuse, "backend_name": backend, "__doc__": f"Install the {backend} plugin to use {name}."})
+    return type(
+        name,
+        (),
+        {"__init__": refuse, "backend_name": backend, "__doc__": f"Install the {backend} plugin to use {name}."},
+    )
 
 
 def plugin_class(name: str) -> type:

@@ -1,5 +1,6 @@
 """Accelerate's ``accelerate.utils.environment`` path: changing environment variables for a block,
 a function or a test class, and restoring them after."""
+
 from __future__ import annotations
 
 import contextlib
@@ -21,6 +22,7 @@ def __getattr__(name: str) -> Any:
 
         return refused(name)
     raise AttributeError(f"module 'lowbit.utils.environment' has no attribute {name!r}")
+
 
 logger = logging.getLogger(public_path(__name__))
 # The variables the launchers set for their processes (lowbit reads both families).
@@ -79,6 +81,7 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
     without the ACCELERATE_* and LOWBIT_* variables a launcher or an earlier test left behind;
     the variables as they were come back after each call."""
     if not isinstance(func_or_cls, type):
+
         @functools.wraps(func_or_cls)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with _without_launcher_variables():
@@ -86,7 +89,9 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
 
         return wrapper
     cls = func_or_cls
-    setup_name, teardown_name = ("setUp", "tearDown") if issubclass(cls, unittest.TestCase) else ("setup_method", "teardown_method")
+    setup_name, teardown_name = (
+        ("setUp", "tearDown") if issubclass(cls, unittest.TestCase) else ("setup_method", "teardown_method")
+    )
     setup, teardown = getattr(cls, setup_name, None), getattr(cls, teardown_name, None)
 
     def purged_setup(self: Any, *args: Any) -> None:
@@ -120,5 +125,7 @@ def convert_dict_to_env_variables(current_env: dict[str, Any]) -> list[str]:
         if _VALID_NAME.match(name) and not _SHELL_SYNTAX.search(str(value)):
             lines.append(f"{name}={value}\n")
         else:
-            logger.warning("%s=%r is left out of the environment file: a shell would not read it back as it is.", name, value)
+            logger.warning(
+                "%s=%r is left out of the environment file: a shell would not read it back as it is.", name, value
+            )
     return lines

@@ -6,6 +6,7 @@ as ``pytorch_model_fsdp.bin`` / ``optimizer.bin``; otherwise (sharded) a
 ``torch.distributed.checkpoint`` folder ``pytorch_model_fsdp_<i>`` / ``optimizer_<i>``, which loads
 on another number of processes. Every process calls these, as in Accelerate.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,13 @@ from typing import Any
 
 from lowbit.compat.utils.constants import FSDP_MODEL_NAME
 
-__all__ = ["save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer",
-           "get_parameters_from_modules"]
+__all__ = [
+    "save_fsdp_model",
+    "load_fsdp_model",
+    "save_fsdp_optimizer",
+    "load_fsdp_optimizer",
+    "get_parameters_from_modules",
+]
 
 OPTIMIZER_NAME = "optimizer"
 
@@ -31,8 +37,15 @@ def _inner(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)  # lowbit's prepared optimizer holds torch's
 
 
-def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: Any, output_dir: str | os.PathLike, model_index: int = 0,
-                    adapter_only: bool = False, use_dcp: bool = True) -> None:
+def save_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: Any,
+    output_dir: str | os.PathLike,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -50,8 +63,15 @@ def save_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: Any, output_dir: 
     accelerator.wait_for_everyone()
 
 
-def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: Any, input_dir: str | os.PathLike, model_index: int = 0,
-                    adapter_only: bool = False, use_dcp: bool = True) -> Any:
+def load_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: Any,
+    input_dir: str | os.PathLike,
+    model_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> Any:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
@@ -66,26 +86,44 @@ def load_fsdp_model(fsdp_plugin: Any, accelerator: Any, model: Any, input_dir: s
     return set_model_state_dict(model, state["model"])
 
 
-def save_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: Any, output_dir: str | os.PathLike,
-                        optimizer_index: int = 0, use_dcp: bool = True) -> None:
+def save_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: Any,
+    output_dir: str | os.PathLike,
+    optimizer_index: int = 0,
+    use_dcp: bool = True,
+) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     os.makedirs(output_dir, exist_ok=True)
     if _full(fsdp_plugin):
-        state = get_optimizer_state_dict(model, _inner(optimizer),
-                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = get_optimizer_state_dict(
+            model, _inner(optimizer), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
         if accelerator.is_main_process:
             torch.save(state, os.path.join(output_dir, _name(OPTIMIZER_NAME, optimizer_index, True)))
     else:
         state = get_optimizer_state_dict(model, _inner(optimizer))
-        dcp.save({"optimizer": state}, checkpoint_id=os.path.join(output_dir, _name(OPTIMIZER_NAME, optimizer_index, False)))
+        dcp.save(
+            {"optimizer": state}, checkpoint_id=os.path.join(output_dir, _name(OPTIMIZER_NAME, optimizer_index, False))
+        )
     accelerator.wait_for_everyone()
 
 
-def load_fsdp_optimizer(fsdp_plugin: Any, accelerator: Any, optimizer: Any, model: Any, input_dir: str | os.PathLike,
-                        optimizer_index: int = 0, adapter_only: bool = False, use_dcp: bool = True) -> None:
+def load_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: Any,
+    model: Any,
+    input_dir: str | os.PathLike,
+    optimizer_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (

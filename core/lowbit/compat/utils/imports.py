@@ -1,4 +1,5 @@
 """Accelerate's ``accelerate.utils.imports`` path: ``is_<library>_available()``."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -7,17 +8,45 @@ from typing import Any
 # Accelerate's `is_<name>_available()` helpers that training scripts test before importing an
 # optional library: name -> the module whose presence answers it.
 OPTIONAL_LIBRARIES = {
-    "schedulefree": "schedulefree", "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow",
-    "comet_ml": "comet_ml", "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "deepspeed": "deepspeed",
-    "transformer_engine": "transformer_engine", "msamp": "msamp", "torchao": "torchao", "datasets": "datasets",
-    "transformers": "transformers", "rich": "rich", "bnb": "bitsandbytes", "peft": "peft", "timm": "timm",
-    "torch_xla": "torch_xla", "import_timer": "import_timer", "torchdata_stateful_dataloader": "torchdata.stateful_dataloader",
-    "pytest": "pytest", "hpu": "habana_frameworks", "mlu": "torch_mlu", "sdaa": "torch_sdaa", "musa": "torch_musa",
+    "schedulefree": "schedulefree",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "comet_ml": "comet_ml",
+    "aim": "aim",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "deepspeed": "deepspeed",
+    "transformer_engine": "transformer_engine",
+    "msamp": "msamp",
+    "torchao": "torchao",
+    "datasets": "datasets",
+    "transformers": "transformers",
+    "rich": "rich",
+    "bnb": "bitsandbytes",
+    "peft": "peft",
+    "timm": "timm",
+    "torch_xla": "torch_xla",
+    "import_timer": "import_timer",
+    "torchdata_stateful_dataloader": "torchdata.stateful_dataloader",
+    "pytest": "pytest",
+    "hpu": "habana_frameworks",
+    "mlu": "torch_mlu",
+    "sdaa": "torch_sdaa",
+    "musa": "torch_musa",
     "neuron": "torch_neuronx",
 }
 AVAILABILITY_CHECKS = {f"is_{name}_available": module for name, module in OPTIONAL_LIBRARIES.items()}
-__all__ = [*AVAILABILITY_CHECKS, "is_bf16_available", "is_fp8_available", "is_cuda_available", "is_fp16_available", "is_mps_available",
-           "is_npu_available", "is_xpu_available"]
+__all__ = [
+    *AVAILABILITY_CHECKS,
+    "is_bf16_available",
+    "is_fp8_available",
+    "is_cuda_available",
+    "is_fp16_available",
+    "is_mps_available",
+    "is_npu_available",
+    "is_xpu_available",
+]
 
 
 def is_cuda_available() -> bool:

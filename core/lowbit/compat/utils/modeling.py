@@ -2,6 +2,7 @@
 (sizes, tied weights, moving one tensor, loading saved weights). Placing a model over devices and
 disk for inference is not lowbit's job: those names import and raise on use, saying what to use.
 ``has_offloaded_params`` answers for a model placed that way by Accelerate or transformers."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,10 +11,20 @@ from typing import Any, Iterator
 
 from lowbit.compat.accelerate_names import INFERENCE_USE, INFERENCE_WHY, not_offered, refusing_module
 
-__all__ = ["align_module_device", "calculate_maximum_sizes", "compute_module_sizes", "get_max_layer_size",
-           "get_module_children_bottom_up", "has_offloaded_params", "has_transformer_engine_layers",
-           "load_checkpoint_in_model", "load_state_dict", "merge_fsdp_weights", "retie_parameters",
-           "set_module_tensor_to_device"]
+__all__ = [
+    "align_module_device",
+    "calculate_maximum_sizes",
+    "compute_module_sizes",
+    "get_max_layer_size",
+    "get_module_children_bottom_up",
+    "has_offloaded_params",
+    "has_transformer_engine_layers",
+    "load_checkpoint_in_model",
+    "load_state_dict",
+    "merge_fsdp_weights",
+    "retie_parameters",
+    "set_module_tensor_to_device",
+]
 
 
 def has_offloaded_params(module: Any) -> bool:
@@ -30,8 +41,9 @@ def _bytes(tensor: Any, dtype: Any = None) -> int:
     return tensor.numel() * size
 
 
-def compute_module_sizes(model: Any, dtype: Any = None, special_dtypes: dict[str, Any] | None = None,
-                         buffers_only: bool = False) -> dict[str, int]:
+def compute_module_sizes(
+    model: Any, dtype: Any = None, special_dtypes: dict[str, Any] | None = None, buffers_only: bool = False
+) -> dict[str, int]:
     """Bytes of every module and of the whole model (key ``""``): its parameters and buffers (only
     buffers with ``buffers_only``), counted in ``dtype`` (floating tensors) or a tensor's own entry of
     ``special_dtypes``."""
@@ -47,8 +59,9 @@ def compute_module_sizes(model: Any, dtype: Any = None, special_dtypes: dict[str
     return dict(sizes)
 
 
-def get_max_layer_size(modules: list[tuple[str, Any]], module_sizes: dict[str, int],
-                       no_split_module_classes: list[str]) -> tuple[int, list[str]]:
+def get_max_layer_size(
+    modules: list[tuple[str, Any]], module_sizes: dict[str, int], no_split_module_classes: list[str]
+) -> tuple[int, list[str]]:
     """The largest layer among ``modules`` and the names of the layers of that size; a layer is a
     module with no children or one of ``no_split_module_classes`` (others are looked into)."""
     largest, names = 0, []
@@ -91,9 +104,17 @@ def retie_parameters(model: Any, tied_params: list[list[str]]) -> None:
             setattr(model.get_submodule(module_name), param_name, shared)
 
 
-def set_module_tensor_to_device(module: Any, tensor_name: str, device: Any, value: Any = None, dtype: Any = None,
-                                fp16_statistics: Any = None, tied_params_map: Any = None, non_blocking: bool = False,
-                                clear_cache: bool = True) -> None:
+def set_module_tensor_to_device(
+    module: Any,
+    tensor_name: str,
+    device: Any,
+    value: Any = None,
+    dtype: Any = None,
+    fp16_statistics: Any = None,
+    tied_params_map: Any = None,
+    non_blocking: bool = False,
+    clear_cache: bool = True,
+) -> None:
     """Put the parameter or buffer ``tensor_name`` (dotted) of ``module`` on ``device``, replaced by
     ``value`` when given (cast to ``dtype``, else to the old tensor's floating dtype), keeping it a
     Parameter (with its ``requires_grad``) if it was one."""
@@ -107,7 +128,11 @@ def set_module_tensor_to_device(module: Any, tensor_name: str, device: Any, valu
         new = new.to(dtype or old.dtype)
     new = new.to(device, non_blocking=non_blocking)
     # setattr keeps a parameter registered as one, and a buffer as a buffer (persistent or not)
-    setattr(owner, name, torch.nn.Parameter(new, requires_grad=old.requires_grad) if isinstance(old, torch.nn.Parameter) else new)
+    setattr(
+        owner,
+        name,
+        torch.nn.Parameter(new, requires_grad=old.requires_grad) if isinstance(old, torch.nn.Parameter) else new,
+    )
 
 
 def load_state_dict(checkpoint_file: str | os.PathLike, device_map: Any = None) -> dict[str, Any]:
@@ -143,8 +168,12 @@ def align_module_device(module: Any, execution_device: Any = None) -> Iterator[N
             set_module_tensor_to_device(module, name, device)
 
 
-def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.PathLike, safe_serialization: bool = True,
-                       remove_checkpoint_dir: bool = False) -> None:
+def merge_fsdp_weights(
+    checkpoint_dir: str | os.PathLike,
+    output_path: str | os.PathLike,
+    safe_serialization: bool = True,
+    remove_checkpoint_dir: bool = False,
+) -> None:
     """The weights of a sharded (torch.distributed.checkpoint) FSDP save, written whole into
     ``output_path`` as save_model writes them (one process, no process group needed)."""
     import shutil
@@ -166,10 +195,20 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
         shutil.rmtree(checkpoint_dir)
 
 
-def load_checkpoint_in_model(model: Any, checkpoint: str | os.PathLike, device_map: Any = None, offload_folder: Any = None,
-                             dtype: Any = None, offload_state_dict: bool = False, offload_buffers: bool = False,
-                             keep_in_fp32_modules: list[str] | None = None, offload_8bit_bnb: bool = False,
-                             strict: bool = False, full_state_dict: bool = True, broadcast_from_rank0: bool = False) -> None:
+def load_checkpoint_in_model(
+    model: Any,
+    checkpoint: str | os.PathLike,
+    device_map: Any = None,
+    offload_folder: Any = None,
+    dtype: Any = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: list[str] | None = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> None:
     """Load the weights ``save_model`` wrote (one file, a directory, or shards with their index) into
     ``model``, cast to ``dtype`` when given (modules named in ``keep_in_fp32_modules`` stay fp32).
     Placing the model over devices and disk (``device_map``, offloading) is inference dispatch,
@@ -178,16 +217,25 @@ def load_checkpoint_in_model(model: Any, checkpoint: str | os.PathLike, device_m
 
     from lowbit.runtime.checkpoint.model_files import read_model_files
 
-    placing = {"device_map": device_map, "offload_folder": offload_folder, "offload_state_dict": offload_state_dict,
-               "offload_buffers": offload_buffers, "offload_8bit_bnb": offload_8bit_bnb}
+    placing = {
+        "device_map": device_map,
+        "offload_folder": offload_folder,
+        "offload_state_dict": offload_state_dict,
+        "offload_buffers": offload_buffers,
+        "offload_8bit_bnb": offload_8bit_bnb,
+    }
     asked = [name for name, value in placing.items() if value]
     if asked:
         not_offered(f"load_checkpoint_in_model({asked[0]}=...)", INFERENCE_WHY, INFERENCE_USE)()  # raises
     state = read_model_files(checkpoint)
     if dtype is not None:
         keep = tuple(keep_in_fp32_modules or ())
-        state = {key: value.to(torch.float32 if any(part in key.split(".") for part in keep) else dtype)
-                 if torch.is_tensor(value) and value.is_floating_point() else value for key, value in state.items()}
+        state = {
+            key: value.to(torch.float32 if any(part in key.split(".") for part in keep) else dtype)
+            if torch.is_tensor(value) and value.is_floating_point()
+            else value
+            for key, value in state.items()
+        }
     model.load_state_dict(state, strict=strict)
 
 

@@ -1,4 +1,5 @@
 """Accelerate's ``accelerate.utils.other`` path (and ``get_grad_scaler``, ``tqdm``)."""
+
 from __future__ import annotations
 
 import logging
@@ -9,16 +10,28 @@ from typing import Any
 
 from lowbit.compat.paths import public_path
 
-__all__ = ["check_os_kernel", "extract_model_from_parallel", "get_active_deepspeed_plugin", "get_grad_scaler", "get_model_tp_size",
-           "is_peft_model", "load", "save", "tqdm", "wait_for_everyone", "write_basic_config"]
+__all__ = [
+    "check_os_kernel",
+    "extract_model_from_parallel",
+    "get_active_deepspeed_plugin",
+    "get_grad_scaler",
+    "get_model_tp_size",
+    "is_peft_model",
+    "load",
+    "save",
+    "tqdm",
+    "wait_for_everyone",
+    "write_basic_config",
+]
 
 logger = logging.getLogger(public_path(__name__))
 # Older Linux kernels can hang multi-process jobs (Accelerate warns below this one too).
 MIN_LINUX_KERNEL = "5.5.0"
 
 
-def extract_model_from_parallel(model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
-                                recursive: bool = False) -> Any:
+def extract_model_from_parallel(
+    model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
+) -> Any:
     """The model inside DDP / DataParallel / DeepSpeed wrappers (compiled when it was compiled
     itself and ``keep_torch_compile``). ``recursive``: accepted; lowbit's wrappers are all at the top."""
     from lowbit.runtime.training.preparation import unwrap
@@ -66,8 +79,10 @@ def check_os_kernel() -> None:
     info = platform.uname()
     found = re.search(r"\d+\.\d+\.\d+", info.release) if info.system == "Linux" else None
     if found and Version(found.group()) < Version(MIN_LINUX_KERNEL):
-        logger.warning(f"This Linux kernel is {found.group()}; multi-process jobs can hang on kernels older than "
-                       f"{MIN_LINUX_KERNEL}. Upgrade the kernel if processes stop responding.")
+        logger.warning(
+            f"This Linux kernel is {found.group()}; multi-process jobs can hang on kernels older than "
+            f"{MIN_LINUX_KERNEL}. Upgrade the kernel if processes stop responding."
+        )
 
 
 def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
@@ -90,8 +105,10 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
 
     kept, dropped = split_shared_tensors(obj)
     if dropped:
-        logger.warning(f"Removed shared tensor {', '.join(dropped)} while saving to {f}: safetensors stores a storage "
-                       "once; tie the weights again after loading.")
+        logger.warning(
+            f"Removed shared tensor {', '.join(dropped)} while saving to {f}: safetensors stores a storage "
+            "once; tie the weights again after loading."
+        )
     save_file(kept, f, metadata={"format": "pt"})
 
 
@@ -114,8 +131,10 @@ def get_active_deepspeed_plugin(state: Any) -> Any:
     """The DeepSpeedPlugin of ``state`` (an Accelerator's ``accelerator.state``)."""
     plugin = getattr(state, "deepspeed_plugin", None)
     if plugin is None:
-        raise ValueError("No DeepSpeedPlugin on this state: give Accelerator(deepspeed_plugin=...) or use distributed_type "
-                         "deepspeed (lowbit-deepspeed).")
+        raise ValueError(
+            "No DeepSpeedPlugin on this state: give Accelerator(deepspeed_plugin=...) or use distributed_type "
+            "deepspeed (lowbit-deepspeed)."
+        )
     return plugin
 
 
@@ -131,6 +150,10 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
         print(f"lowbit: a config file exists at {path}; left as it is (`lowbit config` rewrites it).")
         return False
     gpus = torch.cuda.device_count()
-    config = LowbitConfig(mixed_precision=mixed_precision, num_processes=max(gpus, 1), use_cpu=gpus == 0,
-                          distributed_type="MULTI_GPU" if gpus > 1 else "NO")
+    config = LowbitConfig(
+        mixed_precision=mixed_precision,
+        num_processes=max(gpus, 1),
+        use_cpu=gpus == 0,
+        distributed_type="MULTI_GPU" if gpus > 1 else "NO",
+    )
     return write_config_file(config, path)

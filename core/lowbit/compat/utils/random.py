@@ -1,4 +1,5 @@
 """Accelerate's ``accelerate.utils.random`` path: seeding, and one random state for every process."""
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,11 @@ def synchronize_rng_states(rng_types: list[Any], generator: Any = None) -> None:
         if not states:
             continue
         dist.broadcast_object_list(states, src=0)
-        {"torch": torch.set_rng_state, "cuda": lambda s: torch.cuda.set_rng_state(s),
-         "generator": lambda s: generator.set_state(s)}[kind](states[0])
+        {
+            "torch": torch.set_rng_state,
+            "cuda": lambda s: torch.cuda.set_rng_state(s),
+            "generator": lambda s: generator.set_state(s),
+        }[kind](states[0])
 
 
 def synchronize_rng_state(rng_type: Any = None, generator: Any = None) -> None:

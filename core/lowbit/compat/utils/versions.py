@@ -1,11 +1,19 @@
 """Accelerate's ``accelerate.utils.versions`` path: compare an installed library's version."""
+
 from __future__ import annotations
 
 import operator
 
 from lowbit.kernel.version import installed_version
 
-_OPERATIONS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt}
+_OPERATIONS = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<=": operator.le,
+    "<": operator.lt,
+}
 
 
 def compare_versions(library_or_version: str, operation: str, requirement_version: str) -> bool:

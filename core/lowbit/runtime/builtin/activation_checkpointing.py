@@ -9,6 +9,7 @@ float8 cast is recomputed from the high-precision values, as it would be compute
 Each block's ``forward`` runs under ``torch.utils.checkpoint`` (no wrapper module, so parameter
 names and state dicts are unchanged, and FSDP2's hooks on the block stay outside the region).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
@@ -26,9 +27,17 @@ def _kept_ops() -> set[Any]:
     import torch
 
     aten, ops = torch.ops.aten, []
-    for name in ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                 "_scaled_dot_product_flash_attention_for_cpu"):
+    for name in (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "_scaled_mm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ):
         if hasattr(aten, name):
             ops.append(getattr(aten, name).default)
     functional = getattr(torch.ops, "_c10d_functional", None)
@@ -56,17 +65,21 @@ def checkpoint_blocks(model: nn.Module, blocks: list[nn.Module], mode: Any, reco
     if mode is False or not blocks:
         return
     if recompute is not None and mode == "selective":
-        raise ConfigError("activation_checkpointing='selective' keeps chosen ops through torch's own checkpoint, but "
-                          "this FP8 backend recomputes through its own (e.g. Transformer Engine's, which restores its "
-                          "FP8 scales). Use activation_checkpointing=True (full).")
+        raise ConfigError(
+            "activation_checkpointing='selective' keeps chosen ops through torch's own checkpoint, but "
+            "this FP8 backend recomputes through its own (e.g. Transformer Engine's, which restores its "
+            "FP8 scales). Use activation_checkpointing=True (full)."
+        )
     config = getattr(model, "config", None)
     if getattr(config, "use_cache", False) is True:
         # A block recomputed in backward would append its keys and values to the cache a second time
         # and attend over both (selective checkpointing then fails; transformers turns the cache
         # off under its own gradient checkpointing for the same reason).
         config.use_cache = False
-        note(f"{type(model).__name__}.config.use_cache set to False: activation checkpointing recomputes each block, "
-             "and a key/value cache would be filled twice. Training needs no cache.")
+        note(
+            f"{type(model).__name__}.config.use_cache set to False: activation checkpointing recomputes each block, "
+            "and a key/value cache would be filled twice. Training needs no cache."
+        )
     if recompute is None:
         from torch.utils.checkpoint import checkpoint as recompute
     options = {"context_fn": _selective_context} if mode == "selective" else {}

@@ -1,6 +1,7 @@
 """Built-in strategy: DistributedDataParallel over the process group torchrun set up; with a
 ParallelismConfig, tensor parallelism over every process (``tp_size``, each process seeing the same
 batch), or DDP over ``dp_replicate``."""
+
 from __future__ import annotations
 
 from lowbit.kernel.hookspecs import hookimpl
@@ -11,19 +12,30 @@ from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, tell_t
 
 NAME = "ddp"
 # Every rank holds everything; its gradient buckets are a second copy of the gradients.
-MEMORY = StrategyMemory(buffers=("buckets",), note="buffers: its gradient buckets, a second copy of the gradients; "
-                        "measured on CPU within 15% in fp32, bf16 and fp8 (ao); other low-precision backends not measured")
+MEMORY = StrategyMemory(
+    buffers=("buckets",),
+    note="buffers: its gradient buckets, a second copy of the gradients; "
+    "measured on CPU within 15% in fp32, bf16 and fp8 (ao); other low-precision backends not measured",
+)
 
 
 @hookimpl
 def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
     # Accelerate's data-parallel names choose it; several processes with distributed_type NO too.
-    return StrategyDescription(name=NAME, priority=10, available=True, aliases=("multi_gpu", "multi_cpu"),
-                               distributed_types=("NO", "MULTI_CPU", "MULTI_GPU"), reports_as="MULTI_GPU",
-                               kwargs_handler="DistributedDataParallelKwargs", launch_flag="multi_gpu",
-                               memory={NAME: MEMORY}, mesh_dims=("dp_replicate", "tp"),
-                               # its own checkpoint (DCP, tensor-parallel runs only) reshards
-                               checkpoint_reshards=True)
+    return StrategyDescription(
+        name=NAME,
+        priority=10,
+        available=True,
+        aliases=("multi_gpu", "multi_cpu"),
+        distributed_types=("NO", "MULTI_CPU", "MULTI_GPU"),
+        reports_as="MULTI_GPU",
+        kwargs_handler="DistributedDataParallelKwargs",
+        launch_flag="multi_gpu",
+        memory={NAME: MEMORY},
+        mesh_dims=("dp_replicate", "tp"),
+        # its own checkpoint (DCP, tensor-parallel runs only) reshards
+        checkpoint_reshards=True,
+    )
 
 
 @hookimpl
@@ -39,7 +51,11 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     from torch.nn.parallel import DistributedDataParallel
 
     options = dict(context.strategy_options)
-    hook, wrapper, state_option = options.pop("comm_hook", "no"), options.pop("comm_wrapper", "no"), options.pop("comm_state_option", {})
+    hook, wrapper, state_option = (
+        options.pop("comm_hook", "no"),
+        options.pop("comm_wrapper", "no"),
+        options.pop("comm_state_option", {}),
+    )
     device_ids = [context.device.index or 0] if context.device.type == "cuda" else None
     model = DistributedDataParallel(model, device_ids=device_ids, **options)
     if hook != "no":
@@ -75,7 +91,9 @@ def _comm_hook(hook: str, wrapper: str, state_option: dict):
 
     if hook in ("fp16", "bf16"):
         return None, getattr(default_hooks, f"{hook}_compress_hook")
-    function = {"power_sgd": powerSGD_hook.powerSGD_hook, "batched_power_sgd": powerSGD_hook.batched_powerSGD_hook}[hook]
+    function = {"power_sgd": powerSGD_hook.powerSGD_hook, "batched_power_sgd": powerSGD_hook.batched_powerSGD_hook}[
+        hook
+    ]
     if wrapper != "no":
         function = getattr(default_hooks, f"{wrapper}_compress_wrapper")(function)
     return powerSGD_hook.PowerSGDState(process_group=None, **state_option), function

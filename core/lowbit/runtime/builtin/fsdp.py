@@ -8,6 +8,7 @@ Mixed precision uses FSDP2's own ``MixedPrecisionPolicy``: parameters are gather
 dtype, gradients reduced in fp32. ``fully_shard`` moves each unit to the device as it shards it,
 so the whole unsharded model is never on the device (``places_model``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,31 +25,49 @@ from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, tell_t
 NAME = "fsdp"
 # Everything sharded; one block's parameters are whole while it computes, and unsharded gradients
 # wait for reduce-scatters that run asynchronously (over gloo: all of them), so the peak is a range.
-MEMORY = StrategyMemory(shards_weights=True, shards_gradients=True, shards_optimizer=True, buffers=("block", "gradients"),
-                        note="buffers: one unsharded block, and the unsharded gradients that wait for reduce-scatters "
-                             "running asynchronously, so buffers and peak are a range (none of them alive to all of "
-                             "them); measured on CPU within 15% of the range in fp32")
+MEMORY = StrategyMemory(
+    shards_weights=True,
+    shards_gradients=True,
+    shards_optimizer=True,
+    buffers=("block", "gradients"),
+    note="buffers: one unsharded block, and the unsharded gradients that wait for reduce-scatters "
+    "running asynchronously, so buffers and peak are a range (none of them alive to all of "
+    "them); measured on CPU within 15% of the range in fp32",
+)
 OPTIONS = {
     "transformer_layer_cls_to_wrap": "class names to shard as separate units (default: every item of each outermost "
-                                     "nn.ModuleList, the blocks; lists inside a block, e.g. an MoE's experts, stay in it)",
+    "nn.ModuleList, the blocks; lists inside a block, e.g. an MoE's experts, stay in it)",
     "reshard_after_forward": "free gathered parameters after forward (default true)",
     "activation_checkpointing": "recompute each block's activations in backward: false (default), true or 'full', "
-                                "or 'selective' (keep matmul outputs, recompute the rest)",
+    "or 'selective' (keep matmul outputs, recompute the rest)",
 }
 
 
 @hookimpl
 def describe_backend(hardware: HardwareInfo) -> StrategyDescription:
-    return StrategyDescription(name=NAME, priority=5, available=True, aliases=("fsdp2",), distributed_types=("FSDP",),
-                               reports_as="FSDP", config_section="fsdp_config", launch_flag="use_fsdp", checkpoint="own",
-                               memory={NAME: MEMORY}, checkpoint_reshards=True,
-                               mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"), places_model=True)
+    return StrategyDescription(
+        name=NAME,
+        priority=5,
+        available=True,
+        aliases=("fsdp2",),
+        distributed_types=("FSDP",),
+        reports_as="FSDP",
+        config_section="fsdp_config",
+        launch_flag="use_fsdp",
+        checkpoint="own",
+        memory={NAME: MEMORY},
+        checkpoint_reshards=True,
+        mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"),
+        places_model=True,
+    )
 
 
 def _check_options(options: dict[str, Any]) -> None:
     for key in options:
         if key not in OPTIONS:
-            raise ConfigError(f"Unknown key {key!r} in fsdp_config.{did_you_mean(key, OPTIONS)} Valid keys: {', '.join(OPTIONS)}.")
+            raise ConfigError(
+                f"Unknown key {key!r} in fsdp_config.{did_you_mean(key, OPTIONS)} Valid keys: {', '.join(OPTIONS)}."
+            )
 
 
 def _units_to_shard(model, class_names: list[str] | None):
@@ -85,14 +104,19 @@ def check_compatibility(context: PrepareContext) -> None:
     _check_options(context.strategy_options)
     mode = context.strategy_options.get("activation_checkpointing", False)
     if mode not in CHECKPOINT_MODES:
-        raise ConfigError(f"fsdp_config.activation_checkpointing {mode!r} is not one of "
-                          f"{', '.join(repr(m) for m in CHECKPOINT_MODES)}.")
+        raise ConfigError(
+            f"fsdp_config.activation_checkpointing {mode!r} is not one of "
+            f"{', '.join(repr(m) for m in CHECKPOINT_MODES)}."
+        )
     layout = context.parallelism
     if layout is not None and not (layout.dp_shard_enabled or layout.cp_enabled):
         raise ConfigError(
             "FSDP2 has no dimension to shard over: the ParallelismConfig has dp_shard_size and cp_size 1 (all "
-            f"{context.world_size} processes are {', '.join(layout.active_mesh_dims) or 'one group'}). Give dp_shard_size "
-            "> 1, or train without FSDP (e.g. tensor parallelism alone runs under distributed_type MULTI_GPU/MULTI_CPU).")
+            f"{context.world_size} processes are {', '.join(layout.active_mesh_dims) or 'one group'}). Give "
+            "dp_shard_size "
+            "> 1, or train without FSDP (e.g. tensor parallelism alone runs under distributed_type "
+            "MULTI_GPU/MULTI_CPU)."
+        )
 
 
 def _fsdp_mesh(context: PrepareContext):
@@ -119,8 +143,9 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     reshard = bool(options.get("reshard_after_forward", True))
     model = apply_tensor_parallel(model, context)
     units = _units_to_shard(model, options.get("transformer_layer_cls_to_wrap"))
-    checkpoint_blocks(model, units, options.get("activation_checkpointing", False),
-                      context.strategy_integration.activation_checkpoint)
+    checkpoint_blocks(
+        model, units, options.get("activation_checkpointing", False), context.strategy_integration.activation_checkpoint
+    )
     mesh = _fsdp_mesh(context)
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)

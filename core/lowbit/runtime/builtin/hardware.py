@@ -1,4 +1,5 @@
 """Built-in hardware detector: the current CUDA device when there is one, else the CPU."""
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ def detect_hardware(cpu: bool) -> HardwareInfo:
 
 
 def _cuda_version(text: str | None) -> tuple[int, int] | None:
-    """"12.9" -> (12, 9); None for a build without CUDA."""
+    """ "12.9" -> (12, 9); None for a build without CUDA."""
     if not text:
         return None
     major, _, minor = text.partition(".")

@@ -2,6 +2,7 @@
 state dict gathered into the main process, and training checkpoints through
 ``torch.distributed.checkpoint`` (DCP), which loads on another number of processes or mesh shape
 (it reshards)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -58,6 +59,7 @@ def plain_weight(value: Any) -> Any:
     if not isinstance(inner, torch.Tensor) or inner.shape != local.shape:
         return value
     if isinstance(value, DTensor):
-        return DTensor.from_local(inner, value.device_mesh, value.placements, run_check=False, shape=value.shape,
-                                  stride=value.stride())
+        return DTensor.from_local(
+            inner, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+        )
     return inner

@@ -7,6 +7,7 @@ A low-precision backend may lay out the modules it converted its own way (torcha
 cast the input to float8 before the collective): its ``tensor_parallel_style`` integration is asked
 first, module by module.
 """
+
 from __future__ import annotations
 
 import re
@@ -45,7 +46,9 @@ def plan_for(model: nn.Module, context: PrepareContext) -> Mapping[str, Any]:
         raise ConfigError(
             f"tp_size={context.parallelism.tp_size} asks for tensor parallelism, but {type(model).__name__} has no "
             "tensor-parallel plan (transformers models carry one as `_tp_plan`). Give one: "
-            "ParallelismConfig(tp_size=..., tp_handler=TorchTensorParallelConfig(plan={'layers.*.mlp.up_proj': 'colwise', ...})).")
+            "ParallelismConfig(tp_size=..., tp_handler=TorchTensorParallelConfig(plan={'layers.*.mlp.up_proj': "
+            "'colwise', ...}))."
+        )
     return plan
 
 
@@ -57,8 +60,10 @@ def expand_plan(model: nn.Module, plan: Mapping[str, Any]) -> dict[str, Any]:
         regex = re.compile("^" + re.escape(pattern).replace(r"\*", r"[^.]+") + "$")
         layout.update({name: style for name in names if regex.match(name)})
     if not layout:
-        raise ConfigError(f"The tensor-parallel plan names no module of {type(model).__name__} "
-                          f"(patterns: {', '.join(list(plan)[:4])}...); its modules are named like {', '.join(names[:4])}.")
+        raise ConfigError(
+            f"The tensor-parallel plan names no module of {type(model).__name__} "
+            f"(patterns: {', '.join(list(plan)[:4])}...); its modules are named like {', '.join(names[:4])}."
+        )
     return layout
 
 
@@ -67,8 +72,10 @@ def _check_divides(name: str, module: nn.Module, dim: int | None, tp: int) -> No
     otherwise (torch would shard unevenly and the model's reshapes fail mid-forward)."""
     weight = getattr(module, "weight", None)
     if dim is not None and weight is not None and weight.ndim == 2 and weight.shape[dim] % tp:
-        raise ConfigError(f"Tensor parallelism splits {name}'s weight {tuple(weight.shape)} along dimension {dim} into "
-                          f"{tp} parts, but {weight.shape[dim]} does not divide by {tp}. Choose a tp_size that divides it.")
+        raise ConfigError(
+            f"Tensor parallelism splits {name}'s weight {tuple(weight.shape)} along dimension {dim} into "
+            f"{tp} parts, but {weight.shape[dim]} does not divide by {tp}. Choose a tp_size that divides it."
+        )
 
 
 def _check_heads(model: nn.Module, tp: int) -> None:
@@ -77,8 +84,10 @@ def _check_heads(model: nn.Module, tp: int) -> None:
     for key in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(config, key, None)
         if isinstance(heads, int) and heads % tp:
-            raise ConfigError(f"Tensor parallelism gives each of the {tp} ranks whole attention heads, but the model's "
-                              f"{key} is {heads}, which does not divide by {tp}. Choose a tp_size that divides it.")
+            raise ConfigError(
+                f"Tensor parallelism gives each of the {tp} ranks whole attention heads, but the model's "
+                f"{key} is {heads}, which does not divide by {tp}. Choose a tp_size that divides it."
+            )
 
 
 def apply_tensor_parallel(model: nn.Module, context: PrepareContext) -> nn.Module:
@@ -93,7 +102,9 @@ def apply_tensor_parallel(model: nn.Module, context: PrepareContext) -> nn.Modul
         # Loaded already laid out (transformers' from_pretrained(tp_plan="auto", device_mesh=...)).
         size = getattr(model, "tp_size", None)
         if size not in (None, parallelism.tp_size):
-            raise ConfigError(f"The model was loaded tensor-parallel over {size} ranks, but tp_size is {parallelism.tp_size}.")
+            raise ConfigError(
+                f"The model was loaded tensor-parallel over {size} ranks, but tp_size is {parallelism.tp_size}."
+            )
         return model
     _check_heads(model, parallelism.tp_size)
     modules = dict(model.named_modules())
@@ -105,8 +116,10 @@ def apply_tensor_parallel(model: nn.Module, context: PrepareContext) -> nn.Modul
             layout[name] = style  # a torch ParallelStyle the user gave
             continue
         if style not in plain:
-            raise ConfigError(f"The tensor-parallel plan lays {name} out as {style!r}, which lowbit does not offer "
-                              f"(it does: {', '.join(plain)}). Give a plan with those, or torch ParallelStyle objects.")
+            raise ConfigError(
+                f"The tensor-parallel plan lays {name} out as {style!r}, which lowbit does not offer "
+                f"(it does: {', '.join(plain)}). Give a plan with those, or torch ParallelStyle objects."
+            )
         make, split_dim = plain[style]
         _check_divides(name, modules[name], split_dim, parallelism.tp_size)
         chosen = backend_style(modules[name], style) if backend_style else None
@@ -128,5 +141,7 @@ def tell_transformers_the_layout(model: nn.Module, context: PrepareContext) -> N
         return
     sharded = layout.dp_shard_enabled or layout.cp_enabled
     config.distributed_config = DistributedConfig(
-        tp_size=layout.tp_size, fsdp_size=layout.dp_shard_size * layout.cp_size if sharded else None,
-        dp_replicate_size=layout.dp_replicate_size if sharded else None)
+        tp_size=layout.tp_size,
+        fsdp_size=layout.dp_shard_size * layout.cp_size if sharded else None,
+        dp_replicate_size=layout.dp_replicate_size if sharded else None,
+    )

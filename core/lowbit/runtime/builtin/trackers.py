@@ -1,4 +1,5 @@
 """Built-in trackers, offered through the same hook a third-party tracker plugin uses."""
+
 from __future__ import annotations
 
 from lowbit.kernel.hookspecs import hookimpl

@@ -12,6 +12,7 @@ state dicts load; the RNG file needs only NumPy's array type, which is allowed f
 alone; a file that holds objects (``sampler.bin`` is a pickled sampler) is skipped and named,
 with what that means for the run. Model and optimizer files that cannot be read are errors.
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,8 +49,10 @@ def _load(path: Path, what: str, allow_numpy: bool = False) -> Any:
         with torch.serialization.safe_globals(_numpy_array_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure: the caller says what it means
-        raise CheckpointError(f"{path} ({what}) cannot be read safely: {type(exc).__name__}: "
-                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise CheckpointError(
+            f"{path} ({what}) cannot be read safely: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
 
 
 def _numpy_array_globals() -> list[Any]:
@@ -69,8 +72,10 @@ def _model_file(directory: Path, index: int) -> Path:
         if path.is_file():
             return path
     names = " or ".join(p.format(suffix=_suffix(index)) for p in MODEL_FILES)
-    raise CheckpointError(f"Accelerate checkpoint {str(directory)!r} has no weights for model {index} ({names}); "
-                          "this run prepared more models than were saved.")
+    raise CheckpointError(
+        f"Accelerate checkpoint {str(directory)!r} has no weights for model {index} ({names}); "
+        "this run prepared more models than were saved."
+    )
 
 
 def _read_model(path: Path) -> dict[str, torch.Tensor]:
@@ -95,13 +100,22 @@ def load_accelerate_checkpoint(checkpointer: Any, directory: Path, unwrap: Any) 
         check_optimizer_state_fits(opt.optimizer, state, path)
         loads.append(functools.partial(opt.load_state_dict, state))
     for i, sched in enumerate(prepared.schedulers):
-        loads.append(functools.partial(sched.load_state_dict, _load(directory / f"scheduler{_suffix(i)}.bin", "scheduler state")))
+        loads.append(
+            functools.partial(sched.load_state_dict, _load(directory / f"scheduler{_suffix(i)}.bin", "scheduler state"))
+        )
     if checkpointer.rules.precision.scaler is not None and (directory / "scaler.pt").is_file():
-        loads.append(functools.partial(checkpointer.rules.precision.load_state_dict,
-                                       _load(directory / "scaler.pt", "fp16 loss scaler")))
+        loads.append(
+            functools.partial(
+                checkpointer.rules.precision.load_state_dict, _load(directory / "scaler.pt", "fp16 loss scaler")
+            )
+        )
     for i, obj in enumerate(checkpointer.custom_objects):
-        loads.append(functools.partial(obj.load_state_dict, _load(directory / f"custom_checkpoint_{i}.pkl",
-                                                                  "an object registered for checkpointing")))
+        loads.append(
+            functools.partial(
+                obj.load_state_dict,
+                _load(directory / f"custom_checkpoint_{i}.pkl", "an object registered for checkpointing"),
+            )
+        )
     skipped = [name for name in sorted(p.name for p in directory.glob("sampler*.bin"))]
     rng_path = directory / f"random_states_{rank}.pkl"
     if rng_path.is_file():
@@ -113,8 +127,10 @@ def load_accelerate_checkpoint(checkpointer: Any, directory: Path, unwrap: Any) 
     for load in loads:
         load()
     if skipped:
-        note(f"resuming from Accelerate's checkpoint {directory}: skipped {', '.join(skipped)} (a pickled sampler "
-             "object: lowbit does not unpickle code; the dataloaders keep lowbit's own shuffling seed).")
+        note(
+            f"resuming from Accelerate's checkpoint {directory}: skipped {', '.join(skipped)} (a pickled sampler "
+            "object: lowbit does not unpickle code; the dataloaders keep lowbit's own shuffling seed)."
+        )
 
 
 def _set_accelerate_rng(states: dict[str, Any]) -> None:

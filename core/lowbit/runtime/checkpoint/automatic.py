@@ -2,6 +2,7 @@
 ``ProjectConfiguration(automatic_checkpoint_naming=True)`` writes
 ``<project_dir>/checkpoints/checkpoint_<iteration>``, keeps the newest ``total_limit`` of them, and
 ``load_state()`` with no directory reads the newest."""
+
 from __future__ import annotations
 
 import re
@@ -16,11 +17,14 @@ NAME = re.compile(r"checkpoint_(\d+)")
 
 def _root(project: Any, what: str) -> Path:
     if not project.automatic_checkpoint_naming:
-        raise ConfigError(f"{what} needs a directory, or ProjectConfiguration(automatic_checkpoint_naming=True) "
-                          "to name one.")
+        raise ConfigError(
+            f"{what} needs a directory, or ProjectConfiguration(automatic_checkpoint_naming=True) to name one."
+        )
     if project.project_dir is None:
-        raise ConfigError(f"{what} with automatic_checkpoint_naming needs a project directory: "
-                          "Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...).")
+        raise ConfigError(
+            f"{what} with automatic_checkpoint_naming needs a project directory: "
+            "Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...)."
+        )
     return Path(project.project_dir) / "checkpoints"
 
 
@@ -36,9 +40,11 @@ def next_directory(project: Any, is_main_process: bool) -> Path:
     root = _root(project, "save_state()")
     directory = root / f"checkpoint_{project.iteration}"
     if directory.exists():
-        raise CheckpointError(f"{directory} exists already: ProjectConfiguration(iteration={project.iteration}) would "
-                              "overwrite it. Resume with load_state() (it sets the iteration after the newest) or "
-                              "choose another project_dir.")
+        raise CheckpointError(
+            f"{directory} exists already: ProjectConfiguration(iteration={project.iteration}) would "
+            "overwrite it. Resume with load_state() (it sets the iteration after the newest) or "
+            "choose another project_dir."
+        )
     if is_main_process and project.total_limit is not None:
         existing = _numbered(root)
         for _, old in existing[: max(len(existing) + 1 - project.total_limit, 0)]:

@@ -6,6 +6,7 @@ the save gets each back by position. One that sees others (each process given on
 CUDA_VISIBLE_DEVICES, or the job moved to other GPUs) gets its own GPU's saved state on the GPU it
 uses now: by position it took GPU 0's, another rank's stream.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -16,6 +16,7 @@ previous checkpoint or the new one, never a mix:
 The next save or load finishes or rolls back an interrupted commit (:func:`recover`). Every
 file is read with ``torch.load(weights_only=True)``: a checkpoint can never run code on load.
 """
+
 from __future__ import annotations
 
 import errno
@@ -63,7 +64,9 @@ def write_file_atomically(obj: Any, path: Path, serialize: Callable[[Any, Any], 
 
 
 def write_json_atomically(data: Any, path: Path) -> None:
-    write_file_atomically(data, path, lambda value, handle: handle.write(json.dumps(value, indent=2, sort_keys=True).encode()))
+    write_file_atomically(
+        data, path, lambda value, handle: handle.write(json.dumps(value, indent=2, sort_keys=True).encode())
+    )
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -106,7 +109,9 @@ def check_target(directory: Path) -> Path:
     """Refuse targets where a checkpoint cannot sensibly go, before anything is written."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
-        raise CheckpointError(f"save_state target {str(directory)!r} is a file, not a directory. Give a directory path.")
+        raise CheckpointError(
+            f"save_state target {str(directory)!r} is a file, not a directory. Give a directory path."
+        )
     if directory.resolve() == Path.cwd().resolve():
         raise CheckpointError(
             f"save_state({str(directory)!r}) would write the checkpoint into the current directory, among your "
@@ -128,10 +133,14 @@ def recover(directory: Path) -> None:
             except OSError as exc:
                 raise CheckpointError(
                     f"{str(directory)!r} holds a save that was interrupted while it replaced the previous checkpoint, "
-                    f"and it cannot be rolled back here ({exc.strerror or exc}: read-only storage?). Copy the directory "
-                    "to writable storage and load it from there: lowbit restores the previous checkpoint then.") from None
-            _note(f"{str(directory)!r}: a save was interrupted while it replaced the previous checkpoint; "
-                  "the previous checkpoint was restored.")
+                    f"and it cannot be rolled back here ({exc.strerror or exc}: read-only storage?). Copy the "
+                    "directory "
+                    "to writable storage and load it from there: lowbit restores the previous checkpoint then."
+                ) from None
+            _note(
+                f"{str(directory)!r}: a save was interrupted while it replaced the previous checkpoint; "
+                "the previous checkpoint was restored."
+            )
     if staging.is_dir() and _remove_leftover(staging, directory):
         _note(f"{str(directory)!r}: removed the partial files of an interrupted save ({STAGING_DIR}/).")
 
@@ -143,8 +152,10 @@ def _remove_leftover(path: Path, directory: Path) -> bool:
         shutil.rmtree(path)
         return True
     except OSError as exc:
-        _note(f"{str(directory)!r}: could not remove {path.name}/ left by an interrupted save ({exc.strerror or exc}); "
-              "the committed checkpoint is read without it.")
+        _note(
+            f"{str(directory)!r}: could not remove {path.name}/ left by an interrupted save ({exc.strerror or exc}); "
+            "the committed checkpoint is read without it."
+        )
         return False
 
 
@@ -231,7 +242,8 @@ def _lock_for_saving(directory: Path) -> int:
         os.close(fd)
         raise CheckpointError(
             f"Another save_state is writing into {str(directory)!r} right now (it holds the directory's lock); two "
-            "writers would mix their files. Let it finish, or save into another directory.") from None
+            "writers would mix their files. Let it finish, or save into another directory."
+        ) from None
     return fd
 
 
@@ -307,8 +319,10 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-        raise CheckpointError(f"Checkpoint file {str(path)!r} cannot be read (truncated or corrupted safetensors): "
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise CheckpointError(
+            f"Checkpoint file {str(path)!r} cannot be read (truncated or corrupted safetensors): "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
 
 
 def check_state_fits(module: torch.nn.Module, state: Any, path: Path) -> None:
@@ -320,28 +334,36 @@ def check_state_fits(module: torch.nn.Module, state: Any, path: Path) -> None:
     expected = module.state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{path} does not fit this model: missing {missing[:5] or 'nothing'}, unexpected "
-                              f"{unexpected[:5] or 'nothing'}; nothing was loaded.")
+        raise CheckpointError(
+            f"{path} does not fit this model: missing {missing[:5] or 'nothing'}, unexpected "
+            f"{unexpected[:5] or 'nothing'}; nothing was loaded."
+        )
     for name, target in expected.items():
         value = state[name]
         if not (torch.is_tensor(target) and torch.is_tensor(value)) or name.endswith("_extra_state"):
             continue  # a module's own extra state (TE's): its module checks it
         if value.shape != target.shape or value.dtype != target.dtype:
-            raise CheckpointError(f"{path} does not fit this model: {name} is {tuple(value.shape)} {value.dtype} in the "
-                                  f"file and {tuple(target.shape)} {target.dtype} in the model; nothing was loaded.")
+            raise CheckpointError(
+                f"{path} does not fit this model: {name} is {tuple(value.shape)} {value.dtype} in the "
+                f"file and {tuple(target.shape)} {target.dtype} in the model; nothing was loaded."
+            )
 
 
 def check_optimizer_state_fits(optimizer: Any, state: Any, path: Path) -> None:
     """The optimizer state has the optimizer's parameter groups, of the same sizes (what
     ``load_state_dict`` checks too, here before anything else is loaded)."""
     groups = state.get("param_groups") if isinstance(state, dict) else None
-    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups
+    ):
         raise CheckpointError(f"{path} is not an optimizer's state (no param_groups); nothing was loaded.")
     mine = [len(g["params"]) for g in optimizer.param_groups]
     theirs = [len(g["params"]) for g in groups]
     if mine != theirs:
-        raise CheckpointError(f"{path} does not fit this optimizer: parameter groups of {theirs} parameters in the file, "
-                              f"{mine} here; nothing was loaded.")
+        raise CheckpointError(
+            f"{path} does not fit this optimizer: parameter groups of {theirs} parameters in the file, "
+            f"{mine} here; nothing was loaded."
+        )
 
 
 def _is_int(value: Any) -> bool:
@@ -460,8 +482,12 @@ def check_same_setup(metadata: dict[str, Any], expected: dict[str, Any], directo
     """Refuse a checkpoint written with another backend/precision: its state would not fit."""
     for key, value in expected.items():
         if metadata.get(key) != value:
-            switch = (" To finish a run in another precision (e.g. FP8 -> bf16), load it with "
-                      "`accelerator.load_state(dir, allow_precision_change=True)`." if key in ("mixed_precision", "fp8_backend") else "")
+            switch = (
+                " To finish a run in another precision (e.g. FP8 -> bf16), load it with "
+                "`accelerator.load_state(dir, allow_precision_change=True)`."
+                if key in ("mixed_precision", "fp8_backend")
+                else ""
+            )
             raise CheckpointError(
                 f"Checkpoint {str(directory)!r} was saved with {key}={metadata.get(key)!r}, but this run uses "
                 f"{key}={value!r}. Load it with the same setting, or load only the weights with "

@@ -5,6 +5,7 @@ load) would otherwise overwrite its last good checkpoint with one it cannot trai
 reads every parameter once per save (each rank its own shard), and the ranks agree, so a NaN on
 one rank's shard stops the save on all. ``allow_nonfinite=True`` writes them anyway.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -32,8 +33,12 @@ def refuse_nonfinite_weights(models: Iterable[torch.nn.Module], what: str, num_p
         torch.distributed.all_reduce(total)
         count = int(total.item())
     if count:
-        named = (f": {', '.join(bad[:SHOWN])}{' and more' if len(bad) > SHOWN else ''}" if bad
-                 else " (on another rank's shard)")
+        named = (
+            f": {', '.join(bad[:SHOWN])}{' and more' if len(bad) > SHOWN else ''}"
+            if bad
+            else " (on another rank's shard)"
+        )
         raise CheckpointError(
             f"{what}: {count} weight tensor(s) hold NaN or inf{named}. Nothing was written, so the last checkpoint "
-            f"stays the one to resume from. To write them anyway (to inspect them), pass allow_nonfinite=True.")
+            f"stays the one to resume from. To write them anyway (to inspect them), pass allow_nonfinite=True."
+        )

@@ -5,6 +5,7 @@
 ``model.safetensors.index.json`` that maps each weight to its shard. Every file is written
 atomically, so an interrupted save never leaves a half-written file under a final name.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,17 @@ from lowbit.runtime.checkpoint.files import read_safetensors, write_file_atomica
 
 SAFE_WEIGHTS = "model.safetensors"
 TORCH_WEIGHTS = "pytorch_model.bin"
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(size: int | str) -> int:
@@ -94,8 +105,9 @@ def _save_safetensors(tensors: dict[str, Any], handle) -> None:
     handle.write(save(tensors, metadata={"format": "pt"}))
 
 
-def write_model_files(state: dict[str, Any], directory: Path, max_shard_size: int | str = "10GB",
-                      safe_serialization: bool = True) -> Path:
+def write_model_files(
+    state: dict[str, Any], directory: Path, max_shard_size: int | str = "10GB", safe_serialization: bool = True
+) -> Path:
     """Write ``state`` into ``directory``; returns the weights file, or the index when sharded."""
     max_bytes = parse_size(max_shard_size)
     directory = Path(directory)
@@ -107,7 +119,11 @@ def write_model_files(state: dict[str, Any], directory: Path, max_shard_size: in
     serialize = _save_safetensors if safe_serialization else torch.save
     shards = shard(state, max_bytes)
     stem, suffix = weights_name.rsplit(".", 1)
-    names = [weights_name] if len(shards) == 1 else [f"{stem}-{i:05d}-of-{len(shards):05d}.{suffix}" for i in range(1, len(shards) + 1)]
+    names = (
+        [weights_name]
+        if len(shards) == 1
+        else [f"{stem}-{i:05d}-of-{len(shards):05d}.{suffix}" for i in range(1, len(shards) + 1)]
+    )
     index_path = directory / f"{weights_name}.index.json"
     if len(shards) == 1:
         # One file, written atomically; a loader reads it before any index. Then the old set goes.
@@ -134,11 +150,16 @@ def read_model_files(checkpoint: str | os.PathLike) -> dict[str, Any]:
     files are read with ``weights_only=True``: reading runs no code."""
     path = Path(checkpoint)
     if path.is_dir():
-        found = [path / name for name in (f"{SAFE_WEIGHTS}.index.json", f"{TORCH_WEIGHTS}.index.json", SAFE_WEIGHTS, TORCH_WEIGHTS)
-                 if (path / name).is_file()]
+        found = [
+            path / name
+            for name in (f"{SAFE_WEIGHTS}.index.json", f"{TORCH_WEIGHTS}.index.json", SAFE_WEIGHTS, TORCH_WEIGHTS)
+            if (path / name).is_file()
+        ]
         if not found:
-            raise CheckpointError(f"{str(path)!r} holds no model weights ({SAFE_WEIGHTS}, {TORCH_WEIGHTS}, or their "
-                                  "sharded index); give the directory save_model wrote, or a weights file.")
+            raise CheckpointError(
+                f"{str(path)!r} holds no model weights ({SAFE_WEIGHTS}, {TORCH_WEIGHTS}, or their "
+                "sharded index); give the directory save_model wrote, or a weights file."
+            )
         path = found[0]
     if not path.is_file():
         raise CheckpointError(f"{str(path)!r} does not exist; give the directory save_model wrote, or a weights file.")

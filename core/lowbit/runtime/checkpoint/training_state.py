@@ -7,6 +7,7 @@ checkpoint format (DeepSpeed, FSDP2's DCP) writes the model and optimizer itself
 turns its state into plain tensors (``encode_checkpoint_state``) and saves what lives outside the
 state dict (``backend_checkpoint_state``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,9 +36,21 @@ class TrainingStateCheckpointer:
     """Saves and restores a run. Given the chosen plugins (strategy- and backend-owned state), the
     prepared objects, the step state (the run's precision: the fp16 scaler), the process facts and the counters."""
 
-    def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, step_state: StepState, facts: ProcessFacts,
-                 counters: TrainingCounters) -> None:
-        self.plugins, self.prepared, self.step_state, self.facts, self.counters = plugins, prepared, step_state, facts, counters
+    def __init__(
+        self,
+        plugins: ChosenPlugins,
+        prepared: PreparedObjects,
+        step_state: StepState,
+        facts: ProcessFacts,
+        counters: TrainingCounters,
+    ) -> None:
+        self.plugins, self.prepared, self.step_state, self.facts, self.counters = (
+            plugins,
+            prepared,
+            step_state,
+            facts,
+            counters,
+        )
         self.custom_objects: list[Any] = []
         # Accelerate's save/load pre-hooks, by handle id (register_save_state_pre_hook, ...); an
         # OrderedDict, which torch's RemovableHandle can hold a weak reference to.
@@ -46,17 +59,25 @@ class TrainingStateCheckpointer:
 
     def register(self, *objects: Any) -> None:
         """Objects with ``state_dict``/``load_state_dict`` that save_state/load_state carry too."""
-        bad = [f"- Item at index {i} is a {type(obj).__name__}" for i, obj in enumerate(objects)
-               if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
+        bad = [
+            f"- Item at index {i} is a {type(obj).__name__}"
+            for i, obj in enumerate(objects)
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))
+        ]
         if bad:
-            raise ConfigError("register_for_checkpointing can save and restore only objects with state_dict() and "
-                              "load_state_dict(); nothing was registered. These have neither:\n" + "\n".join(bad))
+            raise ConfigError(
+                "register_for_checkpointing can save and restore only objects with state_dict() and "
+                "load_state_dict(); nothing was registered. These have neither:\n" + "\n".join(bad)
+            )
         self.custom_objects.extend(objects)
 
     def fingerprint(self) -> dict[str, Any]:
         context = self.plugins.context
-        return {"mixed_precision": context.mixed_precision, "fp8_backend": self.plugins.backend_name,
-                "strategy": context.strategy}
+        return {
+            "mixed_precision": context.mixed_precision,
+            "fp8_backend": self.plugins.backend_name,
+            "strategy": context.strategy,
+        }
 
     def _strategy_objects(self) -> tuple[Any, Any]:
         """The model and (inner) optimizer a strategy saves and loads itself."""
@@ -65,7 +86,9 @@ class TrainingStateCheckpointer:
 
     def refuse_nonfinite_weights(self) -> None:
         """Before a save (and before an automatic name prunes old checkpoints): no NaN/inf weight."""
-        refuse_nonfinite_weights([unwrap(model) for model in self.prepared.models], "save_state", self.facts.num_processes)
+        refuse_nonfinite_weights(
+            [unwrap(model) for model in self.prepared.models], "save_state", self.facts.num_processes
+        )
 
     def save(self, output_dir: str | Path) -> Path:
         prepared, plugins, is_main = self.prepared, self.plugins, self.facts.is_main_process
@@ -84,12 +107,15 @@ class TrainingStateCheckpointer:
             if is_main:
                 if not handled:
                     for i, (plain, state) in enumerate(zip(models, weights)):
-                        checkpoint.write_file_atomically(plugins.encode_checkpoint_state("model", plain, state),
-                                                         tmp / f"model_{i}.pt")
+                        checkpoint.write_file_atomically(
+                            plugins.encode_checkpoint_state("model", plain, state), tmp / f"model_{i}.pt"
+                        )
                     for i, opt in enumerate(prepared.optimizers):
                         inner = opt.optimizer
-                        checkpoint.write_file_atomically(plugins.encode_checkpoint_state("optimizer", inner, inner.state_dict()),
-                                                         tmp / f"optimizer_{i}.pt")
+                        checkpoint.write_file_atomically(
+                            plugins.encode_checkpoint_state("optimizer", inner, inner.state_dict()),
+                            tmp / f"optimizer_{i}.pt",
+                        )
                 for i, model in enumerate(prepared.models):
                     backend_state = plugins.backend_checkpoint_state(unwrap(model))
                     if backend_state is not None:
@@ -112,9 +138,12 @@ class TrainingStateCheckpointer:
                     dataloader_epochs=[d.epoch_to_resume() for d in prepared.dataloaders],
                     custom_objects=len(self.custom_objects),
                 )
-            checkpoint.write_file_atomically(rng_state([d.generator for d in prepared.dataloaders],
-                                                       [d.epoch_order_state() for d in prepared.dataloaders]),
-                                             tmp / f"rng_state_{self.facts.process_index}.pt")
+            checkpoint.write_file_atomically(
+                rng_state(
+                    [d.generator for d in prepared.dataloaders], [d.epoch_order_state() for d in prepared.dataloaders]
+                ),
+                tmp / f"rng_state_{self.facts.process_index}.pt",
+            )
         return output_dir
 
     def load(self, input_dir: str | Path, allow_precision_change: bool = False) -> None:
@@ -131,11 +160,17 @@ class TrainingStateCheckpointer:
         expected = self.fingerprint()
         backend_changed = meta.get("fp8_backend") != expected["fp8_backend"]
         if allow_precision_change:
-            changed = [f"{key} {meta.get(key)!r} -> {expected.pop(key)!r}" for key in PRECISION_KEYS if meta.get(key) != expected[key]]
+            changed = [
+                f"{key} {meta.get(key)!r} -> {expected.pop(key)!r}"
+                for key in PRECISION_KEYS
+                if meta.get(key) != expected[key]
+            ]
             if changed:
-                note(f"load_state: resuming {str(directory)!r} with another precision ({', '.join(changed)}): weights, "
-                     "optimizer, scheduler and counters load" + ("; the old backend's own state (its scales) is left out."
-                                                                  if backend_changed else "."))
+                note(
+                    f"load_state: resuming {str(directory)!r} with another precision ({', '.join(changed)}): weights, "
+                    "optimizer, scheduler and counters load"
+                    + ("; the old backend's own state (its scales) is left out." if backend_changed else ".")
+                )
         checkpoint.check_same_setup(meta, expected, directory)
         if meta.get("custom_objects", 0) != len(self.custom_objects):
             raise CheckpointError(
@@ -168,14 +203,25 @@ class TrainingStateCheckpointer:
         for i, model in enumerate(prepared.models):
             if f"fp8_state_{i}.pt" in meta["files"] and not backend_changed:
                 path = directory / f"fp8_state_{i}.pt"
-                loads.append(functools.partial(self._load_backend_state, unwrap(model), checkpoint.read_tensor_file(path), path))
+                loads.append(
+                    functools.partial(self._load_backend_state, unwrap(model), checkpoint.read_tensor_file(path), path)
+                )
         for i, sched in enumerate(prepared.schedulers):
-            loads.append(functools.partial(sched.load_state_dict, checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt")))
+            loads.append(
+                functools.partial(sched.load_state_dict, checkpoint.read_tensor_file(directory / f"scheduler_{i}.pt"))
+            )
         if self.step_state.precision.scaler is not None and "scaler.pt" in meta["files"]:
-            loads.append(functools.partial(self.step_state.precision.load_state_dict,
-                                           checkpoint.read_tensor_file(directory / "scaler.pt")))
+            loads.append(
+                functools.partial(
+                    self.step_state.precision.load_state_dict, checkpoint.read_tensor_file(directory / "scaler.pt")
+                )
+            )
         for i, obj in enumerate(self.custom_objects):
-            loads.append(functools.partial(obj.load_state_dict, checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt")))
+            loads.append(
+                functools.partial(
+                    obj.load_state_dict, checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt")
+                )
+            )
         rng = checkpoint.read_tensor_file(directory / rng_file)
         for load in loads:
             load()
@@ -195,15 +241,21 @@ class TrainingStateCheckpointer:
         if saved == now:
             return f"rng_state_{rank}.pt"
         strategy = self.plugins.strategy
-        if meta.get("strategy_checkpoint") and not (strategy is not None and strategy.chosen.description.checkpoint_reshards):
+        if meta.get("strategy_checkpoint") and not (
+            strategy is not None and strategy.chosen.description.checkpoint_reshards
+        ):
             raise CheckpointError(
                 f"Checkpoint {str(directory)!r} was saved by {saved} process(es) and this run has {now}, but the "
                 f"{meta.get('strategy')!r} strategy's checkpoints do not reshard. Resume with {saved} processes "
-                f"(`lowbit launch --num_processes {saved}`).")
+                f"(`lowbit launch --num_processes {saved}`)."
+            )
         if self.facts.is_main_process:
-            note(f"load_state: {str(directory)!r} was saved by {saved} process(es), this run has {now}: weights, optimizer "
-                 f"and counters are resharded; each process takes saved rank (rank mod {saved})'s random state, and the "
-                 "data is split anew, so the run continues but does not repeat the saved run's batches.")
+            note(
+                f"load_state: {str(directory)!r} was saved by {saved} process(es), this run has {now}: weights, "
+                "optimizer "
+                f"and counters are resharded; each process takes saved rank (rank mod {saved})'s random state, and the "
+                "data is split anew, so the run continues but does not repeat the saved run's batches."
+            )
         return f"rng_state_{rank % saved}.pt"
 
     def _load_backend_state(self, model: Any, state: Any, path: Path) -> None:
@@ -226,9 +278,12 @@ def rng_state(loader_generators: list[Any] = (), epoch_orders: list[Any] = ()) -
     """Every RNG a training script draws from: Python's, NumPy's (when installed), torch's, CUDA's,
     the shuffling generators of the prepared dataloaders, and, for a save in the middle of an epoch,
     the state each loader drew that epoch's order from (so a resumed epoch has the same order)."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state(),
-                             "dataloaders": [g.get_state() if g is not None else None for g in loader_generators],
-                             "epoch_orders": list(epoch_orders)}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "dataloaders": [g.get_state() if g is not None else None for g in loader_generators],
+        "epoch_orders": list(epoch_orders),
+    }
     try:
         import numpy as np
     except ImportError:
@@ -257,4 +312,3 @@ def set_rng_state(state: dict[str, Any], loader_generators: list[Any] = ()) -> N
         np.random.set_state((name, keys.numpy().astype("uint32"), pos, has_gauss, gauss))
     if "cuda" in state:
         set_cuda_rng_states(state["cuda"], state.get("cuda_own"))
-

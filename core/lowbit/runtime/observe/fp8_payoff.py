@@ -18,6 +18,7 @@ time exceeds its FP8 GEMM time plus the amax/cast/transpose traffic the recipe a
 
 Calibration and validation, with sources: docs/fp8-payoff.md.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -125,8 +126,10 @@ def known_gpu(name: str) -> DevicePeak:
 def gpu_has_format(gpu: DevicePeak, cost: RecipeCost, recipe: str) -> None:
     """A ConfigError when ``gpu`` has no tensor cores for the recipe's format."""
     if _format_peak(gpu, cost.format) is None:
-        raise ConfigError(f"the {gpu.name} has no {cost.format.upper()} tensor cores, so {recipe} would run emulated "
-                          "(slower than bf16). Pick a GPU that has them (`lowbit fp8-payoff --help` lists the GPUs).")
+        raise ConfigError(
+            f"the {gpu.name} has no {cost.format.upper()} tensor cores, so {recipe} would run emulated "
+            "(slower than bf16). Pick a GPU that has them (`lowbit fp8-payoff --help` lists the GPUs)."
+        )
 
 
 def _format_peak(gpu: DevicePeak, fmt: str) -> float | None:
@@ -137,8 +140,16 @@ def _bandwidth(gpu: DevicePeak) -> float:
     return gpu.memory_tbps * 1e12 * MEMORY_ACHIEVABLE
 
 
-def gemm_seconds(m: int, k: int, n: int, gpu: DevicePeak, fmt: str = "bf16", share: float = 1.0,
-                 value_bytes: float = BF16_BYTES, block: int | None = None) -> float:
+def gemm_seconds(
+    m: int,
+    k: int,
+    n: int,
+    gpu: DevicePeak,
+    fmt: str = "bf16",
+    share: float = 1.0,
+    value_bytes: float = BF16_BYTES,
+    block: int | None = None,
+) -> float:
     """One (m x k) @ (k x n) GEMM: compute, memory (operands in ``value_bytes``, scales one byte per
     ``block``, the output in bf16) or the launch floor, whichever is longest."""
     compute = 2 * m * k * n / (_format_peak(gpu, fmt) * 1e12 * GEMM_ACHIEVABLE * share)
@@ -153,7 +164,9 @@ def _three_gemms(layer: LinearShape, gpu: DevicePeak, cost: RecipeCost | None, f
     total = 0.0
     for index, shape in enumerate(shapes):
         if cost is not None and cost.low_precision[index]:
-            seconds = gemm_seconds(*shape, gpu, cost.format, FP8_GEMM_SHARE * cost.gemm_share, cost.value_bytes, cost.block)
+            seconds = gemm_seconds(
+                *shape, gpu, cost.format, FP8_GEMM_SHARE * cost.gemm_share, cost.value_bytes, cost.block
+            )
         else:
             seconds = gemm_seconds(*shape, gpu)
         total += seconds * (1 + forward_again if index == 0 else 1)
@@ -163,8 +176,11 @@ def _three_gemms(layer: LinearShape, gpu: DevicePeak, cost: RecipeCost | None, f
 def cast_seconds(layer: LinearShape, gpu: DevicePeak, cost: RecipeCost, compiled: bool, forward_again: float) -> float:
     """The recipe's casts of this layer's three tensors, each kernel at least the launch floor;
     a recomputed forward casts its input and weight again."""
-    sizes = {"input": layer.tokens * layer.in_features, "weight": layer.in_features * layer.out_features,
-             "grad_output": layer.tokens * layer.out_features}
+    sizes = {
+        "input": layer.tokens * layer.in_features,
+        "weight": layer.in_features * layer.out_features,
+        "grad_output": layer.tokens * layer.out_features,
+    }
     total = 0.0
     for role, kernels in cost.cast_bytes.items():
         seconds = 0.0
@@ -177,8 +193,17 @@ def cast_seconds(layer: LinearShape, gpu: DevicePeak, cost: RecipeCost, compiled
     return total
 
 
-def predict(work: ModelWork, gpu: DevicePeak, recipe: str, cost: RecipeCost, keep: dict[str, str] | None = None,
-            compiled: bool = True, recompute: str = "none", shards: int = 1, auto: bool = False) -> StepPrediction:
+def predict(
+    work: ModelWork,
+    gpu: DevicePeak,
+    recipe: str,
+    cost: RecipeCost,
+    keep: dict[str, str] | None = None,
+    compiled: bool = True,
+    recompute: str = "none",
+    shards: int = 1,
+    auto: bool = False,
+) -> StepPrediction:
     """The step's time in bf16 and with ``recipe`` (costing ``cost``): per Linear, and the rest
     unchanged. ``keep``: layers that stay in bf16, with why; ``auto``: also keep those the
     prediction finds slower in the recipe."""
@@ -292,8 +317,10 @@ class _PointwiseTracer(TorchDispatchMode):
             # packed sequences) takes the plain path (true); a number may size the work that follows
             # (``.item()`` as a shape), which a shape-only count cannot know.
             if args[0].dtype != torch.bool:
-                self.uncountable.append("it reads a tensor's value on the host (.item(), int(t)), which may size its "
-                                        "work, and a count from shapes alone cannot know it")
+                self.uncountable.append(
+                    "it reads a tensor's value on the host (.item(), int(t)), which may size its "
+                    "work, and a count from shapes alone cannot know it"
+                )
             return True if args[0].dtype == torch.bool else 1
         if func.namespace not in _KNOWN_NAMESPACES:
             self.uncountable.append(f"it calls {func.name()}, a custom op whose work lowbit cannot see")
@@ -352,12 +379,17 @@ def count_work(model: nn.Module, batch_size: int, seq_len: int, causal: bool | N
     try:
         return trace_work(model, args, kwargs, causal)
     except Exception as exc:  # noqa: BLE001 - any model may refuse the example batch; say what was tried
-        tried = f"input_ids of shape ({batch_size}, {seq_len})" if isinstance(inputs, dict) else \
-            f"one float tensor of shape {tuple(inputs.shape)}"
-        raise ConfigError(f"{type(model).__name__} did not run on an example batch ({tried}): "
-                          f"{type(exc).__name__}: {exc}. Counting a model's work needs a forward that takes "
-                          "token ids (a transformers LM) or one tensor: give a module:factory returning a "
-                          "wrapper that builds its other inputs.") from None
+        tried = (
+            f"input_ids of shape ({batch_size}, {seq_len})"
+            if isinstance(inputs, dict)
+            else f"one float tensor of shape {tuple(inputs.shape)}"
+        )
+        raise ConfigError(
+            f"{type(model).__name__} did not run on an example batch ({tried}): "
+            f"{type(exc).__name__}: {exc}. Counting a model's work needs a forward that takes "
+            "token ids (a transformers LM) or one tensor: give a module:factory returning a "
+            "wrapper that builds its other inputs."
+        ) from None
 
 
 def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bool | None = None) -> ModelWork:
@@ -391,8 +423,9 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
     try:
         # compiled code (a compiled model or blocks) runs as plain eager code inside
         with torch.compiler.set_stance("force_eager"), counter, tracer, torch.no_grad():
-            stand_ins = {name: _meta_like(tensor)
-                         for name, tensor in [*model.named_parameters(), *model.named_buffers()]}
+            stand_ins = {
+                name: _meta_like(tensor) for name, tensor in [*model.named_parameters(), *model.named_buffers()]
+            }
             out = torch.func.functional_call(model, stand_ins, args, kwargs)
             outputs = list(tensor_leaves(out))
             pointwise = tracer.fused_bytes(outputs)
@@ -401,8 +434,14 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
             handle.remove()
     if tracer.uncountable:
         raise UncountableForward("; ".join(dict.fromkeys(tracer.uncountable)))
-    return ModelWork(linears, counter.attention_flops, tracer.other_gemm_flops, pointwise,
-                     tracer.eager_bytes, sum(_meta_like(p).numel() for p in model.parameters()))
+    return ModelWork(
+        linears,
+        counter.attention_flops,
+        tracer.other_gemm_flops,
+        pointwise,
+        tracer.eager_bytes,
+        sum(_meta_like(p).numel() for p in model.parameters()),
+    )
 
 
 def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
@@ -452,6 +491,7 @@ def _tensors_copied_as_meta():
     """Within: ``copy.deepcopy`` turns each tensor into a meta tensor of its (whole) shape and dtype,
     a Parameter into a meta Parameter. Patched on the classes for the copy's length: the memo of a
     deepcopy only reaches the tensors it is told of, and a model's plain tensor attributes are not."""
+
     def tensor_copy(tensor, memo):
         meta = _meta_like(tensor)
         memo[id(tensor)] = meta
@@ -478,6 +518,7 @@ def first_last(work: ModelWork) -> dict[str, str]:
 
 # --- the table --------------------------------------------------------------------------------
 
+
 def _group(name: str) -> str:
     return re.sub(r"\.\d+\.", ".*.", name)
 
@@ -489,7 +530,9 @@ def table(prediction: StepPrediction) -> str:
     for p in prediction.layers:
         key = (_group(p.layer.name), p.layer.tokens, p.layer.in_features, p.layer.out_features, p.kept)
         rows.setdefault(key, []).append(p)
-    lines = [f"{'layer':<40} {'count':>5} {'M x K x N':>22} {'bf16 ms':>9} {prediction.recipe + ' ms':>14} {'speedup':>8}"]
+    lines = [
+        f"{'layer':<40} {'count':>5} {'M x K x N':>22} {'bf16 ms':>9} {prediction.recipe + ' ms':>14} {'speedup':>8}"
+    ]
     for (name, m, k, n, kept), group in rows.items():
         bf16 = sum(p.bf16_s for p in group) * 1e3
         low = "bf16: " + kept if kept else f"{sum(p.low_s for p in group) * 1e3:.3f}"
@@ -498,9 +541,14 @@ def table(prediction: StepPrediction) -> str:
         lines.append(f"{name:<40} {len(group):>5} {f'{m}x{k}x{n}':>22} {bf16:>9.3f} {low:>14} {speed:>8}")
     for part, seconds in prediction.other_s.items():
         if seconds:
-            lines.append(f"{part + ' (unchanged)':<40} {'':>5} {'':>22} {seconds * 1e3:>9.3f} {seconds * 1e3:>14.3f} {'1.00x':>8}")
-    lines.append(f"step: bf16 {prediction.bf16_step_s * 1e3:.1f} ms, {prediction.recipe} {prediction.low_step_s * 1e3:.1f} ms "
-                 f"on one {prediction.gpu.name}")
+            lines.append(
+                f"{part + ' (unchanged)':<40} {'':>5} {'':>22} {seconds * 1e3:>9.3f} {seconds * 1e3:>14.3f} "
+                f"{'1.00x':>8}"
+            )
+    lines.append(
+        f"step: bf16 {prediction.bf16_step_s * 1e3:.1f} ms, {prediction.recipe} {prediction.low_step_s * 1e3:.1f} ms "
+        f"on one {prediction.gpu.name}"
+    )
     lines.append(f"predicted step speedup: {prediction.speedup:.2f}x")
     return "\n".join(lines)
 
@@ -514,16 +562,20 @@ class AutoFilterNotice(LowbitNote):
     """Said when the automatic layer filter judges for a GPU other than the run's."""
 
 
-def slower_layers(shapes: dict[str, tuple[int, int]], tokens: int, device_name: str, recipe: str, cost: RecipeCost,
-                  compiled: bool) -> dict[str, str]:
+def slower_layers(
+    shapes: dict[str, tuple[int, int]], tokens: int, device_name: str, recipe: str, cost: RecipeCost, compiled: bool
+) -> dict[str, str]:
     """``layer_filter="auto"``: the layers (name -> (in_features, out_features)) whose GEMMs and
     casts the prediction finds no faster in ``recipe`` than in bf16 at ``tokens`` rows, with why.
     Judged for the run's GPU; off the table (a CPU, an unknown GPU), for an H100, said once."""
     gpu = gpu_peak(device_name)
     if gpu is None or gpu.memory_tbps is None or _format_peak(gpu, cost.format) is None:
         gpu = known_gpu(AUTO_FILTER_FALLBACK_GPU)
-        note(f"layer_filter='auto' judges each layer for the {gpu.name}: lowbit has no {recipe} figures for "
-             f"{device_name}.", AutoFilterNotice)
+        note(
+            f"layer_filter='auto' judges each layer for the {gpu.name}: lowbit has no {recipe} figures for "
+            f"{device_name}.",
+            AutoFilterNotice,
+        )
     gpu_has_format(gpu, cost, recipe)
     slower = {}
     for name, (k, n) in shapes.items():
@@ -555,16 +607,24 @@ def report_work(model: nn.Module, device_name: str) -> ModelWork | None:
         return count_work(model, max(REPORT_TOKENS // seq_len, 1), seq_len)
     except ConfigError:  # the model refused the example batch: its Linears still tell
         names = [(name, m) for name, m in model.named_modules() if _is_linear(m)]
-        return ModelWork([LinearShape(name, REPORT_TOKENS, *_dims(m)) for name, m in names],
-                         parameters=sum(p.numel() for p in model.parameters()))
+        return ModelWork(
+            [LinearShape(name, REPORT_TOKENS, *_dims(m)) for name, m in names],
+            parameters=sum(p.numel() for p in model.parameters()),
+        )
 
 
 def _dims(module: nn.Module) -> tuple[int, int]:
     return (module.in_features, module.out_features) if isinstance(module, nn.Linear) else tuple(module.weight.shape)
 
 
-def report_prediction(work: ModelWork | None, device_name: str, recipe: str | None, costs: dict[str, RecipeCost],
-                      kept: dict[str, str], compiled: bool) -> str:
+def report_prediction(
+    work: ModelWork | None,
+    device_name: str,
+    recipe: str | None,
+    costs: dict[str, RecipeCost],
+    kept: dict[str, str],
+    compiled: bool,
+) -> str:
     """The FP8 report's last clause: the predicted step speedup on this GPU, or '' (no figures:
     the backend declares no cost for the recipe, or the GPU has no tensor cores for its format)."""
     cost = costs.get(recipe or "")
@@ -573,5 +633,7 @@ def report_prediction(work: ModelWork | None, device_name: str, recipe: str | No
         return ""
     prediction = predict(work, gpu, recipe, cost, keep=kept, compiled=compiled)
     what = "step" if work.attention_flops or work.pointwise_bytes else "Linear layers (a forward could not be traced)"
-    return (f"predicted {what} {prediction.speedup:.2f}x over bf16 on this {gpu.name} at {REPORT_TOKENS} tokens per "
-            f"micro-batch, {'compiled' if compiled else 'eager'} (`lowbit fp8-payoff` predicts at yours)")
+    return (
+        f"predicted {what} {prediction.speedup:.2f}x over bf16 on this {gpu.name} at {REPORT_TOKENS} tokens per "
+        f"micro-batch, {'compiled' if compiled else 'eager'} (`lowbit fp8-payoff` predicts at yours)"
+    )

@@ -1,6 +1,7 @@
 """One line that says what FP8 took in a prepared model, and why the other Linear layers stay in
 high precision: the :class:`~lowbit.kernel.types.ConversionReport` the backend returned from
 ``convert_model``, in words."""
+
 from __future__ import annotations
 
 from lowbit.kernel.types import ConversionReport
@@ -8,7 +9,9 @@ from lowbit.kernel.types import ConversionReport
 SHOWN_SKIPPED = 4  # the report names this many kept layers, then counts the rest
 
 
-def conversion_report(record: ConversionReport | None, backend: str, precision: str = "fp8", runs: str = "native") -> str | None:
+def conversion_report(
+    record: ConversionReport | None, backend: str, precision: str = "fp8", runs: str = "native"
+) -> str | None:
     """``fp8 (ao, tensorwise, emulated): 4 of 6 Linear layers; kept high precision: 0 (first
     Linear ...), ...``, or None when the backend recorded nothing (it converts the model its own
     way). The recipe is the one the backend reported; ``runs`` is "emulated" where the hardware
@@ -31,9 +34,11 @@ def conversion_report(record: ConversionReport | None, backend: str, precision: 
     if record.predicted:
         line += "; " + record.predicted
     if not converted:
-        line += (f". Nothing trains in {precision} (FP8 GEMMs need both dims divisible by 16, "
-                 "block formats by their block), and the first and last Linear are kept in high precision by default "
-                 "(keep_first_last_high_precision=False converts them too)")
+        line += (
+            f". Nothing trains in {precision} (FP8 GEMMs need both dims divisible by 16, "
+            "block formats by their block), and the first and last Linear are kept in high precision by default "
+            "(keep_first_last_high_precision=False converts them too)"
+        )
     return line + "."
 
 
@@ -51,7 +56,8 @@ def layer_kinds(record: ConversionReport) -> tuple[str, str]:
         return (kinds[0] if kinds else "Linear"), ""
     converted = set(record.converted)
     counts = ", ".join(
-        f"{kind} {sum(1 for n, t in types.items() if t == kind and n in converted)} of {sum(1 for t in types.values() if t == kind)}"
+        f"{kind} {sum(1 for n, t in types.items() if t == kind and n in converted)} of "
+        f"{sum(1 for t in types.values() if t == kind)}"
         for kind in kinds
     )
     return "/".join(kinds), f" ({counts})"

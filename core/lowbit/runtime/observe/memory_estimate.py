@@ -19,6 +19,7 @@ The model is built on the meta device (no memory, no download): a transformers c
   parameter-sized temporary (foreach AdamW). So peak = weights + states + max(activations,
   gradients + temporary) (+ the strategy's buffers).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from lowbit.runtime.observe.model_spec import example_inputs, load_model_on_meta
 
 # (weights, gradients, AdamW states) in bytes per parameter: fp32 master weights and fp32 states in every precision.
 NATIVE_BYTES = {"no": (4.0, 4.0, 8.0), "fp16": (4.0, 4.0, 8.0), "bf16": (4.0, 4.0, 8.0)}
-MB = 2 ** 20
+MB = 2**20
 
 
 @dataclass
@@ -63,7 +64,9 @@ class Estimate:
     @property
     def peak_low(self) -> float:
         """The peak when the asynchronous buffers are freed as they go (the low end)."""
-        return self.weights + self.optimizer + self.buffers + max(self.activations, self.gradients + self.step_temporary)
+        return (
+            self.weights + self.optimizer + self.buffers + max(self.activations, self.gradients + self.step_temporary)
+        )
 
 
 def saved_activation_bytes(model: nn.Module, inputs: Any, low_precision_linears: bool) -> float:
@@ -113,25 +116,52 @@ def _largest_block_parameters(model: nn.Module) -> int:
     return max(sum(p.numel() for p in block.parameters()) for block in max(lists, key=len))
 
 
-def estimate(model: nn.Module, precision: str, strategy: str, memory: StrategyMemory, ranks: int, activations_fp32: float,
-             activations_low: float, per_parameter: tuple[float, float, float], label: str) -> Estimate:
+def estimate(
+    model: nn.Module,
+    precision: str,
+    strategy: str,
+    memory: StrategyMemory,
+    ranks: int,
+    activations_fp32: float,
+    activations_low: float,
+    per_parameter: tuple[float, float, float],
+    label: str,
+) -> Estimate:
     params = sum(p.numel() for p in model.parameters())
     weight_b, grad_b, state_b = per_parameter
     shard, extra = (memory.shards_weights, memory.shards_gradients, memory.shards_optimizer), memory.buffers
-    weights, gradients, optimizer = (params * b / (ranks if s and ranks > 1 else 1)
-                                     for b, s in zip((weight_b, grad_b, state_b), shard))
+    weights, gradients, optimizer = (
+        params * b / (ranks if s and ranks > 1 else 1) for b, s in zip((weight_b, grad_b, state_b), shard)
+    )
     # Over NCCL FSDP2 frees unsharded gradients block by block, so its "gradients" buffer is on
     # the high side there (measured over gloo only: no GPU here).
-    sizes = {"buckets": params * grad_b, "block": _largest_block_parameters(model) * weight_b, "gradients": params * grad_b}
+    sizes = {
+        "buckets": params * grad_b,
+        "block": _largest_block_parameters(model) * weight_b,
+        "gradients": params * grad_b,
+    }
     buffers = sum(sizes[name] for name in extra if name != "gradients") if ranks > 1 else 0.0
     timing = sizes["gradients"] if ranks > 1 and "gradients" in extra else 0.0
     activations = activations_fp32 if precision == "no" else activations_low
-    return Estimate(label, strategy, ranks, params, weights, gradients, optimizer, activations, buffers,
-                    step_temporary=params * weight_b / (ranks if shard[0] and ranks > 1 else 1), per_parameter=per_parameter,
-                    timing_buffers=timing)
+    return Estimate(
+        label,
+        strategy,
+        ranks,
+        params,
+        weights,
+        gradients,
+        optimizer,
+        activations,
+        buffers,
+        step_temporary=params * weight_b / (ranks if shard[0] and ranks > 1 else 1),
+        per_parameter=per_parameter,
+        timing_buffers=timing,
+    )
 
 
-def precision_rows(backends: dict[str, dict[str, float]], precisions: list[str]) -> list[tuple[str, str, tuple[float, float, float]]]:
+def precision_rows(
+    backends: dict[str, dict[str, float]], precisions: list[str]
+) -> list[tuple[str, str, tuple[float, float, float]]]:
     """(label, precision, bytes per parameter) for each precision asked; one row per backend for
     fp8 (and fp4) from what each backend declares, plus its low-bit optimizer states when it has them."""
     rows = []
@@ -143,7 +173,13 @@ def precision_rows(backends: dict[str, dict[str, float]], precisions: list[str])
             per = (memory.get("weights", 4.0), memory.get("gradients", 4.0), memory.get("optimizer", 8.0))
             rows.append((f"{precision} ({name})", precision, per))
             if "optimizer_low_bit" in memory:
-                rows.append((f"{precision} ({name}) + low-bit Adam states", precision, (per[0], per[1], memory["optimizer_low_bit"])))
+                rows.append(
+                    (
+                        f"{precision} ({name}) + low-bit Adam states",
+                        precision,
+                        (per[0], per[1], memory["optimizer_low_bit"]),
+                    )
+                )
     return rows
 
 
@@ -153,19 +189,31 @@ def _span(low: float, high: float) -> str:
 
 
 def table(estimates: list[Estimate]) -> str:
-    head = (f"{'precision':<34} {'strategy':<9} {'B/param w+g+o':>14} {'weights':>9} {'grads':>9} {'optim':>9} "
-            f"{'activ.':>9} {'buffers':>13} {'peak MB':>13}")
+    head = (
+        f"{'precision':<34} {'strategy':<9} {'B/param w+g+o':>14} {'weights':>9} {'grads':>9} {'optim':>9} "
+        f"{'activ.':>9} {'buffers':>13} {'peak MB':>13}"
+    )
     lines = [head, "-" * len(head)]
     for e in estimates:
         per = "+".join(f"{b:g}" for b in e.per_parameter)
-        lines.append(f"{e.label:<34} {e.strategy + (f'x{e.ranks}' if e.ranks > 1 else ''):<9} {per:>14} "
-                     f"{e.weights / MB:>9.1f} {e.gradients / MB:>9.1f} {e.optimizer / MB:>9.1f} {e.activations / MB:>9.1f} "
-                     f"{_span(e.buffers, e.buffers + e.timing_buffers):>13} {_span(e.peak_low, e.peak):>13}")
+        lines.append(
+            f"{e.label:<34} {e.strategy + (f'x{e.ranks}' if e.ranks > 1 else ''):<9} {per:>14} "
+            f"{e.weights / MB:>9.1f} {e.gradients / MB:>9.1f} {e.optimizer / MB:>9.1f} {e.activations / MB:>9.1f} "
+            f"{_span(e.buffers, e.buffers + e.timing_buffers):>13} {_span(e.peak_low, e.peak):>13}"
+        )
     return "\n".join(lines)
 
 
-def estimate_all(spec: str, precisions: list[str], strategies: dict[str, StrategyMemory], ranks: int, batch_size: int, seq_len: int,
-                 backends: dict[str, dict[str, float]], model_factory: Callable[[str], nn.Module] = load_model_on_meta) -> list[Estimate]:
+def estimate_all(
+    spec: str,
+    precisions: list[str],
+    strategies: dict[str, StrategyMemory],
+    ranks: int,
+    batch_size: int,
+    seq_len: int,
+    backends: dict[str, dict[str, float]],
+    model_factory: Callable[[str], nn.Module] = load_model_on_meta,
+) -> list[Estimate]:
     model = model_factory(spec)
     inputs = example_inputs(model, batch_size, seq_len)
     fp32 = saved_activation_bytes(model, inputs, low_precision_linears=False)

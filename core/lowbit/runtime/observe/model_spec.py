@@ -1,6 +1,7 @@
 """The model a command studies without training it: built from a transformers config or a
 ``module:factory`` (on the meta device by default: nothing allocated, nothing downloaded), and
 an example batch for it. Used by ``lowbit estimate-memory`` and ``lowbit fp8-payoff``."""
+
 from __future__ import annotations
 
 import contextlib
@@ -37,13 +38,16 @@ def load_model(spec: str, device: str) -> nn.Module:
             try:
                 model = getattr(module, factory)()
             except TypeError as exc:  # it wants arguments: say so instead of a traceback
-                raise ConfigError(f"{spec}: a factory is called with no arguments, and this one needs some ({exc}). "
-                                  "Point at a function that builds the model.") from None
+                raise ConfigError(
+                    f"{spec}: a factory is called with no arguments, and this one needs some ({exc}). "
+                    "Point at a function that builds the model."
+                ) from None
             if not isinstance(model, nn.Module):
                 raise ConfigError(f"{spec} returned a {type(model).__name__}, not an nn.Module.")
             return model
-    raise ConfigError(f"{spec!r} is neither a transformers config (a config.json or a directory "
-                      "holding one) nor a module:factory.")
+    raise ConfigError(
+        f"{spec!r} is neither a transformers config (a config.json or a directory holding one) nor a module:factory."
+    )
 
 
 def _transformers_model(path: Path) -> nn.Module:
@@ -58,14 +62,20 @@ def _transformers_model(path: Path) -> nn.Module:
         raise ConfigError(f"{config_file} is not a transformers config: {exc}") from None
     # An LM head where the model has one (the loss is part of a training step); encoder-decoders
     # as sequence-to-sequence LMs (their labels make the decoder's inputs).
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM, transformers.AutoModelForSeq2SeqLM,
-                 transformers.AutoModel):
+    for auto in (
+        transformers.AutoModelForCausalLM,
+        transformers.AutoModelForMaskedLM,
+        transformers.AutoModelForSeq2SeqLM,
+        transformers.AutoModel,
+    ):
         with contextlib.suppress(ValueError):
             return auto.from_config(config)
     raise ConfigError(f"transformers has no model class for {config.model_type!r}.")
 
 
-def example_inputs(model: nn.Module, batch_size: int, seq_len: int, device: str = "meta") -> dict[str, torch.Tensor] | torch.Tensor:
+def example_inputs(
+    model: nn.Module, batch_size: int, seq_len: int, device: str = "meta"
+) -> dict[str, torch.Tensor] | torch.Tensor:
     """Token ids for a transformers model (labels too, so the loss is part of the graph), else a
     float batch of the first Linear's width, on ``device``."""
     config = getattr(model, "config", None)
@@ -77,5 +87,3 @@ def example_inputs(model: nn.Module, batch_size: int, seq_len: int, device: str 
     if first is None:
         raise ConfigError("give a model with an nn.Linear (its width sizes the example batch) or a transformers model.")
     return torch.zeros(batch_size, first.in_features, device=device)
-
-

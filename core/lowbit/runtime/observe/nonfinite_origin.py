@@ -15,6 +15,7 @@ Replayed only where one process can do it alone: one process, or DDP (its module
 wrapper's collectives). Under sharding strategies (FSDP2, DeepSpeed, tensor parallel) a replay
 would gather weights on every rank: not done, and said.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -55,14 +56,22 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
             if not forward_origin and not _finite(output):
                 kind = type(module).__name__
                 if _finite(args):
-                    forward_origin.append(f"forward: {name} ({kind}) made its finite input non-finite{_weights_note(module)}")
+                    forward_origin.append(
+                        f"forward: {name} ({kind}) made its finite input non-finite{_weights_note(module)}"
+                    )
                 else:
-                    forward_origin.append(f"forward: the input of {name} ({kind}) was already non-finite: it began "
-                                          "between modules (a function in the model's forward), or in the batch")
+                    forward_origin.append(
+                        f"forward: the input of {name} ({kind}) was already non-finite: it began "
+                        "between modules (a function in the model's forward), or in the batch"
+                    )
             for tensor in tensor_leaves(output):
                 if tensor.requires_grad:
-                    tensor.register_hook(lambda grad, position=position: grad_finite.__setitem__(
-                        position, grad_finite.get(position, True) and bool(torch.isfinite(grad).all())))
+                    tensor.register_hook(
+                        lambda grad, position=position: grad_finite.__setitem__(
+                            position, grad_finite.get(position, True) and bool(torch.isfinite(grad).all())
+                        )
+                    )
+
         return hook
 
     for name, module in leaves:
@@ -73,9 +82,16 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
             if forward_origin:
                 return forward_origin[0]
             if not _finite(output):
-                return "forward: every module's output is finite, yet the model's output is not (it began after the last module)"
+                return (
+                    "forward: every module's output is finite, yet the model's output is not "
+                    "(it began after the last module)"
+                )
             loss = getattr(output, "loss", None)
-            loss = loss if isinstance(loss, torch.Tensor) else sum(t.float().sum() for t in tensor_leaves(output) if t.requires_grad)
+            loss = (
+                loss
+                if isinstance(loss, torch.Tensor)
+                else sum(t.float().sum() for t in tensor_leaves(output) if t.requires_grad)
+            )
             params = [p for p in model.parameters() if p.requires_grad]
             if not isinstance(loss, torch.Tensor) or not params:
                 return "the replayed forward is finite, and it has no loss to replay the backward from"
@@ -91,18 +107,27 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
         kind = type(module).__name__
         if not grad_finite.get(position, True):
             later = [order[i] for i in range(position + 1, len(order)) if grad_finite.get(i, True)]
-            source = f"in the input-gradient computation of {later[0][0]} ({type(later[0][1]).__name__})" if later \
+            source = (
+                f"in the input-gradient computation of {later[0][0]} ({type(later[0][1]).__name__})"
+                if later
                 else "in the loss's gradient, before any module"
-            return f"backward: {source}: the gradient it passes back is non-finite, the one it got finite" \
-                   f"{_weights_note(later[0][1]) if later else ''}"
+            )
+            return (
+                f"backward: {source}: the gradient it passes back is non-finite, the one it got finite"
+                f"{_weights_note(later[0][1]) if later else ''}"
+            )
         own = [n for n, p in module.named_parameters(recurse=False) if id(p) in bad_weight_grads]
         if own:
-            return (f"backward: the weight-gradient computation of {name} ({kind}): the gradient of its {', '.join(own)} "
-                    f"is non-finite, the gradient it got finite{_weights_note(module)}")
+            return (
+                f"backward: the weight-gradient computation of {name} ({kind}): the gradient of its {', '.join(own)} "
+                f"is non-finite, the gradient it got finite{_weights_note(module)}"
+            )
     if bad_weight_grads:
         return "backward: a parameter outside the model's modules got a non-finite gradient"
-    return ("the replayed step is finite throughout: the NaN/inf did not come back with this batch (a nondeterministic "
-            "kernel, or an earlier batch's)")
+    return (
+        "the replayed step is finite throughout: the NaN/inf did not come back with this batch (a nondeterministic "
+        "kernel, or an earlier batch's)"
+    )
 
 
 def _feed(model: nn.Module, batch: Any) -> Any:

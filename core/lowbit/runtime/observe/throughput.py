@@ -3,7 +3,8 @@
 Tokens and samples are counted from the batches the prepared dataloaders hand out (``input_ids``,
 else the first 2-D integer tensor; ``accelerator.set_batch_tokens(n)`` tells another count), the
 time between optimizer steps (on a GPU, the device's, from events read once it finished them; on
-a CPU, the clock), and the model's FLOPs once, after the first optimizer step and outside it: one forward of the prepared model traced on meta stand-ins at the first
+a CPU, the clock), and the model's FLOPs once, after the first optimizer step and outside it: one forward of the
+prepared model traced on meta stand-ins at the first
 batch's shapes, by the work counter ``lowbit fp8-payoff`` uses (:func:`~lowbit.runtime.observe.fp8_payoff.trace_work`),
 never inside the user's forward or a compiled region. A training step counts three times the
 forward's GEMM and attention FLOPs (forward, grad-input, grad-weight). MFU is against the device's
@@ -11,6 +12,7 @@ dense bf16 peak (``GPU_PEAKS``, each with its source; on a CPU a GEMM peak measu
 cached), also for FP8 runs, whose share of GEMM FLOPs in layers the backend converted is said
 beside it: one peak does not describe a mixed run. Nothing here reads the device (no host sync).
 """
+
 from __future__ import annotations
 
 import collections
@@ -94,9 +96,22 @@ class ThroughputMeter:
     ``num_processes``: how many processes read different batches (data parallel; tensor-parallel
     ranks share theirs)."""
 
-    def __init__(self, device: torch.device, num_processes: int, precision: Precision, is_main: bool,
-                 say: Callable[[str], None] = print, model_parallel: int = 1):
-        self.device, self.num_processes, self.precision, self.is_main, self.say = device, num_processes, precision, is_main, say
+    def __init__(
+        self,
+        device: torch.device,
+        num_processes: int,
+        precision: Precision,
+        is_main: bool,
+        say: Callable[[str], None] = print,
+        model_parallel: int = 1,
+    ):
+        self.device, self.num_processes, self.precision, self.is_main, self.say = (
+            device,
+            num_processes,
+            precision,
+            is_main,
+            say,
+        )
         self.model_parallel = model_parallel  # processes sharing one batch's work (tensor/context parallel)
         self.every_s = env_number(EVERY_ENV, DEFAULT_EVERY_S, meaning="seconds between progress lines; 0: none")
         self._last: tuple[float, dict[str, float]] | None = None  # the last step's seconds and counts
@@ -169,9 +184,11 @@ class ThroughputMeter:
         except Exception as exc:  # noqa: BLE001 - an instrument never breaks the run
             from lowbit.kernel.notices import note
 
-            note(f"throughput: the model's FLOPs were not counted, so TFLOP/s and MFU are left out (tokens/s and "
-                 f"samples/s are measured as ever): its forward did not run on the first batch's shapes "
-                 f"({_calls_tried(batch)}): {type(exc).__name__}: {str(exc)[:200]}")
+            note(
+                f"throughput: the model's FLOPs were not counted, so TFLOP/s and MFU are left out (tokens/s and "
+                f"samples/s are measured as ever): its forward did not run on the first batch's shapes "
+                f"({_calls_tried(batch)}): {type(exc).__name__}: {str(exc)[:200]}"
+            )
             return
         units = tokens or samples
         linear: dict[str, float] = {}  # per layer, every call summed (a block shared across depth runs each time)
@@ -248,15 +265,22 @@ class ThroughputMeter:
         f = self.latest
         parts = [f"step {self.steps}"]
         if "throughput/tokens_per_s" in f:
-            parts.append(f"{f['throughput/tokens_per_s']:,.0f} tokens/s ({f['throughput/tokens_per_s_per_device']:,.0f}/device)")
+            parts.append(
+                f"{f['throughput/tokens_per_s']:,.0f} tokens/s ({f['throughput/tokens_per_s_per_device']:,.0f}/device)"
+            )
         parts.append(f"{1 / f['throughput/step_s']:,.2f} steps/s")
         if "throughput/samples_per_s" in f:
             parts.append(f"{f['throughput/samples_per_s']:,.1f} samples/s")
         if "throughput/tflops_per_device" in f:
-            share = (f", {100 * f['throughput/fp8_gemm_share']:.0f}% of GEMM FLOPs in FP8"
-                     if "throughput/fp8_gemm_share" in f else "")
-            parts.append(f"{_flops(f['throughput/tflops_per_device'])}/device, MFU {100 * f['throughput/mfu']:.1f}% "
-                         f"of {self.peak().name}'s {_flops(self.peak().tflops)}{share}")
+            share = (
+                f", {100 * f['throughput/fp8_gemm_share']:.0f}% of GEMM FLOPs in FP8"
+                if "throughput/fp8_gemm_share" in f
+                else ""
+            )
+            parts.append(
+                f"{_flops(f['throughput/tflops_per_device'])}/device, MFU {100 * f['throughput/mfu']:.1f}% "
+                f"of {self.peak().name}'s {_flops(self.peak().tflops)}{share}"
+            )
         if "throughput/data_wait_share" in f:
             parts.append(f"data wait {100 * f['throughput/data_wait_share']:.0f}%")
         parts.append(f"peak memory {f['throughput/peak_memory_mb']:,.0f} MB")

@@ -4,6 +4,7 @@ Each tracker library is imported only when that tracker is started; a missing on
 naming the pip package. Trackers come from plugins through the ``register_trackers`` hook: the
 built-in ones (TensorBoard, W&B, MLflow) from ``lowbit.runtime.builtin.trackers``, others from anyone.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,7 +40,9 @@ class TensorBoardTracker(GeneralTracker):
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         for key, value in values.items():
-            if isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1):
+            if isinstance(value, (int, float)) or (
+                hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1
+            ):
                 self.writer.add_scalar(key, float(value), global_step=step, **kwargs)
             elif isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
@@ -121,7 +124,8 @@ TRACKER_PACKAGES: dict[str, tuple[str, str]] = {
 # Accelerate's registry of trackers by name: the built-in ones, and each class given to
 # ``register_tracker_class``. ``log_with`` names any of them (or one a plugin registers).
 LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
-    cls.name: cls for cls in (TensorBoardTracker, WandBTracker, MLflowTracker)}
+    cls.name: cls for cls in (TensorBoardTracker, WandBTracker, MLflowTracker)
+}
 
 
 def register_tracker_class(cls: type[GeneralTracker]) -> type[GeneralTracker]:
@@ -129,14 +133,23 @@ def register_tracker_class(cls: type[GeneralTracker]) -> type[GeneralTracker]:
     its own ``name`` and ``requires_logging_directory``; a name already taken is replaced, with a warning."""
     if not (isinstance(cls, type) and issubclass(cls, GeneralTracker)):
         raise ConfigError(f"register_tracker_class takes a GeneralTracker subclass, got {cls!r}.")
-    missing = [attr for attr in ("name", "requires_logging_directory")
-               if not any(attr in vars(k) for k in cls.__mro__ if k is not GeneralTracker)]
+    missing = [
+        attr
+        for attr in ("name", "requires_logging_directory")
+        if not any(attr in vars(k) for k in cls.__mro__ if k is not GeneralTracker)
+    ]
     if missing:
-        raise ConfigError(f"{cls.__name__} must set {' and '.join(missing)} as class attributes to be registered "
-                          "(the name log_with uses, and whether it writes files under the project's logging_dir).")
+        raise ConfigError(
+            f"{cls.__name__} must set {' and '.join(missing)} as class attributes to be registered "
+            "(the name log_with uses, and whether it writes files under the project's logging_dir)."
+        )
     if cls.name in LOGGER_TYPE_TO_CLASS and LOGGER_TYPE_TO_CLASS[cls.name] is not cls:
-        warnings.warn(f"register_tracker_class: {cls.__name__} replaces {LOGGER_TYPE_TO_CLASS[cls.name].__name__} "
-                      f"as the tracker named {cls.name!r}.", UserWarning, stacklevel=2)
+        warnings.warn(
+            f"register_tracker_class: {cls.__name__} replaces {LOGGER_TYPE_TO_CLASS[cls.name].__name__} "
+            f"as the tracker named {cls.name!r}.",
+            UserWarning,
+            stacklevel=2,
+        )
     LOGGER_TYPE_TO_CLASS[cls.name] = cls
     return cls
 
@@ -146,12 +159,22 @@ def _not_built_in(class_name: str, name: str) -> type[GeneralTracker]:
     refuses to start, saying how to log there."""
 
     def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
-        raise ConfigError(f"{class_name}: lowbit has no built-in {name!r} tracker yet. Use a GeneralTracker subclass "
-                          "for it (register_tracker_class, or a plugin's register_trackers hook), or log with "
-                          "tensorboard, wandb or mlflow.")
+        raise ConfigError(
+            f"{class_name}: lowbit has no built-in {name!r} tracker yet. Use a GeneralTracker subclass "
+            "for it (register_tracker_class, or a plugin's register_trackers hook), or log with "
+            "tensorboard, wandb or mlflow."
+        )
 
-    return type(class_name, (GeneralTracker,), {"name": name, "__init__": refuse, "__doc__": f"Not built in: {name}.",
-                                                 NOT_OFFERED_MARK: f"has no built-in {name} tracker yet"})
+    return type(
+        class_name,
+        (GeneralTracker,),
+        {
+            "name": name,
+            "__init__": refuse,
+            "__doc__": f"Not built in: {name}.",
+            NOT_OFFERED_MARK: f"has no built-in {name} tracker yet",
+        },
+    )
 
 
 AimTracker = _not_built_in("AimTracker", "aim")
@@ -185,25 +208,39 @@ def build_trackers(log_with: Any, registered: dict[str, type[GeneralTracker]]) -
             continue
         known = set(registered) | set(TRACKER_PACKAGES)
         if name not in known:
-            raise ConfigError(f"Unknown tracker {name!r} in log_with.{did_you_mean(name, known)} Valid: {', '.join(sorted(known))}.")
+            raise ConfigError(
+                f"Unknown tracker {name!r} in log_with.{did_you_mean(name, known)} Valid: {', '.join(sorted(known))}."
+            )
         if not _installed(name):
             package = TRACKER_PACKAGES[name][1]
-            raise ConfigError(f"log_with={name!r} needs the {package} package, which is not installed: `pip install {package}`.")
+            raise ConfigError(
+                f"log_with={name!r} needs the {package} package, which is not installed: `pip install {package}`."
+            )
         if name not in registered:
-            raise ConfigError(f"The {name!r} tracker is not built into lowbit yet: pass an instance of a GeneralTracker "
-                              "subclass in log_with, or add it through a plugin's register_trackers hook.")
+            raise ConfigError(
+                f"The {name!r} tracker is not built into lowbit yet: pass an instance of a GeneralTracker "
+                "subclass in log_with, or add it through a plugin's register_trackers hook."
+            )
         out.append(name)
     return out
 
 
 def _check_logging_dir(name: str, cls: type[GeneralTracker], logging_dir: str | None) -> None:
     if cls.requires_logging_directory and logging_dir is None:
-        raise ConfigError(f"The {name!r} tracker writes files: give Accelerator(project_dir=...) or "
-                          "project_config=ProjectConfiguration(logging_dir=...).")
+        raise ConfigError(
+            f"The {name!r} tracker writes files: give Accelerator(project_dir=...) or "
+            "project_config=ProjectConfiguration(logging_dir=...)."
+        )
 
 
-def start_trackers(requested: list[Any], registered: dict[str, type[GeneralTracker]], project_name: str,
-                   logging_dir: str | None, config: dict[str, Any] | None, init_kwargs: dict[str, dict[str, Any]]) -> list[GeneralTracker]:
+def start_trackers(
+    requested: list[Any],
+    registered: dict[str, type[GeneralTracker]],
+    project_name: str,
+    logging_dir: str | None,
+    config: dict[str, Any] | None,
+    init_kwargs: dict[str, dict[str, Any]],
+) -> list[GeneralTracker]:
     trackers = []
     for item in requested:
         if isinstance(item, GeneralTracker):
@@ -228,7 +265,9 @@ class Trackers:
     on the main process by ``start``, no-ops elsewhere. ``registered`` are the tracker classes the
     plugins offer (the ``register_trackers`` hook)."""
 
-    def __init__(self, log_with: Any, registered: dict[str, type[GeneralTracker]], logging_dir: str | None = None) -> None:
+    def __init__(
+        self, log_with: Any, registered: dict[str, type[GeneralTracker]], logging_dir: str | None = None
+    ) -> None:
         self.registered = registered
         self.requests = build_trackers(log_with, registered) if log_with is not None else []
         self.started: list[GeneralTracker] = []
@@ -236,15 +275,22 @@ class Trackers:
             if isinstance(item, str):
                 _check_logging_dir(item, registered[item], logging_dir)
 
-    def start(self, project_name: str, logging_dir: str | None, config: dict[str, Any] | None,
-              init_kwargs: dict[str, dict[str, Any]]) -> None:
+    def start(
+        self,
+        project_name: str,
+        logging_dir: str | None,
+        config: dict[str, Any] | None,
+        init_kwargs: dict[str, dict[str, Any]],
+    ) -> None:
         # Started again (init_trackers twice): as in Accelerate the earlier trackers keep logging
         # next to the new ones and are finished at the end too, which a script rarely means: said.
         # A tracker object the user passed is not added twice.
         if self.started:
-            notices.warn(f"init_trackers({project_name!r}) was called while trackers of an earlier init_trackers still "
-                         f"run ({', '.join(t.name for t in self.started)}): both sets log every value from now on, and "
-                         "both are finished by end_training(). To start a new run alone, call end_training() first.")
+            notices.warn(
+                f"init_trackers({project_name!r}) was called while trackers of an earlier init_trackers still "
+                f"run ({', '.join(t.name for t in self.started)}): both sets log every value from now on, and "
+                "both are finished by end_training(). To start a new run alone, call end_training() first."
+            )
         new = start_trackers(self.requests, self.registered, project_name, logging_dir, config, init_kwargs)
         self.started += [t for t in new if not any(t is s for s in self.started)]
 

@@ -16,6 +16,7 @@ An iterable dataset (a stream) is read by the main process and dispatched (``dis
 training/dispatch.py), Accelerate's default for it; not dispatched, each process reads the stream
 and keeps its share (``IterableDatasetShard``, or a Hugging Face stream's own shards).
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,13 +40,27 @@ from lowbit.runtime.training.operations import broadcast, send_to_device
 
 
 class PreparedDataLoader:
-    def __init__(self, dataloader: DataLoader, device: torch.device, num_processes: int, process_index: int,
-                 gradient_state: Any = None, *, split_batches: bool = False, even_batches: bool = True,
-                 device_placement: bool = True, non_blocking: bool = False, dispatch_batches: bool | None = None,
-                 slice_fn: Callable[..., Any] | None = None, use_seedable_sampler: bool = False,
-                 data_seed: int | None = None) -> None:
+    def __init__(
+        self,
+        dataloader: DataLoader,
+        device: torch.device,
+        num_processes: int,
+        process_index: int,
+        gradient_state: Any = None,
+        *,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        device_placement: bool = True,
+        non_blocking: bool = False,
+        dispatch_batches: bool | None = None,
+        slice_fn: Callable[..., Any] | None = None,
+        use_seedable_sampler: bool = False,
+        data_seed: int | None = None,
+    ) -> None:
         self.base = dataloader
-        self.gradient_state = gradient_state  # shown as Accelerate's loaders show theirs; the runtime reads gradient_sync
+        self.gradient_state = (
+            gradient_state  # shown as Accelerate's loaders show theirs; the runtime reads gradient_sync
+        )
         self.device = device
         self.num_processes = num_processes
         self.process_index = process_index
@@ -71,15 +86,18 @@ class PreparedDataLoader:
         self._replay: dict[str, Any] = {"start": None, "resume": None, "ended": False, "epoch": 0}
         if split_batches and dataloader.batch_size and dataloader.batch_size % num_processes:
             raise ValueError(
-                f"split_batches=True needs a batch size divisible by the {num_processes} processes, got {dataloader.batch_size}."
+                f"split_batches=True needs a batch size divisible by the {num_processes} processes, got "
+                f"{dataloader.batch_size}."
             )
         # Accelerate's rule: an iterable dataset (a stream) is read by the main process and dispatched,
         # unless asked otherwise; dispatching needs the batches on the device.
         streamed = isinstance(dataloader.dataset, IterableDataset)
         dispatch = streamed if dispatch_batches is None else bool(dispatch_batches)
         if dispatch and dispatch_batches and not device_placement:
-            raise ValueError("dispatch_batches=True broadcasts each batch from the main process on the device, so it "
-                             "needs device_placement=True (or leave dispatch_batches unset).")
+            raise ValueError(
+                "dispatch_batches=True broadcasts each batch from the main process on the device, so it "
+                "needs device_placement=True (or leave dispatch_batches unset)."
+            )
         self.dispatching = num_processes > 1 and dispatch and device_placement
         self.slice_fn = slice_fn
         # use_seedable_sampler: each epoch's order is drawn from seed + epoch (the seed: data_seed, or
@@ -140,15 +158,20 @@ class PreparedDataLoader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         batch_sampler = self.base.batch_sampler
-        for target in {id(t): t for t in (self.base.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))}.values():
+        for target in {
+            id(t): t for t in (self.base.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
+        }.values():
             if hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
 
     def __len__(self) -> int:
         if self.dispatching:  # steps: rounds of num_processes batches (one batch each with split_batches)
             batches = len(self.base)
-            steps = batches if self.split_batches else (batches // self.num_processes if self.base.drop_last
-                                                        else -(-batches // self.num_processes))
+            steps = (
+                batches
+                if self.split_batches
+                else (batches // self.num_processes if self.base.drop_last else -(-batches // self.num_processes))
+            )
             return max(steps - self.skip_batches, 0)
         if self._streamed:
             return len(self._shard_loader) - self.skip_batches
@@ -176,8 +199,12 @@ class PreparedDataLoader:
     @property
     def _sharded(self) -> bool:
         """Each process reads its own batches of a map-style dataset."""
-        return (self.num_processes > 1 and not self.dispatching and not isinstance(self.base.dataset, IterableDataset)
-                and self.base.batch_sampler is not None)
+        return (
+            self.num_processes > 1
+            and not self.dispatching
+            and not isinstance(self.base.dataset, IterableDataset)
+            and self.base.batch_sampler is not None
+        )
 
     @property
     def _streamed(self) -> bool:
@@ -187,7 +214,9 @@ class PreparedDataLoader:
     def batch_indices(self) -> list[list[int]]:
         """This process's batches of dataset indices for the current epoch."""
         sampler = self.base.batch_sampler
-        return list(BatchSamplerShard(sampler, self.num_processes, self.process_index, self.split_batches, self.even_batches))
+        return list(
+            BatchSamplerShard(sampler, self.num_processes, self.process_index, self.split_batches, self.even_batches)
+        )
 
     # ------------------------------------------------------------------ resuming mid-epoch
 
@@ -294,7 +323,9 @@ class PreparedDataLoader:
         except TypeError:  # a dataset without a length
             return -1
 
-    def _dispatched(self, rng: torch.Generator | None, resume: torch.Tensor | None) -> tuple[Iterator[Any], Callable[[], int]]:
+    def _dispatched(
+        self, rng: torch.Generator | None, resume: torch.Tensor | None
+    ) -> tuple[Iterator[Any], Callable[[], int]]:
         """dispatch_batches: the main process reads (and resumes) the epoch's order, the others get
         their slices; the remainder is the last global batch's size, known when it was read."""
         self._replay["start"] = resume if resume is not None else _rng_state(rng)
@@ -308,8 +339,15 @@ class PreparedDataLoader:
         last_size = [-1]
 
         def slices() -> Iterator[Any]:
-            steps = dispatched(source, self.num_processes, self.process_index, self.device, split_batches=self.split_batches,
-                               drop_last=self.base.drop_last, slice_fn=self.slice_fn)
+            steps = dispatched(
+                source,
+                self.num_processes,
+                self.process_index,
+                self.device,
+                split_batches=self.split_batches,
+                drop_last=self.base.drop_last,
+                slice_fn=self.slice_fn,
+            )
             for index, step in enumerate(steps):
                 if step.last:
                     last_size[0] = step.global_size
@@ -337,7 +375,9 @@ class PreparedDataLoader:
             else:
                 if self.observe_batch is not None:
                     self.observe_batch(current, waited)
-                self.last_batch = send_to_device(current, self.device, self.non_blocking) if self.device_placement else current
+                self.last_batch = (
+                    send_to_device(current, self.device, self.non_blocking) if self.device_placement else current
+                )
             yield self.last_batch
             if self.at_iteration_start is not None:
                 self.at_iteration_start()
@@ -358,7 +398,7 @@ class _ShardBatches:
     def __iter__(self) -> Iterator[list[int]]:
         # A generator: nothing is drawn until the first batch is asked for.
         if self.source is not None:
-            yield from self.source.batch_indices()[self.source.skip_batches:]
+            yield from self.source.batch_indices()[self.source.skip_batches :]
 
     def __len__(self) -> int:
         return len(self.source) if self.source is not None else 0
@@ -371,10 +411,20 @@ def _stream_shard(dataloader: DataLoader, num_processes: int, process_index: int
     if natively_sharded(dataloader.dataset, num_processes, split_batches):
         shard = dataloader.dataset.shard(num_shards=num_processes, index=process_index)
     else:
-        shard = IterableDatasetShard(dataloader.dataset, batch_size=batch_size, drop_last=dataloader.drop_last,
-                                     num_processes=num_processes, process_index=process_index, split_batches=split_batches)
-    return DataLoader(shard, batch_size=batch_size // num_processes if split_batches else batch_size,
-                      drop_last=dataloader.drop_last, **loading_settings(dataloader))
+        shard = IterableDatasetShard(
+            dataloader.dataset,
+            batch_size=batch_size,
+            drop_last=dataloader.drop_last,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+        )
+    return DataLoader(
+        shard,
+        batch_size=batch_size // num_processes if split_batches else batch_size,
+        drop_last=dataloader.drop_last,
+        **loading_settings(dataloader),
+    )
 
 
 def _loader_like(dataloader: DataLoader, batch_sampler: _ShardBatches) -> DataLoader:

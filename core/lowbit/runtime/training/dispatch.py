@@ -10,6 +10,7 @@ first samples of the epoch's first global batch, and its size is the ``remainder
 ``gather_for_metrics`` keeps. Without ``drop_last`` a last, incomplete round of batches is still
 dispatched; with it, dropped. The same batches per process as Accelerate's DataLoaderDispatcher.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,23 +45,31 @@ def _layout(batch: Any) -> Any:
 
 
 def _allocate(layout: Any, device: torch.device) -> Any:
-    return recursively_apply(lambda info: torch.empty(info.shape, dtype=info.dtype, device=device), layout,
-                             test_type=lambda leaf: isinstance(leaf, TensorLayout))
+    return recursively_apply(
+        lambda info: torch.empty(info.shape, dtype=info.dtype, device=device),
+        layout,
+        test_type=lambda leaf: isinstance(leaf, TensorLayout),
+    )
 
 
 def _batch_size(batch: Any) -> int:
     found: list[int] = []
     recursively_apply(lambda t: found.append(t.shape[0] if t.dim() else 1), batch)
     if not found:
-        raise TypeError("dispatch_batches=True needs batches that hold tensors (their first dimension is split over "
-                        f"the processes); got a {type(batch).__name__} with none.")
+        raise TypeError(
+            "dispatch_batches=True needs batches that hold tensors (their first dimension is split over "
+            f"the processes); got a {type(batch).__name__} with none."
+        )
     return found[0]
 
 
 def _per_sample(leaf: Any, size: int) -> bool:
     """A list of plain values, one per sample (names, ids, texts), which splits with the tensors."""
-    return (isinstance(leaf, (list, tuple)) and len(leaf) == size
-            and not any(isinstance(item, (torch.Tensor, list, tuple, Mapping)) for item in leaf))
+    return (
+        isinstance(leaf, (list, tuple))
+        and len(leaf) == size
+        and not any(isinstance(item, (torch.Tensor, list, tuple, Mapping)) for item in leaf)
+    )
 
 
 def slice_samples(data: Any, part: slice, size: int) -> Any:
@@ -93,8 +102,10 @@ def join_samples(parts: list[Any]) -> Any:
         if isinstance(first, (list, tuple)) and all(len(item) == len(first) for item in items):
             return type(first)(join([item[i] for item in items], f"{where}[{i}]") for i in range(len(first)))
         if any(item != first for item in items):
-            raise TypeError(f"the batches hold {where or 'a value'} = {first!r} in one and {items[-1]!r} in another: "
-                            "neither a tensor nor one value per sample, so it cannot be joined or split")
+            raise TypeError(
+                f"the batches hold {where or 'a value'} = {first!r} in one and {items[-1]!r} in another: "
+                "neither a tensor nor one value per sample, so it cannot be joined or split"
+            )
         return first
 
     return join(parts, "batch")
@@ -117,15 +128,26 @@ def global_batches(batches: Iterator[Any], num_processes: int, split_batches: bo
             yield join_samples(parts)
         except (RuntimeError, TypeError) as exc:
             raise RuntimeError(
-                f"dispatch_batches=True joins {wanted} batches into one per step, and these do not join ({exc}): batches "
-                "of different shapes. Pad them to one shape in the collate_fn, use split_batches=True (the main process "
-                "reads one batch and splits it), or dispatch_batches=False (each process reads its own batches).") from None
+                f"dispatch_batches=True joins {wanted} batches into one per step, and these do not join ({exc}): "
+                "batches "
+                "of different shapes. Pad them to one shape in the collate_fn, use split_batches=True (the main "
+                "process "
+                "reads one batch and splits it), or dispatch_batches=False (each process reads its own batches)."
+            ) from None
         if len(parts) < wanted:
             return
 
 
-def dispatched(batches: Iterator[Any] | None, num_processes: int, process_index: int, device: torch.device, *,
-               split_batches: bool, drop_last: bool, slice_fn: Callable[..., Any] | None = None) -> Iterator[DispatchedBatch]:
+def dispatched(
+    batches: Iterator[Any] | None,
+    num_processes: int,
+    process_index: int,
+    device: torch.device,
+    *,
+    split_batches: bool,
+    drop_last: bool,
+    slice_fn: Callable[..., Any] | None = None,
+) -> Iterator[DispatchedBatch]:
     """This process's slices of the global batches the main process reads from ``batches`` (None on
     the other processes). One object broadcast and one tensor broadcast per leaf per step; the main
     process reads one global batch ahead, so every process knows which one is the last."""
@@ -149,8 +171,11 @@ def dispatched(batches: Iterator[Any] | None, num_processes: int, process_index:
         if last and not drop_last and size % num_processes:
             batch, share = join_samples([batch, first]), share + 1
         mine = slice(process_index * share, (process_index + 1) * share)
-        cut = slice_fn(batch, mine, process_index=process_index, num_processes=num_processes) if slice_fn is not None \
+        cut = (
+            slice_fn(batch, mine, process_index=process_index, num_processes=num_processes)
+            if slice_fn is not None
             else slice_samples(batch, mine, _batch_size(batch))
+        )
         yield DispatchedBatch(cut, size, last)
         if last:
             return

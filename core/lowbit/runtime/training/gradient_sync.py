@@ -3,6 +3,7 @@ gradients (one flag per Accelerator) and which prepared loaders this process is 
 
 Accelerate's ``GradientState`` (:mod:`lowbit.compat.state`) answers its questions from these.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

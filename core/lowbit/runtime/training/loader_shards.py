@@ -10,6 +10,7 @@ last one; ``SkipDataLoader`` / ``skip_first_batches`` start an epoch some batche
 Accelerate's ``prepare_data_loader`` and ``DataLoaderDispatcher`` build on these in
 :mod:`lowbit.compat.data_loader` (they read the job's ranks from ``PartialState``).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,18 +38,28 @@ class BatchSamplerShard:
     ``batch_size``) are dealt out whole; an incomplete last round is then filled with whole batches
     from the start of the epoch."""
 
-    def __init__(self, batch_sampler: Any, num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
-                 even_batches: bool = True):
+    def __init__(
+        self,
+        batch_sampler: Any,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ):
         self.batch_sampler, self.num_processes, self.process_index = batch_sampler, num_processes, process_index
         self.split_batches, self.even_batches = split_batches, even_batches
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
         if split_batches and self.batch_size is None:
-            raise ConfigError("split_batches=True cuts every batch into one slice per process, so it needs batches of "
-                              "one size: this batch sampler has no batch_size. Use split_batches=False.")
+            raise ConfigError(
+                "split_batches=True cuts every batch into one slice per process, so it needs batches of "
+                "one size: this batch sampler has no batch_size. Use split_batches=False."
+            )
         if split_batches and self.batch_size % num_processes:
-            raise ConfigError(f"split_batches=True needs a batch size that is a round multiple of the {num_processes} "
-                              f"processes, got {self.batch_size}.")
+            raise ConfigError(
+                f"split_batches=True needs a batch size that is a round multiple of the {num_processes} "
+                f"processes, got {self.batch_size}."
+            )
 
     @property
     def total_length(self) -> int:
@@ -88,7 +99,7 @@ class BatchSamplerShard:
         if size is not None and rounds and len(batches[rounds * n - 1]) < size:
             rounds -= 1  # a short last batch does not complete a round
         yield from (batches[r * n + self.process_index] for r in range(rounds))
-        leftover = batches[rounds * n:]
+        leftover = batches[rounds * n :]
         if not leftover or self.drop_last:
             return
         if not self.even_batches:
@@ -98,7 +109,7 @@ class BatchSamplerShard:
             yield (leftover + [batches[i % len(batches)] for i in range(n - len(leftover))])[self.process_index]
         else:  # samples from the start of the epoch complete the round
             last_round = _fill([i for b in leftover for i in b], [i for b in batches for i in b], size * n)
-            yield last_round[size * self.process_index: size * (self.process_index + 1)]
+            yield last_round[size * self.process_index : size * (self.process_index + 1)]
 
 
 class IterableDatasetShard(IterableDataset):
@@ -106,11 +117,20 @@ class IterableDatasetShard(IterableDataset):
     time (``batch_size`` in all with ``split_batches``) and keep this process's share; an
     incomplete last read is filled from the stream's first samples unless ``drop_last``."""
 
-    def __init__(self, dataset: Any, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
-                 process_index: int = 0, split_batches: bool = False):
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+    ):
         if split_batches and batch_size > 1 and batch_size % num_processes:
-            raise ConfigError(f"split_batches=True needs a batch size that is a round multiple of the {num_processes} "
-                              f"processes, got {batch_size}.")
+            raise ConfigError(
+                f"split_batches=True needs a batch size that is a round multiple of the {num_processes} "
+                f"processes, got {batch_size}."
+            )
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.num_processes, self.process_index, self.split_batches = num_processes, process_index, split_batches
 
@@ -207,12 +227,24 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     ``skip_batches`` batches of an epoch, says when it yields its last batch, and passes
     ``set_epoch`` on to its sampler and dataset. ``base_dataloader`` is the plain DataLoader."""
 
-    def __init__(self, dataset: Any, device: Any = None, rng_types: Any = None, synchronized_generator: Any = None,
-                 skip_batches: int = 0, use_stateful_dataloader: bool = False, _drop_last: bool = False,
-                 _non_blocking: bool = False, torch_device_mesh: Any = None, **kwargs: Any):
+    def __init__(
+        self,
+        dataset: Any,
+        device: Any = None,
+        rng_types: Any = None,
+        synchronized_generator: Any = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        **kwargs: Any,
+    ):
         if use_stateful_dataloader:
-            raise ConfigError("use_stateful_dataloader=True (torchdata's StatefulDataLoader) is not offered by lowbit: "
-                              "save_state records where each prepared dataloader is, and load_state resumes there.")
+            raise ConfigError(
+                "use_stateful_dataloader=True (torchdata's StatefulDataLoader) is not offered by lowbit: "
+                "save_state records where each prepared dataloader is, and load_state resumes there."
+            )
         super().__init__(dataset, **kwargs)
         self.device, self.skip_batches, self.non_blocking = device, skip_batches, _non_blocking
         self.iteration = 0
@@ -239,7 +271,9 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
                 following = next(batches, _END)
                 self.end_of_dataloader = following is _END
                 if index >= self.skip_batches:
-                    yield send_to_device(current, self.device, self.non_blocking) if self.device is not None else current
+                    yield (
+                        send_to_device(current, self.device, self.non_blocking) if self.device is not None else current
+                    )
                 current, index = following, index + 1
         finally:
             self.end()
@@ -255,8 +289,18 @@ class SkipDataLoader(DataLoaderShard):
 
 _END = object()
 # How a DataLoader loads, not what: its workers, pinning, prefetching, collation and seeding.
-LOADING_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-                    "generator", "prefetch_factor", "persistent_workers", "in_order")
+LOADING_SETTINGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "in_order",
+)
 
 
 class WorkerInitIgnoringSigterm:
@@ -311,8 +355,13 @@ def loading_settings(dataloader: DataLoader) -> dict[str, Any]:
 
 def loader_args(dataloader: DataLoader) -> dict[str, Any]:
     """The arguments ``dataloader`` was made with, as DataLoader takes them (batch_sampler or not)."""
-    args = {"batch_size": dataloader.batch_size, "sampler": dataloader.sampler, "batch_sampler": dataloader.batch_sampler,
-            "drop_last": dataloader.drop_last, **loading_settings(dataloader)}
+    args = {
+        "batch_size": dataloader.batch_size,
+        "sampler": dataloader.sampler,
+        "batch_sampler": dataloader.batch_sampler,
+        "drop_last": dataloader.drop_last,
+        **loading_settings(dataloader),
+    }
     if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_sampler is None:
         args.pop("batch_sampler", None)
         args.pop("sampler", None)
@@ -326,8 +375,12 @@ def natively_sharded(dataset: Any, num_processes: int, split_batches: bool) -> b
     """Whether a Hugging Face ``datasets`` stream splits into its own shards, one set per process
     (it has at least ``num_processes`` shards): each process then reads only its shards, instead of
     the whole stream keeping every N-th batch (IterableDatasetShard), as Accelerate does."""
-    return (not split_batches and type(dataset).__module__.split(".")[0] == "datasets"
-            and getattr(dataset, "n_shards", 0) >= num_processes and callable(getattr(dataset, "shard", None)))
+    return (
+        not split_batches
+        and type(dataset).__module__.split(".")[0] == "datasets"
+        and getattr(dataset, "n_shards", 0) >= num_processes
+        and callable(getattr(dataset, "shard", None))
+    )
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:

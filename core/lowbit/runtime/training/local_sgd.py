@@ -1,5 +1,6 @@
 """Local SGD (``lowbit.runtime.training.local_sgd.LocalSGD``, where Accelerate has it): ranks step on their own
 and average their parameters every few optimizer steps, instead of all-reducing every gradient."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Finding a batch size that fits, and giving memory back (Accelerate's ``find_executable_batch_size``)."""
+
 from __future__ import annotations
 
 import functools
@@ -9,8 +10,13 @@ from typing import Any, Callable
 import torch
 
 # Messages of the errors that mean "this batch does not fit in memory".
-_OUT_OF_MEMORY = ("CUDA out of memory", "out of memory", "DefaultCPUAllocator: can't allocate memory",
-                  "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED", "CUBLAS_STATUS_ALLOC_FAILED")
+_OUT_OF_MEMORY = (
+    "CUDA out of memory",
+    "out of memory",
+    "DefaultCPUAllocator: can't allocate memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+)
 
 
 def clear_device_cache(garbage_collection: bool = False) -> None:
@@ -32,19 +38,27 @@ def release_memory(*objects: Any) -> list[None]:
 
 
 def should_reduce_batch_size(exc: BaseException) -> bool:
-    return isinstance(exc, (RuntimeError, MemoryError)) and any(m in str(exc) for m in _OUT_OF_MEMORY) or isinstance(
-        exc, getattr(torch.cuda, "OutOfMemoryError", ())
+    return (
+        isinstance(exc, (RuntimeError, MemoryError))
+        and any(m in str(exc) for m in _OUT_OF_MEMORY)
+        or isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ()))
     )
 
 
-def find_executable_batch_size(function: Callable[..., Any] | None = None, starting_batch_size: int = 128,
-                               reduce_batch_size_fn: Callable[[int], int] | None = None) -> Callable[..., Any]:
+def find_executable_batch_size(
+    function: Callable[..., Any] | None = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Callable[[int], int] | None = None,
+) -> Callable[..., Any]:
     """Decorate ``function(batch_size, ...)``: call it with ``starting_batch_size``, multiplying the
     batch size by 0.9 (as Accelerate does) after each out-of-memory error, until it runs or the
     size reaches 0. ``reduce_batch_size_fn(size) -> smaller size`` replaces the 0.9 rule."""
     if function is None:
-        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
-                                 reduce_batch_size_fn=reduce_batch_size_fn)
+        return functools.partial(
+            find_executable_batch_size,
+            starting_batch_size=starting_batch_size,
+            reduce_batch_size_fn=reduce_batch_size_fn,
+        )
     shrink = reduce_batch_size_fn or (lambda size: int(size * 0.9))
 
     @functools.wraps(function)

@@ -4,6 +4,7 @@ Every function is a no-op copy on one process, so a script behaves the same with
 launcher. Used by the Accelerator's ``gather``/``reduce``/``pad_across_processes`` and exported
 from ``lowbit.compat.utils`` under Accelerate's names.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,7 +21,9 @@ class DistributedOperationException(Exception):
     shape checks: ``ACCELERATE_DEBUG_MODE=1``, or ``PartialState().debug = True``)."""
 
 
-def _check_shapes_agree(operation: str, data: Any, describe: Callable[[torch.Tensor], Any] = lambda t: list(t.shape)) -> None:
+def _check_shapes_agree(
+    operation: str, data: Any, describe: Callable[[torch.Tensor], Any] = lambda t: list(t.shape)
+) -> None:
     """Under the shape checks, raise DistributedOperationException (on every process) when the
     processes' tensors differ in what ``describe`` says of them, naming each process's."""
     if not SHAPE_CHECKS["on"] or _world() == 1:
@@ -32,8 +35,10 @@ def _check_shapes_agree(operation: str, data: Any, describe: Callable[[torch.Ten
         listed = "\n".join(f"  process {rank}: {shapes}" for rank, shapes in enumerate(everyone))
         raise DistributedOperationException(
             f"{operation} was called with tensors that do not fit together across the processes, so it would hang or "
-            f"mix up data. What each process passed:\n{listed}\nEvery process must pass the same structure with the same "
-            "shapes (pad_across_processes evens out the first dimension before a gather).")
+            f"mix up data. What each process passed:\n{listed}\nEvery process must pass the same structure with the "
+            "same "
+            "shapes (pad_across_processes evens out the first dimension before a gather)."
+        )
 
 
 def _world() -> int:
@@ -41,8 +46,14 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type: Callable[[Any], bool] | None = None,
-                      error_on_other_type: bool = False, **kwargs: Any) -> Any:
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] | None = None,
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
     """Apply ``func(leaf, *args, **kwargs)`` to every leaf that passes ``test_type`` (a tensor, by
     default) in a nest of dicts, lists, tuples and namedtuples; other leaves are kept, or refused
     with ``error_on_other_type``."""
@@ -60,8 +71,10 @@ def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type
         if hasattr(item, "keys") and hasattr(item, "__getitem__"):  # transformers' ModelOutput / BatchEncoding
             return type(item)({k: walk(item[k]) for k in item.keys()})
         if error_on_other_type:
-            raise TypeError(f"Unsupported type {type(item).__name__} passed to {getattr(func, '__name__', func)}: "
-                            "only nests of lists, tuples and dicts of tensors are supported.")
+            raise TypeError(
+                f"Unsupported type {type(item).__name__} passed to {getattr(func, '__name__', func)}: "
+                "only nests of lists, tuples and dicts of tensors are supported."
+            )
         return item
 
     return walk(data)
@@ -86,6 +99,7 @@ def convert_to_fp32(data: Any) -> Any:
 
 def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
     """``model_forward`` with its fp16/bf16 outputs returned as fp32."""
+
     @functools.wraps(model_forward)
     def forward(*args: Any, **kwargs: Any) -> Any:
         return convert_to_fp32(model_forward(*args, **kwargs))
@@ -110,8 +124,9 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     return torch.cat(data, dim=dim)
 
 
-def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False,
-                   seen: list[torch.Tensor] | None = None) -> Any:
+def send_to_device(
+    data: Any, device: torch.device | str, non_blocking: bool = False, seen: list[torch.Tensor] | None = None
+) -> Any:
     """Every tensor of a nest on ``device``; ``seen`` gets each tensor as it passes (one walk for a
     caller that also looks at them: the throughput meter counts a batch in this pass)."""
     if seen is None:
@@ -182,8 +197,11 @@ class CannotPadNestedTensorWarning(UserWarning):
 
 def _pad_one(tensor: torch.Tensor, dim: int, pad_index: Any, pad_first: bool) -> torch.Tensor:
     if tensor.is_nested:
-        warnings.warn("pad_across_processes leaves a nested tensor as it is: its rows have lengths of their own, "
-                      "so there is no one size to pad to. Pad its rows before nesting them.", CannotPadNestedTensorWarning)
+        warnings.warn(
+            "pad_across_processes leaves a nested tensor as it is: its rows have lengths of their own, "
+            "so there is no one size to pad to. Pad its rows before nesting them.",
+            CannotPadNestedTensorWarning,
+        )
         return tensor
     if not -tensor.dim() <= dim < tensor.dim() or _world() == 1:
         return tensor
@@ -195,7 +213,11 @@ def _pad_one(tensor: torch.Tensor, dim: int, pad_index: Any, pad_first: bool) ->
         return tensor
     shape = list(tensor.shape)
     shape[dim] = longest
-    out = tensor.new_full(shape, pad_index) if not isinstance(pad_index, torch.Tensor) else tensor.new_zeros(shape) + pad_index
+    out = (
+        tensor.new_full(shape, pad_index)
+        if not isinstance(pad_index, torch.Tensor)
+        else tensor.new_zeros(shape) + pad_index
+    )
     length = tensor.shape[dim]
     index = [slice(None)] * tensor.dim()
     index[dim] = slice(longest - length, longest) if pad_first else slice(0, length)
@@ -245,7 +267,6 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
-
 def find_device(data: Any) -> torch.device | None:
     """The device of the first tensor in a nest (dicts in key order, lists in order), or None."""
     if isinstance(data, torch.Tensor):
@@ -274,6 +295,8 @@ def pad_input_tensors(data: Any, batch_size: int, num_processes: int, dim: int =
     return recursively_apply(pad, data, error_on_other_type=True)
 
 
-def slice_tensors(data: Any, tensor_slice: Any, process_index: int | None = None, num_processes: int | None = None) -> Any:
+def slice_tensors(
+    data: Any, tensor_slice: Any, process_index: int | None = None, num_processes: int | None = None
+) -> Any:
     """Every tensor of a nest cut with ``tensor_slice`` (a slice, or anything a tensor indexes with)."""
     return recursively_apply(lambda tensor: tensor[tensor_slice], data)

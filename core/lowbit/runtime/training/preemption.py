@@ -10,6 +10,7 @@ Until then SIGTERM ends the process as usual (a loop that never checks would oth
 The ranks must agree: one rank that saves while another still trains would hang both. So the
 flag every rank reads is the maximum over the ranks (one small all-reduce per read).
 """
+
 from __future__ import annotations
 
 import signal
@@ -28,13 +29,21 @@ from lowbit.runtime.collective_device import on_group_device
 POLL_STEPS_ENV = "LOWBIT_PREEMPTION_POLL_STEPS"
 DEFAULT_POLL_STEPS = 10
 
+
 class PreemptionWatch:
     """One per Accelerator: the SIGTERM flag, the callbacks, and the agreement between ranks."""
 
     def __init__(self, num_processes: int) -> None:
         self.num_processes = num_processes
-        self.poll_every_steps = int(env_number(POLL_STEPS_ENV, DEFAULT_POLL_STEPS, whole=True, minimum=1,
-                                               meaning="optimizer steps between the ranks' polls"))
+        self.poll_every_steps = int(
+            env_number(
+                POLL_STEPS_ENV,
+                DEFAULT_POLL_STEPS,
+                whole=True,
+                minimum=1,
+                meaning="optimizer steps between the ranks' polls",
+            )
+        )
         self.signalled = False
         self.callbacks: list[Callable[[], None]] = []
         self._installed = False
@@ -95,6 +104,7 @@ class PreemptionWatch:
             callback()
         from lowbit.kernel import notices
 
-        notices.note("preemption: the on_preemption callbacks ran; this process exits now (exit code 143).",
-                     every_rank=False)
+        notices.note(
+            "preemption: the on_preemption callbacks ran; this process exits now (exit code 143).", every_rank=False
+        )
         raise SystemExit(143)

@@ -5,6 +5,7 @@ then the distributed strategy, then gets its forward wrapped in the autocast con
 ``torch.compile``); optimizers, schedulers and dataloaders get lowbit's wrappers. It works with
 the chosen plugins, the prepared objects and the step state it is given, not with the Accelerator.
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,14 +56,19 @@ def _not_wrapped_already(model: Any) -> Any:
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
-        notices.note("prepare() got a model already wrapped in DistributedDataParallel; lowbit unwrapped it "
-                     "(it wraps the model itself, after the low-precision conversion): pass the plain model.")
+        notices.note(
+            "prepare() got a model already wrapped in DistributedDataParallel; lowbit unwrapped it "
+            "(it wraps the model itself, after the low-precision conversion): pass the plain model."
+        )
         return model.module
-    sharded = [cls.__name__ for cls in type(model).__mro__ if cls.__name__ in ("FSDPModule", "FullyShardedDataParallel")]
+    sharded = [
+        cls.__name__ for cls in type(model).__mro__ if cls.__name__ in ("FSDPModule", "FullyShardedDataParallel")
+    ]
     if sharded:
         raise UnsupportedCombinationError(
             f"prepare() got a model already sharded ({sharded[0]}); lowbit applies the chosen strategy itself "
-            "(distributed_type, or lowbit launch's flags), after the low-precision conversion. Pass the plain model.")
+            "(distributed_type, or lowbit launch's flags), after the low-precision conversion. Pass the plain model."
+        )
     return model
 
 
@@ -70,8 +76,9 @@ class Preparation:
     """Runs each prepared object through the chosen plugins; what it prepares goes into ``prepared``.
     The FP8 report of each model is said as a lowbit notice (once, on the main rank)."""
 
-    def __init__(self, plugins: ChosenPlugins, prepared: PreparedObjects, step_state: StepState,
-                 settings: PreparationSettings) -> None:
+    def __init__(
+        self, plugins: ChosenPlugins, prepared: PreparedObjects, step_state: StepState, settings: PreparationSettings
+    ) -> None:
         self.plugins, self.prepared, self.step_state, self.settings = plugins, prepared, step_state, settings
         self.context: PrepareContext = plugins.context
         # Told each model as prepare() got it, before conversion (the throughput meter copies its structure).
@@ -113,15 +120,25 @@ class Preparation:
             result[m_index]._lowbit_prepared = True
             self.prepared.models.append(result[m_index])
             record = self.prepared.conversion_reports.get(unwrap(result[m_index]))
-            report = (conversion_report(record, self.plugins.backend_name, self.plugins.context.mixed_precision,
-                                        self.plugins.context.recipe_runs) if self.plugins.backend else None)
+            report = (
+                conversion_report(
+                    record,
+                    self.plugins.backend_name,
+                    self.plugins.context.mixed_precision,
+                    self.plugins.context.recipe_runs,
+                )
+                if self.plugins.backend
+                else None
+            )
             if report:  # a model with no layer in low precision is worth a warning, not a note
                 say = notices.warn if converted_nothing(record) else notices.note
                 say(report)
 
         if self.plugins.backend is not None and paired_optimizer is None:
             for index in optimizer_positions:  # optimizers prepared without their model
-                raw_optimizers[index] = self.plugins.wrap_optimizer(raw_optimizers[index], None) or raw_optimizers[index]
+                raw_optimizers[index] = (
+                    self.plugins.wrap_optimizer(raw_optimizers[index], None) or raw_optimizers[index]
+                )
         for index in optimizer_positions:
             result[index] = self._prepare_optimizer(raw_optimizers[index])
 
@@ -132,11 +149,19 @@ class Preparation:
             elif kind == "dataloader":
                 settings = self.settings
                 result[index] = PreparedDataLoader(
-                    objects[index], settings.device, settings.num_processes, settings.process_index, settings.gradient_state,
-                    split_batches=settings.split_batches, even_batches=settings.even_batches,
-                    device_placement=settings.device_placement, non_blocking=settings.non_blocking,
-                    dispatch_batches=settings.dispatch_batches, use_seedable_sampler=settings.use_seedable_sampler,
-                    data_seed=settings.data_seed)
+                    objects[index],
+                    settings.device,
+                    settings.num_processes,
+                    settings.process_index,
+                    settings.gradient_state,
+                    split_batches=settings.split_batches,
+                    even_batches=settings.even_batches,
+                    device_placement=settings.device_placement,
+                    non_blocking=settings.non_blocking,
+                    dispatch_batches=settings.dispatch_batches,
+                    use_seedable_sampler=settings.use_seedable_sampler,
+                    data_seed=settings.data_seed,
+                )
                 self.prepared.dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -169,13 +194,15 @@ class Preparation:
         ):
             return "scheduler"
         raise TypeError(
-            f"prepare() argument {index} is a {type(obj).__module__}.{type(obj).__name__}, which lowbit cannot prepare. "
+            f"prepare() argument {index} is a {type(obj).__module__}.{type(obj).__name__}, which lowbit cannot "
+            "prepare. "
             "It takes models (torch.nn.Module), optimizers (torch.optim.Optimizer), dataloaders "
             "(torch.utils.data.DataLoader) and LR schedulers."
         )
 
     def _convert_for_backend(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
-        """The chosen low-precision backend converts the model (and, for some, the optimizer with it): any backend, FP8 or FP4."""
+        """The chosen low-precision backend converts the model (and, for some, the optimizer with it): any backend,
+        FP8 or FP4."""
         plugins = self.plugins
         if plugins.backend is None:
             return model, optimizer
@@ -189,8 +216,9 @@ class Preparation:
         model = converted if converted is not None else model
         if report is not None:
             costs = plugins.backend.chosen.description.recipe_costs
-            report.predicted = report_prediction(work, device_name, report.recipe, costs, report.skipped,
-                                                 plugins.context.compiled)
+            report.predicted = report_prediction(
+                work, device_name, report.recipe, costs, report.skipped, plugins.context.compiled
+            )
             self.prepared.conversion_reports[model] = report
         if optimizer is not None:
             _remap_optimizer_params(optimizer, names, model)
@@ -231,16 +259,24 @@ class Preparation:
             if advice is not None:
                 raise ConfigError(advice)
             options = dict(self.settings.compile_options, backend=backend.lower())
-            model = (compile_blocks_in_place(model, **options) if self.settings.regional_compilation
-                     else torch.compile(model, **options))
-        contexts = [f for f in (self.step_state.precision.autocast_factory(), self.plugins.backend_context_factory(model))
-                    if f is not None]
+            model = (
+                compile_blocks_in_place(model, **options)
+                if self.settings.regional_compilation
+                else torch.compile(model, **options)
+            )
+        contexts = [
+            f
+            for f in (self.step_state.precision.autocast_factory(), self.plugins.backend_context_factory(model))
+            if f is not None
+        ]
         if not contexts:
             return model
         # DDP runs its module's forward: the contexts go there, so that the module itself (what a
         # script, or transformers' Trainer evaluating, calls without DDP) runs in them too, as in
         # Accelerate. A compiled model keeps them outside the compiled region.
-        holder = model.module if not compiled and isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        holder = (
+            model.module if not compiled and isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        )
         original = holder.forward
         forward = forward_in_contexts(original, *contexts)
         forward.__wrapped__ = original  # type: ignore[attr-defined]
@@ -254,7 +290,9 @@ class Preparation:
         model = self.prepared.models[-1] if self.prepared.models else None
         prepared = PreparedOptimizer(optimizer, self.step_state, self.plugins.after_step_work(model, optimizer))
         self.prepared.optimizers.append(prepared)
-        self.step_state.precision.optimizers_per_step = len(self.prepared.optimizers)  # fp16's scale: one update per iteration
+        self.step_state.precision.optimizers_per_step = len(
+            self.prepared.optimizers
+        )  # fp16's scale: one update per iteration
         return prepared
 
     def _prepare_scheduler(self, scheduler: Any, replaced: dict[int, PreparedOptimizer]) -> PreparedScheduler:
@@ -278,26 +316,32 @@ def _check_not_laid_out(model: torch.nn.Module, backend: str) -> None:
     if any(isinstance(p, DTensor) for p in model.parameters()):
         raise ConfigError(
             f"{type(model).__name__} arrives laid out over several processes already (its weights are DTensors, e.g. "
-            f"from from_pretrained(tp_plan='auto', device_mesh=...)), but {backend} converts whole layers before they are "
+            f"from from_pretrained(tp_plan='auto', device_mesh=...)), but {backend} converts whole layers before they "
+            "are "
             "laid out. Load the model without tp_plan/device_mesh and give ParallelismConfig(tp_size=...): lowbit lays "
-            "it out with the model's own plan after converting it.")
+            "it out with the model's own plan after converting it."
+        )
 
 
-def forward_in_contexts(forward: Callable[..., Any], outer: Callable[[], ContextManager],
-                        inner: Callable[[], ContextManager] | None = None) -> Callable[..., Any]:
+def forward_in_contexts(
+    forward: Callable[..., Any], outer: Callable[[], ContextManager], inner: Callable[[], ContextManager] | None = None
+) -> Callable[..., Any]:
     """``forward`` run inside the contexts the factories make (the precision's autocast, then the
     backend's), its fp16/bf16 outputs returned in fp32 (the loss is computed outside low precision).
     Plain torch on every call: what each context is was decided when the factories were made."""
     if inner is None:
+
         def run(*args: Any, **kwargs: Any) -> Any:
             with outer():
                 output = forward(*args, **kwargs)
             return convert_to_fp32(output)
     else:
+
         def run(*args: Any, **kwargs: Any) -> Any:
             with outer(), inner():
                 output = forward(*args, **kwargs)
             return convert_to_fp32(output)
+
     return run
 
 
@@ -402,7 +446,9 @@ def _parameter_names(model: torch.nn.Module) -> dict[int, str]:
     return {id(p): name for name, p in model.named_parameters(remove_duplicate=False)}
 
 
-def _remap_optimizer_params(optimizer: torch.optim.Optimizer, old_names: dict[int, str], model: torch.nn.Module) -> None:
+def _remap_optimizer_params(
+    optimizer: torch.optim.Optimizer, old_names: dict[int, str], model: torch.nn.Module
+) -> None:
     """Point the optimizer at the model's current parameters after a backend replaced them."""
     current = dict(model.named_parameters(remove_duplicate=False))
     for group in optimizer.param_groups:

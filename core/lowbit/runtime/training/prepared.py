@@ -1,9 +1,11 @@
 """What ``Accelerator.prepare`` hands back for optimizers and schedulers.
 
 The wrappers add what a plain script must not have to write: the precision's optimizer step (fp16
-loss scaling with skipped steps on inf/nan, :mod:`lowbit.runtime.precision`), gradient accumulation (step only on sync micro-batches), and the learning
+loss scaling with skipped steps on inf/nan, :mod:`lowbit.runtime.precision`), gradient accumulation (step only on
+sync micro-batches), and the learning
 rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.runtime.training.data_loader`.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -32,10 +34,18 @@ class PreparedObjects:
     evaluated: list[torch.nn.Module] = field(default_factory=list)
     # What the low-precision backend's conversion took, by converted (unwrapped) model.
     conversion_reports: "weakref.WeakKeyDictionary[torch.nn.Module, ConversionReport]" = field(
-        default_factory=weakref.WeakKeyDictionary)
+        default_factory=weakref.WeakKeyDictionary
+    )
 
     def clear(self) -> None:
-        for objects in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.evaluated, self.conversion_reports):
+        for objects in (
+            self.models,
+            self.optimizers,
+            self.schedulers,
+            self.dataloaders,
+            self.evaluated,
+            self.conversion_reports,
+        ):
             objects.clear()
 
 
@@ -105,9 +115,14 @@ class StepState:
         here. Each rank reads its own shard."""
         if self.check_gradients and self.checks_nonfinite:
             clipped = self.clipped
-            grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"]
-                     if id(p) not in clipped and isinstance(getattr(p, "grad", None), torch.Tensor)
-                     and p.grad.is_floating_point()]
+            grads = [
+                _local(p.grad)
+                for group in optimizer.param_groups
+                for p in group["params"]
+                if id(p) not in clipped
+                and isinstance(getattr(p, "grad", None), torch.Tensor)
+                and p.grad.is_floating_point()
+            ]
             if grads:
                 self.observe_finite(finite_reduction(grads, self.precision.device))
         self.clipped = set()
@@ -159,7 +174,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
     check ``isinstance(optimizer, Optimizer)``, accept it.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, step_state: StepState, after_step: Callable[[], None] | None = None):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, step_state: StepState, after_step: Callable[[], None] | None = None
+    ):
         self.optimizer = optimizer
         self._step_state = step_state
         self._after_step = after_step
@@ -263,8 +280,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
             what += f" (replayed: {origin})"
         if step_state.on_nonfinite_loss == "raise":
             raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
-        notices.warn(f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
-                     "accelerator.optimizer_step_was_skipped is True).")
+        notices.warn(
+            f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
+            "accelerator.optimizer_step_was_skipped is True)."
+        )
         return False
 
 

@@ -7,6 +7,7 @@ first compiled call without one, a GPU image without gcc being common). lowbit s
 ``prepare()`` and in ``lowbit env`` instead. Nothing else lowbit runs compiles anything
 (DeepSpeed's shared-memory kernels are kept off, see lowbit-deepspeed).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,15 +23,17 @@ TOOLCHAINS = {
 COMPILER_NAMES = TOOLCHAINS["cpu"][1]
 # torch.compile backends that generate code built by those compilers
 COMPILING_BACKENDS = frozenset({"inductor"})
-INSTALL = {"C++": "`apt install g++`, `dnf install gcc-c++`, or `conda install gxx`",
-           "C": "`apt install gcc`, `dnf install gcc`, or `conda install gcc`"}
+INSTALL = {
+    "C++": "`apt install g++`, `dnf install gcc-c++`, or `conda install gxx`",
+    "C": "`apt install gcc`, `dnf install gcc`, or `conda install gcc`",
+}
 
 
 def find_compiler(device_type: str = "cpu") -> str | None:
     """Path of the compiler inductor needs on ``device_type`` ($CXX / $CC, else the first name found
     on PATH); None if none."""
     variable, names, _, _ = TOOLCHAINS[device_type]
-    for name in ([os.environ[variable]] if os.environ.get(variable) else list(names)):
+    for name in [os.environ[variable]] if os.environ.get(variable) else list(names):
         path = shutil.which(name)
         if path:
             return path
@@ -45,10 +48,12 @@ def find_cxx_compiler() -> str | None:
 def missing_compiler_advice(backend: str, device_type: str = "cpu") -> str:
     variable, names, language, builds = TOOLCHAINS[device_type]
     looked_for = f"${variable}={os.environ[variable]}" if os.environ.get(variable) else ", ".join(names)
-    return (f"torch.compile with dynamo_backend={backend!r} {builds} at the first forward, and no {language} "
-            f"compiler was found (looked for {looked_for} on PATH). Install one ({INSTALL[language]}) or set "
-            f"{variable} to its path; or train without compiling (dynamo_backend='no'), or with "
-            "dynamo_backend='aot_eager', which compiles nothing.")
+    return (
+        f"torch.compile with dynamo_backend={backend!r} {builds} at the first forward, and no {language} "
+        f"compiler was found (looked for {looked_for} on PATH). Install one ({INSTALL[language]}) or set "
+        f"{variable} to its path; or train without compiling (dynamo_backend='no'), or with "
+        "dynamo_backend='aot_eager', which compiles nothing."
+    )
 
 
 def check_compiler_for(backend: str | None, device_type: str) -> str | None:

@@ -2,6 +2,7 @@
 how a dataloader is shared out (every sample once, in order, after ``gather_for_metrics``),
 ``split_between_processes``, early stopping's trigger, and that training over the processes
 gives the weights one process gets on the whole batch. ``python -m lowbit.test_utils.scripts.test_script``."""
+
 from __future__ import annotations
 
 import torch
@@ -72,9 +73,11 @@ def check_training(accelerator: Accelerator) -> None:
         optimizer.step()
         optimizer.zero_grad()
     trained = accelerator.unwrap_model(model)
-    _check(torch.allclose(trained.a.cpu(), reference.a) and torch.allclose(trained.b.cpu(), reference.b),
-           f"trained a={trained.a.item():.6f} b={trained.b.item():.6f}, one process on the whole batch gets "
-           f"a={reference.a.item():.6f} b={reference.b.item():.6f}")
+    _check(
+        torch.allclose(trained.a.cpu(), reference.a) and torch.allclose(trained.b.cpu(), reference.b),
+        f"trained a={trained.a.item():.6f} b={trained.b.item():.6f}, one process on the whole batch gets "
+        f"a={reference.a.item():.6f} b={reference.b.item():.6f}",
+    )
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """Gradients are averaged across processes on the steps that sync and left alone inside
 ``no_sync`` and between ``accumulate`` boundaries. ``python -m lowbit.test_utils.scripts.test_sync``
 under a launcher (on one process it checks the bookkeeping: nothing to average)."""
+
 from __future__ import annotations
 
 import torch
