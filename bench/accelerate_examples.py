@@ -3,8 +3,8 @@
     python bench/accelerate_examples.py --accelerate-src /path/to/accelerate          # git checkout or bare repo
     python bench/accelerate_examples.py --accelerate-src SRC --processes 2 examples/nlp_example.py
     python bench/accelerate_examples.py --accelerate-src SRC --list
-    python bench/accelerate_examples.py --accelerate-src SRC --script-args="--mixed_precision fp8"
-    examples/by_feature/profiler.py
+    python bench/accelerate_examples.py --accelerate-src SRC --script-args="--mixed_precision fp8" \\
+        examples/by_feature/profiler.py
 
 Nothing of Accelerate's is copied into lowbit: the scripts are read from the Accelerate source you
 point at (a checkout, or a bare git repository read with `git show`). Each runs twice, once as it

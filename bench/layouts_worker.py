@@ -1,8 +1,8 @@
 """One rank of ``bench/layouts.py``: a Llama trained a few steps on one N-D layout; rank 0 writes
 the median step time, tokens/s and every rank's peak memory to OUT_FILE.
 
-    lowbit launch --cpu --num_processes 4 [--use_fsdp] bench/layouts_worker.py OUT_FILE dp_shard_size=2 tp_size=2
-    mp=fp8 ac=full
+    lowbit launch --cpu --num_processes 4 [--use_fsdp] bench/layouts_worker.py OUT_FILE \\
+        dp_shard_size=2 tp_size=2 mp=fp8 ac=full
 """
 
 from __future__ import annotations

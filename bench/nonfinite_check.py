@@ -2,11 +2,11 @@
 
     python bench/nonfinite_check.py
 
-lowbit reads every gradient once per optimizer step (on a GPU their total 2-norm, one fused
-kernel; on a CPU one sum each) to catch a NaN/inf gradient under a finite loss, unless ``clip_grad_norm_`` already
-computed their
-norm that step. Both loops are lowbit's, side by side in one process; only the check differs.
-Then the reduction alone, each way it could be done, on the benchmark model's gradients.
+lowbit reads every gradient once per optimizer step (on a GPU their total 2-norm, one fused kernel;
+on a CPU one sum each) to catch a NaN/inf gradient under a finite loss, unless ``clip_grad_norm_``
+already computed their norm that step. Both loops are lowbit's, side by side in one process; only
+the check differs. Then the reduction alone, each way it could be done, on the benchmark model's
+gradients.
 """
 
 from __future__ import annotations

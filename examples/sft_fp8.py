@@ -2,8 +2,7 @@
 
     lowbit launch --cpu --mixed_precision fp8 examples/sft_fp8.py            # one process
     lowbit launch --cpu --num_processes 2 --mixed_precision fp8 examples/sft_fp8.py
-    python examples/sft_fp8.py                                                # the same script on stock Accelerate
-    (bf16)
+    python examples/sft_fp8.py            # the same script on stock Accelerate (bf16)
 
 The script names no lowbit API: under ``lowbit launch`` transformers' Trainer (which SFTTrainer is)
 builds lowbit's Accelerator, and ``--mixed_precision fp8`` wins over TRL's default ``bf16=True``

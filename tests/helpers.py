@@ -169,9 +169,9 @@ def needs_fp8_gpu_with(module: str, label: str):
 
 
 def run_launch(cmd, *, env, cwd=None, timeout=1500):
-    """Run a (multi-process) launch once, under NCCL's device rule. PYTHONFAULTHANDLER is on so that a crash of any
-    rank,
-    including an abort in interpreter shutdown, prints every thread's Python stack in the failure."""
+    """Run a (multi-process) launch once, under NCCL's device rule. PYTHONFAULTHANDLER is on so that
+    a crash of any rank, including an abort in interpreter shutdown, prints every thread's Python
+    stack in the failure."""
     import subprocess
 
     from lowbit.runtime.collective_device import SIMULATE_ENV

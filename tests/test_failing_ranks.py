@@ -101,9 +101,8 @@ def test_save_state_on_the_main_process_only_is_an_error_naming_the_missing_rank
 
 def test_a_stuck_rank_is_noticed_after_the_process_group_timeout(tmp_path):
     """InitProcessGroupKwargs(timeout=60 s): the rank waiting in the all-reduce gives up, names the
-    rank it waited for, and the whole job ends instead of hanging (torch's default would wait 30 minutes). The bound
-    below only
-    tells the two apart; it leaves a busy machine room."""
+    rank it waited for, and the whole job ends instead of hanging (torch's default would wait 30
+    minutes). The bound below only tells the two apart; it leaves a busy machine room."""
     stamp = tmp_path / "stuck_at"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1")

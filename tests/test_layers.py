@@ -4,8 +4,8 @@ a constant holding a module path): a module loaded by name is an import the laye
 
     kernel   (lowbit/kernel/)    imports only the kernel
     runtime  (lowbit/runtime/)   the kernel and itself
-    run      (lowbit/run/)       the kernel, the runtime and itself: lowbit's settings, plugin choice, layout,
-    TrainingRun
+    run      (lowbit/run/)       the kernel, the runtime and itself: lowbit's settings, plugin choice,
+                                 layout, TrainingRun
     compat   (lowbit/compat/)    the layers below and itself
     top                          the command line (lowbit/cli/), the conformance kit
                                  (lowbit/conformance/), Accelerate's test kit (lowbit/test_utils/) and

@@ -217,8 +217,8 @@ def run_modules(folder: Path, library: str, python: str, timeout: float) -> dict
 
 
 def script_table(results: dict[str, dict[str, str]]) -> list[str]:
-    """Per launched script: its checks that pass under Accelerate (not excluded), and how many of them pass under
-    lowbit."""
+    """Per launched script: its checks that pass under Accelerate (not excluded), and how many of
+    them pass under lowbit."""
     from excluded import DELIBERATE_CHECKS
 
     reference = results.get("accelerate") or recorded()["scripts"]["accelerate"]

@@ -2,8 +2,8 @@
 ``test_sync.py``, ``test_ops.py``), run one by one in each process of a 2-process launch, under
 Accelerate or lowbit (the scripts' imports rewritten for lowbit by run_suite.py).
 
-    torchrun --nproc_per_node 2 script_checks.py --library accelerate --scripts DIR --script test_ops --from_check 0
-    --out OUT
+    torchrun --nproc_per_node 2 script_checks.py --library accelerate --scripts DIR --script test_ops \\
+        --from_check 0 --out OUT
     lowbit launch --cpu --num_processes 2 script_checks.py --library lowbit ...
 
 Each check is called as the script's ``main()`` calls it on 2 CPU processes (MULTI_CPU). After each

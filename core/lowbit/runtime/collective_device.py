@@ -8,17 +8,16 @@ order's broadcast) first hands its tensor to :func:`on_group_device`: under NCCL
 copied to this process's GPU; the caller brings the result back where its own tensor was.
 Which device a group needs is worked out once per process group, not per call.
 
-**NCCL's rule on a CPU** (``LOWBIT_SIMULATE_NCCL=1``; ``lowbit launch --simulate_nccl``; the
-test suite sets it for every multi-process run; a run over NCCL itself ignores it): on one machine type every tensor
-sits on the
-same device, so a gloo run cannot show that a host tensor would reach NCCL. Under the simulation
-the group refuses, as NCCL would, any tensor a lowbit module hands to a collective without
-passing it through :func:`on_group_device` (which, having no GPU to copy to, records the tensor
-as if it were on one), a tensor that is not contiguous or of a dtype NCCL has no type for, and
-inputs whose shape or dtype differ between ranks (NCCL does not compare them: it hangs or reads
-past the smaller buffer; the error names both). :func:`on_group_device` hands NCCL what it takes:
-contiguous, int16 as int32. Collectives issued by torch itself (DDP, FSDP2, ``*_object``) and by the
-user's own code are not checked: torch places theirs, and the user's are the user's.
+**NCCL's rule on a CPU** (``LOWBIT_SIMULATE_NCCL=1``; ``lowbit launch --simulate_nccl``; the test
+suite sets it for every multi-process run; a run over NCCL itself ignores it): on one machine type
+every tensor sits on the same device, so a gloo run cannot show that a host tensor would reach NCCL.
+Under the simulation the group refuses, as NCCL would, any tensor a lowbit module hands to a
+collective without passing it through :func:`on_group_device` (which, having no GPU to copy to,
+records the tensor as if it were on one), a tensor that is not contiguous or of a dtype NCCL has no
+type for, and inputs whose shape or dtype differ between ranks (NCCL does not compare them: it hangs
+or reads past the smaller buffer; the error names both). :func:`on_group_device` hands NCCL what it
+takes: contiguous, int16 as int32. Collectives issued by torch itself (DDP, FSDP2, ``*_object``) and
+by the user's own code are not checked: torch places theirs, and the user's are the user's.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ _TIMEOUT_TEXT = re.compile(
 
 
 def is_collective_timeout(exc: BaseException) -> bool:
-    """A process-group error (plain RuntimeErrors over gloo, DistBackendError over NCCL) that says it waited too
-    long."""
+    """A process-group error (plain RuntimeErrors over gloo, DistBackendError over NCCL) that says
+    it waited too long."""
     return isinstance(exc, RuntimeError) and bool(_TIMEOUT_TEXT.search(str(exc)))
 
 

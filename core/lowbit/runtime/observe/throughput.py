@@ -3,9 +3,9 @@
 Tokens and samples are counted from the batches the prepared dataloaders hand out (``input_ids``,
 else the first 2-D integer tensor; ``accelerator.set_batch_tokens(n)`` tells another count), the
 time between optimizer steps (on a GPU, the device's, from events read once it finished them; on
-a CPU, the clock), and the model's FLOPs once, after the first optimizer step and outside it: one forward of the
-prepared model traced on meta stand-ins at the first
-batch's shapes, by the work counter ``lowbit fp8-payoff`` uses (:func:`~lowbit.runtime.observe.fp8_payoff.trace_work`),
+a CPU, the clock), and the model's FLOPs once, after the first optimizer step and outside it:
+one forward of the prepared model traced on meta stand-ins at the first batch's shapes, by the
+work counter ``lowbit fp8-payoff`` uses (:func:`~lowbit.runtime.observe.fp8_payoff.trace_work`),
 never inside the user's forward or a compiled region. A training step counts three times the
 forward's GEMM and attention FLOPs (forward, grad-input, grad-weight). MFU is against the device's
 dense bf16 peak (``GPU_PEAKS``, each with its source; on a CPU a GEMM peak measured once and

@@ -201,8 +201,8 @@ class Preparation:
         )
 
     def _convert_for_backend(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
-        """The chosen low-precision backend converts the model (and, for some, the optimizer with it): any backend,
-        FP8 or FP4."""
+        """The chosen low-precision backend (FP8, FP4, any) converts the model, and for some
+        backends the optimizer with it."""
         plugins = self.plugins
         if plugins.backend is None:
             return model, optimizer

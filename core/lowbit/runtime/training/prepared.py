@@ -1,9 +1,9 @@
 """What ``Accelerator.prepare`` hands back for optimizers and schedulers.
 
 The wrappers add what a plain script must not have to write: the precision's optimizer step (fp16
-loss scaling with skipped steps on inf/nan, :mod:`lowbit.runtime.precision`), gradient accumulation (step only on
-sync micro-batches), and the learning
-rate schedule stepped as Accelerate steps it. Dataloaders are in :mod:`lowbit.runtime.training.data_loader`.
+loss scaling with skipped steps on inf/nan, :mod:`lowbit.runtime.precision`), gradient accumulation
+(step only on sync micro-batches), and the learning rate schedule stepped as Accelerate steps it.
+Dataloaders are in :mod:`lowbit.runtime.training.data_loader`.
 """
 
 from __future__ import annotations
