@@ -30,7 +30,13 @@ from lowbit.kernel.types import HardwareInfo, PrepareContext
 from lowbit.runtime.checkpoint import automatic as automatic_checkpoint
 from lowbit.runtime.checkpoint import files as checkpoint
 from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
-from lowbit.runtime.checkpoint.model_files import SAFE_WEIGHTS, TORCH_WEIGHTS, write_model_files
+from lowbit.runtime.checkpoint.model_files import (
+    SAFE_WEIGHTS,
+    TORCH_WEIGHTS,
+    detached_copy,
+    tied_as_in,
+    write_model_files,
+)
 from lowbit.runtime.nests import leaves
 from lowbit.runtime.observe.fp8_report import conversion_report
 from lowbit.runtime.observe.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, Trackers
@@ -39,6 +45,7 @@ from lowbit.runtime.process_group import ProcessFacts, RankFacts, every_rank_mus
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training import operations
 from lowbit.runtime.training.data_loader import PreparedDataLoader
+from lowbit.runtime.training.gradient_sync import force_gradient_sync, skip_gradient_sync
 from lowbit.runtime.training.loader_shards import skip_first_batches
 from lowbit.runtime.training.preparation import unwrap
 from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
@@ -106,47 +113,19 @@ class Accelerator(RankFacts):
         parallelism_config: ParallelismConfig | None = None,
         rng_types: Any = None,
     ) -> None:
-        if kwargs_handlers is not None and kwarg_handlers is not None:
-            raise ConfigError("Give kwargs_handlers or kwarg_handlers (the spelling in Accelerate's docs), not both.")
-        given = kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or []
-        # Accelerate's own handler and plugin objects (transformers' Trainer builds some) become lowbit's, field by
-        # field.
-        recipe_handler, self.handlers = sort_handlers(
-            [from_accelerate(h) for h in given] if isinstance(given, (list, tuple)) else given
+        # Accelerate's own handler and plugin objects (transformers' Trainer builds some) become lowbit's.
+        recipe_handler, self.handlers = sort_handlers(_handler_list(kwargs_handlers, kwarg_handlers))
+        accumulation, dataloader_config, project_config, layout = map(
+            from_accelerate, (gradient_accumulation_plugin, dataloader_config, project_config, parallelism_config)
         )
-        (
-            accumulation,
-            dataloader_config,
-            self.fsdp_plugin,
-            self.deepspeed_plugin,
-            self.dynamo_plugin,
-            project_config,
-            parallelism_config,
-        ) = (
-            from_accelerate(obj)
-            for obj in (
-                gradient_accumulation_plugin,
-                dataloader_config,
-                fsdp_plugin,
-                deepspeed_plugin,
-                dynamo_plugin,
-                project_config,
-                parallelism_config,
-            )
+        self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin = map(
+            from_accelerate, (fsdp_plugin, deepspeed_plugin, dynamo_plugin)
         )
-        settings = dict(
-            mixed_precision=mixed_precision,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            use_cpu=cpu,
-            dynamo_backend=dynamo_backend,
-            fp8_fallback=fp8_fallback,
-            on_nonfinite_loss=on_nonfinite_loss,
-        )
-        settings.update(
-            settings_from_plugin_objects(
-                accumulation, self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin, settings
-            )
-        )
+        given = dict(mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps)
+        given.update(use_cpu=cpu, dynamo_backend=dynamo_backend, fp8_fallback=fp8_fallback)
+        given.update(on_nonfinite_loss=on_nonfinite_loss)
+        plugin_objects = (accumulation, self.fsdp_plugin, self.deepspeed_plugin, self.dynamo_plugin)
+        given.update(settings_from_plugin_objects(*plugin_objects, given))
         self.gradient_accumulation_plugin = accumulation or GradientAccumulationPlugin()
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(
             split_batches=bool(split_batches), even_batches=True if even_batches is None else even_batches
@@ -157,9 +136,7 @@ class Accelerator(RankFacts):
         if project_dir is not None:
             self.project_configuration.set_directories(str(project_dir))
         self.gradient_state = GradientState(self)
-        self._run = TrainingRun(
-            self._run_request(settings, config_file, recipe_handler, parallelism_config), plugin_manager
-        )
+        self._run = TrainingRun(self._run_request(given, config_file, recipe_handler, layout), plugin_manager)
         self.state = AcceleratorState(self)
         self.flag_tensor: torch.Tensor | None = None
         self._trackers = Trackers(
@@ -638,7 +615,7 @@ class Accelerator(RankFacts):
             # reduces every micro-batch's gradients (under FSDP2 no unsharded gradients pile up).
             if not (self.sync_gradients or plugin.sync_each_batch or self.plugins.strategy_owns_backward):
                 for model in models:
-                    _skip_gradient_sync(model, stack)
+                    skip_gradient_sync(model, stack)
             yield
 
     @contextlib.contextmanager
@@ -672,7 +649,7 @@ class Accelerator(RankFacts):
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Skip the gradient all-reduce inside this block (DDP and FSDP2; a no-op on one process)."""
         with contextlib.ExitStack() as stack:
-            _skip_gradient_sync(model, stack)
+            skip_gradient_sync(model, stack)
             yield
 
     @contextlib.contextmanager
@@ -680,7 +657,7 @@ class Accelerator(RankFacts):
         """Reduce the gradients in the next backward even after forwards run under ``no_sync``
         (several forwards, then backwards, the last of which syncs); a no-op on one process."""
         with contextlib.ExitStack() as stack:
-            _force_gradient_sync(model, stack)
+            force_gradient_sync(model, stack)
             yield
 
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
@@ -938,6 +915,14 @@ class Accelerator(RankFacts):
 # ---------------------------------------------------------------------- helpers
 
 
+def _handler_list(kwargs_handlers: Any, kwarg_handlers: Any) -> Any:
+    """``kwargs_handlers`` (or Accelerate's other spelling), each object as lowbit's own."""
+    if kwargs_handlers is not None and kwarg_handlers is not None:
+        raise ConfigError("Give kwargs_handlers or kwarg_handlers (the spelling in Accelerate's docs), not both.")
+    given = kwargs_handlers if kwargs_handlers is not None else kwarg_handlers or []
+    return [from_accelerate(h) for h in given] if isinstance(given, (list, tuple)) else given
+
+
 def _refuse_weights_not_in_memory(model: torch.nn.Module) -> None:
     """save_model writes the weights it holds: a model whose weights an offloading hook keeps on
     disk or elsewhere (a device_map dispatch), or left on the meta device, is refused before a file
@@ -958,84 +943,3 @@ def _refuse_weights_not_in_memory(model: torch.nn.Module) -> None:
             "model.to_empty(device=...) and load its weights), or save it with Accelerate's save_model or "
             "transformers' save_pretrained."
         )
-
-
-def tied_as_in(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with each name of a parameter the model ties (one Parameter under two names, e.g.
-    embeddings and the output layer) holding the same tensor: a strategy that gathers each name on
-    its own (FSDP2, ZeRO-3) returns two copies, which would be saved twice."""
-    first: dict[int, str] = {}
-    for name, tensor in itertools.chain(
-        model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)
-    ):
-        original = first.setdefault(id(tensor), name)
-        if original != name and name in state and original in state:
-            state[name] = state[original]
-    return state
-
-
-def detached_copy(state: dict[str, Any], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor on the CPU, detached from the model: a tensor that is the model's own storage
-    is copied, one a strategy gathered already is not (a second copy of a whole model on the main
-    process). Names that share one tensor (tied weights) share one copy, as in the model, so
-    ``save_model`` writes them once, as Accelerate does."""
-    live = {
-        ptr
-        for t in model.state_dict(keep_vars=True).values()
-        if isinstance(t, torch.Tensor)
-        for ptr in _cpu_storages(t)
-    }
-    copies: dict[tuple, torch.Tensor] = {}
-    out = {}
-    for name, tensor in state.items():
-        if isinstance(tensor, torch.Tensor):
-            key = (
-                tensor.device,
-                tensor.untyped_storage().data_ptr(),
-                tensor.storage_offset(),
-                tuple(tensor.shape),
-                tensor.stride(),
-            )
-            if key not in copies or not tensor.numel():
-                cpu = tensor.detach().cpu()
-                copies[key] = cpu.clone() if cpu.untyped_storage().data_ptr() in live else cpu
-            out[name] = copies[key]
-    return out
-
-
-def _cpu_storages(tensor: torch.Tensor) -> Iterator[int]:
-    """The CPU memory a model tensor lives in, through tensor subclasses (DTensor, torchao's float8
-    weights) by torch's ``__tensor_flatten__`` protocol."""
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
-        for attr in tensor.__tensor_flatten__()[0]:
-            inner = getattr(tensor, attr)
-            if isinstance(inner, torch.Tensor):
-                yield from _cpu_storages(inner)
-    elif tensor.device.type == "cpu":
-        yield tensor.untyped_storage().data_ptr()
-
-
-def _skip_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) -> None:
-    """Turn off the gradient all-reduce of ``model`` until ``stack`` closes (DDP's ``no_sync``,
-    FSDP2's ``set_requires_gradient_sync``; nothing on one process)."""
-    if hasattr(model, "no_sync"):
-        stack.enter_context(model.no_sync())
-    elif hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(False)
-        stack.callback(model.set_requires_gradient_sync, True)
-
-
-def _force_gradient_sync(model: torch.nn.Module, stack: contextlib.ExitStack) -> None:
-    """Make the next backward of ``model`` reduce its gradients until ``stack`` closes. DDP decides
-    at forward time whether a backward syncs, so its reducer is told now to expect every gradient
-    (DDP has no public call for this); FSDP2 is asked to sync."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if isinstance(model, DistributedDataParallel):
-        before = model.require_backward_grad_sync, model.require_forward_param_sync
-        model.require_backward_grad_sync = model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])
-        stack.callback(lambda: setattr(model, "require_backward_grad_sync", before[0]))
-        stack.callback(lambda: setattr(model, "require_forward_param_sync", before[1]))
-    elif hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(True)

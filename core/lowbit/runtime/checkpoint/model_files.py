@@ -8,12 +8,13 @@ atomically, so an interrupted save never leaves a half-written file under a fina
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -212,3 +213,58 @@ def _remove_stale_shards(directory: Path, stem: str, suffix: str, keep: set[str]
     for path in directory.iterdir():
         if pattern.fullmatch(path.name) and path.name not in keep:
             path.unlink()
+
+
+def tied_as_in(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each name of a parameter the model ties (one Parameter under two names, e.g.
+    embeddings and the output layer) holding the same tensor: a strategy that gathers each name on
+    its own (FSDP2, ZeRO-3) returns two copies, which would be saved twice."""
+    first: dict[int, str] = {}
+    for name, tensor in itertools.chain(
+        model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)
+    ):
+        original = first.setdefault(id(tensor), name)
+        if original != name and name in state and original in state:
+            state[name] = state[original]
+    return state
+
+
+def detached_copy(state: dict[str, Any], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor on the CPU, detached from the model: a tensor that is the model's own storage
+    is copied, one a strategy gathered already is not (a second copy of a whole model on the main
+    process). Names that share one tensor (tied weights) share one copy, as in the model, so
+    ``save_model`` writes them once, as Accelerate does."""
+    live = {
+        ptr
+        for t in model.state_dict(keep_vars=True).values()
+        if isinstance(t, torch.Tensor)
+        for ptr in _cpu_storages(t)
+    }
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in state.items():
+        if isinstance(tensor, torch.Tensor):
+            key = (
+                tensor.device,
+                tensor.untyped_storage().data_ptr(),
+                tensor.storage_offset(),
+                tuple(tensor.shape),
+                tensor.stride(),
+            )
+            if key not in copies or not tensor.numel():
+                cpu = tensor.detach().cpu()
+                copies[key] = cpu.clone() if cpu.untyped_storage().data_ptr() in live else cpu
+            out[name] = copies[key]
+    return out
+
+
+def _cpu_storages(tensor: torch.Tensor) -> Iterator[int]:
+    """The CPU memory a model tensor lives in, through tensor subclasses (DTensor, torchao's float8
+    weights) by torch's ``__tensor_flatten__`` protocol."""
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and hasattr(tensor, "__tensor_flatten__"):
+        for attr in tensor.__tensor_flatten__()[0]:
+            inner = getattr(tensor, attr)
+            if isinstance(inner, torch.Tensor):
+                yield from _cpu_storages(inner)
+    elif tensor.device.type == "cpu":
+        yield tensor.untyped_storage().data_ptr()
