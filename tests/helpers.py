@@ -168,6 +168,13 @@ def needs_fp8_gpu_with(module: str, label: str):
     return mark
 
 
+def launch_argv(*args: str) -> list[str]:
+    """``lowbit launch ARGS...`` as a subprocess command, run by this interpreter."""
+    import sys
+
+    return [sys.executable, "-m", "lowbit.cli.main", "launch", *args]
+
+
 def run_launch(cmd, *, env, cwd=None, timeout=1500):
     """Run a (multi-process) launch once, under NCCL's device rule. PYTHONFAULTHANDLER is on so that
     a crash of any rank, including an abort in interpreter shutdown, prints every thread's Python

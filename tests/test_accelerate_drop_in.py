@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import launch_argv
 
 SCRIPT = Path(__file__).parent / "accelerate_style" / "train_eval.py"
 # Compared exactly between the libraries, on every rank.
@@ -33,7 +34,7 @@ def run(library: str, out: Path, processes: int) -> list[dict]:
     if processes == 1:
         cmd = [sys.executable, *script]
     elif library == "lowbit":
-        cmd = [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", str(processes), *script]
+        cmd = launch_argv("--cpu", "--num_processes", str(processes), *script)
     else:  # Accelerate reads torchrun's variables as `accelerate launch` would set them
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), *script]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import launch_argv
 
 pytestmark = pytest.mark.multiprocess
 
@@ -20,19 +21,7 @@ def test_a_failing_rank_ends_the_job_within_a_minute(tmp_path, fail_rank):
     stamp = tmp_path / "failed_at"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        str(WORKER),
-        "raise",
-        str(fail_rank),
-        str(stamp),
-    ]
+    cmd = launch_argv("--cpu", "--num_processes", "2", str(WORKER), "raise", str(fail_rank), str(stamp))
     # The wide limit only stops a hung job from hanging the suite; the assertion is on the time
     # from the failure to the exit, which startup time on a busy machine does not affect.
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
@@ -48,7 +37,6 @@ def test_exit_waits_for_busy_native_threads_but_not_for_idle_ones():
     """The normal-exit path gives other threads of the process a GIL-free moment before shutdown:
     it returns at once when they are idle, and waits (up to its limit) while one is running."""
     import subprocess
-    import sys
     import threading
     import time
 
@@ -82,17 +70,7 @@ def test_save_state_on_the_main_process_only_is_an_error_naming_the_missing_rank
     worker = os.path.join(os.path.dirname(__file__), "distributed", "subset_save_worker.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", LOWBIT_ARRIVAL_TIMEOUT="10")
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        worker,
-        str(tmp_path / "ckpt"),
-    ]
+    cmd = launch_argv("--cpu", "--num_processes", "2", worker, str(tmp_path / "ckpt"))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode != 0
     assert "save_state must be called on every process at the same point" in proc.stderr, proc.stderr[-3000:]
@@ -106,19 +84,7 @@ def test_a_stuck_rank_is_noticed_after_the_process_group_timeout(tmp_path):
     stamp = tmp_path / "stuck_at"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        str(WORKER),
-        "stuck",
-        "1",
-        str(stamp),
-    ]
+    cmd = launch_argv("--cpu", "--num_processes", "2", str(WORKER), "stuck", "1", str(stamp))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
     ended = time.time()
     assert stamp.exists() and proc.returncode != 0, proc.stderr[-3000:]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from helpers import FakeBackend
+from helpers import FakeBackend, launch_argv
 from torch import nn
 
 from lowbit import Accelerator
@@ -322,7 +322,7 @@ def test_gather_for_metrics_drops_padding_of_a_loader_another_accelerator_prepar
     env.update(OMP_NUM_THREADS="1")
     out = tmp_path / "seen.json"
     proc = run_launch(
-        [sys.executable, "-m", "lowbit.cli.main", "launch", "--cpu", "--num_processes", "2", str(worker), str(out)],
+        launch_argv("--cpu", "--num_processes", "2", str(worker), str(out)),
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

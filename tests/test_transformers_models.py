@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_launch
+from helpers import launch_argv, run_launch
 from safetensors.torch import load_file
 
 WORKER = Path(__file__).parent / "models" / "hf_worker.py"
@@ -54,20 +54,7 @@ class Runs:
             if flags is None:
                 cmd = [sys.executable, str(WORKER), model, precision, str(out)]
             else:
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "lowbit.cli.main",
-                    "launch",
-                    "--cpu",
-                    "--num_processes",
-                    "2",
-                    *flags,
-                    str(WORKER),
-                    model,
-                    precision,
-                    str(out),
-                ]
+                cmd = launch_argv("--cpu", "--num_processes", "2", *flags, str(WORKER), model, precision, str(out))
             proc = run_launch(cmd, env=env)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
             ranks = 1 if flags is None else 2

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_launch
+from helpers import launch_argv, run_launch
 
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
@@ -45,17 +45,13 @@ class Runs:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
             env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
             if how == "lowbit":  # the unmodified script under lowbit launch
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "lowbit.cli.main",
-                    "launch",
+                cmd = launch_argv(
                     "--cpu",
                     "--num_processes",
                     str(processes),
                     *(["--mixed_precision", precision] if precision else []),
                     *script,
-                ]
+                )
             else:  # stock Accelerate ("stock"), or lowbit by the script's one line ("line")
                 assert precision is None
                 starter = (

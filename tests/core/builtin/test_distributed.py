@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TESTS, mlp, regression_data, run_launch
+from helpers import TESTS, launch_argv, mlp, regression_data, run_launch
 from torch import nn
 
 WORKER = TESTS / "distributed" / "worker.py"
@@ -22,19 +22,7 @@ def launch(tmp_path: Path, scenario: str, *flags: str, world: int = 2, env_extra
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env_extra or {}))
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        str(world),
-        *flags,
-        str(WORKER),
-        scenario,
-        str(out),
-    ]
+    cmd = launch_argv("--cpu", "--num_processes", str(world), *flags, str(WORKER), scenario, str(out))
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(world)]
@@ -228,19 +216,9 @@ def test_torch_compile_of_a_prepared_model_adds_nothing_to_what_torch_compiles(t
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     precisions = "no,bf16,fp16,fp8-tensorwise,fp8-rowwise"
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        *flags,
-        str(TESTS / "distributed" / "compile_worker.py"),
-        str(out),
-        precisions,
-    ]
+    cmd = launch_argv(
+        "--cpu", "--num_processes", "2", *flags, str(TESTS / "distributed" / "compile_worker.py"), str(out), precisions
+    )
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     for rank in range(2):

@@ -7,12 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import TESTS, run_launch, said
+from helpers import TESTS, launch_argv, run_launch, said
 from torch import nn
 
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
@@ -224,19 +223,7 @@ def run_layout(tmp_path: Path, world: int, *args: str, flags: tuple[str, ...] = 
     tmp_path.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        str(world),
-        *flags,
-        str(WORKER),
-        str(tmp_path),
-        *args,
-    ]
+    cmd = launch_argv("--cpu", "--num_processes", str(world), *flags, str(WORKER), str(tmp_path), *args)
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((tmp_path / "result.json").read_text())
@@ -309,20 +296,9 @@ def test_accelerates_nd_parallel_example_trains_checkpoints_and_saves_whole_weig
     tiny_llama(use_cache=False).save_pretrained(model_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        str(world),
-        *flags,
-        str(ND_SCRIPT),
-        str(model_dir),
-        str(tmp_path / "out"),
-        *sizes,
-    ]
+    cmd = launch_argv(
+        "--cpu", "--num_processes", str(world), *flags, str(ND_SCRIPT), str(model_dir), str(tmp_path / "out"), *sizes
+    )
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads((tmp_path / "out" / "result.json").read_text())
@@ -375,11 +351,7 @@ def test_an_fp8_run_finishes_in_bf16_when_asked(tmp_path):
     )
     assert finish["losses"] == pytest.approx(finish["reference"][2:], rel=1e-2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
+    cmd = launch_argv(
         "--cpu",
         "--num_processes",
         "2",
@@ -389,7 +361,7 @@ def test_an_fp8_run_finishes_in_bf16_when_asked(tmp_path):
         "dp_shard_size=2",
         "mp=bf16",
         f"resume={ckpt}",
-    ]
+    )
     (tmp_path / "refused").mkdir()
     proc = run_launch(cmd, env=dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     assert proc.returncode != 0 and "allow_precision_change=True" in proc.stderr, proc.stderr[-3000:]

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
-from helpers import TESTS, run_launch
+from helpers import TESTS, launch_argv, run_launch
 
 SCRIPT = TESTS / "accelerate_style" / "nd_parallel.py"
 transformers = pytest.importorskip("transformers")
@@ -39,11 +38,7 @@ def test_context_parallel_trains_a_llama_with_each_rank_holding_half_of_every_se
     )
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
+    cmd = launch_argv(
         "--num_processes",
         "2",
         "--use_fsdp",
@@ -52,7 +47,7 @@ def test_context_parallel_trains_a_llama_with_each_rank_holding_half_of_every_se
         str(tmp_path / "out"),
         "--cp-size",
         "2",
-    ]
+    )
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads((tmp_path / "out" / "result.json").read_text())

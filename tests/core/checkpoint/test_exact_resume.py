@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
-from helpers import TESTS, run_launch
+from helpers import TESTS, launch_argv, run_launch
 
 WORKER = TESTS / "distributed" / "resume_worker.py"
 pytestmark = pytest.mark.multiprocess
@@ -30,19 +29,9 @@ def test_kill_and_resume_at_every_step_is_bit_identical(tmp_path, world, variant
     stops = list(range(every, steps_total, every))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        str(world),
-        str(WORKER),
-        str(tmp_path),
-        ",".join(map(str, stops)),
-        variant,
-    ]
+    cmd = launch_argv(
+        "--cpu", "--num_processes", str(world), str(WORKER), str(tmp_path), ",".join(map(str, stops)), variant
+    )
     proc = (
         run_launch(cmd, env=env)
         if world > 1

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import TESTS, run_launch
+from helpers import TESTS, launch_argv, run_launch
 
 from lowbit.cli.estimate_memory_command import backend_memory, strategy_memory
 
@@ -73,22 +73,9 @@ def test_the_estimate_is_within_15_percent_of_the_measured_peak(tmp_path, name, 
         PYTHONPATH=os.pathsep.join([str(HERE / "distributed"), env.get("PYTHONPATH", "")]),
     )
     flags = ["--use_fsdp"] if strategy == "fsdp" else []
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        *flags,
-        str(WORKER),
-        spec,
-        precision,
-        str(batch),
-        str(seq),
-        str(tmp_path),
-    ]
+    cmd = launch_argv(
+        "--cpu", "--num_processes", "2", *flags, str(WORKER), spec, precision, str(batch), str(seq), str(tmp_path)
+    )
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"memory_rank{r}.json").read_text()) for r in range(2)]

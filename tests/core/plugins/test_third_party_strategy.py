@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import tomllib
-from helpers import ROOT, install_entry_points, run_launch
+from helpers import ROOT, install_entry_points, launch_argv, run_launch
 
 from lowbit.conformance import run_strategy_conformance
 
@@ -38,19 +38,7 @@ def launch(env, tmp_path, *flags, config: str | None = None):
         (tmp_path / "config.yaml").write_text(config)
         extra = ["--config_file", str(tmp_path / "config.yaml")]
     proc = run_launch(
-        [
-            sys.executable,
-            "-m",
-            "lowbit.cli.main",
-            "launch",
-            "--cpu",
-            "--num_processes",
-            "2",
-            *extra,
-            *flags,
-            str(WORKER),
-            str(tmp_path),
-        ],
+        launch_argv("--cpu", "--num_processes", "2", *extra, *flags, str(WORKER), str(tmp_path)),
         env={**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
         cwd=str(tmp_path),
     )
@@ -101,18 +89,7 @@ def test_a_misspelt_strategy_name_suggests_the_installed_one(installed, tmp_path
     script = tmp_path / "train.py"
     script.write_text("print('never runs')\n")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lowbit.cli.main",
-            "launch",
-            "--cpu",
-            "--num_processes",
-            "2",
-            "--distributed_type",
-            "zero_dpp",
-            str(script),
-        ],
+        launch_argv("--cpu", "--num_processes", "2", "--distributed_type", "zero_dpp", str(script)),
         capture_output=True,
         text=True,
         env=installed,

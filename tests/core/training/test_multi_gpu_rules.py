@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TESTS, run_launch
+from helpers import TESTS, launch_argv, run_launch
 
 from lowbit.runtime import collective_device
 
@@ -25,19 +25,7 @@ def launch(tmp_path: Path, scenario: str, *flags: str, worker: Path = WORKER) ->
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--cpu",
-        "--num_processes",
-        "2",
-        *flags,
-        str(worker),
-        scenario,
-        str(out),
-    ]
+    cmd = launch_argv("--cpu", "--num_processes", "2", *flags, str(worker), scenario, str(out))
     proc = run_launch(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], proc.stderr

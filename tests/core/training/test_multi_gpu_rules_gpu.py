@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
-from helpers import TESTS, run_launch
+from helpers import TESTS, launch_argv, run_launch
 
 WORKER = TESTS / "distributed" / "loader_worker.py"
 pytestmark = [
@@ -27,18 +26,7 @@ def launch_one_rank(tmp_path, scenario: str, *flags: str) -> dict:
     out = tmp_path / scenario
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--num_processes",
-        "1",
-        *flags,
-        str(WORKER),
-        scenario,
-        str(out),
-    ]
+    cmd = launch_argv("--num_processes", "1", *flags, str(WORKER), scenario, str(out))
     proc = run_launch(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((out / "rank0.json").read_text())

@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import TESTS
+from helpers import TESTS, launch_argv
 
 from lowbit import Accelerator
 
@@ -43,7 +42,7 @@ def test_sigterm_to_the_launcher_saves_on_every_rank_and_leaves_nothing_running(
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOWBIT_PREEMPTION_GRACE="120")
     flags = ["--cpu", "--num_processes", str(world)]
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "lowbit.cli.main", "launch", *flags, str(WORKER), str(tmp_path), str(loader_workers)],
+        launch_argv(*flags, str(WORKER), str(tmp_path), str(loader_workers)),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

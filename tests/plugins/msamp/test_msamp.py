@@ -23,6 +23,7 @@ from helpers import (  # noqa: E402
     HardwareDetector,
     TiedLM,
     install_entry_points,
+    launch_argv,
     mlp,
     needs_fp8_gpu_with,
     regression_data,
@@ -127,17 +128,7 @@ def test_opt_level_from_yaml(msamp, tmp_path):
 def test_opt_level_from_launch_flags(msamp, tmp_path, monkeypatch):
     show_env = Path(__file__).parents[2] / "scripts" / "show_env.py"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lowbit.cli.main",
-            "launch",
-            "--mixed_precision",
-            "fp8",
-            "--fp8_backend=msamp",
-            "--fp8_opt_level=O1",
-            str(show_env),
-        ],
+        launch_argv("--mixed_precision", "fp8", "--fp8_backend=msamp", "--fp8_opt_level=O1", str(show_env)),
         capture_output=True,
         text=True,
     )

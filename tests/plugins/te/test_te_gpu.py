@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TiedLM, needs_fp8_gpu_with, run_launch, train_on_gpu
+from helpers import TiedLM, launch_argv, needs_fp8_gpu_with, run_launch, train_on_gpu
 from torch import nn
 
 from lowbit import Accelerator
@@ -135,17 +135,7 @@ def test_the_conformance_kit_passes_on_real_te(tmp_path):
 
 def _launch(tmp_path: Path, *flags: str) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "lowbit.cli.main",
-        "launch",
-        "--num_processes",
-        "2",
-        *flags,
-        str(WORKER),
-        str(tmp_path),
-    ]
+    cmd = launch_argv("--num_processes", "2", *flags, str(WORKER), str(tmp_path))
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
