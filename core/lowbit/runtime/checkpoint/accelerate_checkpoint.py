@@ -103,10 +103,10 @@ def load_accelerate_checkpoint(checkpointer: Any, directory: Path, unwrap: Any) 
         loads.append(
             functools.partial(sched.load_state_dict, _load(directory / f"scheduler{_suffix(i)}.bin", "scheduler state"))
         )
-    if checkpointer.rules.precision.scaler is not None and (directory / "scaler.pt").is_file():
+    if checkpointer.step_state.precision.scaler is not None and (directory / "scaler.pt").is_file():
         loads.append(
             functools.partial(
-                checkpointer.rules.precision.load_state_dict, _load(directory / "scaler.pt", "fp16 loss scaler")
+                checkpointer.step_state.precision.load_state_dict, _load(directory / "scaler.pt", "fp16 loss scaler")
             )
         )
     for i, obj in enumerate(checkpointer.custom_objects):
