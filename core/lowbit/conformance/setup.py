@@ -33,20 +33,10 @@ def make_manager(plugin: object | None, hardware: HardwareInfo | None) -> Lowbit
 
 
 def default_model_factory():
-    """A small model whose Linears FP8 GEMMs can take (dims multiples of 16)."""
-    import torch
-    from torch import nn
+    """A small model whose Linears FP8 GEMMs can take (dims multiples of 16): the one ``lowbit test`` trains."""
+    from lowbit.cli.self_test import make_model
 
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(64, 128),
-        nn.GELU(),
-        nn.Linear(128, 128),
-        nn.GELU(),
-        nn.Linear(128, 128),
-        nn.GELU(),
-        nn.Linear(128, 64),
-    )
+    return make_model()
 
 
 def backend_precision(backend: str, manager: LowbitPluginManager) -> str:
