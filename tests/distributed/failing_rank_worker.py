@@ -4,7 +4,7 @@ DDP's all-reduce, and first writes the time of that moment to STAMP:
     lowbit launch --cpu --num_processes 2 tests/distributed/failing_rank_worker.py raise|stuck RANK STAMP
 
 ``raise``: it raises ValueError. ``stuck``: it loops forever and never reaches the next all-reduce
-(the process group's timeout is 20 s here, InitProcessGroupKwargs, so the job must end soon after).
+(the process group's timeout is 60 s here, InitProcessGroupKwargs, so the job must end soon after).
 """
 
 import datetime
@@ -20,7 +20,7 @@ from lowbit.utils import InitProcessGroupKwargs
 
 
 def main(how: str, fail_rank: int, stamp: Path) -> None:
-    handlers = [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=20))] if how == "stuck" else []
+    handlers = [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=60))] if how == "stuck" else []
     accelerator = Accelerator(kwargs_handlers=handlers)
     model = nn.Linear(8, 8)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
