@@ -66,7 +66,16 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 # Accelerate's --parallelism_config_* flags, without the prefix (the keys of the parallelism_config section).
-PARALLELISM_FLAGS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "cp_comm_strategy")
+PARALLELISM_FLAGS = (
+    "dp_replicate_size",
+    "dp_shard_size",
+    "tp_size",
+    "cp_size",
+    "cp_backend",
+    "cp_comm_strategy",
+    "sp_size",
+    "sp_backend",
+)
 
 
 def _strategy_switches() -> dict[str, str]:

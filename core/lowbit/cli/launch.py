@@ -18,7 +18,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lowbit.cli.cluster import check_one_job, only_this_machine_note, read_cluster_job
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
+from lowbit.cli.launcher_flags import (
+    ONE_MACHINE_LAUNCHERS,
+    TORCHRUN_FLAGS,
+    accept_hyphenated_spellings,
+    add_launcher_flags,
+    flags_without_effect,
+)
 from lowbit.cli.run_script import patching_wanted
 
 from lowbit.kernel import notices
@@ -48,19 +56,8 @@ def add_parser(sub: Any, name: str, help_text: str) -> None:
     _add_launcher_flags(parser)
     parser.add_argument("training_script", help="the script to run (a module name with -m)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    accept_hyphenated_spellings(parser)
     parser.set_defaults(run=run)
-
-
-# `accelerate launch` flags that only tune Accelerate's own launcher or other hardware: accepted
-# so that a launch command moves over unchanged, and named in a note.
-ACCELERATE_NOOP_SWITCHES = ("same_network", "downcast_bf16", "enable_cpu_affinity")
-ACCELERATE_NOOP_FLAGS = (
-    "rdzv_backend",
-    "main_training_function",
-    "zero3_init_flag",
-    "zero3_save_16bit_model",
-    *ACCELERATE_NOOP_SWITCHES,
-)
 
 
 def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
@@ -70,20 +67,12 @@ def _add_launcher_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--num_cpu_threads_per_process", type=int, default=None, help="OMP_NUM_THREADS for each process")
     group.add_argument(
-        "--monitor_interval", type=float, default=None, help="seconds between torchrun's checks of the workers"
-    )
-    group.add_argument("--max_restarts", type=int, default=None, help="torchrun restarts of a failed job (default 0)")
-    group.add_argument(
         "--simulate_nccl",
         action="store_true",
         help="on CPU processes, refuse what NCCL refuses: a lowbit collective on a tensor not put on the "
         "group's device fails as it would on GPUs (sets LOWBIT_SIMULATE_NCCL=1)",
     )
-    for flag in ACCELERATE_NOOP_FLAGS:
-        switch = flag in ACCELERATE_NOOP_SWITCHES
-        group.add_argument(
-            f"--{flag}", default=None, help=argparse.SUPPRESS, **({"action": "store_true"} if switch else {})
-        )
+    add_launcher_flags(group, parser)
 
 
 def _plugin_manager():
@@ -148,14 +137,32 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         raise ConfigError(
             f"Training script {str(script)!r} does not exist (looked in {os.getcwd()}). To run a module, add -m."
         )
-    noop = [f"--{flag}" for flag in ACCELERATE_NOOP_FLAGS if getattr(args, flag, None) is not None]
-    note_ignored("lowbit launch", noop)
+    note_ignored("lowbit launch", flags_without_effect(args))
+    if module and getattr(args, "no_python", False):
+        raise ConfigError("-m runs a Python module and --no_python runs a program that is not Python: give one.")
     path = Path(args.config_file) if args.config_file else default_config_path()
     file_raw = read_config_file(path) if (args.config_file or path.exists()) else {}
     flags_raw = raw_config_from_args(args)
     # LOWBIT_* variables set where lowbit launch runs count as in the script: over the file, under the flags
     env_raw = config_from_env(os.environ)
-    config = validate_config(merge_raw(file_raw, env_raw, flags_raw), where=str(path), check_fp8_keys=False)
+    # What a scheduler says about the job (Slurm, torchrun's PET_* variables) lies below them all.
+    cluster = read_cluster_job(os.environ)
+    cluster_raw = cluster.settings if cluster else {}
+    config = validate_config(
+        merge_raw(cluster_raw, file_raw, env_raw, flags_raw), where=str(path), check_fp8_keys=False
+    )
+    machines_from = _given_by("num_machines", flags_raw, env_raw, file_raw, path)
+    check_one_job(cluster, config.num_machines, machines_from)
+    if cluster and machines_from is None and config.num_machines > 1:
+        print(
+            f"lowbit launch: {cluster.scheduler}: machine {config.machine_rank} of {config.num_machines}, "
+            f"machine 0 at {config.main_process_ip}:{config.main_process_port} ({cluster.shown()}).",
+            file=sys.stderr,
+            flush=True,
+        )
+    alone = only_this_machine_note(cluster, config.num_machines)
+    if alone:
+        notices.note(alone)
     gpu_ids = _gpu_ids(config.gpu_ids)
     machine_gpus = _visible_gpu_count() if not config.use_cpu else 0
     if gpu_ids and not machine_gpus:
@@ -167,16 +174,21 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
             flush=True,
         )
         gpu_ids = []
-    if not any("num_processes" in raw for raw in (file_raw, env_raw, flags_raw)) and not config.use_cpu:
+    if not any("num_processes" in raw for raw in (file_raw, env_raw, flags_raw)):
+        per_machine = cluster.processes_per_machine if cluster else None
         visible = len(gpu_ids) if gpu_ids else machine_gpus
-        if visible > 1:  # as accelerate launch: one process per visible GPU, on each machine
-            config.num_processes = visible * config.num_machines
+        if per_machine is None and not config.use_cpu and visible > 1:
+            per_machine = visible  # as accelerate launch: one process per visible GPU, on each machine
             print(
-                f"lowbit launch: {visible} GPUs visible: {config.num_processes} processes, one per GPU "
+                f"lowbit launch: {visible} GPUs visible: {visible * config.num_machines} processes, one per GPU "
                 "(--num_processes to choose).",
                 file=sys.stderr,
                 flush=True,
             )
+        if per_machine is None and config.num_machines > 1:
+            per_machine = 1
+        if per_machine:
+            config.num_processes = per_machine * config.num_machines
     if config.num_processes < 1 or config.num_machines < 1:
         raise ConfigError(
             f"--num_processes and --num_machines must be at least 1, got {config.num_processes} and "
@@ -223,8 +235,9 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     if getattr(args, "simulate_nccl", False):
         env[SIMULATE_ENV] = "1"
     target = ["-m", args.training_script] if module else [str(script)]
+    no_python = getattr(args, "no_python", False)
     # Through lowbit's runner, transformers' Trainer and TRL's trainers in the script build lowbit's Accelerator.
-    runner = patching_wanted({**os.environ, **env})
+    runner = patching_wanted({**os.environ, **env}) and not no_python
     entry = [RUNNER, *target] if runner else [args.training_script]  # what torchrun runs (a module with the runner)
     # One process runs as a plain script; asked for MULTI_GPU (--multi_gpu), it runs under torchrun
     # and trains under DDP, as Accelerate does.
@@ -233,45 +246,18 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         and config.distributed_type.upper() in SINGLE_PROCESS_TYPES
         and config.distributed_type.upper() != "MULTI_GPU"
     ):
+        one = [*flags_for_torchrun(args), *(["--deepspeed_multinode_launcher"] if _multinode_launcher(args) else [])]
+        note_ignored("lowbit launch with one process", [f"{flag} (torchrun's; no torchrun runs)" for flag in one])
+        if no_python:
+            return [str(script), *args.training_script_args], env, config
         return [sys.executable, *(["-m", RUNNER] if runner else []), *target, *args.training_script_args], env, config
-    if config.num_machines > 1:
-        if not config.main_process_ip:
-            raise ConfigError("A multi-machine launch needs --main_process_ip (the address of machine 0).")
-        port = config.main_process_port or 29500
-        if config.machine_rank == 0:
-            _check_port_free(port)
-        rendezvous = [
-            "--nnodes",
-            str(config.num_machines),
-            "--node_rank",
-            str(config.machine_rank),
-            "--master_addr",
-            config.main_process_ip,
-            "--master_port",
-            str(port),
-        ]
-    else:
-        port = config.main_process_port
-        if port is None:
-            port = _free_port()
-        else:
-            _check_port_free(port)
-        rendezvous = [
-            "--nnodes",
-            "1",
-            "--master_addr",
-            config.main_process_ip or "127.0.0.1",
-            "--master_port",
-            str(port),
-        ]
+    rendezvous = rendezvous_arguments(config, args)
     per_machine = config.num_processes // config.num_machines
-    torchrun_options = [
-        f"--{name}={getattr(args, name)}"
-        for name in ("monitor_interval", "max_restarts")
-        if getattr(args, name, None) is not None
-    ]
+    torchrun_options = flags_for_torchrun(args)
     if module or runner:
         torchrun_options.append("--module")
+    elif no_python:
+        torchrun_options.append("--no_python")
     if per_machine > 1 and "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(threads_per_process(per_machine))
         print(
@@ -294,6 +280,74 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     ]
     env.update(notices.said_env())  # the ranks do not repeat what the launcher said
     return command, env, config
+
+
+def flags_for_torchrun(args: argparse.Namespace) -> list[str]:
+    """The launcher flags given that torchrun takes as they are (``--rdzv_conf``, ``--tee``, ...)."""
+    return [
+        f"{option}={getattr(args, flag)}"
+        for flag, option in TORCHRUN_FLAGS.items()
+        if getattr(args, flag, None) is not None
+    ]
+
+
+def rendezvous_arguments(config: "LowbitConfig", args: argparse.Namespace) -> list[str]:
+    """torchrun's options that make the machines one job.
+
+    A static rendezvous numbers the machines by ``machine_rank``; c10d and etcd number them as
+    they arrive, so there the rank is not passed (every machine may give 0, as Accelerate's Slurm
+    example does). One machine gets a free port of its own unless one is given."""
+    if config.num_machines == 1:
+        port = config.main_process_port
+        if port is None:
+            port = _free_port()
+        else:
+            _check_port_free(port)
+        return ["--nnodes", "1", "--master_addr", config.main_process_ip or "127.0.0.1", "--master_port", str(port)]
+    launcher = _multinode_launcher(args)
+    if launcher and launcher not in ONE_MACHINE_LAUNCHERS:
+        raise ConfigError(
+            f"--deepspeed_multinode_launcher {launcher} starts every machine from one command; lowbit launch "
+            f"starts the machine it runs on, through torchrun. Run lowbit launch on each machine (under Slurm: "
+            f"`srun --ntasks-per-node=1 lowbit launch ...`, which lowbit reads), and give "
+            f"--deepspeed_multinode_launcher {ONE_MACHINE_LAUNCHERS[0]} or leave it out."
+        )
+    if not config.main_process_ip:
+        raise ConfigError(
+            "A multi-machine launch needs --main_process_ip (the address of machine 0); under Slurm or a "
+            "Kubeflow TrainJob lowbit reads it from the scheduler's variables."
+        )
+    port = config.main_process_port or 29500
+    nodes = ["--nnodes", str(config.num_machines)]
+    if config.rdzv_backend != "static":
+        return [*nodes, "--rdzv_backend", config.rdzv_backend, "--rdzv_endpoint", f"{config.main_process_ip}:{port}"]
+    if not 0 <= config.machine_rank < config.num_machines:
+        raise ConfigError(
+            f"--machine_rank {config.machine_rank} is not a machine of {config.num_machines} (0 to "
+            f"{config.num_machines - 1}); or give --rdzv_backend c10d, which numbers the machines itself."
+        )
+    if config.machine_rank == 0:
+        _check_port_free(port)
+    return [
+        *nodes,
+        "--node_rank",
+        str(config.machine_rank),
+        "--master_addr",
+        config.main_process_ip,
+        "--master_port",
+        str(port),
+    ]
+
+
+def _multinode_launcher(args: argparse.Namespace) -> str | None:
+    launcher = getattr(args, "deepspeed_multinode_launcher", None)
+    return launcher.strip().lower() if launcher else None
+
+
+def _given_by(key: str, flags_raw: dict, env_raw: dict, file_raw: dict, path: Path) -> str | None:
+    """Which of the user's sources set ``key`` (the highest), for messages; None: nobody did."""
+    sources = ((flags_raw, f"--{key}"), (env_raw, f"LOWBIT_{key.upper()}"), (file_raw, f"the config file {path}"))
+    return next((where for raw, where in sources if key in raw), None)
 
 
 def _gpu_ids(given: str | None) -> list[str]:

@@ -83,6 +83,14 @@ def _unknown_flags(parser: argparse.ArgumentParser, command: str | None, unknown
     sub = _subparser(parser, command)
     known = [flag for action in (sub or parser)._actions for flag in action.option_strings]
     flag = next((u for u in unknown if u.startswith("-")), unknown[0]).split("=")[0]
+    if command == "launch":  # accelerate launch's flags that lowbit refuses, by name, with what to use
+        from lowbit.cli.launcher_flags import refusal
+
+        why = next((refusal(u) for u in unknown if u.startswith("-") and refusal(u)), None)
+        if why:
+            refused = next(u for u in unknown if u.startswith("-") and refusal(u)).split("=")[0]
+            print(f"lowbit launch: error: {refused}: {why}.", file=sys.stderr)
+            return 2
     if sub is not None:
         sub.print_usage(sys.stderr)
     where = f"lowbit {command}" if command else "lowbit"

@@ -170,6 +170,10 @@ DOCUMENTED_FP8_KEYS: dict[str, OptionSpec] = {
 }
 
 
+# Options whose launch flag is a switch, as in accelerate launch: a value after it would be the script.
+SWITCH_OPTIONS = frozenset({"use_autocast_during_eval"})
+
+
 def recipe_flag(name: str) -> str:
     """``fp8_format`` -> ``--fp8_format``, ``recipe`` -> ``--fp8_recipe``."""
     return "--" + (name if name.startswith("fp8_") else f"fp8_{name}")
@@ -189,7 +193,13 @@ def add_recipe_flags(parser: Any, recipe_class: type[RecipeKwargs], title: str) 
         metavar = (
             "{" + ",".join(spec.choices) + "}" if spec.choices else getattr(spec.type, "__name__", "VALUE").upper()
         )
-        extra = {"nargs": "?", "const": "true"} if spec.type is bool else {}
+        extra = {}
+        if spec.type is bool:  # --flag alone is true; --flag false (Accelerate's switches take no value)
+            extra = (
+                {"action": "store_const", "const": "true"}
+                if name in SWITCH_OPTIONS
+                else {"nargs": "?", "const": "true"}
+            )
         group.add_argument(flag, dest=flag[2:], default=None, metavar=metavar, help=spec.help, **extra)
 
 

@@ -26,7 +26,6 @@ IGNORED_TOP_LEVEL = frozenset(
         "compute_environment",
         "main_training_function",
         "downcast_bf16",
-        "rdzv_backend",
         "same_network",
         "enable_cpu_affinity",
         "tpu_env",

@@ -125,6 +125,13 @@ class LowbitConfig:
     machine_rank: int = _setting(int, 0, "rank of this machine, 0 for the main one")
     main_process_ip: str | None = _setting(str, None, "address of machine 0")
     main_process_port: int | None = _setting(int, None, "port of the rendezvous on machine 0")
+    rdzv_backend: str = _setting(
+        str,
+        "static",
+        "how the machines of a multi-machine job meet (torchrun's rendezvous): static, each given its "
+        "machine_rank; or c10d / etcd / etcd-v2, which number the machines themselves",
+        ("static", "c10d", "etcd", "etcd-v2"),
+    )
     gpu_ids: str | None = _setting(
         str,
         None,
