@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from lowbit.cli.cluster import first_host, read_cluster_job, slurm_port
+
 from lowbit.kernel.errors import ConfigError
 
 from tests.core.cli.test_cluster_launch import slurm_step
