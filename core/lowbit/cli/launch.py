@@ -30,7 +30,6 @@ from lowbit.cli.launcher_flags import (
 from lowbit.cli.run_script import patching_wanted
 
 from lowbit.kernel import notices
-from lowbit.kernel.env_numbers import env_number
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.first_party import first_party, install_command
 from lowbit.kernel.recipes import FP8_ENV_PREFIX
@@ -417,18 +416,29 @@ def run(args: argparse.Namespace) -> int:
 
 def run_job(command: list[str], env: dict[str, str]) -> int:
     """Run the job; SIGTERM (and SIGINT) to the launcher reach every process of it, and what is
-    still running a grace period later (``LOWBIT_PREEMPTION_GRACE`` seconds, 60 by default) is
-    killed, so nothing outlives the launcher (see training/preemption.py). A multi-process job
+    still running a window later (``LOWBIT_PREEMPTION_GRACE`` seconds, 25 by default) is killed,
+    so nothing outlives the launcher (see training/preemption.py). SIGUSR1, a scheduler's early
+    warning, reaches every process too: the job starts with it ignored (torchrun and the loaders'
+    workers would die of it), and lowbit's ranks take it over to checkpoint. A multi-process job
     (torchrun and its ranks) gets a process group of its own, so that all of it can be signalled;
     a one-process job stays in the terminal's group (so ``input()`` and ``pdb`` work, and Ctrl-C
     reaches it from the terminal directly)."""
     import signal
     import time
 
-    grace = env_number("LOWBIT_PREEMPTION_GRACE", 60.0, meaning="seconds the processes get to save after SIGTERM")
+    # torch, only when a job runs
+    from lowbit.runtime.training.preemption import GRACE_ENV, grace_seconds, warning_action
+
+    grace = grace_seconds()
     own_group = "torch.distributed.run" in command
-    # os.setpgrp rather than Popen(process_group=0): that argument needs Python 3.11; lowbit runs on 3.10.
-    job = subprocess.Popen(command, env=env, preexec_fn=os.setpgrp if own_group else None)
+
+    def start_child() -> None:
+        # os.setpgrp rather than Popen(process_group=0): that argument needs Python 3.11; lowbit runs on 3.10.
+        if own_group:
+            os.setpgrp()
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # kept across exec, by torchrun's workers too
+
+    job = subprocess.Popen(command, env=env, preexec_fn=start_child)
     deadline: list[float] = []
 
     def send(signum: int) -> None:
@@ -442,6 +452,14 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
         received.append(signum)
         deadline.append(time.monotonic() + grace)
 
+    def warn(signum, frame):
+        # torchrun starts each rank in a session of its own: the ranks are told one by one.
+        for pid in _children(job.pid) if own_group else [job.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        if warning_action() == "stop":  # the ranks save and stop as on SIGTERM (exit code 143)
+            received.append(signal.SIGTERM)
+
     def stopped(returncode: int) -> int:
         # torchrun reports ranks that exited 143 on the forwarded SIGTERM as a failure (1): the job
         # stopped as asked, and says so as a one-process job does, 128 + the signal.
@@ -451,6 +469,7 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
 
     forwarded = (signal.SIGTERM, signal.SIGINT) if own_group else (signal.SIGTERM,)
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, warn)
     try:
         while True:
             try:
@@ -458,7 +477,8 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
             except subprocess.TimeoutExpired:
                 if deadline and time.monotonic() > deadline[0]:
                     print(
-                        f"lowbit launch: the job did not stop within {grace:.0f} s of the signal; killing it.",
+                        f"lowbit launch: the job did not stop within {grace:.0f} s of the signal "
+                        f"({GRACE_ENV}); killing it.",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -470,6 +490,16 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
         if own_group:  # a rank that outlived torchrun
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(job.pid, signal.SIGKILL)
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (Linux's /proc; none where it is missing)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:  # the field after the state
+                found.append(int(stat.parent.name))
+    return found
 
 
 def _exit_code(returncode: int) -> int:

@@ -3,6 +3,7 @@ step, exits, and nothing is left running (1 and 2 processes, for real)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -115,3 +116,60 @@ def test_the_preemption_checkpoint_is_taken_between_iterations(prepared_loader):
         signals.signal(signals.SIGTERM, before)
     assert seen["steps"] == seen["scheduler"] == 4  # stopped after step 4's optimizer step, its loop body whole
     assert torch.equal(seen["weights"], last)
+
+
+def _run_warning_job(out: Path, *extra: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", LOWBIT_PREEMPTION_POLL_STEPS="2", **(env_extra or {}))
+    out.mkdir()
+    command = launch_argv("--cpu", "--num_processes", "2", str(WARNING_WORKER), str(out), *extra)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+
+
+WARNING_WORKER = TESTS / "distributed" / "preemption_warning_worker.py"
+
+
+@pytest.mark.multiprocess
+def test_slurms_early_warning_checkpoints_every_rank_at_one_step_and_training_goes_on(tmp_path):
+    """SIGUSR1 to the launcher (Slurm's --signal=USR1@90): both ranks save at the same whole
+    iteration, the job trains to its end, and its losses are those of a run without the warning."""
+    warned = _run_warning_job(tmp_path / "warned", "signal")
+    assert warned.returncode == 0, warned.stderr[-3000:]
+    plain = _run_warning_job(tmp_path / "plain")
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "warned" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["saved_at"] == ranks[1]["saved_at"] and len(ranks[0]["saved_at"]) == 1, ranks
+    step = ranks[0]["saved_at"][0]
+    assert 3 <= step <= 6 and (tmp_path / "warned" / f"ckpt_{step}" / "lowbit_state.json").exists()
+    assert ranks[0]["step"] == 16  # trained on to the end
+    unwarned = json.loads((tmp_path / "plain" / "rank0.json").read_text())
+    assert unwarned["saved_at"] == [] and ranks[0]["losses"] == unwarned["losses"]
+    assert "training goes on" in warned.stderr and "SIGUSR1" in warned.stderr
+
+
+@pytest.mark.multiprocess
+def test_the_early_warning_can_stop_the_job_after_its_checkpoint(tmp_path):
+    stopped = _run_warning_job(tmp_path / "stop", "signal", env_extra={"LOWBIT_PREEMPTION_WARNING": "stop"})
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert len(list((tmp_path / "stop").glob("ckpt_*"))) == 1 and not (tmp_path / "stop" / "rank0.json").exists()
+
+
+def test_the_default_window_fits_a_schedulers_30_s(monkeypatch):
+    from lowbit.runtime.training import preemption
+
+    monkeypatch.delenv(preemption.GRACE_ENV, raising=False)
+    assert preemption.grace_seconds() < 30  # Slurm's KillWait and Kubernetes' grace period: 30 s by default
+
+
+def test_the_preemption_note_says_how_long_the_save_took_against_the_window(monkeypatch, recwarn):
+    from lowbit.runtime.training.preemption import PreemptionWatch
+
+    monkeypatch.setenv("LOWBIT_PREEMPTION_GRACE", "5")
+    watch = PreemptionWatch(num_processes=1)
+    watch.callbacks.append(lambda: None)
+    watch.signalled, watch.signal_time = True, time.monotonic() - 7.0  # the save ends past the window
+    watch.after_step()
+    with pytest.raises(SystemExit):
+        watch.at_iteration_start()
+    said = " ".join(str(w.message) for w in recwarn)
+    assert "s after SIGTERM, of a 5 s window" in said and "past the 5 s window" in said

@@ -1,20 +1,25 @@
 """Preemption: a scheduler's SIGTERM becomes a flag the training loop checks, so that every rank
-saves at the same step and exits, instead of dying mid-step.
+saves at the same step and exits, instead of dying mid-step; its early warning (SIGUSR1, as
+Slurm's ``--signal=USR1@90`` sends) becomes a checkpoint at the same step on every rank, after
+which training goes on (or stops, ``LOWBIT_PREEMPTION_WARNING=stop``).
 
-``lowbit launch`` forwards SIGTERM (and Ctrl-C's SIGINT) to every process of the job and, after a
-grace period (``LOWBIT_PREEMPTION_GRACE`` seconds, 60 by default), kills what is left, so nothing
-outlives the launcher. In the script, lowbit takes over SIGTERM once the script shows it listens:
-``accelerator.on_preemption(callback)`` or a first read of ``accelerator.preemption_requested``.
-Until then SIGTERM ends the process as usual (a loop that never checks would otherwise ignore it).
+``lowbit launch`` forwards SIGTERM (and Ctrl-C's SIGINT) and SIGUSR1 to every process of the job
+and, a window after SIGTERM (``LOWBIT_PREEMPTION_GRACE`` seconds, 25 by default: inside the 30 s
+that Slurm's ``KillWait`` and Kubernetes' ``terminationGracePeriodSeconds`` give by default), kills
+what is left, so nothing outlives the launcher. In the script, lowbit takes over both signals once
+the script shows it listens: ``accelerator.on_preemption(callback)`` or a first read of
+``accelerator.preemption_requested``. Until then SIGTERM ends the process as usual (a loop that
+never checks would otherwise ignore it), and SIGUSR1 is ignored (the launcher starts the job so).
 
 The ranks must agree: one rank that saves while another still trains would hang both. So the
-flag every rank reads is the maximum over the ranks (one small all-reduce per read).
+flags every rank reads are the maximum over the ranks (one small all-reduce per read).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -24,10 +29,36 @@ from lowbit.kernel.env_numbers import env_number
 from lowbit.runtime.collective_device import on_group_device
 
 # Several processes poll the stop signal together this often (in optimizer steps): the all-reduce
-# it takes is a host sync. lowbit launch's grace period (60 s) covers 10 steps of up to 6 s; a
-# scheduler's shorter grace or longer steps: lower it (LOWBIT_PREEMPTION_POLL_STEPS).
+# it takes is a host sync. The window after SIGTERM (25 s) covers 10 steps of up to 2 s and the save;
+# longer steps or a larger save: lower it (LOWBIT_PREEMPTION_POLL_STEPS).
 POLL_STEPS_ENV = "LOWBIT_PREEMPTION_POLL_STEPS"
 DEFAULT_POLL_STEPS = 10
+GRACE_ENV = "LOWBIT_PREEMPTION_GRACE"
+# Seconds from SIGTERM until the launcher kills what is left: 5 s inside the common 30 s window,
+# so that the launcher, not the scheduler's SIGKILL, ends the job and says what happened.
+DEFAULT_GRACE_S = 25.0
+WARNING_ENV = "LOWBIT_PREEMPTION_WARNING"
+WARNING_ACTIONS = ("checkpoint", "stop")  # what SIGUSR1 does: the first is the default
+STOP_EXIT_CODE = 143  # 128 + SIGTERM, what a scheduler expects of a job it preempted
+
+
+def grace_seconds() -> float:
+    """The window after SIGTERM (``LOWBIT_PREEMPTION_GRACE``), read where it is needed."""
+    return env_number(GRACE_ENV, DEFAULT_GRACE_S, meaning="seconds the processes get to save after SIGTERM")
+
+
+def warning_action() -> str:
+    import os
+
+    from lowbit.kernel.errors import ConfigError
+
+    action = os.environ.get(WARNING_ENV, "").strip().lower() or WARNING_ACTIONS[0]
+    if action not in WARNING_ACTIONS:
+        raise ConfigError(
+            f"{WARNING_ENV}={action!r}: give checkpoint (save at the early warning and train on) or stop "
+            "(save and stop)."
+        )
+    return action
 
 
 class PreemptionWatch:
@@ -45,66 +76,107 @@ class PreemptionWatch:
             )
         )
         self.signalled = False
+        self.warned = False  # SIGUSR1 since the last checkpoint
+        self.signal_time: float | None = None  # when SIGTERM arrived (monotonic), for the window's note
+        self.warning_action = warning_action()
         self.callbacks: list[Callable[[], None]] = []
         self._installed = False
         self._handled = False
         # The ranks agreed to stop at an optimizer step; the callbacks run at the next iteration's
         # start, once the script's loop body finished (its scheduler step, its counters).
         self.stop_pending = False
+        self.checkpoint_pending = False
         self.steps = 0
 
     def listen(self) -> None:
-        """Take over SIGTERM (from the main thread; elsewhere Python cannot install handlers)."""
+        """Take over SIGTERM and SIGUSR1 (from the main thread; elsewhere Python cannot install handlers)."""
         if self._installed or threading.current_thread() is not threading.main_thread():
             return
         previous = signal.getsignal(signal.SIGTERM)
 
         def on_sigterm(signum, frame):
             self.signalled = True
+            self.signal_time = self.signal_time or time.monotonic()
             if callable(previous):
                 previous(signum, frame)
 
+        def on_sigusr1(signum, frame):
+            self.warned = True
+
         signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(signal.SIGUSR1, on_sigusr1)
         self._installed = True
 
     def requested(self) -> bool:
         """Whether any rank was asked to stop (every rank gets the same answer)."""
         self.listen()
-        flag = self.signalled
+        return self._agree()[0]
+
+    def _agree(self) -> tuple[bool, bool]:
+        """(stop, checkpoint): whether any rank was asked either, in one all-reduce."""
+        stop = self.signalled or (self.warned and self.warning_action == "stop")
+        checkpoint = self.warned
         if self.num_processes > 1:
             import torch.distributed as dist
 
             if dist.is_initialized():
-                agreed = on_group_device(torch.tensor([int(flag)]))
+                agreed = on_group_device(torch.tensor([int(stop), int(checkpoint)]))
                 dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-                flag = bool(agreed.item())
-        return flag
+                stop, checkpoint = (bool(flag) for flag in agreed.tolist())
+        return stop, checkpoint
 
     def after_step(self) -> None:
-        """At each optimizer step: whether to stop. Several processes agree on the signal every
-        ``poll_every_steps`` steps (one small all-reduce and host read then; none in between), one
-        process at every step (a flag, no device read). The stop itself waits for the iteration's end
-        (:meth:`at_iteration_start`): inside ``optimizer.step()`` the weights have moved but the
-        script's own step (its LR scheduler, its counters) has not, so a checkpoint written there
-        would hold step N's weights and say step N-1."""
+        """At each optimizer step: whether to stop or checkpoint. Several processes agree on the
+        signals every ``poll_every_steps`` steps (one small all-reduce and host read then; none in
+        between), one process at every step (a flag, no device read). The save itself waits for the
+        iteration's end (:meth:`at_iteration_start`): inside ``optimizer.step()`` the weights have
+        moved but the script's own step (its LR scheduler, its counters) has not, so a checkpoint
+        written there would hold step N's weights and say step N-1."""
         self.steps += 1
-        if self._handled or self.stop_pending or not self.callbacks:
+        if self._handled or self.stop_pending or self.checkpoint_pending or not self.callbacks:
             return
         if self.num_processes > 1 and self.steps % self.poll_every_steps:
             return
-        self.stop_pending = self.requested()
+        stop, checkpoint = self._agree()
+        self.stop_pending = stop
+        self.checkpoint_pending = checkpoint and not stop
 
     def at_iteration_start(self) -> None:
         """The next batch is asked for (a prepared dataloader), or the next backward starts: the last
-        iteration is whole. After an agreed stop: run the callbacks once, then exit (code 143)."""
-        if not self.stop_pending or self._handled:
+        iteration is whole. After an agreed stop: run the callbacks once, then exit (code 143). After
+        an agreed early warning: run them, and train on."""
+        if self._handled or not (self.stop_pending or self.checkpoint_pending):
             return
-        self._handled = True
-        for callback in self.callbacks:
-            callback()
         from lowbit.kernel import notices
 
-        notices.note(
-            "preemption: the on_preemption callbacks ran; this process exits now (exit code 143).", every_rank=False
-        )
-        raise SystemExit(143)
+        started = time.monotonic()
+        for callback in self.callbacks:
+            callback()
+        took = time.monotonic() - started
+        if self.checkpoint_pending:
+            self.checkpoint_pending = self.warned = False
+            notices.note(
+                f"preemption warning (SIGUSR1): the on_preemption callbacks ran at step {self.steps} in {took:.1f} s; "
+                f"training goes on ({WARNING_ENV}=stop stops after the checkpoint)."
+            )
+            return
+        self._handled = True
+        notices.note(f"preemption: {self._against_the_window(took)}; this process exits now (exit code 143).")
+        raise SystemExit(STOP_EXIT_CODE)
+
+    def _against_the_window(self, took: float) -> str:
+        """How long the save took, and when it ended against the window after SIGTERM."""
+        said = f"the on_preemption callbacks ran at step {self.steps} in {took:.1f} s"
+        if self.signal_time is None:  # stopped on the early warning: no window runs
+            return said
+        since, window = time.monotonic() - self.signal_time, grace_seconds()
+        if since > window:
+            from lowbit.kernel import notices
+
+            notices.warn(
+                f"preemption: the save ended {since:.1f} s after SIGTERM, past the {window:.0f} s window "
+                f"({GRACE_ENV}): the job may have been killed while saving. Poll more often "
+                f"({POLL_STEPS_ENV}, now {self.poll_every_steps}), save less, or ask the scheduler for a longer "
+                "window and set it here."
+            )
+        return f"{said}, {since:.1f} s after SIGTERM, of a {window:.0f} s window ({GRACE_ENV})"
