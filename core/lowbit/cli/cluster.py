@@ -12,6 +12,8 @@ Sources, first found wins:
 
 - torchrun's own variables (``PET_NNODES``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ...), which
   Kubeflow Trainer and PyTorchJob set in each pod;
+- SkyPilot's task variables (``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NODE_IPS``),
+  set on every node it runs the task's ``run`` section on;
 - a Slurm job step (``srun``: ``SLURM_STEP_NUM_NODES``, ``SLURM_NODEID``, the node list); in the
   batch script itself, outside ``srun``, only one launcher runs however many nodes were given;
 - ``WORLD_SIZE`` exported by an outer launcher, which says there are several processes but not
@@ -67,7 +69,7 @@ def read_cluster_job(environ: Mapping[str, str] | None = None) -> ClusterJob | N
     several processes whose layout is unknown); None on one machine."""
     environ = os.environ if environ is None else environ
     _refuse_nested_launch(environ)
-    for reader in (_from_torchrun_variables, _from_slurm, _from_world_size):
+    for reader in (_from_torchrun_variables, _from_skypilot, _from_slurm, _from_world_size):
         job = reader(environ)
         if job is not None:
             return job
@@ -151,6 +153,23 @@ def _from_torchrun_variables(environ: Mapping[str, str]) -> ClusterJob | None:
             settings["main_process_port"] = _whole(environ["PET_MASTER_PORT"], "PET_MASTER_PORT")
     per_machine = _processes_per_machine(environ.get("PET_NPROC_PER_NODE", "").strip())
     return ClusterJob("torchrun's PET_* variables (Kubeflow, ...)", evidence, settings, per_machine)
+
+
+def _from_skypilot(environ: Mapping[str, str]) -> ClusterJob | None:
+    nodes_text = environ.get("SKYPILOT_NUM_NODES", "").strip()
+    if not nodes_text or _whole(nodes_text, "SKYPILOT_NUM_NODES") <= 1:
+        return None
+    names = ("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_GPUS_PER_NODE")
+    evidence = {name: environ[name] for name in names if environ.get(name)}
+    settings: dict[str, Any] = {"num_machines": _whole(nodes_text, "SKYPILOT_NUM_NODES")}
+    if environ.get("SKYPILOT_NODE_RANK"):
+        settings["machine_rank"] = _whole(environ["SKYPILOT_NODE_RANK"], "SKYPILOT_NODE_RANK")
+    head = (environ.get("SKYPILOT_NODE_IPS") or "").split()
+    if head:  # one address a line, the head node's first
+        settings["main_process_ip"] = head[0]
+    gpus = environ.get("SKYPILOT_NUM_GPUS_PER_NODE", "").strip()
+    per_machine = _whole(gpus, "SKYPILOT_NUM_GPUS_PER_NODE") if gpus and gpus != "0" else None
+    return ClusterJob("SkyPilot", evidence, settings, per_machine)
 
 
 def _processes_per_machine(text: str) -> int | None:

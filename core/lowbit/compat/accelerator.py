@@ -852,6 +852,8 @@ class Accelerator(RankFacts):
             self._run.checkpointer.refuse_nonfinite_weights()
         if output_dir is None:
             output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
+            # every rank checks that the name is new before any rank writes there
+            self.wait_for_everyone()
         return self._run.checkpointer.save(output_dir)
 
     def load_state(

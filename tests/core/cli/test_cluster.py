@@ -217,3 +217,15 @@ def test_a_machine_rank_outside_the_job_is_refused(tmp_path, monkeypatch):
         build(
             tmp_path, monkeypatch, {}, "--cpu", "--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "h"
         )
+
+
+def test_skypilots_task_variables_make_one_job(tmp_path, monkeypatch):
+    env = {
+        "SKYPILOT_NUM_NODES": "2",
+        "SKYPILOT_NODE_RANK": "1",
+        "SKYPILOT_NODE_IPS": "10.1.0.4\n10.1.0.5",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "8",
+    }
+    command, _, config = build(tmp_path, monkeypatch, env)
+    assert (config.num_machines, config.machine_rank, config.num_processes) == (2, 1, 16)
+    assert after(command, "--master_addr") == "10.1.0.4" and after(command, "--nproc_per_node") == "8"

@@ -204,3 +204,36 @@ def slurm_step(node: int, job_id: str) -> dict[str, str]:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+RESUME = Path(__file__).resolve().parents[3] / "examples" / "cluster_resume.py"
+
+
+def _losses(stdout: str) -> dict[int, str]:
+    return {int(line.split()[1]): line.split()[3] for line in stdout.splitlines() if line.startswith("step ")}
+
+
+@pytest.mark.multiprocess
+def test_a_restarted_job_resumes_from_the_newest_checkpoint_with_the_same_losses(tmp_path):
+    """examples/cluster_resume.py: a first attempt that fails at step 6 (saved at 4), started again
+    as torchrun's --max_restarts or a requeue would, trains steps 5 to 12 as the unbroken run did.
+    (torch 2.13's own restart of gloo processes fails to reconnect on CPU, so the second attempt is a
+    second launch here; --max_restarts reaching torchrun is tested in test_cluster.py.)"""
+
+    def launch(project: Path, *extra: str) -> subprocess.CompletedProcess:
+        command = launch_argv(
+            "--cpu", "--num_processes", "2", str(RESUME), "--project_dir", str(project),
+            "--steps", "12", "--save_every", "4", *extra,
+        )  # fmt: skip
+        return subprocess.run(command, env=clean_env(), cwd=tmp_path, capture_output=True, text=True, timeout=BOUND_S)
+
+    unbroken = launch(tmp_path / "unbroken")
+    assert unbroken.returncode == 0, unbroken.stderr[-3000:]
+    crashed = launch(tmp_path / "broken", "--crash_at", "6")
+    assert crashed.returncode != 0 and "--crash_at 6" in crashed.stderr
+    resumed = launch(tmp_path / "broken", "--crash_at", "6")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed at step 4" in resumed.stdout
+    expected = _losses(unbroken.stdout)
+    assert sorted(expected) == list(range(1, 13))
+    assert _losses(resumed.stdout) == {step: loss for step, loss in expected.items() if step > 4}
