@@ -26,6 +26,8 @@ FSDP_FLAGS = (
     "fsdp_sharding_strategy",
     "fsdp_auto_wrap_policy",
     "fsdp_activation_checkpointing",
+    "fsdp_sync_module_states",
+    "fsdp_cpu_ram_efficient_loading",
     *FSDP_MUST_BE_OFF,
     *FSDP_IGNORED,
 )

@@ -210,6 +210,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
 
     env = config_to_env(config)
+    env.update(_once_per_machine_loading(config))
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     env["LOWBIT_CONFIG_FILE"] = str(path) if file_raw else os.devnull
@@ -336,6 +337,15 @@ def rendezvous_arguments(config: "LowbitConfig", args: argparse.Namespace) -> li
         "--master_port",
         str(port),
     ]
+
+
+def _once_per_machine_loading(config: "LowbitConfig") -> dict[str, str]:
+    """What Accelerate's launcher exports for ``fsdp_cpu_ram_efficient_loading``: transformers'
+    ``from_pretrained`` reads it and loads the checkpoint on each machine's local rank 0 only
+    (the others build on the meta device; prepare() fills them from rank 0)."""
+    if config.distributed_type.upper() != "FSDP" or not config.fsdp_config.get("cpu_ram_efficient_loading"):
+        return {}
+    return {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true", "FSDP_SYNC_MODULE_STATES": "true"}
 
 
 def _multinode_launcher(args: argparse.Namespace) -> str | None:

@@ -65,14 +65,18 @@ NO_AS_FALSE = {"mixed_precision": "no", "dynamo_backend": "no", "distributed_typ
 # dynamo_use_regional_compilation) are lowbit's own top-level settings, under the same names.
 
 # FSDP keys (fsdp_config in the file; FSDP_<KEY> variables from the launcher).
-FSDP_LOWBIT_KEYS = ("transformer_layer_cls_to_wrap", "reshard_after_forward", "activation_checkpointing")
+FSDP_LOWBIT_KEYS = (
+    "transformer_layer_cls_to_wrap",
+    "reshard_after_forward",
+    "activation_checkpointing",
+    "sync_module_states",
+    "cpu_ram_efficient_loading",
+)
 FSDP_IGNORED = {
     "fsdp_version": "lowbit always uses FSDP2 (fully_shard)",
     "fsdp_backward_prefetch": "FSDP2 prefetches by itself",
     "fsdp_forward_prefetch": "FSDP2 prefetches by itself",
     "fsdp_use_orig_params": "FSDP2 always keeps the original parameters",
-    "fsdp_sync_module_states": "FSDP2 shards the weights each rank built: seed every rank the same",
-    "fsdp_cpu_ram_efficient_loading": "models are built on every rank",
     "fsdp_state_dict_type": "save_state writes lowbit's own checkpoint format",
     "fsdp_min_num_params": "lowbit shards by block, not by size",
     "fsdp_activation_checkpointing_offload": "checkpointed activations stay on the device",
@@ -151,6 +155,8 @@ def translate_fsdp(section: Mapping[str, Any], where: str, ignored: list[str]) -
             out["activation_checkpointing"] = (
                 value if str(value).lower() in ("full", "selective") else _flag(value, key, where)
             )
+        elif key in ("fsdp_sync_module_states", "fsdp_cpu_ram_efficient_loading"):
+            out[key.removeprefix("fsdp_")] = _flag(value, key, where)
         elif key == "fsdp_reshard_after_forward":
             out["reshard_after_forward"] = _reshard(value, where)
         elif key in FSDP_IGNORED:

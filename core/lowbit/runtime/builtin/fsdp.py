@@ -21,6 +21,7 @@ from lowbit.runtime.builtin import sharded_state
 from lowbit.runtime.builtin.activation_checkpointing import MODES as CHECKPOINT_MODES
 from lowbit.runtime.builtin.activation_checkpointing import checkpoint_blocks
 from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
+from lowbit.runtime.training import weights_from_rank0
 
 NAME = "fsdp"
 # Everything sharded; one block's parameters are whole while it computes, and unsharded gradients
@@ -40,6 +41,10 @@ OPTIONS = {
     "reshard_after_forward": "free gathered parameters after forward (default true)",
     "activation_checkpointing": "recompute each block's activations in backward: false (default), true or 'full', "
     "or 'selective' (keep matmul outputs, recompute the rest)",
+    "sync_module_states": "every rank's shards take rank 0's weights at prepare() (default false)",
+    "cpu_ram_efficient_loading": "only local rank 0 of each machine loads a transformers checkpoint, the other "
+    "ranks build the model on the meta device and receive rank 0's weights at prepare() (implies "
+    "sync_module_states; lowbit launch exports what transformers reads for it)",
 }
 
 
@@ -147,9 +152,20 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
         model, units, options.get("activation_checkpointing", False), context.strategy_integration.activation_checkpoint
     )
     mesh = _fsdp_mesh(context)
+    from_rank0 = bool(options.get("sync_module_states") or options.get("cpu_ram_efficient_loading"))
+    if weights_from_rank0.unloaded_here(model) and not from_rank0:
+        raise ConfigError(
+            f"Rank {context.rank}'s model has weights on the meta device (transformers' cpu-RAM-efficient "
+            "loading, or init_empty_weights), and FSDP2 would shard them as they are. Set "
+            "fsdp_cpu_ram_efficient_loading (or fsdp_sync_module_states) so that prepare() fills them from rank 0."
+        )
+    whole = weights_from_rank0.whole_tensors(model) if from_rank0 and context.rank == 0 else None
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    if from_rank0:
+        weights_from_rank0.fill_shards(model, whole, context.device)
+        del whole
     tell_transformers_the_layout(model, context)
     return model, optimizer
 

@@ -23,6 +23,7 @@ from lowbit.kernel.types import PrepareContext
 from lowbit.runtime.observe.fp8_payoff import report_prediction, report_work
 from lowbit.runtime.observe.fp8_report import conversion_report, converted_nothing
 from lowbit.runtime.routing import ChosenPlugins, plugin_label
+from lowbit.runtime.training import weights_from_rank0
 from lowbit.runtime.training.data_loader import PreparedDataLoader
 from lowbit.runtime.training.operations import convert_to_fp32
 from lowbit.runtime.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepState
@@ -107,6 +108,7 @@ class Preparation:
             model = _not_wrapped_already(result[m_index])
             if self.before_conversion is not None:
                 self.before_conversion(model)
+            self._fill_unloaded_weights(model)
             if not self._strategy_places_model:
                 model = model.to(self.settings.device)
             optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
@@ -165,6 +167,20 @@ class Preparation:
                 self.prepared.dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
 
+    def _fill_unloaded_weights(self, model: torch.nn.Module) -> None:
+        """A model whose weights only rank 0 loaded (the others on the meta device) gets rank 0's
+        before the backend converts it; a strategy that shards fills the shards itself
+        (weights_from_rank0.py)."""
+        if self.settings.num_processes == 1:
+            if weights_from_rank0.unloaded_here(model):
+                weights_from_rank0.refuse_unloaded_on_rank0(model)
+            return
+        on_zero, elsewhere = weights_from_rank0.ranks_with_unloaded_weights(model)
+        if on_zero:
+            weights_from_rank0.refuse_unloaded_on_rank0(model)
+        if elsewhere and not self._strategy_places_model:
+            weights_from_rank0.broadcast_whole(model, self.settings.device)
+
     @property
     def _strategy_places_model(self) -> bool:
         strategy = self.plugins.strategy
@@ -212,7 +228,17 @@ class Preparation:
             return plugins.prepare_model_and_optimizer(model, optimizer)
         device_name = plugins.context.hardware.device_name
         work = report_work(model, device_name) if plugins.context.hardware.device_type == "cuda" else None
-        converted, report = plugins.convert_model(model)
+        try:
+            converted, report = plugins.convert_model(model)
+        except Exception as exc:
+            if not weights_from_rank0.unloaded_here(model):
+                raise
+            raise ConfigError(
+                f"The {plugin_label(plugins.backend)} backend could not convert a model whose weights are not "
+                f"loaded on this rank yet (the meta device: fsdp_cpu_ram_efficient_loading fills them from rank 0 "
+                f"after sharding): {exc}. Turn fsdp_cpu_ram_efficient_loading off for this backend (every rank then "
+                "loads the checkpoint), or use a backend that converts by shape (ao)."
+            ) from exc
         model = converted if converted is not None else model
         if report is not None:
             costs = plugins.backend.chosen.description.recipe_costs
