@@ -175,6 +175,24 @@ def test_fsdp2_through_training_arguments_in_bf16_and_fp8_saves_and_resumes(runs
     assert resumed[0]["losses"] == fp8[0]["losses"] and resumed[0]["eval_losses"] == fp8[0]["eval_losses"]
 
 
+def test_fsdp2_cpu_ram_efficient_loading_under_trainer_starts_every_rank_from_the_checkpoint(runs, tmp_path):
+    """A bf16-stored checkpoint, from_pretrained in fp32 with fsdp_config cpu_ram_efficient_loading,
+    rank 1's loaded weights scrambled: when training begins (after prepare), both ranks hold the
+    checkpoint's weights exactly, and training runs."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("trainer_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    worker.model().to(torch.bfloat16).save_pretrained(tmp_path / "ckpt")
+    results, _, _ = runs("lowbit", "--bf16", "--fsdp", "--pretrained", str(tmp_path / "ckpt"), processes=2)
+    distances = [r["checkpoint_distance_at_start"] for r in results]
+    assert [d["max_diff"] for d in distances] == [0.0, 0.0] and distances[0]["compared"] == 21
+    assert len(results[0]["losses"]) == 4
+
+
 @pytest.mark.parametrize("stage", ["2", "3"])
 def test_deepspeed_zero_through_training_arguments_is_bit_identical_to_stock(runs, stage):
     stock, _, _ = runs("stock", "--bf16", "--deepspeed", stage, processes=2)

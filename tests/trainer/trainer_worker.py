@@ -4,7 +4,11 @@ or ``torchrun`` and it trains on stock Accelerate; under ``lowbit launch`` (or w
 the one documented line) on lowbit.
 
     python trainer_worker.py OUT [--trainer trainer|sft|dpo] [--bf16] [--steps 20] [--resume CKPT]
-        [--fsdp] [--deepspeed STAGE] [--lowbit-line]
+        [--fsdp] [--deepspeed STAGE] [--lowbit-line] [--pretrained CKPT]
+
+``--pretrained CKPT`` (with ``--fsdp``): ``from_pretrained`` a saved model under FSDP's
+``cpu_ram_efficient_loading``, the weights of ranks above 0 scrambled after loading; the result
+says how far each rank's prepared weights are from the checkpoint's when training begins.
 
 Each process writes ``OUT/result_<rank>.json``: the logged losses, eval losses, what the optimizer
 holds, which parameters moved, and the Accelerator that ran.
@@ -32,6 +36,18 @@ def tokenizer():
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def pretrained(path: str):
+    """A saved model, as rank 0 loads it; the other ranks' weights scrambled (prepare must fix them)."""
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if int(os.environ.get("RANK", "0")) > 0:
+        with torch.no_grad():
+            for parameter in loaded.parameters():
+                parameter.add_(torch.randn_like(parameter))
+    return loaded
 
 
 def model():
@@ -110,6 +126,8 @@ def trainer(args: argparse.Namespace):
             fsdp="full_shard auto_wrap",
             fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "fsdp_version": 2},
         )
+        if args.pretrained:
+            common["fsdp_config"]["cpu_ram_efficient_loading"] = True
     if args.deepspeed:
         common["deepspeed"] = {
             "zero_optimization": {"stage": args.deepspeed},
@@ -121,7 +139,8 @@ def trainer(args: argparse.Namespace):
         }
     train, held_out = datasets(args.trainer)
     if args.trainer == "trainer":
-        return Trainer(model=model(), args=TrainingArguments(**common), train_dataset=train, eval_dataset=held_out)
+        built = pretrained(args.pretrained) if args.pretrained else model()
+        return Trainer(model=built, args=TrainingArguments(**common), train_dataset=train, eval_dataset=held_out)
     if args.trainer == "sft":
         from trl import SFTConfig, SFTTrainer
 
@@ -152,6 +171,7 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--deepspeed", type=int, default=0)
     parser.add_argument("--lowbit-line", action="store_true", help="the one documented line, for python/torchrun")
+    parser.add_argument("--pretrained", default=None, help="a saved model to from_pretrained (with --fsdp)")
     args = parser.parse_args()
     if args.lowbit_line:
         import lowbit
@@ -159,11 +179,40 @@ def main() -> None:
         lowbit.patch_trainer()  # noqa: E702, I001 - the documented line, as a user writes it
     run = trainer(args)
     before = {name: p.detach().float().clone() for name, p in run.model.named_parameters() if p.requires_grad}
+    at_start = {}
+    if args.pretrained:
+        run.add_callback(CheckpointDistance(args.pretrained, at_start))
     run.train(resume_from_checkpoint=args.resume)
-    write_result(run, before, Path(args.out))
+    write_result(run, before, Path(args.out), at_start)
 
 
-def write_result(run, before: dict, out: Path) -> None:
+def checkpoint_distance_class():
+    from transformers import TrainerCallback
+
+    class CheckpointDistance(TrainerCallback):
+        """At the start of training (after prepare): the largest difference between this rank's
+        whole weights and the saved checkpoint's."""
+
+        def __init__(self, path: str, into: dict):
+            from safetensors.torch import load_file
+
+            self.saved = load_file(str(Path(path) / "model.safetensors"))
+            self.into = into
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            weights = {name: _full(p).detach().float() for name, p in model.named_parameters()}
+            common = [name for name in self.saved if name in weights]
+            self.into["compared"] = len(common)
+            self.into["max_diff"] = max(float((weights[n] - self.saved[n].float()).abs().max()) for n in common)
+
+    return CheckpointDistance
+
+
+def CheckpointDistance(path: str, into: dict):  # noqa: N802 - builds the callback once transformers is imported
+    return checkpoint_distance_class()(path, into)
+
+
+def write_result(run, before: dict, out: Path, at_start: dict | None = None) -> None:
     """What the test compares, from this process."""
     acc = run.accelerator
     after = dict(acc.unwrap_model(run.model).named_parameters())
@@ -184,6 +233,7 @@ def write_result(run, before: dict, out: Path) -> None:
         "mixed_precision": str(acc.mixed_precision),
         "fp8_backend": getattr(acc, "fp8_backend", None),
         "distributed_type": str(acc.distributed_type),
+        "checkpoint_distance_at_start": at_start or None,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"result_{acc.process_index}.json").write_text(json.dumps(result))
