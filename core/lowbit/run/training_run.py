@@ -292,8 +292,13 @@ class TrainingRun:
 
         loader = active_loader() or (self.prepared.dataloaders[-1] if self.prepared.dataloaders else None)
         batch = getattr(loader, "last_batch", None)
-        if not self.prepared.models or batch is None:
+        if not self.prepared.models:
             return None
+        if batch is None:
+            return (
+                "not replayed: no batch came through a prepared dataloader (Ray Data's iterators, or a loop that "
+                "feeds tensors itself)"
+            )
         model = unwrap(self.prepared.models[0], keep_fp32_wrapper=True)
         # One process replays alone only with whole weights it runs itself (DDP's module, not a
         # sharded one, whose forward gathers from every rank, nor an engine that runs the model).

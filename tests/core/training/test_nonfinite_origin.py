@@ -163,3 +163,25 @@ def test_save_state_and_save_model_refuse_nonfinite_weights_unless_asked(tmp_pat
     acc.save_state(tmp_path / "inspect", allow_nonfinite=True)
     acc.save_model(model, tmp_path / "model", allow_nonfinite=True)
     assert (tmp_path / "model" / "model.safetensors").exists()
+
+
+def test_batches_that_never_pass_a_prepared_loader_are_said_once_not_reported_wrong():
+    """Ray Data's iterators (or a loop feeding tensors itself) hand batches past prepare(): the
+    meter says once that it counts no samples, and a NaN step says its batch was not replayed."""
+    acc = Accelerator(cpu=True)
+    model = _Model()
+    prepared, optimizer = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    batches = torch.randn(4, 4, 8)  # what ray.train's iter_torch_batches would hand the loop
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step, batch in enumerate(batches, start=1):
+            model.overflow.on = step == 3
+            acc.backward(prepared(batch).float().pow(2).mean())
+            optimizer.step()
+            optimizer.zero_grad()
+    messages = [str(w.message) for w in said]
+    no_batches = [m for m in messages if m.startswith("throughput: no batch came through")]
+    assert len(no_batches) == 1 and "samples/s, tokens/s" in no_batches[0]
+    nan = [m for m in messages if "NaN or inf" in m]
+    assert len(nan) == 1 and "not replayed: no batch came through a prepared dataloader" in nan[0], messages
+    assert "throughput/samples_per_s" not in acc.throughput

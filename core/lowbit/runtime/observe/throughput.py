@@ -122,6 +122,7 @@ class ThroughputMeter:
         self._model: Any = None  # the meta copy whose FLOPs are counted (an exception: it could not be made)
         self._low_precision_layers: set[str] = set()
         self._first_batch: Any = None  # meta stand-ins of the first batch, until the count
+        self.saw_batches = False  # a prepared dataloader handed out a batch (Ray Data's iterators do not)
         self.counted_as: str | None = None  # how the batch was fed to the counted forward
         self._batch: tuple[int, int | None] = (0, None)
         self._since: dict[str, float] = {"samples": 0, "tokens": 0, "wait": 0.0}
@@ -157,11 +158,21 @@ class ThroughputMeter:
             # trace cannot run in
             self.count_flops()
         self._batch = batch_counts(batch, tensors)
+        self.saw_batches = True
         self._since["samples"] += self._batch[0]
         self._since["tokens"] += self._batch[1] or 0
         self._since["wait"] += wait_s
         if self._first_batch is None and self.flops_per_unit is None:
             self._first_batch = (_meta_tree(batch), self._batch)
+
+    def _say_no_batches(self) -> None:
+        from lowbit.kernel.notices import note
+
+        note(
+            "throughput: no batch came through a prepared dataloader (Ray Data's iterators, or a loop that feeds "
+            "tensors itself), so steps/s is measured but samples/s, tokens/s, TFLOP/s and MFU are not; "
+            "accelerator.set_batch_tokens(n) after each batch counts tokens, and a NaN step's batch is not replayed."
+        )
 
     def set_batch_tokens(self, tokens: int) -> None:
         self._since["tokens"] += int(tokens) - (self._batch[1] or 0)
@@ -210,6 +221,8 @@ class ThroughputMeter:
         self._since = {"samples": 0, "tokens": 0, "wait": 0.0}
         self.steps += 1
         self._last = (seconds, since)  # the figures are worked out when read, not every step
+        if self.steps == 2 and not self.saw_batches and not since["tokens"]:
+            self._say_no_batches()
         if self.device.type == "cuda":
             mark = torch.cuda.Event(enable_timing=True)
             mark.record()
