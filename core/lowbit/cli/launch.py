@@ -41,6 +41,8 @@ from lowbit.run.accelerate_config import note_ignored
 from lowbit.run.settings import SINGLE_PROCESS_TYPES
 
 if TYPE_CHECKING:
+    from lowbit.cli.cluster import ClusterJob
+
     from lowbit.run.settings import LowbitConfig
 
 
@@ -150,18 +152,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     config = validate_config(
         merge_raw(cluster_raw, file_raw, env_raw, flags_raw), where=str(path), check_fp8_keys=False
     )
-    machines_from = _given_by("num_machines", flags_raw, env_raw, file_raw, path)
-    check_one_job(cluster, config.num_machines, machines_from)
-    if cluster and machines_from is None and config.num_machines > 1:
-        print(
-            f"lowbit launch: {cluster.scheduler}: machine {config.machine_rank} of {config.num_machines}, "
-            f"machine 0 at {config.main_process_ip}:{config.main_process_port} ({cluster.shown()}).",
-            file=sys.stderr,
-            flush=True,
-        )
-    alone = only_this_machine_note(cluster, config.num_machines)
-    if alone:
-        notices.note(alone)
+    _one_job_of_the_cluster(cluster, config, _given_by("num_machines", flags_raw, env_raw, file_raw, path))
     gpu_ids = _gpu_ids(config.gpu_ids)
     machine_gpus = _visible_gpu_count() if not config.use_cpu else 0
     if gpu_ids and not machine_gpus:
@@ -280,6 +271,21 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     ]
     env.update(notices.said_env())  # the ranks do not repeat what the launcher said
     return command, env, config
+
+
+def _one_job_of_the_cluster(cluster: "ClusterJob | None", config: "LowbitConfig", machines_from: str | None) -> None:
+    """Stop a launch that would split the scheduler's job; say the layout read from the scheduler."""
+    check_one_job(cluster, config.num_machines, machines_from)
+    if cluster and machines_from is None and config.num_machines > 1:
+        print(
+            f"lowbit launch: {cluster.scheduler}: machine {config.machine_rank} of {config.num_machines}, "
+            f"machine 0 at {config.main_process_ip}:{config.main_process_port} ({cluster.shown()}).",
+            file=sys.stderr,
+            flush=True,
+        )
+    alone = only_this_machine_note(cluster, config.num_machines)
+    if alone:
+        notices.note(alone)
 
 
 def flags_for_torchrun(args: argparse.Namespace) -> list[str]:
