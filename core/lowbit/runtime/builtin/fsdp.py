@@ -21,7 +21,6 @@ from lowbit.runtime.builtin import sharded_state
 from lowbit.runtime.builtin.activation_checkpointing import MODES as CHECKPOINT_MODES
 from lowbit.runtime.builtin.activation_checkpointing import checkpoint_blocks
 from lowbit.runtime.builtin.tensor_parallel import apply_tensor_parallel, tell_transformers_the_layout
-from lowbit.runtime.training import weights_from_rank0
 
 NAME = "fsdp"
 # Everything sharded; one block's parameters are whole while it computes, and unsharded gradients
@@ -138,6 +137,8 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
         return model, optimizer
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from lowbit.runtime.training import weights_from_rank0  # torch: only once FSDP is chosen
 
     options = context.strategy_options
     # Weights are gathered in the forward's compute dtype (bf16 for FP8 too, whose GEMMs run inside
