@@ -263,9 +263,15 @@ def test_accelerates_fsdp_plugin_keywords_are_accepted_and_the_ones_without_effe
         sharding_strategy="SHARD_GRAD_OP",
         limit_all_gathers=True,
     )
-    assert plugin.to_fsdp_config() == {"reshard_after_forward": False}
+    # the loading keywords fill every rank from rank 0 (tests/core/builtin/test_rank0_weights.py)
+    assert plugin.to_fsdp_config() == {
+        "reshard_after_forward": False,
+        "cpu_ram_efficient_loading": True,
+        "sync_module_states": True,
+    }
     said = " ".join(str(w.message) for w in recwarn)
-    assert "fsdp_cpu_ram_efficient_loading" in said and "limit_all_gathers" in said
+    assert "fsdp_use_orig_params" in said and "limit_all_gathers" in said
+    assert "cpu_ram_efficient_loading" not in said
 
 
 def test_a_prepared_dataloader_can_be_prepared_again_as_accelerate_allows():

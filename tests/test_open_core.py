@@ -29,6 +29,8 @@ PLUGIN_NAMING_MODULES = {
     "compat/utils/dataclasses.py": "Accelerate's recipe classes by plugin (TERecipeKwargs, AORecipeKwargs, ...)",
     "compat/utils/imports.py": "Accelerate's is_<library>_available names (is_deepspeed_available, ...)",
     "cli/flags.py": "Accelerate's launch flags (--use_fsdp, --use_deepspeed, --fsdp_*, --fp8_opt_level)",
+    "cli/launcher_flags.py": "Accelerate's launch flags that are not settings (--deepspeed_multinode_launcher, the "
+    "sequence-parallel ones), each with what lowbit does with it",
     "test_utils/testing.py": "Accelerate's require_<library> test decorators (require_deepspeed, require_torchao, ...)",
     "compat/utils/refused.py": "Accelerate's utils for jobs a plugin does inside prepare (fsdp2_*, TE's convert_model)",
     "compat/utils/deepspeed.py": "Accelerate's accelerate.utils.deepspeed names (DummyOptim, ...)",

@@ -126,7 +126,7 @@ def trainer(args: argparse.Namespace):
             fsdp="full_shard auto_wrap",
             fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "fsdp_version": 2},
         )
-        if args.pretrained:
+        if getattr(args, "pretrained", None):
             common["fsdp_config"]["cpu_ram_efficient_loading"] = True
     if args.deepspeed:
         common["deepspeed"] = {
@@ -139,7 +139,7 @@ def trainer(args: argparse.Namespace):
         }
     train, held_out = datasets(args.trainer)
     if args.trainer == "trainer":
-        built = pretrained(args.pretrained) if args.pretrained else model()
+        built = pretrained(args.pretrained) if getattr(args, "pretrained", None) else model()
         return Trainer(model=built, args=TrainingArguments(**common), train_dataset=train, eval_dataset=held_out)
     if args.trainer == "sft":
         from trl import SFTConfig, SFTTrainer

@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from lowbit.cli.cluster import check_one_job, only_this_machine_note, read_cluster_job
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
 from lowbit.cli.launcher_flags import (
-    ONE_MACHINE_LAUNCHERS,
     TORCHRUN_FLAGS,
     accept_hyphenated_spellings,
     add_launcher_flags,
+    check_multinode_launcher,
     flags_without_effect,
+    flags_without_torchrun,
 )
 from lowbit.cli.run_script import patching_wanted
 
@@ -37,7 +38,7 @@ from lowbit.kernel.types import NATIVE_PRECISIONS
 
 from lowbit.runtime.collective_device import SIMULATE_ENV
 
-from lowbit.run.accelerate_config import note_ignored
+from lowbit.run.accelerate_config import loading_once_per_machine_env, note_ignored
 from lowbit.run.settings import SINGLE_PROCESS_TYPES
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
 
     env = config_to_env(config)
-    env.update(_once_per_machine_loading(config))
+    env.update(loading_once_per_machine_env(config.distributed_type, config.fsdp_config))
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     env["LOWBIT_CONFIG_FILE"] = str(path) if file_raw else os.devnull
@@ -237,8 +238,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         and config.distributed_type.upper() in SINGLE_PROCESS_TYPES
         and config.distributed_type.upper() != "MULTI_GPU"
     ):
-        one = [*flags_for_torchrun(args), *(["--deepspeed_multinode_launcher"] if _multinode_launcher(args) else [])]
-        note_ignored("lowbit launch with one process", [f"{flag} (torchrun's; no torchrun runs)" for flag in one])
+        note_ignored("lowbit launch with one process", flags_without_torchrun(flags_for_torchrun(args), args))
         if no_python:
             return [str(script), *args.training_script_args], env, config
         return [sys.executable, *(["-m", RUNNER] if runner else []), *target, *args.training_script_args], env, config
@@ -310,14 +310,7 @@ def rendezvous_arguments(config: "LowbitConfig", args: argparse.Namespace) -> li
         else:
             _check_port_free(port)
         return ["--nnodes", "1", "--master_addr", config.main_process_ip or "127.0.0.1", "--master_port", str(port)]
-    launcher = _multinode_launcher(args)
-    if launcher and launcher not in ONE_MACHINE_LAUNCHERS:
-        raise ConfigError(
-            f"--deepspeed_multinode_launcher {launcher} starts every machine from one command; lowbit launch "
-            f"starts the machine it runs on, through torchrun. Run lowbit launch on each machine (under Slurm: "
-            f"`srun --ntasks-per-node=1 lowbit launch ...`, which lowbit reads), and give "
-            f"--deepspeed_multinode_launcher {ONE_MACHINE_LAUNCHERS[0]} or leave it out."
-        )
+    check_multinode_launcher(args)
     if not config.main_process_ip:
         raise ConfigError(
             "A multi-machine launch needs --main_process_ip (the address of machine 0); under Slurm or a "
@@ -343,20 +336,6 @@ def rendezvous_arguments(config: "LowbitConfig", args: argparse.Namespace) -> li
         "--master_port",
         str(port),
     ]
-
-
-def _once_per_machine_loading(config: "LowbitConfig") -> dict[str, str]:
-    """What Accelerate's launcher exports for ``fsdp_cpu_ram_efficient_loading``: transformers'
-    ``from_pretrained`` reads it and loads the checkpoint on each machine's local rank 0 only
-    (the others build on the meta device; prepare() fills them from rank 0)."""
-    if config.distributed_type.upper() != "FSDP" or not config.fsdp_config.get("cpu_ram_efficient_loading"):
-        return {}
-    return {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true", "FSDP_SYNC_MODULE_STATES": "true"}
-
-
-def _multinode_launcher(args: argparse.Namespace) -> str | None:
-    launcher = getattr(args, "deepspeed_multinode_launcher", None)
-    return launcher.strip().lower() if launcher else None
 
 
 def _given_by(key: str, flags_raw: dict, env_raw: dict, file_raw: dict, path: Path) -> str | None:

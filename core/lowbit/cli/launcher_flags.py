@@ -17,6 +17,7 @@ against lowbit's.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from lowbit.run.accelerate_config import DEEPSPEED_IGNORED
 
@@ -83,7 +84,7 @@ REFUSED = {
 }
 
 
-def add_launcher_flags(group: argparse._ArgumentGroup, parser: argparse.ArgumentParser) -> None:
+def add_launcher_flags(group: Any, parser: argparse.ArgumentParser) -> None:
     """The flags above that the launcher reads (the refused ones are answered by :func:`refusal`)."""
     for flag, help_text in TORCHRUN_HELP.items():
         names = [f"--{flag}", *([SHORT_FLAGS[flag]] if flag in SHORT_FLAGS else [])]
@@ -105,6 +106,31 @@ def add_launcher_flags(group: argparse._ArgumentGroup, parser: argparse.Argument
         names = [f"--{flag}", *([SHORT_FLAGS[flag]] if flag in SHORT_FLAGS else [])]
         switch = {"action": "store_true"} if flag in WITHOUT_EFFECT_SWITCHES else {}
         group.add_argument(*names, default=None, help=argparse.SUPPRESS, **switch)
+
+
+def multinode_launcher(args: argparse.Namespace) -> str | None:
+    launcher = getattr(args, "deepspeed_multinode_launcher", None)
+    return launcher.strip().lower() if launcher else None
+
+
+def check_multinode_launcher(args: argparse.Namespace) -> None:
+    """A multi-machine launch: DeepSpeed's launchers that start every machine from one are refused."""
+    from lowbit.kernel.errors import ConfigError
+
+    launcher = multinode_launcher(args)
+    if launcher and launcher not in ONE_MACHINE_LAUNCHERS:
+        raise ConfigError(
+            f"--deepspeed_multinode_launcher {launcher} starts every machine from one command; lowbit launch "
+            f"starts the machine it runs on, through torchrun. Run lowbit launch on each machine (under Slurm: "
+            f"`srun --ntasks-per-node=1 lowbit launch ...`, which lowbit reads), and give "
+            f"--deepspeed_multinode_launcher {ONE_MACHINE_LAUNCHERS[0]} or leave it out."
+        )
+
+
+def flags_without_torchrun(torchrun_flags: list[str], args: argparse.Namespace) -> list[str]:
+    """What a one-process launch (no torchrun) names as without effect."""
+    given = [*torchrun_flags, *(["--deepspeed_multinode_launcher"] if multinode_launcher(args) else [])]
+    return [f"{flag} (torchrun's; no torchrun runs)" for flag in given]
 
 
 def flags_without_effect(args: argparse.Namespace) -> list[str]:

@@ -127,6 +127,15 @@ def translate_config_file(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+def loading_once_per_machine_env(distributed_type: str, fsdp_config: Mapping[str, Any]) -> dict[str, str]:
+    """What ``accelerate launch`` exports for ``fsdp_cpu_ram_efficient_loading``: transformers'
+    ``from_pretrained`` reads it (``is_fsdp_enabled``), and ranks above each machine's local rank 0
+    leave what rank 0 will send uninitialised; prepare() fills every rank from rank 0."""
+    if distributed_type.upper() != "FSDP" or not fsdp_config.get("cpu_ram_efficient_loading"):
+        return {}
+    return {"ACCELERATE_USE_FSDP": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true", "FSDP_SYNC_MODULE_STATES": "true"}
+
+
 def _check_distributed_type(value: Any, where: str) -> None:
     if isinstance(value, str) and value.upper() in UNSUPPORTED_DISTRIBUTED_TYPES:
         raise ConfigError(

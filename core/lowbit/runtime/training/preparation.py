@@ -235,9 +235,9 @@ class Preparation:
                 raise
             raise ConfigError(
                 f"The {plugin_label(plugins.backend)} backend could not convert a model whose weights are not "
-                f"loaded on this rank yet (the meta device: fsdp_cpu_ram_efficient_loading fills them from rank 0 "
-                f"after sharding): {exc}. Turn fsdp_cpu_ram_efficient_loading off for this backend (every rank then "
-                "loads the checkpoint), or use a backend that converts by shape (ao)."
+                f"loaded on this rank yet (the meta device; the strategy fills them from rank 0 after sharding, "
+                f"cpu_ram_efficient_loading): {exc}. Load the weights on every rank for this backend, or use a "
+                "backend that converts by shape alone."
             ) from exc
         model = converted if converted is not None else model
         if report is not None:
