@@ -147,12 +147,6 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     param_dtype = context.autocast_dtype
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     reshard = bool(options.get("reshard_after_forward", True))
-    model = apply_tensor_parallel(model, context)
-    units = _units_to_shard(model, options.get("transformer_layer_cls_to_wrap"))
-    checkpoint_blocks(
-        model, units, options.get("activation_checkpointing", False), context.strategy_integration.activation_checkpoint
-    )
-    mesh = _fsdp_mesh(context)
     from_rank0 = bool(options.get("sync_module_states") or options.get("cpu_ram_efficient_loading"))
     if weights_from_rank0.unloaded_here(model) and not from_rank0:
         raise ConfigError(
@@ -160,7 +154,14 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
             "loading, or init_empty_weights), and FSDP2 would shard them as they are. Set "
             "fsdp_cpu_ram_efficient_loading (or fsdp_sync_module_states) so that prepare() fills them from rank 0."
         )
+    # rank 0's whole tensors, taken before any layout splits them (tensor parallel, then FSDP2)
     whole = weights_from_rank0.whole_tensors(model) if from_rank0 and context.rank == 0 else None
+    model = apply_tensor_parallel(model, context)
+    units = _units_to_shard(model, options.get("transformer_layer_cls_to_wrap"))
+    checkpoint_blocks(
+        model, units, options.get("activation_checkpointing", False), context.strategy_integration.activation_checkpoint
+    )
+    mesh = _fsdp_mesh(context)
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
