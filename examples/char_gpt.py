@@ -160,6 +160,7 @@ def probe_step_seconds(precision: str, args: argparse.Namespace, steps: int = 3)
         times = []
         for _ in range(steps + 1):
             x, y = batch(data, args, gen, accelerator.device)
+            accelerator.set_batch_tokens(x.numel())  # batches made here, not by a prepared loader: tell the meter
             began = time.perf_counter()
             loss = F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1))
             accelerator.backward(loss)
@@ -206,6 +207,7 @@ def train(precision: str, args: argparse.Namespace) -> dict:
     with profiler as prof:
         for step in range(1, args.steps + 1):
             x, y = batch(data, args, gen, accelerator.device)
+            accelerator.set_batch_tokens(x.numel())  # batches made here, not by a prepared loader: tell the meter
             began = time.perf_counter()
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x).reshape(-1, len(chars)), y.reshape(-1))

@@ -450,3 +450,22 @@ def test_on_a_gpu_the_step_time_is_the_devices_read_without_a_sync(monkeypatch):
     Event.made[-1].done = False  # the newest step is still running on the GPU
     assert meter.latest["throughput/step_s"] == pytest.approx(0.05)
     assert meter.latest["throughput/tokens_per_s"] == pytest.approx(64 / 0.05)
+
+
+def test_a_loop_that_feeds_tensors_itself_counts_its_tokens_with_set_batch_tokens(recwarn):
+    """No prepared dataloader (examples/char_gpt.py, Ray Data's iterators): set_batch_tokens each step
+    gives tokens/s, and the meter's 'no batch' note is not said."""
+    from torch import nn
+
+    from lowbit import Accelerator
+
+    acc = Accelerator(cpu=True)
+    model, optimizer = acc.prepare(nn.Linear(8, 8), torch.optim.SGD(nn.Linear(8, 8).parameters(), lr=0.1))
+    for _ in range(3):
+        acc.set_batch_tokens(128)
+        acc.backward(model(torch.randn(4, 8)).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    figures = acc.throughput
+    assert figures["throughput/tokens_per_s"] == pytest.approx(128 / figures["throughput/step_s"], rel=1e-6)
+    assert not [w for w in recwarn if "no batch came through" in str(w.message)]

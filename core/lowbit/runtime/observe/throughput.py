@@ -123,6 +123,7 @@ class ThroughputMeter:
         self._low_precision_layers: set[str] = set()
         self._first_batch: Any = None  # meta stand-ins of the first batch, until the count
         self.saw_batches = False  # a prepared dataloader handed out a batch (Ray Data's iterators do not)
+        self._loader_counted = False  # the current batch's tokens were counted from the loader's batch
         self.counted_as: str | None = None  # how the batch was fed to the counted forward
         self._batch: tuple[int, int | None] = (0, None)
         self._since: dict[str, float] = {"samples": 0, "tokens": 0, "wait": 0.0}
@@ -158,7 +159,7 @@ class ThroughputMeter:
             # trace cannot run in
             self.count_flops()
         self._batch = batch_counts(batch, tensors)
-        self.saw_batches = True
+        self.saw_batches = self._loader_counted = True
         self._since["samples"] += self._batch[0]
         self._since["tokens"] += self._batch[1] or 0
         self._since["wait"] += wait_s
@@ -175,8 +176,11 @@ class ThroughputMeter:
         )
 
     def set_batch_tokens(self, tokens: int) -> None:
-        self._since["tokens"] += int(tokens) - (self._batch[1] or 0)
-        self._batch = (self._batch[0], int(tokens))
+        """The tokens of the batch just taken: they replace what the prepared loader counted for it,
+        or, for a batch that came another way (a loop feeding tensors itself), they are added."""
+        counted = self._batch[1] or 0 if self._loader_counted else 0
+        self._since["tokens"] += int(tokens) - counted
+        self._batch, self._loader_counted = (self._batch[0], int(tokens)), False
 
     def count_flops(self) -> None:
         """The one FLOP count (at the batch after the first step): the watched model's forward traced
