@@ -31,7 +31,6 @@ from lowbit.kernel.errors import ConfigError
 
 # torchrun reads these for its own flags (torch/distributed/run.py, the ``env`` action).
 PET_PREFIX = "PET_"
-RENDEZVOUS_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 # A port every node of a Slurm job computes alike from the job id, below Linux's ephemeral range
 # (32768 and up), where a listening socket of another program is less likely.
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 12000, 16000

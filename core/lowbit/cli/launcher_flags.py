@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from lowbit.kernel.errors import ConfigError
+
 from lowbit.run.accelerate_config import DEEPSPEED_IGNORED
 
 # lowbit launch's flag -> torchrun's option (torch/distributed/run.py), for a multi-process job.
@@ -115,8 +117,6 @@ def multinode_launcher(args: argparse.Namespace) -> str | None:
 
 def check_multinode_launcher(args: argparse.Namespace) -> None:
     """A multi-machine launch: DeepSpeed's launchers that start every machine from one are refused."""
-    from lowbit.kernel.errors import ConfigError
-
     launcher = multinode_launcher(args)
     if launcher and launcher not in ONE_MACHINE_LAUNCHERS:
         raise ConfigError(

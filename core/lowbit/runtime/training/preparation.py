@@ -173,11 +173,11 @@ class Preparation:
         (weights_from_rank0.py)."""
         if self.settings.num_processes == 1:
             if weights_from_rank0.unloaded_here(model):
-                weights_from_rank0.refuse_unloaded_on_rank0(model)
+                weights_from_rank0.refuse_unloaded_on_rank0()
             return
         on_zero, elsewhere = weights_from_rank0.ranks_with_unloaded_weights(model)
         if on_zero:
-            weights_from_rank0.refuse_unloaded_on_rank0(model)
+            weights_from_rank0.refuse_unloaded_on_rank0()
         if elsewhere and not self._strategy_places_model:
             weights_from_rank0.broadcast_whole(model, self.settings.device)
 

@@ -51,7 +51,7 @@ def ranks_with_unloaded_weights(model: torch.nn.Module) -> tuple[bool, bool]:
     return on_zero, elsewhere
 
 
-def refuse_unloaded_on_rank0(model: torch.nn.Module) -> None:
+def refuse_unloaded_on_rank0() -> None:
     raise ConfigError(
         "The model's weights are on the meta device on rank 0 (built under init_empty_weights, or loaded with "
         "device_map='meta'): rank 0 is where every other rank takes them from. Load the checkpoint on rank 0."
