@@ -8,7 +8,8 @@ SCENARIO: ``placement`` (where prepare() moves the model, in order with fully_sh
 ``sync-each-batch`` (gradients after a micro-batch that does not step, with sync_each_batch),
 ``moe`` (which modules become FSDP units, and training with experts that no token reaches on a rank),
 ``shared`` (ALBERT-style: one block listed three times and applied three times, and a head tied to
-the embedding; trains under FSDP2 or, without --use_fsdp, DDP, to compare).
+the embedding; trains under FSDP2 or, without --use_fsdp, DDP, to compare),
+``again`` (free_memory() then prepare() of the same model and optimizer, as Trainer does at each train()).
 """
 
 from __future__ import annotations
@@ -164,6 +165,55 @@ def shared(out: dict) -> None:
     out.update(losses=losses, process_index=accelerator.process_index)
 
 
+def again(out: dict) -> None:
+    """Trainer's way of training twice: free_memory(), then prepare() of the same model object and
+    of the optimizer prepare() returned. Copy A trains 4 steps in one preparation; copy B 2, is
+    freed and prepared again, then 2 more. Both must end alike (nothing converted or laid out twice,
+    the optimizer stepping the live parameters), and the forward wrapped once."""
+    import copy
+
+    accelerator = Accelerator()
+    base = mlp(seed=0, width=64)
+    generator = torch.Generator().manual_seed(1)
+    batches = [torch.randn(8, 32, generator=generator) for _ in range(8)][accelerator.process_index :: 2]
+
+    def train(prepared, optimizer, steps):
+        for x in steps:
+            loss = prepared(x.to(accelerator.device)).float().pow(2).mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def checksum(model) -> float:
+        unwrapped = accelerator.unwrap_model(model)
+        return float(
+            sum(
+                accelerator.gather(p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach()).double().sum()
+                for p in unwrapped.parameters()
+            )
+        )
+
+    straight = copy.deepcopy(base)
+    prepared, optimizer = accelerator.prepare(straight, torch.optim.AdamW(straight.parameters(), lr=1e-2))
+    train(prepared, optimizer, batches)
+    out["straight"] = checksum(prepared)
+    accelerator.free_memory()
+
+    twice = copy.deepcopy(base)
+    prepared, optimizer = accelerator.prepare(twice, torch.optim.AdamW(twice.parameters(), lr=1e-2))
+    train(prepared, optimizer, batches[:2])
+    accelerator.free_memory()
+    prepared, optimizer = accelerator.prepare(twice, optimizer)
+    train(prepared, optimizer, batches[2:])
+    out["twice"] = checksum(prepared)
+    inner = accelerator.unwrap_model(prepared)
+    forward, wrappers = inner.forward, 0
+    while hasattr(forward, "__wrapped__"):
+        forward, wrappers = forward.__wrapped__, wrappers + 1
+    out["forward_wrappers"] = wrappers
+    out.update(type=type(prepared).__name__, layer=type(inner[2]).__name__, process_index=accelerator.process_index)
+
+
 def main() -> None:
     scenario, out_dir = sys.argv[1], Path(sys.argv[2])
     out: dict = {}
@@ -173,6 +223,7 @@ def main() -> None:
         "sync-each-batch": sync_each_batch,
         "moe": moe,
         "shared": shared,
+        "again": again,
     }[scenario](out)
     (out_dir / f"rank{out['process_index']}.json").write_text(json.dumps(out))
 

@@ -181,6 +181,22 @@ def test_fsdp2_shards_a_block_listed_several_times_once_and_trains_as_ddp_does(t
     assert fsdp[0]["losses"][-1] < fsdp[0]["losses"][0]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+def test_a_model_freed_and_prepared_again_trains_as_one_preparation_does(tmp_path, strategy):
+    """Trainer at each train() (and auto_find_batch_size at each retry): free_memory(), then
+    prepare() of the same model object and of the optimizer prepare() returned. It stopped with
+    "prepared by another Accelerator"; now it trains bit for bit as one preparation of 4 steps,
+    in fp8 under FSDP2 and under DDP: neither converted nor laid out twice, the forward wrapped once."""
+    flags = ["--mixed_precision", "fp8"] + (["--use_fsdp"] if strategy == "fsdp2" else [])
+    ranks, _ = launch(tmp_path, "again", *flags, worker=FSDP_WORKER)
+    for rank in ranks:
+        assert rank["twice"] == rank["straight"], rank
+        assert rank["forward_wrappers"] == 1, rank
+        assert rank["type"] == ("FSDPSequential" if strategy == "fsdp2" else "DistributedDataParallel"), rank
+        assert rank["layer"] != "Linear", rank  # the middle layers train in fp8 after the second preparation
+
+
 # ---------------------------------------------------------------------- lowbit launch
 
 

@@ -91,6 +91,17 @@ class Preparation:
         Returns them in the order given (a single object is returned as itself).
         """
         kinds = [self._kind_of(index, obj) for index, obj in enumerate(objects)]
+        # An optimizer prepared before (by an Accelerator since freed, or by another one) is
+        # prepared again from the optimizer inside it, as Accelerate wraps it again.
+        taken_back_optimizers = {
+            id(obj.optimizer)
+            for obj, kind in zip(objects, kinds)
+            if kind == "optimizer" and isinstance(obj, PreparedOptimizer)
+        }
+        objects = tuple(
+            obj.optimizer if kind == "optimizer" and isinstance(obj, PreparedOptimizer) else obj
+            for obj, kind in zip(objects, kinds)
+        )
         result = list(objects)
         self.plugins.check_compatibility()
 
@@ -105,21 +116,29 @@ class Preparation:
             )
 
         for m_index in model_positions:
-            model = _not_wrapped_already(result[m_index])
+            model = _taken_back(result[m_index])
+            if SHARDED_BY not in model.__dict__:
+                model = _not_wrapped_already(model)
             if self.before_conversion is not None:
                 self.before_conversion(model)
             self._fill_unloaded_weights(model)
             if not self._strategy_places_model:
                 model = model.to(self.settings.device)
             optimizer = raw_optimizers.get(paired_optimizer) if paired_optimizer is not None else None
-            model, optimizer = self._convert_for_backend(model, optimizer)
+            if CONVERSION in model.__dict__:  # converted by an earlier preparation: not converted twice
+                self._check_converted_alike(model)
+                if optimizer is not None and id(optimizer) not in taken_back_optimizers:
+                    optimizer = self.plugins.wrap_optimizer(optimizer, model) or optimizer
+            else:
+                model, optimizer = self._convert_for_backend(model, optimizer)
             if paired_optimizer is not None:
                 raw_optimizers[paired_optimizer] = optimizer
             model, optimizer = self._distribute(model, optimizer)
             if paired_optimizer is not None:
                 raw_optimizers[paired_optimizer] = optimizer
             result[m_index] = self._wrap_forward(model)
-            result[m_index]._lowbit_prepared = True
+            result[m_index].__dict__[PREPARED] = True
+            unwrap(result[m_index]).__dict__[PREPARED] = True
             self.prepared.models.append(result[m_index])
             record = self.prepared.conversion_reports.get(unwrap(result[m_index]))
             report = (
@@ -190,14 +209,12 @@ class Preparation:
         mine = any(obj is p for p in (*self.prepared.models, *self.prepared.optimizers))
         if mine:  # prepared here already (a script preparing the model first, then it and its optimizer):
             return "prepared"  # returned as it is, as Accelerate does
-        if hasattr(obj, "_lowbit_prepared") or isinstance(obj, PreparedOptimizer):
-            raise ConfigError(
-                f"prepare() argument {index} was prepared by another Accelerator; prepare each model and optimizer "
-                "with one Accelerator (pass the original object, and use what prepare() returned from then on)."
-            )
+        # A model or optimizer prepared before by an Accelerator since freed (Trainer's free_memory()
+        # then prepare() at each train()), or by another one (a second Trainer on the same model),
+        # is prepared again, as Accelerate does: its wrappers are taken off, it is not converted twice.
         if isinstance(obj, torch.nn.Module):
             return "model"
-        if isinstance(obj, torch.optim.Optimizer):
+        if isinstance(obj, (torch.optim.Optimizer, PreparedOptimizer)):
             return "optimizer"
         if obj is None or isinstance(obj, PreparedDataLoader):
             # None (an optional object a script leaves out), or a loader prepared already (here or by
@@ -225,7 +242,9 @@ class Preparation:
         _check_not_laid_out(model, plugin_label(plugins.backend))
         names = _parameter_names(model)
         if plugins.converts_model_and_optimizer_together:
-            return plugins.prepare_model_and_optimizer(model, optimizer)
+            model, optimizer = plugins.prepare_model_and_optimizer(model, optimizer)
+            model.__dict__[CONVERSION] = (self._conversion_identity(), None)
+            return model, optimizer
         device_name = plugins.context.hardware.device_name
         work = report_work(model, device_name) if plugins.context.hardware.device_type == "cuda" else None
         try:
@@ -240,6 +259,7 @@ class Preparation:
                 "backend that converts by shape alone."
             ) from exc
         model = converted if converted is not None else model
+        model.__dict__[CONVERSION] = (self._conversion_identity(), report)
         if report is not None:
             costs = plugins.backend.chosen.description.recipe_costs
             report.predicted = report_prediction(
@@ -251,18 +271,54 @@ class Preparation:
             optimizer = plugins.wrap_optimizer(optimizer, model) or optimizer
         return model, optimizer
 
+    def _conversion_identity(self) -> str:
+        """What a conversion was made with: a model converted before is prepared again only with the same."""
+        plugins = self.plugins
+        if plugins.backend is None:
+            return f"mixed_precision={plugins.context.mixed_precision!r} (no low-precision backend)"
+        context = plugins.context
+        return f"{plugin_label(plugins.backend)} for {context.mixed_precision} ({context.backend_options!r})"
+
+    def _check_converted_alike(self, model: torch.nn.Module) -> None:
+        """A model converted by an earlier preparation keeps its converted layers: this run must be
+        the one that converted them (else they would train in a format this run did not ask for)."""
+        converted_by, report = model.__dict__[CONVERSION]
+        now = self._conversion_identity()
+        if converted_by != now:
+            raise ConfigError(
+                f"prepare() got a {type(model).__name__} prepared before by a run whose backend converted its layers: "
+                f"{converted_by}. This Accelerator's settings are {now}, so its layers would train in a format "
+                "this run did not ask for. Prepare a fresh copy of the model (one that was never prepared), "
+                "or use the same mixed_precision and backend settings as the first preparation."
+            )
+        if report is not None:
+            self.prepared.conversion_reports[model] = report
+
     def _distribute(self, model: torch.nn.Module, optimizer: Any) -> tuple[torch.nn.Module, Any]:
         plugins = self.plugins
         if plugins.strategy is None:
             return model, optimizer
-        self.context.strategy_integration = plugins.strategy_integration()
         names = _parameter_names(model)
+        sharded_by = model.__dict__.get(SHARDED_BY)
+        if sharded_by is not None:  # sharded in place by an earlier preparation: not sharded twice
+            if sharded_by != plugin_label(plugins.strategy):
+                raise ConfigError(
+                    f"prepare() got a {type(model).__name__} laid out in place by an earlier preparation "
+                    f"({sharded_by}); this Accelerator's strategy is {plugin_label(plugins.strategy)}. Prepare a "
+                    "fresh copy of the model, or use the same strategy as the first preparation."
+                )
+            if optimizer is not None:
+                _remap_optimizer_params(optimizer, names, model)
+            return model, optimizer
+        self.context.strategy_integration = plugins.strategy_integration()
         wrapped = plugins.wrap_for_distribution(model, optimizer)
         new_model, new_optimizer = wrapped if wrapped is not None else (model, optimizer)
         if new_optimizer is optimizer and optimizer is not None:
             _remap_optimizer_params(optimizer, names, new_model)  # FSDP2 swaps in DTensor parameters
         if new_model is not model and new_model is not None:
             mark_wrapper(new_model, model)
+        elif new_model is model:  # laid out in place (FSDP2, tensor parallelism)
+            model.__dict__[SHARDED_BY] = plugin_label(plugins.strategy)
         return new_model, new_optimizer
 
     def prepare_for_evaluation(self, model: torch.nn.Module, place: bool = True) -> torch.nn.Module:
@@ -372,6 +428,20 @@ def forward_in_contexts(
 
 
 WRAPPED_MODEL = "_lowbit_wrapped_model"
+# Facts an earlier preparation left on a model object, so that preparing it again (after
+# free_memory(), or in another Accelerator) neither converts nor shards it twice. Kept in the
+# instance's __dict__: a copy of the model (deepcopy) is as converted as the model itself.
+PREPARED = "_lowbit_prepared"  # on the model prepare() returned and on the model inside its wrappers
+CONVERSION = "_lowbit_conversion"  # (what converted the model, its ConversionReport or None)
+SHARDED_BY = "_lowbit_sharded_by"  # the strategy that laid the model out in place (FSDP2's fully_shard)
+
+
+def _taken_back(model: torch.nn.Module) -> torch.nn.Module:
+    """A model prepared before, as it was inside that preparation's wrappers (the distributed
+    wrapper, the compiled one, the autocast forward); any other model as it is."""
+    if PREPARED not in model.__dict__:
+        return model
+    return unwrap(model, keep_fp32_wrapper=False)
 
 
 def mark_wrapper(wrapper: torch.nn.Module, model: torch.nn.Module) -> None:
