@@ -20,6 +20,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from lowbit.kernel import notices
 from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from lowbit.kernel.manager import LowbitPluginManager
 from lowbit.kernel.notices import note
@@ -453,6 +454,17 @@ class Accelerator(RankFacts):
         data = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
         remainder = self.gradient_state.remainder
         if not self.gradient_state.end_of_dataloader or remainder <= 0:
+            if self.gradient_state.end_of_dataloader and getattr(
+                self.gradient_state.active_dataloader, "remainder_unknown", False
+            ):
+                notices.warn(
+                    "gather_for_metrics: the last batch of this stream was filled up with the stream's first "
+                    "samples (each process reads the stream and keeps its share, dispatch_batches=False), and "
+                    "how many of its samples are real is not known here because loader workers read the stream "
+                    "(num_workers > 0): the gathered values include the repeated samples. Use num_workers=0, "
+                    "or leave dispatch_batches at its default (the main process reads the stream), or "
+                    "drop_last=True."
+                )
             return data
         try:
             if use_gather_object:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
+from lowbit.runtime.nests import leaves
 from lowbit.runtime.training.dispatch import dispatched
 from lowbit.runtime.training.gradient_sync import loader_ended, loader_started
 from lowbit.runtime.training.loader_shards import (
@@ -73,6 +74,9 @@ class PreparedDataLoader:
         # Where an iteration stands, read through the gradient state while this loader is the one iterated.
         self.end_of_dataloader = False
         self.remainder = -1
+        # The last batch was padded, but how many of its samples are real is unknown here (a stream
+        # each process reads in loader workers): gather_for_metrics says so instead of cutting.
+        self.remainder_unknown = False
         # Told each batch and the seconds spent waiting for it (the Accelerator's throughput meter).
         self.observe_batch: Any = None
         # Called each time the loop asks for its next batch (its last body finished): the preemption stop.
@@ -273,7 +277,7 @@ class PreparedDataLoader:
             batches = iter(self._shard_loader)
             for _ in range(self.skip_batches):
                 next(batches, None)
-            remainder = lambda: -1  # noqa: E731 - a stream's length is not known
+            remainder = self._stream_shard_remainder
         elif self._sharded:
             if self.generator is not None:  # every process shuffles as the main one does
                 if resume is not None:
@@ -293,16 +297,16 @@ class PreparedDataLoader:
             # (drop_last drops that round instead, so nothing gathered is padding).
             padded = self.even_batches and not self.base.drop_last
             left = self.total_dataset_length % self.total_batch_size if padded else -1
-            remainder = lambda: left  # noqa: E731
+            remainder = lambda _last: left  # noqa: E731
         else:
             self._replay["start"] = resume if resume is not None else _rng_state(rng)
             batches = self._iter_base(rng, resume)
             for _ in range(self.skip_batches):
                 next(batches, None)
             left = self._unsharded_remainder()
-            remainder = lambda: left  # noqa: E731
-        if not self.dispatching:  # known from the start (as Accelerate reports it during the epoch too)
-            self.remainder = remainder()
+            remainder = _observed_size if left == -1 and self._stream_read_whole else (lambda _last: left)
+        if not self.dispatching and not self._streamed:  # known from the start (as Accelerate reports it)
+            self.remainder = remainder(None)
         loader_started(self)
         try:
             yield from self._with_end_marked(batches, remainder)
@@ -311,6 +315,25 @@ class PreparedDataLoader:
             self.end_of_dataloader, self.remainder = False, -1
         self._replay["start"], self._replay["ended"] = None, False
         self.set_epoch(self.epoch + 1)
+
+    @property
+    def _stream_read_whole(self) -> bool:
+        """One process reads a whole stream in batches of a fixed size: the last batch's own size
+        is its real size, as Accelerate reports it for a stream (its dispatcher's observed size)."""
+        return isinstance(self.base.dataset, IterableDataset) and not self.base.drop_last and bool(self.base.batch_size)
+
+    def _stream_shard_remainder(self, _last: Any) -> int:
+        """Each process reading the stream and keeping its share: the real samples of the last read,
+        the rest of it repeating the stream's first samples (IterableDatasetShard); -1 when nothing
+        was filled (drop_last, a stream sharded by its own ``shard``) or loader workers read the stream
+        (the count stays in the workers: ``remainder_unknown``, said by gather_for_metrics)."""
+        shard = self._shard_loader.dataset
+        if self.base.drop_last or not isinstance(shard, IterableDatasetShard):
+            return -1
+        if shard.last_read is None:
+            self.remainder_unknown = True
+            return -1
+        return shard.last_read
 
     def _unsharded_remainder(self) -> int:
         """The last batch's size when it is short (0 when the batches divide the dataset), as
@@ -354,18 +377,18 @@ class PreparedDataLoader:
                 if index >= self.skip_batches:
                     yield step.batch
 
-        return slices(), lambda: last_size[0]
+        return slices(), lambda _last: last_size[0]
 
-    def _with_end_marked(self, batches: Iterator[Any], remainder: Callable[[], int]) -> Iterator[Any]:
+    def _with_end_marked(self, batches: Iterator[Any], remainder: Callable[[Any], int]) -> Iterator[Any]:
         """Yield batches, telling the gradient state when the last one comes (one-batch lookahead)
-        and how many of its samples are not padding (``remainder()``, read then), and
+        and how many of its samples are not padding (``remainder(last_batch)``, read then), and
         ``observe_batch`` each batch with the seconds spent waiting for data."""
         start = time.perf_counter()
         current = next(batches, _END)
         while current is not _END:
             following = next(batches, _END)
             if following is _END:
-                self.end_of_dataloader, self.remainder = True, remainder()
+                self.end_of_dataloader, self.remainder = True, remainder(current)
                 self._replay["ended"] = True
             waited = time.perf_counter() - start
             if self.observe_batch is not None and self.device_placement:  # counted in the pass that moves it
@@ -386,6 +409,12 @@ class PreparedDataLoader:
 
 
 _END = object()
+
+
+def _observed_size(batch: Any) -> int:
+    """The batch's size: its first tensor's first dimension (-1 when it has none)."""
+    first = next((t for t in leaves(batch) if isinstance(t, torch.Tensor) and t.ndim), None)
+    return first.shape[0] if first is not None else -1
 
 
 class _ShardBatches:

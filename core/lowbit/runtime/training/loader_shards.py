@@ -133,6 +133,10 @@ class IterableDatasetShard(IterableDataset):
             )
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.num_processes, self.process_index, self.split_batches = num_processes, process_index, split_batches
+        # The samples of the stream in the epoch's last read, once it was read (the rest of that
+        # read repeats the stream's first samples): what gather_for_metrics keeps of the last
+        # gathered batch. None until an epoch ended here (or when loader workers read the stream).
+        self.last_read: int | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -153,13 +157,16 @@ class IterableDatasetShard(IterableDataset):
         mine = slice(share * self.process_index, share * (self.process_index + 1))
         first: list[Any] | None = None
         buffer: list[Any] = []
+        self.last_read = None
         for sample in self.dataset:
             buffer.append(sample)
             if len(buffer) == read:
+                self.last_read = read
                 yield from buffer[mine]
                 first = first or buffer
                 buffer = []
         if buffer and not self.drop_last:
+            self.last_read = len(buffer)
             yield from _fill(buffer, first or buffer, read)[mine]
 
 

@@ -1,0 +1,66 @@
+"""The prepared DataLoader as libraries meet it: the real size of a stream's last batch (what
+gather_for_metrics keeps), and the loader being a torch DataLoader."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from lowbit import Accelerator
+
+from lowbit.runtime.training.data_loader import PreparedDataLoader
+
+
+class Stream(IterableDataset):
+    """``length`` numbers, of no known length."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __iter__(self):
+        return iter(torch.arange(float(self.length)))
+
+
+def test_one_process_cuts_a_streams_last_batch_to_its_real_size_in_gather_for_metrics():
+    """transformers' evaluation loop repeats each batch's loss to the eval batch size and gathers
+    it for metrics: 66 samples in batches of 8 leave a last batch of 2, whose 8 repeated losses
+    must count twice, not eight times (eval_loss was wrong, silently). Accelerate's dispatcher
+    reports the last batch's own size; so does lowbit now."""
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(DataLoader(Stream(66), batch_size=8))
+    kept = []
+    for batch in loader:
+        repeated_loss = batch.mean().repeat(8)  # Trainer: loss.repeat(eval_batch_size)
+        kept.append(acc.gather_for_metrics(repeated_loss))
+        if acc.gradient_state.end_of_dataloader:
+            assert acc.gradient_state.remainder == 2
+    assert [len(k) for k in kept] == [8] * 8 + [2]
+
+
+def stream_share(num_workers: int) -> tuple[list[list[float]], int, bool]:
+    """Rank 0's share of a 21-sample stream that each of 2 processes reads (dispatch_batches=False),
+    in batches of 4: the batches, the remainder at the last one, and whether it was unknown."""
+    loader = PreparedDataLoader(
+        DataLoader(Stream(21), batch_size=4, num_workers=num_workers),
+        torch.device("cpu"),
+        num_processes=2,
+        process_index=0,
+        dispatch_batches=False,
+    )
+    batches, remainder = [], None
+    for batch in loader:
+        batches.append(batch.tolist())
+        if loader.end_of_dataloader:
+            remainder = loader.remainder
+    return batches, remainder, loader.remainder_unknown
+
+
+def test_a_stream_each_process_reads_knows_its_last_reads_real_samples_or_says_it_cannot():
+    """Rounds of 8 samples: the last read holds 5 (16..20), filled up with the stream's first 3.
+    Read in this process, the remainder is 5 (gather_for_metrics keeps the real ones); read by
+    loader workers the count stays in them, so the remainder is -1 and the loader says it is unknown
+    (gather_for_metrics warns, instead of returning the repeats as samples unsaid)."""
+    batches, remainder, unknown = stream_share(num_workers=0)
+    assert batches[-1] == [16.0, 17.0, 18.0, 19.0] and remainder == 5 and not unknown
+    batches_in_workers, remainder, unknown = stream_share(num_workers=1)
+    assert batches_in_workers == batches and remainder == -1 and unknown
