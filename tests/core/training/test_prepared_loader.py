@@ -64,3 +64,27 @@ def test_a_stream_each_process_reads_knows_its_last_reads_real_samples_or_says_i
     assert batches[-1] == [16.0, 17.0, 18.0, 19.0] and remainder == 5 and not unknown
     batches_in_workers, remainder, unknown = stream_share(num_workers=1)
     assert batches_in_workers == batches and remainder == -1 and unknown
+
+
+def test_a_prepared_loader_is_a_dataloader_showing_the_users_loader_settings():
+    """Libraries check ``isinstance(loader, DataLoader)`` and read ``sampler``, ``dataset``,
+    ``num_workers`` off it (transformers' Trainer among them), as Accelerate's loaders allow."""
+    import copy
+
+    base = DataLoader(list(range(10)), batch_size=4, shuffle=True, num_workers=0)
+    loader = Accelerator(cpu=True).prepare(base)
+    assert isinstance(loader, DataLoader)
+    assert loader.sampler is base.sampler and loader.batch_sampler is base.batch_sampler
+    assert loader.dataset is base.dataset and loader.num_workers == 0 and loader.drop_last is False
+    assert loader._index_sampler is base.batch_sampler and loader.multiprocessing_context is None
+    assert len(loader) == 3 and sorted(x for batch in loader for x in batch.tolist()) == list(range(10))
+    assert len(copy.copy(loader)) == 3
+
+
+def test_a_loader_skipped_past_its_end_has_no_batches_left():
+    """``len()`` of a loader resumed past its end (skip_first_batches beyond the epoch) is 0, as
+    every other kind of prepared loader says; it raised ``__len__() should return >= 0``."""
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(DataLoader(list(range(10)), batch_size=4))
+    skipped = acc.skip_first_batches(loader, 5)
+    assert len(skipped) == 0 and list(skipped) == []

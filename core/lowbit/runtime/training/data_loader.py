@@ -40,7 +40,12 @@ from lowbit.runtime.training.loader_shards import (
 from lowbit.runtime.training.operations import broadcast, send_to_device
 
 
-class PreparedDataLoader:
+class PreparedDataLoader(DataLoader):
+    """A torch ``DataLoader`` (as Accelerate's prepared loaders are: ``isinstance`` checks in
+    scripts and libraries hold) that loads through the user's own loader, ``base``: DataLoader's
+    own ``__init__`` is not run, its attributes (``sampler``, ``num_workers``, ...) are read off
+    ``base``, and iterating is this class's own."""
+
     def __init__(
         self,
         dataloader: DataLoader,
@@ -178,9 +183,9 @@ class PreparedDataLoader:
             )
             return max(steps - self.skip_batches, 0)
         if self._streamed:
-            return len(self._shard_loader) - self.skip_batches
+            return max(len(self._shard_loader) - self.skip_batches, 0)
         if not self._sharded:
-            return len(self.base) - self.skip_batches
+            return max(len(self.base) - self.skip_batches, 0)
         saved = self.generator.get_state() if self.generator is not None else None
         count = len(self.batch_indices())
         if saved is not None:  # counting must not move the shuffle on
