@@ -68,9 +68,6 @@ EXCLUDED: dict[str, str] = {
         "load_checkpoint_and_dispatch with offload"
     ),
     "test_tracking.py::TensorBoardTrackingTest::test_project_dir": WORDING,
-    "test_tracking.py::TrackerDeferredInitializationTest::test_tensorboard_deferred_init": PRIVATE.format(
-        "PartialState._shared_state"
-    ),
     "test_utils.py::UtilsTester::test_has_offloaded_params": INFERENCE.format("accelerate.hooks' offloading hooks"),
     "test_utils.py::UtilsTester::test_honor_type": WORDING,
 }

@@ -9,7 +9,8 @@ SCENARIO: ``placement`` (where prepare() moves the model, in order with fully_sh
 ``moe`` (which modules become FSDP units, and training with experts that no token reaches on a rank),
 ``shared`` (ALBERT-style: one block listed three times and applied three times, and a head tied to
 the embedding; trains under FSDP2 or, without --use_fsdp, DDP, to compare),
-``again`` (free_memory() then prepare() of the same model and optimizer, as Trainer does at each train()).
+``again`` (free_memory() then prepare() of the same model and optimizer, as Trainer does at each train()),
+``join`` (join_uneven_inputs with even_batches=False under DDP). Several, comma-separated, run in one launch.
 """
 
 from __future__ import annotations
@@ -214,17 +215,36 @@ def again(out: dict) -> None:
     out.update(type=type(prepared).__name__, layer=type(inner[2]).__name__, process_index=accelerator.process_index)
 
 
+def join(out: dict) -> None:
+    """join_uneven_inputs(even_batches=False) over 5 batches on 2 DDP ranks: rank 0 trains 3, rank 1
+    trains 2 and shadows rank 0's last all-reduce instead of hanging; the loader pads again after."""
+    accelerator = Accelerator()
+    model = mlp(seed=0, width=64)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = accelerator.prepare(torch.utils.data.DataLoader(torch.randn(10, 32), batch_size=2))
+    batches = 0
+    with accelerator.join_uneven_inputs([model], even_batches=False):
+        for x in loader:
+            accelerator.backward(model(x).pow(2).mean())
+            optimizer.step()
+            optimizer.zero_grad()
+            batches += 1
+    out.update(join_batches=batches, batches_after=len(list(loader)), process_index=accelerator.process_index)
+
+
 def main() -> None:
-    scenario, out_dir = sys.argv[1], Path(sys.argv[2])
+    scenarios, out_dir = sys.argv[1], Path(sys.argv[2])
     out: dict = {}
-    {
-        "placement": placement,
-        "gather-dtype": gather_dtype,
-        "sync-each-batch": sync_each_batch,
-        "moe": moe,
-        "shared": shared,
-        "again": again,
-    }[scenario](out)
+    for scenario in scenarios.split(","):  # several in one launch: "again,join"
+        {
+            "placement": placement,
+            "gather-dtype": gather_dtype,
+            "sync-each-batch": sync_each_batch,
+            "moe": moe,
+            "shared": shared,
+            "again": again,
+            "join": join,
+        }[scenario](out)
     (out_dir / f"rank{out['process_index']}.json").write_text(json.dumps(out))
 
 

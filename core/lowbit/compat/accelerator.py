@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import types
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -61,6 +62,7 @@ from lowbit.compat.handlers import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DeepSpeedPlugin,
+    DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
     GradientAccumulationPlugin,
     GradScalerKwargs,
@@ -140,6 +142,7 @@ class Accelerator(RankFacts):
         self._run = TrainingRun(self._run_request(given, config_file, recipe_handler, layout), plugin_manager)
         self.state = AcceleratorState(self)
         self.flag_tensor: torch.Tensor | None = None
+        self.log_with, self.rng_types = log_with, rng_types if rng_types is not None else ["generator"]
         self._trackers = Trackers(
             log_with, self._registered_trackers() if log_with is not None else {}, self.logging_dir
         )
@@ -307,6 +310,151 @@ class Accelerator(RankFacts):
         reported = reported_distributed_type(self._run.strategy.chosen.description.reports_as, self.device.type)
         return DistributedType(reported) if reported in DistributedType.__members__ else reported
 
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether the model is sharded with FSDP (lowbit's FSDP is FSDP2's ``fully_shard``)."""
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        return self.is_fsdp2
+
+    @property
+    def multi_device(self) -> bool:
+        """Several processes on accelerators with data parallelism (Accelerate's ``MULTI_*`` types
+        but ``MULTI_CPU``)."""
+        kind = self.distributed_type
+        return (
+            isinstance(kind, DistributedType)
+            and kind.name.startswith("MULTI_")
+            and kind is not DistributedType.MULTI_CPU
+        )
+
+    # ------------------------------------------------------------------ dataloader settings (DataLoaderConfiguration)
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        """Loaders prepared from now on fill up (or leave short) the last round of batches."""
+        self.dataloader_config.even_batches = value
+        self._run.set_even_batches(value)
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return False  # refused where it is given (DataLoaderConfiguration): resume with skip_first_batches
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train or evaluate on batches that do not divide over the processes: with ``even_batches``
+        off (here, or the Accelerator's), ranks that run out of batches shadow the others'
+        collectives (``torch.distributed.algorithms.Join``) instead of hanging. ``even_batches``
+        given here applies to the prepared loaders of map-style datasets inside the block. A DDP
+        model joins; on one process this is a no-op."""
+        if self.num_processes == 1:
+            yield
+            return
+        joining = not (self.even_batches if even_batches is None else even_batches)
+        if joining and self.gradient_accumulation_steps > 1:
+            raise UnsupportedCombinationError(
+                "join_uneven_inputs(even_batches=False) with gradient accumulation: a rank that runs out of batches "
+                "cannot tell which of the others' micro-batches reduce gradients, so their collectives would not "
+                "match (a hang). Keep even_batches=True (the last round is filled up), or accumulate 1 step."
+            )
+        changed = []
+        if even_batches is not None:
+            for loader in self.prepared.dataloaders:
+                if loader.dispatching or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+                    note("join_uneven_inputs(even_batches=...) changes map-style loaders only; a stream keeps its own.")
+                    continue
+                changed.append((loader, loader.even_batches))
+                loader.even_batches = even_batches
+        from torch.distributed.algorithms.join import Join
+
+        try:
+            shadows = [self._run.step_joinable(list(joinables))] if self.prepared.optimizers else []
+            with Join([*joinables, *shadows], enable=joining, throw_on_early_termination=False):
+                yield
+        finally:
+            for loader, before in changed:
+                loader.even_batches = before
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatically named checkpoint gets (``checkpoint_<n>``)."""
+        return self.project_configuration.iteration
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes the model: every process of a parallel layout takes part in
+        gathering it; otherwise the local main process."""
+        return True if self.parallelism_config is not None else self.is_local_main_process
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        raise NotImplementedError(
+            "Pipeline parallelism is not offered by lowbit (nor by Accelerate): ParallelismConfig lays a model out "
+            "over dp_replicate, dp_shard, tp and cp."
+        )
+
+    # ------------------------------------------------------------------ Accelerate's attributes, read off the run
+
+    @property
+    def fp8_enabled(self) -> bool:
+        return self.mixed_precision == "fp8"
+
+    @property
+    def native_amp(self) -> bool:
+        """Whether the forward runs in torch's autocast (fp16, bf16, and the low-precision backends' bf16)."""
+        return self.context.autocast_dtype is not None
+
+    @property
+    def has_fp8_handler(self) -> bool:
+        return self.fp8_recipe_handler is not None
+
+    def _recipe_handler_named(self, class_name: str) -> RecipeKwargs | None:
+        handler = self.fp8_recipe_handler
+        return handler if type(handler).__name__ == class_name else None
+
+    ao_recipe_handler = property(lambda self: self._recipe_handler_named("AORecipeKwargs"))
+    te_recipe_handler = property(lambda self: self._recipe_handler_named("TERecipeKwargs"))
+    msamp_recipe_handler = property(lambda self: self._recipe_handler_named("MSAMPRecipeKwargs"))
+    ddp_handler = property(lambda self: self.handlers.get(DistributedDataParallelKwargs))
+    init_handler = property(lambda self: self.handlers.get(InitProcessGroupKwargs))
+    scaler_handler = property(lambda self: self.handlers.get(GradScalerKwargs))
+    autocast_handler = property(lambda self: self.handlers.get(AutocastKwargs))
+    profile_handler = property(lambda self: self.handlers.get(ProfileKwargs))
+
+    @property
+    def delayed_fp8_autocast(self) -> bool:
+        """Whether Transformer Engine's FP8 autocast goes around the distributed wrapper (DDP, FSDP)."""
+        return self.fp8_backend == "te" and self.distributed_type in (DistributedType.MULTI_GPU, DistributedType.FSDP)
+
+    @property
+    def deepspeed_engine_wrapped(self) -> Any:
+        """Under DeepSpeed, the prepared engine (as ``.engine``); None otherwise."""
+        if self.distributed_type != DistributedType.DEEPSPEED or not self.prepared.models:
+            return None
+        return types.SimpleNamespace(engine=self.prepared.models[0])
+
+    @property
+    def has_lomo_optimizer(self) -> bool:
+        return any(type(opt.optimizer).__name__ in LOMO_OPTIMIZERS for opt in self.prepared.optimizers)
+
     # ------------------------------------------------------------------ parallel layout
 
     @property
@@ -441,6 +589,11 @@ class Accelerator(RankFacts):
 
     def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
         return PartialState().on_process(function, process_index)
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        return PartialState().on_local_process(function, local_process_index)
 
     def gather(self, tensor: Any) -> Any:
         """Concatenate tensors (or nests of them) from every process along dim 0."""
@@ -656,6 +809,46 @@ class Accelerator(RankFacts):
             plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
             self.step_state.observe_finite(plain, clipped=parameters)
         return norm
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Bring fp16-scaled gradients back to their true size (before reading or clipping them), for
+        ``optimizer`` (one, or a list; a prepared optimizer or the one inside it) or every prepared
+        optimizer; a no-op in every other precision. Once per step: the step does not unscale again."""
+        given = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer] if optimizer is not None else None
+        for opt in given if given is not None else self.prepared.optimizers:
+            self.precision.unscale_gradients(getattr(opt, "optimizer", opt))
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp each gradient to ``[-clip_value, clip_value]``, unscaling fp16 gradients first."""
+        if self._run.strategy_owns_precision:
+            raise UnsupportedCombinationError(
+                "clip_grad_value_ under DeepSpeed: its engine owns the gradients (and their loss scale), so they "
+                "cannot be clamped from outside it. Use clip_grad_norm_ (DeepSpeed's gradient_clipping), as Accelerate "
+                "requires too."
+            )
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward and update in one pass for LOMO / AdaLomo optimizers (``lomo-optim``), which
+        update each parameter as its gradient is made; they must have been prepared."""
+        lomo = [
+            opt.optimizer
+            for opt in self.prepared.optimizers
+            if type(opt.optimizer).__name__ in LOMO_OPTIMIZERS and hasattr(opt.optimizer, "fused_backward")
+        ]
+        if not lomo:
+            raise ConfigError(
+                "lomo_backward() needs a prepared LOMO or AdaLomo optimizer (lomo-optim's); none was prepared. "
+                "Use accelerator.backward(loss) with other optimizers."
+            )
+        for optimizer in lomo:
+            optimizer.fused_backward(loss, learning_rate)
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """Whether ``model`` (or a part of it) was laid out over several devices by a ``device_map``
+        (big-model inference); such a model is not trained data-parallel."""
+        return any(len(getattr(m, "hf_device_map", None) or {}) > 1 for m in model.modules())
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
@@ -927,6 +1120,8 @@ class Accelerator(RankFacts):
 
 
 # ---------------------------------------------------------------------- helpers
+
+LOMO_OPTIMIZERS = ("Lomo", "AdaLomo")  # lomo-optim's, which update parameters inside backward
 
 
 def _handler_list(kwargs_handlers: Any, kwarg_handlers: Any) -> Any:

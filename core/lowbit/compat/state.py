@@ -36,11 +36,11 @@ class PartialState(RankFacts):
     with ``cpu=True`` it keeps to the CPU. ``_reset_state()`` forgets the shared state (tests).
     """
 
-    _shared: dict[str, Any] = {}
+    _shared_state: dict[str, Any] = {}  # Accelerate's name: transformers' use_configured_state reads it
 
     def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
-        self.__dict__ = PartialState._shared
-        if self._shared:
+        self.__dict__ = PartialState._shared_state
+        if self._shared_state:
             return
         use_cuda = torch.cuda.is_available() and not cpu and not _truthy(os.environ.get("ACCELERATE_USE_CPU"))
         facts = process_facts("cuda" if use_cuda else "cpu", torch.cuda.device_count() if use_cuda else 1)
@@ -50,7 +50,7 @@ class PartialState(RankFacts):
 
     @staticmethod
     def _reset_state() -> None:
-        PartialState._shared.clear()
+        PartialState._shared_state.clear()
 
     @property
     def debug(self) -> bool:
@@ -64,7 +64,7 @@ class PartialState(RankFacts):
 
     @property
     def initialized(self) -> bool:
-        return bool(self._shared)
+        return bool(self._shared_state)
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -159,6 +159,17 @@ class PartialState(RankFacts):
     def destroy_process_group(self, group: Any = None) -> None:
         if self.use_distributed and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group(group)
+
+    @property
+    def fork_launched(self) -> bool:
+        """Whether ``notebook_launcher`` forked this process (``FORK_LAUNCHED``)."""
+        return _truthy(os.environ.get("FORK_LAUNCHED"))
+
+    def set_device(self) -> None:
+        """Make this process's device the current one (its GPU, under CUDA); the device itself was
+        settled when the state was made."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
 
 
 def _truthy(value: str | None) -> bool:
@@ -261,6 +272,43 @@ class AcceleratorState:
     @property
     def dynamo_plugin(self) -> Any:
         return self._accelerator.dynamo_plugin if self._accelerator is not None else None
+
+    @property
+    def is_fsdp2(self) -> bool:
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def device_mesh(self) -> Any:
+        return self._accelerator.torch_device_mesh if self._accelerator is not None else None
+
+    @property
+    def parallelism_config(self) -> Any:
+        return self._accelerator.parallelism_config if self._accelerator is not None else None
+
+    # What lowbit does not run: Megatron-LM (refused by name where it is asked for), the old
+    # TorchTensorParallelPlugin (ParallelismConfig(tp_size=...) instead), XLA's bf16 downcast.
+    megatron_lm_plugin = torch_tp_plugin = None
+    downcast_bfloat = False
+
+    @property
+    def deepspeed_plugins(self) -> dict[str, Any] | None:
+        """The DeepSpeed plugins by name: lowbit runs one per Accelerator, named "default"."""
+        return {"default": self.deepspeed_plugin} if self.deepspeed_plugin is not None else None
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        plugins = self.deepspeed_plugins or {}
+        if name not in plugins:
+            raise KeyError(
+                f"No DeepSpeed plugin named {name!r}: "
+                + ("this Accelerator's one is 'default'." if plugins else "this Accelerator runs no DeepSpeed.")
+                + " lowbit runs one DeepSpeed plugin per Accelerator (Accelerate's several plugins, one per model, "
+                "are not offered: give each model its own Accelerator)."
+            )
+        return plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Activate the plugin ``name``: the one plugin is always active; another name is an error."""
+        self.get_deepspeed_plugin("default" if name is None else name)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_owner", "_partial"):
@@ -377,6 +425,14 @@ class GradientState:
     @property
     def sync_with_dataloader(self) -> bool:
         return bool(self.plugin_kwargs.get("sync_with_dataloader", True))
+
+    @property
+    def initialized(self) -> bool:
+        return True  # made with its Accelerator (or following the latest one)
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        return False  # no XLA devices in lowbit
 
     @staticmethod
     def _reset_state() -> None:

@@ -240,6 +240,20 @@ class TrainingRun:
             gradient_state=request.gradient_state,
         )
 
+    def step_joinable(self, models: list[Any]) -> Any:
+        """What joins lowbit's optimizer step in ``join_uneven_inputs`` beside the user's DDP models."""
+        from lowbit.runtime.training.joining import OptimizerStepShadow
+
+        def shadow_step() -> None:  # one step's collectives, in the order a step runs them
+            self.step_state.shadow_finite_agreement()
+            self.preemption.after_step()
+
+        return OptimizerStepShadow(shadow_step, self.facts.device, models)
+
+    def set_even_batches(self, even: bool) -> None:
+        """Loaders prepared from now on fill up (or leave short) the last round of batches."""
+        self.preparation.settings.even_batches = even
+
     def explain_backend_choice(self) -> str:
         """Why this backend: every installed backend with its priority and reason to decline."""
         if self.backend is None:

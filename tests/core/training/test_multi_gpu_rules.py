@@ -183,13 +183,19 @@ def test_fsdp2_shards_a_block_listed_several_times_once_and_trains_as_ddp_does(t
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
-def test_a_model_freed_and_prepared_again_trains_as_one_preparation_does(tmp_path, strategy):
+def test_a_model_freed_and_prepared_again_trains_as_one_preparation_does_and_ddp_joins_uneven_inputs(
+    tmp_path, strategy
+):
     """Trainer at each train() (and auto_find_batch_size at each retry): free_memory(), then
     prepare() of the same model object and of the optimizer prepare() returned. It stopped with
     "prepared by another Accelerator"; now it trains bit for bit as one preparation of 4 steps,
     in fp8 under FSDP2 and under DDP: neither converted nor laid out twice, the forward wrapped once."""
     flags = ["--mixed_precision", "fp8"] + (["--use_fsdp"] if strategy == "fsdp2" else [])
-    ranks, _ = launch(tmp_path, "again", *flags, worker=FSDP_WORKER)
+    # Under DDP the same launch runs join_uneven_inputs too: 5 batches of 2 ranks, even_batches=False
+    # inside the block (3 and 2 batches, no hang), the loader filling up its last round again after.
+    ranks, _ = launch(tmp_path, "again" if strategy == "fsdp2" else "again,join", *flags, worker=FSDP_WORKER)
+    if strategy == "ddp":
+        assert [rank["join_batches"] for rank in ranks] == [3, 2] and ranks[1]["batches_after"] == 3, ranks
     for rank in ranks:
         assert rank["twice"] == rank["straight"], rank
         assert rank["forward_wrappers"] == 1, rank

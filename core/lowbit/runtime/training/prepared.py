@@ -143,6 +143,14 @@ class StepState:
                 dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return not bool(finite)
 
+    def shadow_finite_agreement(self) -> None:
+        """On a rank with no batch left (``join_uneven_inputs``): take part in the others' agreement
+        that their step was finite, answering "finite"."""
+        if self.checks_nonfinite:
+            import torch.distributed as dist
+
+            dist.all_reduce(on_group_device(torch.ones((), dtype=torch.int32)), op=dist.ReduceOp.MIN)
+
     @property
     def sync_gradients(self) -> bool:
         return self.gradient_sync.sync_gradients
