@@ -338,3 +338,62 @@ def test_under_trainer_a_nan_step_is_skipped_and_said_where_it_began(patched, tm
     assert len(messages) == 1 and "optimizer step 2" in messages[0], messages
     assert "model.layers.1.mlp.down_proj (Linear) made its finite input non-finite" in messages[0], messages
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def llama_and_data(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    generator = torch.Generator().manual_seed(1)
+    data = [
+        {"input_ids": ids, "labels": ids}
+        for ids in (torch.randint(0, 64, (16,), generator=generator) for _ in range(16))
+    ]
+    return LlamaForCausalLM(config), data
+
+
+def test_one_trainer_trains_twice_a_second_trainer_takes_its_model_and_histories_hold_no_wall_clock(patched, tmp_path):
+    """Trainer calls free_memory() then prepare() at each train(): a second train() on one Trainer,
+    and a second Trainer on the same model (TRL's SFT then DPO), stopped with "prepared by another
+    Accelerator". Both train now; log_history is stock's (no wall-clock figure), so two identical
+    runs have equal histories."""
+    from transformers import Trainer, TrainingArguments
+
+    def args(out: str) -> TrainingArguments:
+        return TrainingArguments(
+            str(tmp_path / out),
+            per_device_train_batch_size=4,
+            max_steps=3,
+            report_to=[],
+            use_cpu=True,
+            save_strategy="no",
+            logging_steps=1,
+            bf16=True,
+        )
+
+    histories = []
+    for run in ("a", "b"):
+        model, data = llama_and_data()
+        trainer = Trainer(model=model, args=args(run), train_dataset=data)
+        trainer.train()
+        histories.append(
+            [{k: v for k, v in h.items() if not k.startswith("train_")} for h in trainer.state.log_history]
+        )
+    assert histories[0] == histories[1]
+    assert not any(key.startswith("throughput/") for h in histories[0] for key in h)
+    first_loss = trainer.state.log_history[0]["loss"]
+    trainer.train()  # the same Trainer again
+    assert type(trainer.accelerator).__name__ == "TrainerAccelerator"
+    second = Trainer(model=trainer.model, args=args("c"), train_dataset=data)
+    second.train()  # a second Trainer on the trained model
+    assert second.state.log_history[0]["loss"] < first_loss
+    # prepared three times, its forward wrapped once: the wrapper holds the class's own forward
+    assert second.model.__dict__["_lowbit_original_forward"].__func__ is type(second.model).forward

@@ -182,8 +182,10 @@ def main() -> None:
     at_start = {}
     if args.pretrained:
         run.add_callback(CheckpointDistance(args.pretrained, at_start))
+    reported: list[dict] = []  # what the reporting integrations (TensorBoard, W&B, ...) are given
+    run.add_callback(ReportedLogs(reported))
     run.train(resume_from_checkpoint=args.resume)
-    write_result(run, before, Path(args.out), at_start)
+    write_result(run, before, Path(args.out), at_start, reported)
 
 
 def checkpoint_distance_class():
@@ -212,7 +214,18 @@ def CheckpointDistance(path: str, into: dict):  # noqa: N802 - builds the callba
     return checkpoint_distance_class()(path, into)
 
 
-def write_result(run, before: dict, out: Path, at_start: dict | None = None) -> None:
+def ReportedLogs(into: list):  # noqa: N802 - builds the callback once transformers is imported
+    """Records each log as the callbacks after lowbit's (the reporting integrations) receive it."""
+    from transformers import TrainerCallback
+
+    class Recorder(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            into.append(dict(logs or {}))
+
+    return Recorder()
+
+
+def write_result(run, before: dict, out: Path, at_start: dict | None = None, reported: list | None = None) -> None:
     """What the test compares, from this process."""
     acc = run.accelerator
     after = dict(acc.unwrap_model(run.model).named_parameters())
@@ -223,8 +236,10 @@ def write_result(run, before: dict, out: Path, at_start: dict | None = None) -> 
         "losses": [h["loss"] for h in history if "loss" in h],
         "eval_losses": [h["eval_loss"] for h in history if "eval_loss" in h],
         "log_keys": sorted({k for h in history for k in h}),
+        "reported_keys": sorted({k for logs in reported or [] for k in logs}),
         "fp8_gemm_share": next(
-            (h["throughput/fp8_gemm_share"] for h in reversed(history) if "throughput/fp8_gemm_share" in h), None
+            (h["throughput/fp8_gemm_share"] for h in reversed(reported or []) if "throughput/fp8_gemm_share" in h),
+            None,
         ),
         "optimizer_params": in_optimizer,
         "trainable_params": len(before),

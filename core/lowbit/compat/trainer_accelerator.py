@@ -9,8 +9,8 @@ Three things a Trainer user cannot do in the script, done here:
   over ``bf16=True`` (TRL's configs default to it) with a note (FP8 runs the layers it does not
   convert in bf16 autocast); any other disagreement is an error naming both.
 - **The first line says the run is on lowbit**, with the precision, the backend and why.
-- **lowbit's throughput figures reach Trainer's logs** (``log_history`` and the reporting
-  integrations: TensorBoard, W&B, ...), through a callback placed before them.
+- **lowbit's throughput figures reach Trainer's reporting integrations** (TensorBoard, W&B, ...)
+  and the console, through a callback placed before them; ``log_history`` stays stock's.
 """
 
 from __future__ import annotations
@@ -97,8 +97,11 @@ class TrainerAccelerator(Accelerator):
 
 class LowbitFiguresCallback(TrainerCallback):
     """Adds lowbit's throughput figures (``throughput/tokens_per_s``, ``.../mfu``,
-    ``.../fp8_gemm_share``, ...) of the last optimizer step to each training log of the Trainer
-    (to the reporting integrations, which run after it, and to ``state.log_history``)."""
+    ``.../fp8_gemm_share``, ...) of the last optimizer step to each training log the Trainer hands
+    its callbacks: the reporting integrations and the console, which run after it. Not to
+    ``state.log_history`` (written before the callbacks run): it stays what stock Trainer writes,
+    so that two identical runs, or a run and its resume, have equal histories, and no wall-clock
+    value lands in ``trainer_state.json``."""
 
     def __init__(self) -> None:
         self.accelerator: Any = None
@@ -110,7 +113,4 @@ class LowbitFiguresCallback(TrainerCallback):
         figures = getattr(self.accelerator, "throughput", None) or {}
         if not figures or logs is None or "loss" not in logs:  # training logs only (not eval, not the summary)
             return
-        added = {key: value for key, value in figures.items() if key not in logs}
-        logs.update(added)
-        if state.log_history and state.log_history[-1].get("step") == state.global_step:
-            state.log_history[-1].update(added)
+        logs.update({key: value for key, value in figures.items() if key not in logs})
