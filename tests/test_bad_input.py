@@ -182,3 +182,35 @@ def test_a_bad_number_in_a_lowbit_variable_is_refused_at_the_start_naming_it(mon
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=rf"{name}={value!r}.*{wanted}.*unset it for the default"):
         arrival_timeout() if name == "LOWBIT_ARRIVAL_TIMEOUT" else Accelerator(cpu=True)
+
+
+@pytest.mark.parametrize(
+    "value, on", [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("no", False)]
+)
+def test_every_lowbit_switch_takes_the_same_truth_values(monkeypatch, value, on):
+    """LOWBIT_SIMULATE_NCCL=true once left the simulation off with no word (only 1 counted)."""
+    from lowbit.runtime.collective_device import asked_to_simulate
+    from lowbit.runtime.observe.throughput import meter_is_on
+
+    monkeypatch.setenv("LOWBIT_SIMULATE_NCCL", value)
+    monkeypatch.setenv("LOWBIT_THROUGHPUT", value)
+    assert asked_to_simulate() is on and meter_is_on() is on
+
+
+def test_a_switch_with_another_value_is_an_error_naming_the_variable(monkeypatch):
+    from lowbit.runtime.collective_device import asked_to_simulate
+
+    monkeypatch.setenv("LOWBIT_SIMULATE_NCCL", "maybe")
+    with pytest.raises(ConfigError, match=r"LOWBIT_SIMULATE_NCCL='maybe' is not a switch.*1/true/yes/on"):
+        asked_to_simulate()
+
+
+def test_accumulation_steps_below_one_are_refused_naming_where_they_came_from(monkeypatch):
+    """Accelerate's GradientAccumulationPlugin(num_steps=0) became 1 silently (0 == False); an env
+    var's bad value did not name the variable."""
+    accelerate_utils = pytest.importorskip("accelerate.utils")
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps.*at least 1, got 0"):
+        Accelerator(cpu=True, gradient_accumulation_plugin=accelerate_utils.GradientAccumulationPlugin(num_steps=0))
+    monkeypatch.setenv("LOWBIT_GRADIENT_ACCUMULATION_STEPS", "-3")
+    with pytest.raises(ConfigError, match="environment variable LOWBIT_GRADIENT_ACCUMULATION_STEPS.*got -3"):
+        Accelerator(cpu=True)

@@ -14,11 +14,13 @@ import runpy
 import sys
 from typing import Mapping
 
+from lowbit.kernel.env_numbers import env_switch
+
 from lowbit.run.settings import PATCH_ENV
 
 
 def patching_wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(PATCH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return env_switch(PATCH_ENV, True, environ)
 
 
 def main(argv: list[str]) -> None:

@@ -89,7 +89,10 @@ def _defaults(obj: Any) -> dict[str, Any]:
 
 def _same(value: Any, default: Any) -> bool:
     try:
-        return bool(value == default) or (not value and not default and value in (None, False, "", "none"))
+        # Unset in both spellings (None, False, "", "none") is the default; a 0 is a value (0 == False
+        # in Python, so num_steps=0 once passed as unset and became 1 silently).
+        unset = value is None or value is False or value in ("", "none")
+        return (bool(value == default) and type(value) is type(default)) or (unset and not default)
     except Exception:  # a value whose == is not a plain bool (a tensor)
         return value is default
 

@@ -1,14 +1,17 @@
-"""A number from an environment variable, read where the run starts, refused with its name.
+"""A number or a switch from an environment variable, refused with its name.
 
 ``LOWBIT_PREEMPTION_POLL_STEPS=abc`` once surfaced as a ZeroDivisionError on rank 1 mid-run: every
 numeric ``LOWBIT_*`` variable is read through :func:`env_number`, whose error names the variable,
-the value it held, and the range it takes.
+the value it held, and the range it takes. ``LOWBIT_SIMULATE_NCCL=true`` once left the simulation
+off unsaid (only ``1`` counted): every on/off ``LOWBIT_*`` variable is read through
+:func:`env_switch`, which takes the same truth values everywhere.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from typing import Mapping
 
 from lowbit.kernel.errors import ConfigError
 
@@ -45,3 +48,23 @@ def env_number(
             f"the default, {default:g}."
         )
     return value
+
+
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off")
+
+
+def env_switch(name: str, default: bool, environ: Mapping[str, str] = os.environ) -> bool:
+    """``name``'s value as on/off (``1/true/yes/on`` or ``0/false/no/off``, any case), ``default``
+    when unset or empty; anything else is an error naming the variable."""
+    raw = environ.get(name, "").strip()
+    if raw == "":
+        return default
+    if raw.lower() in SWITCH_ON:
+        return True
+    if raw.lower() in SWITCH_OFF:
+        return False
+    raise ConfigError(
+        f"Environment variable {name}={raw!r} is not a switch: it takes {'/'.join(SWITCH_ON)} to turn it on or "
+        f"{'/'.join(SWITCH_OFF)} to turn it off; unset it for the default ({'on' if default else 'off'})."
+    )

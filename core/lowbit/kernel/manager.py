@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable
 import pluggy
 
 from lowbit.kernel import hookspecs
+from lowbit.kernel.env_numbers import env_switch
 from lowbit.kernel.errors import ConfigError, PluginError
 from lowbit.kernel.tracker import GeneralTracker
 
@@ -185,7 +186,7 @@ def _selected_entry_points() -> Iterable[importlib.metadata.EntryPoint]:
 
 
 def _strict_from_env() -> bool:
-    return os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes"}
+    return env_switch(STRICT_ENV, False)
 
 
 def build_plugin_manager(

@@ -18,7 +18,7 @@ import yaml
 from lowbit.kernel import notices
 from lowbit.kernel.errors import ConfigError, did_you_mean
 from lowbit.kernel.first_party import FIRST_PARTY_SECTIONS, install_command
-from lowbit.kernel.options import OptionSpec, to_text
+from lowbit.kernel.options import OptionSpec, at_least, to_text
 from lowbit.kernel.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_var
 from lowbit.kernel.types import NATIVE_PRECISIONS
 
@@ -140,7 +140,7 @@ class LowbitConfig:
         "without num_processes, one process each",
     )
     use_cpu: bool = _setting(bool, False, "train on CPU even when a GPU is present")
-    gradient_accumulation_steps: int = _setting(int, 1, "micro-batches per optimizer step")
+    gradient_accumulation_steps: int = _setting(int, 1, "micro-batches per optimizer step", normalize=at_least(1))
     dynamo_backend: str = _setting(str, "no", "torch.compile backend, e.g. inductor; 'no' disables")
     dynamo_mode: str | None = _setting(str, None, "torch.compile mode, e.g. default, reduce-overhead, max-autotune")
     dynamo_use_fullgraph: bool | None = _setting(bool, None, "torch.compile fullgraph: fail on graph breaks")
@@ -309,6 +309,9 @@ def validate_config(
     return _config_from(_parse_layer(raw, fp8_specs, where, check_fp8_keys=check_fp8_keys, sections=sections))
 
 
+ENV_LAYER = "environment variables"
+
+
 def _parse_layer(
     raw: Mapping[str, Any],
     fp8_specs: Mapping[str, OptionSpec] | None,
@@ -331,7 +334,9 @@ def _parse_layer(
             continue
         if key not in TOP_LEVEL:
             raise _unknown_key_error(key, where, sections, fp8_specs)
-        values[key] = TOP_LEVEL[key].parse(value, where=where)
+        spec = TOP_LEVEL[key]
+        # From the environment, the variable itself is named (LOWBIT_GRADIENT_ACCUMULATION_STEPS=-3).
+        values[key] = spec.parse(value, where=f"environment variable {spec.env}" if where == ENV_LAYER else where)
     return values
 
 
@@ -472,7 +477,7 @@ def setting_layers(
     return [
         file_layer,
         (settings_from_accelerate_env(environ), ACCELERATE_ENV),
-        (config_from_env(environ, fp8_specs), "environment variables"),
+        (config_from_env(environ, fp8_specs), ENV_LAYER),
         ({k: v for k, v in (explicit or {}).items() if v is not None}, "Accelerator arguments"),
     ]
 

@@ -190,8 +190,6 @@ class TrainingRun:
             self.registry.distributed_type_names(),
             where="the settings (argument, env var or config file)",
         )
-        if config.gradient_accumulation_steps < 1:
-            raise ConfigError(f"gradient_accumulation_steps must be >= 1, got {config.gradient_accumulation_steps}.")
         _check_dynamo_backend(config.dynamo_backend)
         return config
 

@@ -30,6 +30,8 @@ from typing import Any, Callable
 
 import torch
 
+from lowbit.kernel.env_numbers import env_switch
+
 SIMULATE_ENV = "LOWBIT_SIMULATE_NCCL"
 # The collectives checked under the simulation, each with where its input tensor(s) sit in the
 # call (position, keyword): what the tensor NCCL reads, as torch.distributed 2.11-2.13 names them.
@@ -74,7 +76,7 @@ class NcclRuleError(RuntimeError):
 
 
 def asked_to_simulate() -> bool:
-    return os.environ.get(SIMULATE_ENV, "") == "1"
+    return env_switch(SIMULATE_ENV, False)
 
 
 # Whether this process holds its collectives to the simulated rule: asked to, over a group that

@@ -40,7 +40,9 @@ def test_a_run_built_from_settings_alone_trains_as_the_accelerator(precision):
 
 
 def test_a_run_checks_its_settings_as_the_accelerator_does():
-    with pytest.raises(ConfigError, match="gradient_accumulation_steps must be >= 1"):
+    with pytest.raises(
+        ConfigError, match="'gradient_accumulation_steps' \\(from Accelerator arguments.*must be at least 1, got 0"
+    ):
         TrainingRun(RunRequest({"gradient_accumulation_steps": 0}))
     with pytest.raises(ConfigError, match="not a torch.compile backend"):
         TrainingRun(RunRequest({"dynamo_backend": "inductr"}))

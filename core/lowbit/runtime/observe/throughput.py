@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from lowbit.kernel.env_numbers import env_number
+from lowbit.kernel.env_numbers import env_number, env_switch
 
 from lowbit.runtime.nests import tensor_leaves
 from lowbit.runtime.observe.gpu_specs import DevicePeak, gpu_peak
@@ -374,4 +374,4 @@ def _flops(tflops: float) -> str:
 
 
 def meter_is_on() -> bool:
-    return os.environ.get(OFF_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    return env_switch(OFF_ENV, True)
