@@ -135,7 +135,13 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     module = getattr(args, "module", False)
     threads = getattr(args, "num_cpu_threads_per_process", None)
     script = Path(args.training_script)
-    if not module and not script.is_file():
+    # A file, or a folder with a __main__.py (as ``python DIR`` runs it)
+    if not module and not script.is_file() and not (script / "__main__.py").is_file():
+        if script.is_dir():
+            raise ConfigError(
+                f"Training script {str(script)!r} is a folder without a __main__.py: python runs a folder by its "
+                "__main__.py. Name the script inside it, or add -m to run a package."
+            )
         raise ConfigError(
             f"Training script {str(script)!r} does not exist (looked in {os.getcwd()}). To run a module, add -m."
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import zipfile
 from typing import Mapping
 
 from lowbit.kernel.env_numbers import env_switch
@@ -34,7 +35,10 @@ def main(argv: list[str]) -> None:
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(argv)
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        # As python sets it: the script's folder, or a folder (or zip) run by its __main__.py itself
+        script = os.path.abspath(argv[0])
+        runs_whole = os.path.isdir(script) or zipfile.is_zipfile(script)
+        sys.path[0] = script if runs_whole else os.path.dirname(script)
         runpy.run_path(argv[0], run_name="__main__")
 
 

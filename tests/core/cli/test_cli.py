@@ -207,3 +207,22 @@ def test_plugins_lists_the_hooks_each_plugin_implements(capsys):
     assert "describe_backend" not in rows["ao"]["hooks"]
     assert main(["plugins", "--cpu"]) == 0
     assert "Hooks each plugin implements" in capsys.readouterr().out
+
+
+def test_launch_runs_a_folder_by_its_main_as_python_does(tmp_path, capsys):
+    """``python DIR``, torchrun and ``accelerate launch`` run a folder with a __main__.py (its own
+    modules importable); ``lowbit launch DIR`` said the script "does not exist"."""
+    import subprocess
+    import sys
+
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "helper.py").write_text("VALUE = 7\n")
+    (app / "__main__.py").write_text("import sys\nfrom helper import VALUE\nprint('ran', VALUE, sys.argv[1:])\n")
+    ran = subprocess.run(
+        [sys.executable, "-m", "lowbit.cli.run_script", str(app), "x"], capture_output=True, text=True, timeout=120
+    )
+    assert ran.stdout.strip() == "ran 7 ['x']", ran.stderr[-2000:]
+    (tmp_path / "empty").mkdir()
+    assert main(["launch", str(tmp_path / "empty")]) == 2
+    assert "is a folder without a __main__.py" in capsys.readouterr().err
