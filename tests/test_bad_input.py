@@ -214,3 +214,23 @@ def test_accumulation_steps_below_one_are_refused_naming_where_they_came_from(mo
     monkeypatch.setenv("LOWBIT_GRADIENT_ACCUMULATION_STEPS", "-3")
     with pytest.raises(ConfigError, match="environment variable LOWBIT_GRADIENT_ACCUMULATION_STEPS.*got -3"):
         Accelerator(cpu=True)
+
+
+def test_an_error_in_a_backends_conversion_names_the_backend():
+    """It reached the user as the backend's own error, naming neither the backend nor lowbit."""
+    import sys
+    import traceback
+
+    from lowbit import hookimpl
+
+    class Failing(FakeBackend):
+        @hookimpl
+        def convert_model(self, model, context):
+            raise RuntimeError("shape (3, 5) is not supported")
+
+    acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(Failing("failing", 100)))
+    with pytest.raises(RuntimeError, match=r"shape \(3, 5\)") as raised:
+        acc.prepare(mlp())
+    if sys.version_info >= (3, 11):  # exception notes
+        shown = "".join(traceback.format_exception(raised.value))
+        assert "lowbit: raised in convert_model of the low-precision backend 'failing'" in shown, shown

@@ -29,6 +29,13 @@ def plugin_label(selection: Any) -> str:
     return f"{description.LABEL} {description.name!r}{where}"
 
 
+def name_the_plugin(exc: BaseException, selection: Any, hook: str) -> None:
+    """Add which plugin's hook raised ``exc`` to it as it travels up (a note under its traceback,
+    Python 3.11+): a backend's own error often names neither the backend nor lowbit."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"lowbit: raised in {hook} of the {plugin_label(selection)}.")
+
+
 def expect_result(selection: Any, hook: str, result: Any, expected: type, wording: str) -> Any:
     """``result`` when it is None or an ``expected``; otherwise an error naming the plugin and the hook."""
     if result is not None and not isinstance(result, expected):
@@ -99,7 +106,11 @@ class ChosenPlugins:
         """The converted model (None: unchanged) and the backend's report of it (None: it gave none)."""
         import torch
 
-        converted = self._call(self.backend, "convert_model", model=model)
+        try:
+            converted = self._call(self.backend, "convert_model", model=model)
+        except Exception as exc:
+            name_the_plugin(exc, self.backend, "convert_model")
+            raise
         wording = "a torch.nn.Module, a ConvertedModel (or None)"
         if isinstance(converted, ConvertedModel):
             expect_result(
