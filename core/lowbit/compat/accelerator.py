@@ -558,8 +558,11 @@ class Accelerator(RankFacts):
 
     @property
     def preemption_requested(self) -> bool:
-        """True once the job got SIGTERM (a scheduler taking the machine), on every rank alike:
-        save and stop. The first read makes lowbit take over SIGTERM (see training/preemption.py)."""
+        """True once the job got SIGTERM (a scheduler taking the machine): save and stop. On several
+        processes, what the ranks agreed at the last poll (every LOWBIT_PREEMPTION_POLL_STEPS optimizer
+        steps), so every rank reading it at the same point of its loop gets the same answer, and a read
+        on one rank alone needs nothing of the others. The first read makes lowbit take over SIGTERM
+        (see training/preemption.py)."""
         return self._run.preemption.requested()
 
     def on_preemption(self, callback: Callable[[], None]) -> None:

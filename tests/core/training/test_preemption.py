@@ -173,3 +173,31 @@ def test_the_preemption_note_says_how_long_the_save_took_against_the_window(monk
         watch.at_iteration_start()
     said = " ".join(str(w.message) for w in recwarn)
     assert "s after SIGTERM, of a 5 s window" in said and "past the 5 s window" in said
+
+
+def test_reading_preemption_requested_needs_no_collective_and_follows_the_last_poll(monkeypatch):
+    """``if acc.is_main_process and acc.preemption_requested:`` hung a 2-rank job with no output: each
+    read was an all-reduce, made by rank 0 alone. A read now takes the ranks' agreement of the last
+    poll (at an optimizer step, where every rank polls), and nothing of the others."""
+    import signal as signals
+
+    from lowbit.runtime.training.preemption import PreemptionWatch
+
+    before = signals.getsignal(signals.SIGTERM)
+    watch = PreemptionWatch(num_processes=2)
+    polls = []
+
+    def agree():  # stands for the all-reduce every rank makes at a poll
+        polls.append(watch.steps)
+        return watch.signalled, False
+
+    monkeypatch.setattr(watch, "_agree", agree)
+    try:
+        assert watch.requested() is False and polls == []  # read: no collective
+        watch.signalled = True  # SIGTERM on this rank
+        assert watch.requested() is False  # not agreed yet: every rank still says the same
+        for _ in range(watch.poll_every_steps):
+            watch.after_step()
+        assert polls == [watch.poll_every_steps] and watch.requested() is True
+    finally:
+        signals.signal(signals.SIGTERM, before)

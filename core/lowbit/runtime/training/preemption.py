@@ -86,6 +86,8 @@ class PreemptionWatch:
         # start, once the script's loop body finished (its scheduler step, its counters).
         self.stop_pending = False
         self.checkpoint_pending = False
+        # What the ranks agreed at the last poll: the answer of preemption_requested on several processes.
+        self.agreed_stop = False
         self.steps = 0
 
     def listen(self) -> None:
@@ -108,13 +110,22 @@ class PreemptionWatch:
         self._installed = True
 
     def requested(self) -> bool:
-        """Whether any rank was asked to stop (every rank gets the same answer)."""
+        """Whether the job was asked to stop, with no collective (a read on one rank only, ``if
+        is_main_process and preemption_requested``, must not hang the others): on one process, this
+        process's signal; on several, what the ranks agreed at the last poll (every
+        ``poll_every_steps`` optimizer steps), so every rank reading at the same point of the loop
+        gets the same answer."""
         self.listen()
-        return self._agree()[0]
+        if self.num_processes == 1:
+            return self._asked_to_stop()
+        return self.agreed_stop
+
+    def _asked_to_stop(self) -> bool:
+        return self.signalled or (self.warned and self.warning_action == "stop")
 
     def _agree(self) -> tuple[bool, bool]:
         """(stop, checkpoint): whether any rank was asked either, in one all-reduce."""
-        stop = self.signalled or (self.warned and self.warning_action == "stop")
+        stop = self._asked_to_stop()
         checkpoint = self.warned
         if self.num_processes > 1:
             import torch.distributed as dist
@@ -133,13 +144,16 @@ class PreemptionWatch:
         moved but the script's own step (its LR scheduler, its counters) has not, so a checkpoint
         written there would hold step N's weights and say step N-1."""
         self.steps += 1
-        if self._handled or self.stop_pending or self.checkpoint_pending or not self.callbacks:
+        listened = self.callbacks or self._installed  # on_preemption, or a read of preemption_requested
+        if self._handled or self.stop_pending or self.checkpoint_pending or not listened or self.agreed_stop:
             return
         if self.num_processes > 1 and self.steps % self.poll_every_steps:
             return
         stop, checkpoint = self._agree()
-        self.stop_pending = stop
-        self.checkpoint_pending = checkpoint and not stop
+        self.agreed_stop = stop
+        if self.callbacks:
+            self.stop_pending = stop
+            self.checkpoint_pending = checkpoint and not stop
 
     def at_iteration_start(self) -> None:
         """The next batch is asked for (a prepared dataloader), or the next backward starts: the last
