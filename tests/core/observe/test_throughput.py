@@ -469,3 +469,28 @@ def test_a_loop_that_feeds_tensors_itself_counts_its_tokens_with_set_batch_token
     figures = acc.throughput
     assert figures["throughput/tokens_per_s"] == pytest.approx(128 / figures["throughput/step_s"], rel=1e-6)
     assert not [w for w in recwarn if "no batch came through" in str(w.message)]
+
+
+def test_a_model_holding_a_torch_generator_is_named_in_the_meters_note(recwarn):
+    """The note read ``SystemError: <method '__setstate__' ...>``: it says what the model holds."""
+
+    class Noisy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4)
+            self.noise = torch.Generator().manual_seed(0)
+
+        def forward(self, x):
+            return self.layer(x) + torch.rand(x.shape, generator=self.noise)
+
+    accelerator = Accelerator(cpu=True)
+    model = Noisy()
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.randn(12, 4), batch_size=4)
+    )
+    for batch in loader:
+        accelerator.backward(model(batch).sum())
+        optimizer.step()
+    notes = [str(w.message) for w in recwarn if "FLOPs were not counted" in str(w.message)]
+    assert len(notes) == 1 and "the model holds a torch.Generator (noise)" in notes[0], notes
+    assert "SystemError" not in notes[0]

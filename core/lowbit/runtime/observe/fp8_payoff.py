@@ -461,6 +461,16 @@ def meta_copy(model: nn.Module) -> nn.Module:
     import copy
 
     model = getattr(model, "_orig_mod", model)
+    generators = [
+        f"{name}.{key}" if name else key
+        for name, module in model.named_modules()
+        for key, value in vars(module).items()
+        if isinstance(value, torch.Generator)
+    ]
+    if generators:  # torch cannot copy one into a meta copy (its state is not a tensor)
+        raise ValueError(
+            f"the model holds a torch.Generator ({', '.join(generators[:3])}), which a meta copy of it cannot hold"
+        )
     with _tensors_copied_as_meta():
         copied = copy.deepcopy(model)
     for module in copied.modules():

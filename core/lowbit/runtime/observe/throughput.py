@@ -199,10 +199,14 @@ class ThroughputMeter:
         except Exception as exc:  # noqa: BLE001 - an instrument never breaks the run
             from lowbit.kernel.notices import note
 
+            why = (
+                "its structure could not be copied to trace (no memory) at prepare()"
+                if exc is model
+                else f"its forward did not run on the first batch's shapes ({_calls_tried(batch)})"
+            )
             note(
                 f"throughput: the model's FLOPs were not counted, so TFLOP/s and MFU are left out (tokens/s and "
-                f"samples/s are measured as ever): its forward did not run on the first batch's shapes "
-                f"({_calls_tried(batch)}): {type(exc).__name__}: {str(exc)[:200]}"
+                f"samples/s are measured as ever): {why}: {type(exc).__name__}: {str(exc)[:200]}"
             )
             return
         units = tokens or samples
