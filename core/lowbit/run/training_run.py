@@ -286,6 +286,7 @@ class TrainingRun:
             loader.at_iteration_start = self.preemption.at_iteration_start
         # weakly: the step state the run owns must not keep it alive (a cycle outlives `del`)
         self.step_state.explain_nonfinite = _called_weakly(self._nonfinite_origin)
+        self.step_state.nonfinite_buffers = _called_weakly(self._nonfinite_buffers)
         meter = self.throughput
         if meter is None:
             return
@@ -295,6 +296,11 @@ class TrainingRun:
         if self.prepared.models:
             report = self.prepared.conversion_reports.get(unwrap(self.prepared.models[0]))
             meter.converted(report.converted if report is not None else ())
+
+    def _nonfinite_buffers(self) -> list[str]:
+        from lowbit.runtime.checkpoint.finite_weights import nonfinite_buffers
+
+        return [name for model in self.prepared.models for name in nonfinite_buffers(unwrap(model))]
 
     def _nonfinite_origin(self) -> str | None:
         """Where a non-finite step's NaN/inf began: the last batch of the loop's prepared dataloader

@@ -185,3 +185,29 @@ def test_batches_that_never_pass_a_prepared_loader_are_said_once_not_reported_wr
     nan = [m for m in messages if "NaN or inf" in m]
     assert len(nan) == 1 and "not replayed: no batch came through a prepared dataloader" in nan[0], messages
     assert "throughput/samples_per_s" not in acc.throughput
+
+
+def test_a_nan_batch_folded_into_batchnorm_stats_is_said_at_the_skip_and_never_saved(tmp_path):
+    """The forward folds a NaN input into BatchNorm's running stats before any check; the skip said
+    "the weights are unchanged" and save_state wrote the NaN stats over the good checkpoint (it
+    checked parameters only). The skip names the buffers, and the save refuses them."""
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+    batches = torch.randn(12, 4)
+    batches[5] = float("nan")
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(batches, batch_size=4)
+    )
+    accelerator.save_state(tmp_path / "good")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for x in loader:
+            accelerator.backward(model(x).pow(2).mean())
+            optimizer.step()
+            optimizer.zero_grad()
+    skips = [str(w.message) for w in said if "the step is skipped" in str(w.message)]
+    assert len(skips) == 1 and "1.running_mean" in skips[0] and "load the last checkpoint" in skips[0], skips
+    with pytest.raises(CheckpointError, match=r"1\.running_mean \(buffer\)"):
+        accelerator.save_state(tmp_path / "good")
+    assert (tmp_path / "good").exists()  # the good checkpoint stays

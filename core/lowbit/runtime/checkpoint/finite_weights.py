@@ -1,4 +1,5 @@
-"""A save never writes NaN/inf weights unseen: ``save_state`` and ``save_model`` check first.
+"""A save never writes NaN/inf weights unseen: ``save_state`` and ``save_model`` check first
+(parameters, and floating buffers such as BatchNorm's running statistics).
 
 A run whose weights went NaN (a step taken with ``on_nonfinite_loss="continue"``, a corrupted
 load) would otherwise overwrite its last good checkpoint with one it cannot train from. The check
@@ -24,9 +25,12 @@ def refuse_nonfinite_weights(models: Iterable[torch.nn.Module], what: str, num_p
     bad = []
     for index, model in enumerate(models):
         for name, param in model.named_parameters():
-            local = param.to_local() if callable(getattr(param, "to_local", None)) else param
-            if local.is_floating_point() and local.numel() and not bool(torch.isfinite(local.detach()).all()):
+            if nonfinite(param):
                 bad.append(f"{name}" if index == 0 else f"model {index}: {name}")
+        # Floating buffers too: a NaN batch folds into BatchNorm's running stats in the forward,
+        # before any check, and every eval after it is NaN.
+        for name in nonfinite_buffers(model):
+            bad.append(f"{name} (buffer)" if index == 0 else f"model {index}: {name} (buffer)")
     count = len(bad)
     if num_processes > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         total = on_group_device(torch.tensor([count]))
@@ -42,3 +46,14 @@ def refuse_nonfinite_weights(models: Iterable[torch.nn.Module], what: str, num_p
             f"{what}: {count} weight tensor(s) hold NaN or inf{named}. Nothing was written, so the last checkpoint "
             f"stays the one to resume from. To write them anyway (to inspect them), pass allow_nonfinite=True."
         )
+
+
+def nonfinite(tensor: torch.Tensor) -> bool:
+    """Whether a floating tensor (this rank's shard of a DTensor) holds NaN or inf."""
+    local = tensor.to_local() if callable(getattr(tensor, "to_local", None)) else tensor
+    return local.is_floating_point() and bool(local.numel()) and not bool(torch.isfinite(local.detach()).all())
+
+
+def nonfinite_buffers(model: torch.nn.Module) -> list[str]:
+    """The model's floating buffers that hold NaN or inf, by name."""
+    return [name for name, buffer in model.named_buffers() if nonfinite(buffer)]

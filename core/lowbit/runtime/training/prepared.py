@@ -81,11 +81,14 @@ class StepState:
     optimizer_steps: int = 0
     # Where a non-finite step's NaN/inf began, asked only when a step is found non-finite (None: not known).
     explain_nonfinite: Callable[[], str | None] | None = None
+    # The prepared models' floating buffers holding NaN/inf (BatchNorm's running statistics take a
+    # NaN batch in the forward, before any check), asked only when a step is found non-finite.
+    nonfinite_buffers: Callable[[], list[str]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A pickled or copied optimizer carries its step state, not the Accelerator the diagnosis asks
         # (it holds modules and process-group state, which do not pickle): a copy reports without it.
-        return {**self.__dict__, "explain_nonfinite": None}
+        return {**self.__dict__, "explain_nonfinite": None, "nonfinite_buffers": None}
 
     @property
     def checks_nonfinite(self) -> bool:
@@ -288,9 +291,16 @@ class PreparedOptimizer(torch.optim.Optimizer):
             what += f" (replayed: {origin})"
         if step_state.on_nonfinite_loss == "raise":
             raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
+        buffers = (step_state.nonfinite_buffers() if step_state.nonfinite_buffers is not None else None) or []
+        spoiled = (
+            f" But the forward already folded it into {len(buffers)} buffer(s): {', '.join(buffers[:5])}; they stay "
+            "NaN/inf (every later eval is NaN, and save_state refuses them): load the last checkpoint."
+            if buffers
+            else ""
+        )
         notices.warn(
             f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
-            "accelerator.optimizer_step_was_skipped is True)."
+            f"accelerator.optimizer_step_was_skipped is True).{spoiled}"
         )
         return False
 
