@@ -16,6 +16,7 @@ import resource
 import signal
 import subprocess
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -480,3 +481,60 @@ def test_save_and_load_pre_hooks_let_a_script_save_a_model_its_own_way(tmp_path)
         handle.remove()
     acc.save_state(tmp_path / "again")
     assert (tmp_path / "again" / "model_1.pt").exists()  # removed: lowbit saves both again
+
+
+class Bookkeeping:
+    """A registered object whose state holds what a real script keeps: seen ids, paths, NumPy counters."""
+
+    def __init__(self):
+        import numpy as np
+
+        self.state = {
+            "seen": {3, 1, 2},
+            "frozen": frozenset({"a"}),
+            "out": Path("/data/run-7"),
+            "tokens": np.int64(12345),
+            "loss_ema": np.float32(0.25),
+            "hist": np.array([1, 2, 3]),
+            "window": range(0, 10, 2),
+            "nested": [{"when": Path("x")}, (np.int32(4),)],
+        }
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+def test_what_lowbit_saves_of_a_registered_object_it_loads_as_it_was(tmp_path):
+    """Such a state was saved, then refused at load as "truncated, corrupted, or not saved by lowbit"."""
+    import numpy as np
+
+    acc = Accelerator(cpu=True)
+    saved = Bookkeeping()
+    acc.register_for_checkpointing(saved)
+    acc.save_state(tmp_path / "ckpt")
+    loaded = Bookkeeping()
+    loaded.state = {}
+    other = Accelerator(cpu=True)
+    other.register_for_checkpointing(loaded)
+    other.load_state(tmp_path / "ckpt")
+    got = loaded.state
+    assert got["seen"] == {1, 2, 3} and got["frozen"] == frozenset({"a"}) and got["out"] == Path("/data/run-7")
+    assert type(got["tokens"]) is np.int64 and got["tokens"] == 12345 and type(got["loss_ema"]) is np.float32
+    assert np.array_equal(got["hist"], np.array([1, 2, 3])) and got["window"] == range(0, 10, 2)
+    assert got["nested"][0]["when"] == Path("x") and type(got["nested"][1][0]) is np.int32
+
+
+def test_a_registered_state_the_reader_could_not_read_back_is_refused_at_save_naming_it(tmp_path):
+    class Opaque:
+        pass
+
+    acc = Accelerator(cpu=True)
+    keeper = Bookkeeping()
+    keeper.state = {"handle": Opaque()}
+    acc.register_for_checkpointing(keeper)
+    with pytest.raises(CheckpointError, match=r"registered object 0 \(Bookkeeping\)'s state holds a .*Opaque at"):
+        acc.save_state(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()

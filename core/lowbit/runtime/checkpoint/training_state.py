@@ -23,6 +23,7 @@ from lowbit.kernel.errors import CheckpointError, ConfigError
 from lowbit.kernel.notices import note
 
 from lowbit.runtime.checkpoint import files as checkpoint
+from lowbit.runtime.checkpoint import plain_state
 from lowbit.runtime.checkpoint.accelerate_checkpoint import is_accelerate_checkpoint, load_accelerate_checkpoint
 from lowbit.runtime.checkpoint.cuda_rng import cuda_rng_state, set_cuda_rng_states
 from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
@@ -93,6 +94,12 @@ class TrainingStateCheckpointer:
     def save(self, output_dir: str | Path) -> Path:
         prepared, plugins, is_main = self.prepared, self.plugins, self.facts.is_main_process
         output_dir = Path(output_dir)
+        # Every rank, before anything is written: a state the reader could not read back stops the save
+        # everywhere alike.
+        custom_states = [
+            plain_state.encode(obj.state_dict(), f"registered object {i} ({type(obj).__name__})")
+            for i, obj in enumerate(self.custom_objects)
+        ]
         with checkpoint.staged_save(output_dir, is_main, lambda: every_rank_must_arrive("save_state")) as staged:
             tmp = staged.path
             handled = False
@@ -125,8 +132,8 @@ class TrainingStateCheckpointer:
                 precision_state = self.step_state.precision.state_dict()
                 if precision_state is not None:
                     checkpoint.write_file_atomically(precision_state, tmp / "scaler.pt")
-                for i, obj in enumerate(self.custom_objects):
-                    checkpoint.write_file_atomically(obj.state_dict(), tmp / f"custom_checkpoint_{i}.pt")
+                for i, state in enumerate(custom_states):
+                    checkpoint.write_file_atomically(state, tmp / f"custom_checkpoint_{i}.pt")
                 staged.metadata.update(
                     self.fingerprint(),
                     # what the backend trained with (informational: a backend whose state depends on it says so at load)
@@ -219,7 +226,8 @@ class TrainingStateCheckpointer:
         for i, obj in enumerate(self.custom_objects):
             loads.append(
                 functools.partial(
-                    obj.load_state_dict, checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt")
+                    obj.load_state_dict,
+                    plain_state.decode(checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt")),
                 )
             )
         rng = checkpoint.read_tensor_file(directory / rng_file)
