@@ -216,20 +216,24 @@ def build_plugin_manager(
             dist = ep.dist.name if ep.dist else ""
             version = ep.dist.version if ep.dist else ""
             started = time.perf_counter()
+            # Two distributions may use one entry-point name (a third party's "ao" beside lowbit-ao):
+            # the later one is registered under a name of its own, and what each plugin describes
+            # itself as decides (registry.py: a first-party plugin keeps its name, others clash).
+            name = ep.name if manager.get_plugin(ep.name) is None else f"{ep.name} ({dist or 'unknown distribution'})"
             try:
                 plugin = load(ep)
                 if manager.is_registered(plugin):
                     continue  # the same module named by two entry points
-                manager.register(plugin, name=ep.name)
+                manager.register(plugin, name=name)
             except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken plugin breaks nothing else
                 # sys.exit() in a plugin's import would end the user's program; Ctrl-C still stops it.
                 manager.record_broken(
-                    ep.name,
+                    name,
                     dist,
                     exc if not isinstance(exc, SystemExit) else f"called sys.exit({exc.code!r}) while being imported",
                 )
                 continue
-            manager.origins[ep.name] = PluginOrigin(dist, version, time.perf_counter() - started)
+            manager.origins[name] = PluginOrigin(dist, version, time.perf_counter() - started)
     _check_pending_per_plugin(manager)
     return manager
 

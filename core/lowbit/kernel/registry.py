@@ -71,13 +71,18 @@ class PluginRegistry:
         for key, same in by_name.items():
             if len(same) < 2:
                 continue
+            first_party_dist = FIRST_PARTY.get(key[1], ("", ""))[0]
             built_in = [c for c in same if self.manager.get_name(c.plugin) in self.manager.builtin_names]
+            own = built_in or [c for c in same if first_party_dist and c.description.distribution == first_party_dist]
             label = same[0].description.LABEL
-            if built_in:
+            if own:  # lowbit's own plugin is never replaced by a namesake
+                others = " and ".join(sorted(c.description.distribution or "?" for c in same if c not in own))
+                whose = "lowbit's built-in one" if built_in else first_party_dist
                 message = (
-                    f"its {label} is named {same[0].name!r}, as lowbit's built-in one, which keeps the name; "
-                    "rename the plugin's"
+                    f"its {label} is named {same[0].name!r}, as {whose}, which keeps the name; "
+                    f"rename the plugin's ({others})"
                 )
+                built_in = own
                 clashing = [c for c in same if c not in built_in]
             else:
                 dists = " and ".join(sorted(c.description.distribution or "?" for c in same))

@@ -329,3 +329,19 @@ def test_a_plugin_naming_its_strategy_ddp_leaves_lowbits_ddp_working_and_is_name
     chosen = registry.strategy_for("MULTI_CPU")
     assert chosen is not None and chosen.plugin is not impostor and chosen.name == "ddp"
     assert any("as lowbit's built-in one, which keeps the name" in b.error for b in manager.broken)
+
+
+def test_a_namesake_entry_point_never_replaces_a_first_party_backend(tmp_path, monkeypatch):
+    """A third party's entry point named "ao" (describing itself as "ao") was registered first, left
+    lowbit-ao "broken" (Plugin name already registered), and fp8 trained with no FP8 layer while
+    fp8_backend said "ao". lowbit-ao keeps its name; the namesake is set aside, named."""
+    pytest.importorskip("lowbit_ao")
+    _write_dist(tmp_path, "evil-ao", "lowbit_namesake_fp8", "ao")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LOWBIT_PLUGINS", "ao")
+    manager = make_plugin_manager()
+    registry = PluginRegistry(manager, CPU)
+    chosen = choose_plugin(registry, "backend", "ao", "test")
+    assert chosen.chosen.description.distribution == "lowbit-ao"
+    assert not any(b.distribution == "lowbit-ao" for b in manager.broken), manager.broken
+    assert any("evil-ao" in b.error and "lowbit-ao, which keeps the name" in b.error for b in manager.broken)
