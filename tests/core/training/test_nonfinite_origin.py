@@ -211,3 +211,23 @@ def test_a_nan_batch_folded_into_batchnorm_stats_is_said_at_the_skip_and_never_s
     with pytest.raises(CheckpointError, match=r"1\.running_mean \(buffer\)"):
         accelerator.save_state(tmp_path / "good")
     assert (tmp_path / "good").exists()  # the good checkpoint stays
+
+
+def test_a_nan_made_by_the_loss_function_outside_the_model_is_said_so():
+    """It was blamed on "a nondeterministic kernel, or an earlier batch's": the model's forward and
+    backward are finite on the batch, so the loss (or the loop) made it."""
+    acc = Accelerator(cpu=True)
+    model = _Model()
+    loader = DataLoader(torch.randn(12, 8), batch_size=4)
+    prepared, optimizer, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step, batch in enumerate(loader, start=1):
+            output = prepared(batch).float()
+            loss = (output - 1e6).log().mean() if step == 2 else output.pow(2).mean()  # log of negatives at step 2
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    messages = [str(w.message) for w in said if "NaN or inf" in str(w.message)]
+    assert len(messages) == 1 and "the model's forward and backward are finite on this batch" in messages[0], messages
+    assert "the loss computed outside the model" in messages[0]

@@ -87,11 +87,8 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
                     "(it began after the last module)"
                 )
             loss = getattr(output, "loss", None)
-            loss = (
-                loss
-                if isinstance(loss, torch.Tensor)
-                else sum(t.float().sum() for t in tensor_leaves(output) if t.requires_grad)
-            )
+            own_loss = isinstance(loss, torch.Tensor)  # the model computes its loss (transformers' models)
+            loss = loss if own_loss else sum(t.float().sum() for t in tensor_leaves(output) if t.requires_grad)
             params = [p for p in model.parameters() if p.requires_grad]
             if not isinstance(loss, torch.Tensor) or not params:
                 return "the replayed forward is finite, and it has no loss to replay the backward from"
@@ -124,9 +121,15 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
             )
     if bad_weight_grads:
         return "backward: a parameter outside the model's modules got a non-finite gradient"
+    if not own_loss:
+        return (
+            "the model's forward and backward are finite on this batch (replayed with the sum of its outputs as the "
+            "loss), so the NaN/inf arose in the loss computed outside the model (a log or division of these outputs) "
+            "or in the loop itself; or a nondeterministic kernel did not repeat it"
+        )
     return (
-        "the replayed step is finite throughout: the NaN/inf did not come back with this batch (a nondeterministic "
-        "kernel, or an earlier batch's)"
+        "the replayed step (forward, the model's own loss, backward) is finite throughout: the NaN/inf did not come "
+        "back with this batch (a nondeterministic kernel, or something the loop did outside the model)"
     )
 
 
