@@ -231,3 +231,37 @@ def test_a_nan_made_by_the_loss_function_outside_the_model_is_said_so():
     messages = [str(w.message) for w in said if "NaN or inf" in str(w.message)]
     assert len(messages) == 1 and "the model's forward and backward are finite on this batch" in messages[0], messages
     assert "the loss computed outside the model" in messages[0]
+
+
+def test_the_replay_leaves_buffers_and_module_generators_as_it_found_them():
+    """The replay moved BatchNorm's running stats and num_batches_tracked again, and drew from a
+    generator the model holds: the weights after the skipped step differed from a run without it."""
+
+    class Noisy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.first, self.norm, self.head = nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 1)
+            self.noise = torch.Generator().manual_seed(3)
+
+        def forward(self, x):
+            x = self.norm(self.first(x)) + torch.rand(16, generator=self.noise)
+            return self.head(x)
+
+    acc = Accelerator(cpu=True)
+    model = Noisy()
+    loader = DataLoader(torch.randn(12, 8), batch_size=4)
+    prepared, optimizer, loader = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), loader)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step, batch in enumerate(loader, start=1):
+            output = prepared(batch).float()
+            acc.backward((output - 1e6).log().mean() if step == 2 else output.pow(2).mean())
+            if step == 2:
+                before = {name: b.clone() for name, b in model.named_buffers()}, model.noise.get_state()
+            optimizer.step()
+            if step == 2:
+                assert all(torch.equal(before[0][name], b) for name, b in model.named_buffers())
+                assert torch.equal(before[1], model.noise.get_state())
+            optimizer.zero_grad()
+    assert any("replayed" in str(w.message) for w in said)  # the replay ran

@@ -76,6 +76,15 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
 
     for name, module in leaves:
         handles.append(module.register_forward_hook(after_forward(name)))
+    # The replay must leave the model as it found it: its forward moves BatchNorm's running stats
+    # and num_batches_tracked, and draws from generators its modules hold.
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    generators = [
+        (value, value.get_state())
+        for module in model.modules()
+        for value in vars(module).values()
+        if isinstance(value, torch.Generator)
+    ]
     try:
         with random_state_kept(next((p.device for p in model.parameters()), torch.device("cpu"))):
             output = _feed(model, batch)
@@ -98,6 +107,11 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
     finally:
         for handle in handles:
             handle.remove()
+        with torch.no_grad():
+            for buffer, before in buffers:
+                buffer.copy_(before)
+        for generator, state in generators:
+            generator.set_state(state)
     bad_weight_grads = {id(p) for p, g in zip(params, grads) if g is not None and not bool(torch.isfinite(g).all())}
     for position in range(len(order) - 1, -1, -1):  # backward order
         name, module = order[position]
