@@ -494,3 +494,26 @@ def test_a_model_holding_a_torch_generator_is_named_in_the_meters_note(recwarn):
     notes = [str(w.message) for w in recwarn if "FLOPs were not counted" in str(w.message)]
     assert len(notes) == 1 and "the model holds a torch.Generator (noise)" in notes[0], notes
     assert "SystemError" not in notes[0]
+
+
+def test_mfu_above_100_percent_is_never_given_and_the_best_rate_becomes_the_peak(monkeypatch, tmp_path, recwarn):
+    """A 2-core CPU's peak was one square matmul measured once (on a busy machine, cached for
+    good): Trainer's line read "MFU 467.0%". A step faster than the peak gives no MFU, says why
+    once, and its rate is the cached peak from then on; a measurement keeps the best rate seen."""
+    from lowbit.runtime.observe import throughput
+    from lowbit.runtime.observe.gpu_specs import DevicePeak
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    meter = throughput.ThroughputMeter(torch.device("cpu"), 1, Precision("no", torch.device("cpu")), is_main=True)
+    meter._peak = DevicePeak("a busy CPU", 1e-9, None, "measured here")
+    meter.flops_per_unit = 1e9
+    meter._last = (1.0, {"samples": 4, "tokens": 0, "wait": 0.0})
+    figures = meter.latest
+    assert "throughput/tflops_per_device" in figures and "throughput/mfu" not in figures
+    assert "no MFU" in meter.progress_line()
+    meter.latest  # noqa: B018 - said once
+    notes = [str(w.message) for w in recwarn if "MFU is left out" in str(w.message)]
+    assert len(notes) == 1 and "above a busy CPU's" in notes[0]
+    cached = throughput.raise_cpu_peak(torch.float32, 0.0)
+    assert cached == pytest.approx(4e9 / 1e12)  # the rate seen became the peak
+    assert throughput.cpu_peak(torch.float32).tflops >= cached  # a new measurement never lowers it
