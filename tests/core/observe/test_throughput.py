@@ -517,3 +517,29 @@ def test_mfu_above_100_percent_is_never_given_and_the_best_rate_becomes_the_peak
     cached = throughput.raise_cpu_peak(torch.float32, 0.0)
     assert cached == pytest.approx(4e9 / 1e12)  # the rate seen became the peak
     assert throughput.cpu_peak(torch.float32).tflops >= cached  # a new measurement never lowers it
+
+
+def test_the_counts_forward_prints_nothing_the_run_never_computed(capsys):
+    """A print in the forward showed ``act max 1.0000``, a value of the meta copy, not of the run."""
+
+    class Chatty(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            out = self.layer(x)
+            print(f"act on {out.device.type}")
+            return out
+
+    accelerator = Accelerator(cpu=True)
+    model = Chatty()
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(torch.randn(12, 4), batch_size=4)
+    )
+    for batch in loader:
+        accelerator.backward(model(batch).sum())
+        optimizer.step()
+    printed = capsys.readouterr().out.split()
+    assert "meta" not in printed and printed.count("cpu") == 3  # the run's three forwards only
+    assert "throughput/tflops_per_device" in accelerator.throughput  # and the count still ran

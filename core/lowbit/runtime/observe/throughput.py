@@ -210,7 +210,9 @@ class ThroughputMeter:
         try:
             if isinstance(model, Exception):
                 raise model
-            with random_state_kept(self.device):
+            # The copy's forward runs the model's own Python code once more, on meta tensors: its
+            # prints would show values the run never computed, so they go nowhere.
+            with random_state_kept(self.device), _prints_silenced():
                 work, call = _trace_first_batch(model, batch)
         except Exception as exc:  # noqa: BLE001 - an instrument never breaks the run
             from lowbit.kernel.notices import note
@@ -391,6 +393,12 @@ def _trace_first_batch(model: torch.nn.Module, batch: Any) -> tuple[Any, str]:
         except Exception as exc:  # noqa: BLE001 - try the next convention
             first_error = first_error or exc
     raise first_error or ValueError("the batch holds no tensor")
+
+
+@contextlib.contextmanager
+def _prints_silenced():
+    with open(os.devnull, "w") as nowhere, contextlib.redirect_stdout(nowhere), contextlib.redirect_stderr(nowhere):
+        yield
 
 
 @contextlib.contextmanager
