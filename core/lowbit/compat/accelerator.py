@@ -892,7 +892,7 @@ class Accelerator(RankFacts):
         """Forget every prepared object (and return Nones for ``objects``), then collect garbage."""
         from lowbit.runtime.training.memory import release_memory
 
-        self.prepared.clear()
+        self._run.forget_prepared()
         self.step = 0
         return release_memory(*objects)
 

@@ -33,6 +33,7 @@ from lowbit.runtime.precision import Precision, SlowPrecisionNotice
 from lowbit.runtime.process_group import ProcessFacts, process_facts
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training.gradient_sync import GradientSync
+from lowbit.runtime.training.norm_stats import NormStatsKeeper
 from lowbit.runtime.training.preemption import PreemptionWatch
 from lowbit.runtime.training.preparation import Preparation, PreparationSettings, unwrap
 from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
@@ -154,6 +155,9 @@ class TrainingRun:
         )
         self.preemption = PreemptionWatch(self.facts.num_processes)
         self.step_state.step_observers.append(self.preemption.after_step)
+        self.norm_stats = NormStatsKeeper()  # BatchNorm's statistics, put back when a step is skipped
+        self.step_state.step_observers.append(self.norm_stats.keep)
+        self.step_state.undo_on_skip.append(self.norm_stats.restore)
         data_parallel = data_parallel_slot(self.layout, self.facts.num_processes, self.facts.process_index)[0]
         self.throughput = (
             ThroughputMeter(
@@ -248,6 +252,11 @@ class TrainingRun:
 
         return OptimizerStepShadow(shadow_step, self.facts.device, models)
 
+    def forget_prepared(self) -> None:
+        """``free_memory()``: every prepared object dropped, and what the run kept of them."""
+        self.prepared.clear()
+        self.norm_stats.forget()
+
     def set_even_batches(self, even: bool) -> None:
         """Loaders prepared from now on fill up (or leave short) the last round of batches."""
         self.preparation.settings.even_batches = even
@@ -284,6 +293,9 @@ class TrainingRun:
         after the first optimizer step (nothing in its forward)."""
         for loader in self.prepared.dataloaders:
             loader.at_iteration_start = self.preemption.at_iteration_start
+        if self.step_state.checks_nonfinite:
+            for model in self.prepared.models:
+                self.norm_stats.watch(unwrap(model))
         # weakly: the step state the run owns must not keep it alive (a cycle outlives `del`)
         self.step_state.explain_nonfinite = _called_weakly(self._nonfinite_origin)
         self.step_state.nonfinite_buffers = _called_weakly(self._nonfinite_buffers)

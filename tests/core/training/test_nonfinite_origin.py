@@ -190,7 +190,8 @@ def test_batches_that_never_pass_a_prepared_loader_are_said_once_not_reported_wr
 def test_a_nan_batch_folded_into_batchnorm_stats_is_said_at_the_skip_and_never_saved(tmp_path):
     """The forward folds a NaN input into BatchNorm's running stats before any check; the skip said
     "the weights are unchanged" and save_state wrote the NaN stats over the good checkpoint (it
-    checked parameters only). The skip names the buffers, and the save refuses them."""
+    checked parameters only). The skipped step puts the stats back, and a save refuses NaN/inf
+    buffers by name."""
     torch.manual_seed(0)
     accelerator = Accelerator(cpu=True)
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
@@ -207,8 +208,13 @@ def test_a_nan_batch_folded_into_batchnorm_stats_is_said_at_the_skip_and_never_s
             optimizer.step()
             optimizer.zero_grad()
     skips = [str(w.message) for w in said if "the step is skipped" in str(w.message)]
-    assert len(skips) == 1 and "1.running_mean" in skips[0] and "load the last checkpoint" in skips[0], skips
-    with pytest.raises(CheckpointError, match=r"1\.running_mean \(buffer\)"):
+    assert len(skips) == 1 and "BatchNorm's running statistics are put back" in skips[0], skips
+    assert "load the last checkpoint" not in skips[0]  # nothing left spoiled
+    assert all(torch.isfinite(b).all() for b in model.buffers())
+    accelerator.save_state(tmp_path / "good")  # the statistics are good again: saved
+    with torch.no_grad():
+        model[1].running_var.fill_(float("inf"))  # spoiled some other way: never saved
+    with pytest.raises(CheckpointError, match=r"1\.running_var \(buffer\)"):
         accelerator.save_state(tmp_path / "good")
     assert (tmp_path / "good").exists()  # the good checkpoint stays
 
@@ -255,13 +261,15 @@ def test_the_replay_leaves_buffers_and_module_generators_as_it_found_them():
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         for step, batch in enumerate(loader, start=1):
+            if step == 2:  # as of the last good step: what the skipped step puts back, replay or not
+                stats = {name: b.clone() for name, b in model.named_buffers()}
             output = prepared(batch).float()
             acc.backward((output - 1e6).log().mean() if step == 2 else output.pow(2).mean())
             if step == 2:
-                before = {name: b.clone() for name, b in model.named_buffers()}, model.noise.get_state()
+                drawn = model.noise.get_state()
             optimizer.step()
             if step == 2:
-                assert all(torch.equal(before[0][name], b) for name, b in model.named_buffers())
-                assert torch.equal(before[1], model.noise.get_state())
+                assert all(torch.equal(stats[name], b) for name, b in model.named_buffers())
+                assert torch.equal(drawn, model.noise.get_state())
             optimizer.zero_grad()
     assert any("replayed" in str(w.message) for w in said)  # the replay ran

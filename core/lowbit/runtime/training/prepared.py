@@ -84,6 +84,8 @@ class StepState:
     # The prepared models' floating buffers holding NaN/inf (BatchNorm's running statistics take a
     # NaN batch in the forward, before any check), asked only when a step is found non-finite.
     nonfinite_buffers: Callable[[], list[str]] | None = None
+    # Run when a step is skipped for NaN/inf, each saying what it put back (or None): BatchNorm's statistics.
+    undo_on_skip: list[Callable[[], str | None]] = field(default_factory=list)
 
     def __getstate__(self) -> dict[str, Any]:
         # A pickled or copied optimizer carries its step state, not the Accelerator the diagnosis asks
@@ -291,6 +293,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
             what += f" (replayed: {origin})"
         if step_state.on_nonfinite_loss == "raise":
             raise FloatingPointError(f"{what} (on_nonfinite_loss='raise').")
+        undone = [said for said in (undo() for undo in step_state.undo_on_skip) if said]
         buffers = (step_state.nonfinite_buffers() if step_state.nonfinite_buffers is not None else None) or []
         spoiled = (
             f" But the forward already folded it into {len(buffers)} buffer(s): {', '.join(buffers[:5])}; they stay "
@@ -298,9 +301,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
             if buffers
             else ""
         )
+        put_back = f" {'; '.join(undone)}." if undone else ""
         notices.warn(
             f"{what}; the step is skipped, the weights are unchanged (on_nonfinite_loss='skip'; "
-            f"accelerator.optimizer_step_was_skipped is True).{spoiled}"
+            f"accelerator.optimizer_step_was_skipped is True).{put_back}{spoiled}"
         )
         return False
 
