@@ -397,3 +397,30 @@ def test_one_trainer_trains_twice_a_second_trainer_takes_its_model_and_histories
     assert second.state.log_history[0]["loss"] < first_loss
     # prepared three times, its forward wrapped once: the wrapper holds the class's own forward
     assert second.model.__dict__["_lowbit_original_forward"].__func__ is type(second.model).forward
+
+
+def test_auto_find_batch_size_prepares_the_model_again_at_its_retry(patched, tmp_path):
+    """At the first out-of-memory error Trainer frees the Accelerator and prepares the same model
+    again with a smaller batch: that retry stopped with "prepared by another Accelerator"."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class OutOfMemoryAtEight(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.train_batch_size >= 8:
+                raise RuntimeError("CUDA out of memory.")  # what find_executable_batch_size retries on
+
+    model, data = llama_and_data()
+    args = TrainingArguments(
+        str(tmp_path),
+        per_device_train_batch_size=8,
+        max_steps=2,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        auto_find_batch_size=True,
+        bf16=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[OutOfMemoryAtEight()])
+    trainer.train()
+    assert trainer._train_batch_size < 8 and trainer.state.global_step == 2
+    assert type(trainer.accelerator).__name__ == "TrainerAccelerator"
