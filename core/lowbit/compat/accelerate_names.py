@@ -1,5 +1,6 @@
-"""Accelerate's own names, mapped to what lowbit calls them: the one place of the core that names
-plugins (a test keeps every other core module from doing so).
+"""Accelerate's own names, mapped to what lowbit calls them: its fp8_backend values and distributed
+types. One of the few core modules that name plugins, each because it speaks Accelerate's vocabulary
+(``tests/test_open_core.py`` lists them all, with why).
 
 Accelerate names its FP8 backends (``fp8_backend: TE | MSAMP | AO``, ``TERecipeKwargs``, ...) and
 its distributed types (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``, ``DEEPSPEED``); a script or

@@ -187,7 +187,7 @@ class Accelerator(RankFacts):
 
     @property
     def config(self) -> LowbitConfig:
-        """The run's resolved settings (arguments < env vars < config file < defaults)."""
+        """The run's resolved settings (defaults < config file < ACCELERATE_* < LOWBIT_* env vars < arguments)."""
         return self._run.config
 
     @property

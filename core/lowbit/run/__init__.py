@@ -1,5 +1,9 @@
-"""lowbit's own run, between the runtime and a front such as Accelerate's API: its settings
+"""lowbit's own run, between the runtime and a front such as Accelerate's API. ``run/`` decides once,
+before ``prepare()``; ``runtime/`` runs from ``prepare()`` on. Its settings
 (``settings.py``, with Accelerate's config files and launcher variables read as sources in
 ``accelerate_config.py``), the plugin manager with the core's built-ins (``plugin_manager.py``),
 the plugin choice (``choice.py``, ``recipe_choice.py``), the parallel layout (``layout.py``) and
-:class:`~lowbit.run.training_run.TrainingRun`, which builds and wires a run from them."""
+:class:`~lowbit.run.training_run.TrainingRun`, which builds and wires a run from them. Two files
+speak Accelerate's vocabulary, because a user's Accelerate config is a source of lowbit's
+settings: ``accelerate_config.py`` (its config file keys and launcher variables) and ``layout.py``
+(its ``ParallelismConfig``, which lowbit takes as the layout's record)."""

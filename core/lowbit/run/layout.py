@@ -20,7 +20,6 @@ from lowbit.kernel.errors import ConfigError, did_you_mean
 # Canonical order of the mesh's dimensions (outermost first), as Accelerate and torchtitan lay them.
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 ENV_PREFIX = "PARALLELISM_CONFIG_"  # the variables Accelerate's launcher exports, read when a field is not given
-USE_ENV = "ACCELERATE_USE_PARALLELISM_CONFIG"  # set by a launcher: build a ParallelismConfig from those variables
 CP_BACKENDS = ("torch",)
 # sp_backend values (Accelerate's default names DeepSpeed's Ulysses); lowbit accepts the name and
 # refuses sp_size > 1.

@@ -1,8 +1,8 @@
 """One training run, built from its settings: the object a front (Accelerate's ``Accelerator``,
 :mod:`lowbit.compat.accelerator`) builds once and hands every call to.
 
-Built in this order, each step deciding once: the settings (arguments < env vars < the config
-file's, validated against the installed plugins' option names), the hardware, this process's
+Built in this order, each step deciding once: the settings (defaults < config file < ACCELERATE_*
+< LOWBIT_* env vars < arguments, validated against the installed plugins' option names), the hardware, this process's
 place in the job, the plugins (at most one low-precision backend, at most one distributed
 strategy), the run's ``Precision``, the parallel layout, and the collaborators that ``prepare()``
 and the training step use (preparation, prepared objects, the step's state, the preemption watch,

@@ -19,8 +19,6 @@ TOOLCHAINS = {
     "cpu": ("CXX", ("c++", "g++", "clang++"), "C++", "builds C++ for the CPU"),
     "cuda": ("CC", ("gcc", "clang"), "C", "has Triton build each GPU kernel's launcher with a C compiler"),
 }
-# the names torch's C++ builder tries when $CXX is not set
-COMPILER_NAMES = TOOLCHAINS["cpu"][1]
 # torch.compile backends that generate code built by those compilers
 COMPILING_BACKENDS = frozenset({"inductor"})
 INSTALL = {
