@@ -46,7 +46,7 @@ from lowbit.runtime.precision import Precision, SlowPrecisionNotice  # noqa: F40
 from lowbit.runtime.process_group import ProcessFacts, RankFacts, every_rank_must_arrive, wait_for_everyone
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training import operations
-from lowbit.runtime.training.data_loader import PreparedDataLoader
+from lowbit.runtime.training.data_loader import LoaderOptions, PreparedDataLoader
 from lowbit.runtime.training.gradient_sync import force_gradient_sync, skip_gradient_sync
 from lowbit.runtime.training.loader_shards import skip_first_batches
 from lowbit.runtime.training.preparation import unwrap
@@ -54,7 +54,7 @@ from lowbit.runtime.training.prepared import PreparedObjects, StepState, Trainin
 
 from lowbit.run.layout import ParallelismConfig
 from lowbit.run.settings import LowbitConfig
-from lowbit.run.training_run import LoaderOptions, RunRequest, TrainingRun
+from lowbit.run.training_run import RunRequest, TrainingRun
 
 from lowbit.compat.accelerate_names import reported_distributed_type
 from lowbit.compat.accelerate_objects import from_accelerate

@@ -32,6 +32,7 @@ from lowbit.runtime.observe.throughput import ThroughputMeter, meter_is_on
 from lowbit.runtime.precision import Precision, SlowPrecisionNotice
 from lowbit.runtime.process_group import ProcessFacts, process_facts
 from lowbit.runtime.routing import ChosenPlugins
+from lowbit.runtime.training.data_loader import LoaderOptions
 from lowbit.runtime.training.gradient_sync import GradientSync
 from lowbit.runtime.training.norm_stats import NormStatsKeeper
 from lowbit.runtime.training.preemption import PreemptionWatch
@@ -49,18 +50,6 @@ from lowbit.run.settings import (
     resolve_config,
     setting_before_plugins,
 )
-
-
-@dataclass
-class LoaderOptions:
-    """How prepared dataloaders split and move batches (Accelerate's DataLoaderConfiguration, as values)."""
-
-    split_batches: bool = False
-    even_batches: bool = True
-    non_blocking: bool = False
-    dispatch_batches: bool | None = None
-    use_seedable_sampler: bool = False
-    data_seed: int | None = None
 
 
 @dataclass
@@ -227,18 +216,13 @@ class TrainingRun:
         }
         return PreparationSettings(
             device=self.facts.device,
-            num_processes=batches,
-            process_index=batch_index,
-            split_batches=loaders.split_batches,
-            even_batches=loaders.even_batches,
+            data_parallel_size=batches,
+            data_parallel_rank=batch_index,
+            loaders=loaders,
             device_placement=request.device_placement,
             dynamo_backend=config.dynamo_backend,
             compile_options={k: v for k, v in given.items() if v is not None},
             regional_compilation=bool(config.dynamo_use_regional_compilation),
-            non_blocking=bool(loaders.non_blocking),
-            dispatch_batches=loaders.dispatch_batches,
-            use_seedable_sampler=bool(loaders.use_seedable_sampler),
-            data_seed=loaders.data_seed,
             gradient_state=request.gradient_state,
         )
 
@@ -259,7 +243,7 @@ class TrainingRun:
 
     def set_even_batches(self, even: bool) -> None:
         """Loaders prepared from now on fill up (or leave short) the last round of batches."""
-        self.preparation.settings.even_batches = even
+        self.preparation.settings.loaders.even_batches = even
 
     def explain_backend_choice(self) -> str:
         """Why this backend: every installed backend with its priority and reason to decline."""

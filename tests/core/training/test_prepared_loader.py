@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from lowbit import Accelerator
 
-from lowbit.runtime.training.data_loader import PreparedDataLoader
+from lowbit.runtime.training.data_loader import LoaderOptions, PreparedDataLoader
 
 
 class Stream(IterableDataset):
@@ -45,7 +45,7 @@ def stream_share(num_workers: int) -> tuple[list[list[float]], int, bool]:
         torch.device("cpu"),
         num_processes=2,
         process_index=0,
-        dispatch_batches=False,
+        options=LoaderOptions(dispatch_batches=False),
     )
     batches, remainder = [], None
     for batch in loader:

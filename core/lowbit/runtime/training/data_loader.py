@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -40,6 +41,19 @@ from lowbit.runtime.training.loader_shards import (
 from lowbit.runtime.training.operations import broadcast, send_to_device
 
 
+@dataclass
+class LoaderOptions:
+    """How prepared dataloaders split and move batches (Accelerate's DataLoaderConfiguration, as
+    values): one record, from the front's arguments to each prepared loader."""
+
+    split_batches: bool = False
+    even_batches: bool = True
+    non_blocking: bool = False  # batches copied without a host wait
+    dispatch_batches: bool | None = None  # the main process reads and dispatches (None: for iterable datasets)
+    use_seedable_sampler: bool = False  # each epoch's order drawn from seed + epoch
+    data_seed: int | None = None
+
+
 class PreparedDataLoader(DataLoader):
     """A torch ``DataLoader`` (as Accelerate's prepared loaders are: ``isinstance`` checks in
     scripts and libraries hold) that loads through the user's own loader, ``base``: DataLoader's
@@ -54,15 +68,17 @@ class PreparedDataLoader(DataLoader):
         process_index: int,
         gradient_state: Any = None,
         *,
-        split_batches: bool = False,
-        even_batches: bool = True,
+        options: LoaderOptions | None = None,
         device_placement: bool = True,
-        non_blocking: bool = False,
-        dispatch_batches: bool | None = None,
         slice_fn: Callable[..., Any] | None = None,
-        use_seedable_sampler: bool = False,
-        data_seed: int | None = None,
     ) -> None:
+        options = options or LoaderOptions()
+        split_batches, even_batches, dispatch_batches = (
+            options.split_batches,
+            options.even_batches,
+            options.dispatch_batches,
+        )
+        use_seedable_sampler, data_seed = options.use_seedable_sampler, options.data_seed
         self.base = dataloader
         self.gradient_state = (
             gradient_state  # shown as Accelerate's loaders show theirs; the runtime reads gradient_sync
@@ -74,7 +90,7 @@ class PreparedDataLoader(DataLoader):
         self.even_batches = even_batches
         self.device_placement = device_placement
         # Copies to the device overlap with compute where the loader pins its batches (or when asked).
-        self.non_blocking = non_blocking or bool(getattr(dataloader, "pin_memory", False))
+        self.non_blocking = options.non_blocking or bool(getattr(dataloader, "pin_memory", False))
         self.skip_batches = 0
         # Where an iteration stands, read through the gradient state while this loader is the one iterated.
         self.end_of_dataloader = False

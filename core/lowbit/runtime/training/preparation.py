@@ -24,7 +24,7 @@ from lowbit.runtime.observe.fp8_payoff import report_prediction, report_work
 from lowbit.runtime.observe.fp8_report import conversion_report, converted_nothing
 from lowbit.runtime.routing import ChosenPlugins, plugin_label
 from lowbit.runtime.training import weights_from_rank0
-from lowbit.runtime.training.data_loader import PreparedDataLoader
+from lowbit.runtime.training.data_loader import LoaderOptions, PreparedDataLoader
 from lowbit.runtime.training.operations import convert_to_fp32
 from lowbit.runtime.training.prepared import PreparedObjects, PreparedOptimizer, PreparedScheduler, StepState
 from lowbit.runtime.training.toolchain import check_compiler_for
@@ -35,18 +35,15 @@ class PreparationSettings:
     """What ``prepare`` needs to know of this process and of the user's settings."""
 
     device: torch.device
-    num_processes: int
-    process_index: int
-    split_batches: bool = False
-    even_batches: bool = True
+    # This process's shard of the data: how many different batches a step reads (the data-parallel
+    # size; tensor-parallel ranks share theirs), and which of them is this process's.
+    data_parallel_size: int
+    data_parallel_rank: int
+    loaders: LoaderOptions = field(default_factory=LoaderOptions)
     device_placement: bool = True
     dynamo_backend: str | None = None
     compile_options: dict[str, Any] = field(default_factory=dict)  # torch.compile's mode, fullgraph, ... as given
     regional_compilation: bool = False  # compile each repeated block instead of the whole model
-    non_blocking: bool = False  # DataLoaderConfiguration(non_blocking=True): batches copied without a host wait
-    dispatch_batches: bool | None = None  # the main process reads and dispatches (None: for iterable datasets)
-    use_seedable_sampler: bool = False  # each epoch's order drawn from seed + epoch
-    data_seed: int | None = None
     # What each prepared loader shows as ``.gradient_state``, as Accelerate's loaders do (its GradientState).
     gradient_state: Any = None
 
@@ -172,16 +169,11 @@ class Preparation:
                 result[index] = PreparedDataLoader(
                     objects[index],
                     settings.device,
-                    settings.num_processes,
-                    settings.process_index,
+                    settings.data_parallel_size,
+                    settings.data_parallel_rank,
                     settings.gradient_state,
-                    split_batches=settings.split_batches,
-                    even_batches=settings.even_batches,
+                    options=settings.loaders,
                     device_placement=settings.device_placement,
-                    non_blocking=settings.non_blocking,
-                    dispatch_batches=settings.dispatch_batches,
-                    use_seedable_sampler=settings.use_seedable_sampler,
-                    data_seed=settings.data_seed,
                 )
                 self.prepared.dataloaders.append(result[index])
         return result[0] if len(result) == 1 else tuple(result)
@@ -190,7 +182,7 @@ class Preparation:
         """A model whose weights only rank 0 loaded (the others on the meta device) gets rank 0's
         before the backend converts it; a strategy that shards fills the shards itself
         (weights_from_rank0.py)."""
-        if self.settings.num_processes == 1:
+        if self.context.world_size == 1:
             if weights_from_rank0.unloaded_here(model):
                 weights_from_rank0.refuse_unloaded_on_rank0()
             return
