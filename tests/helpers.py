@@ -15,6 +15,24 @@ from lowbit.kernel.types import BackendDescription
 
 from lowbit.run.plugin_manager import make_plugin_manager
 
+TINY_LLAMA = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
+
+def tiny_llama(seed: int = 0, **overrides):
+    """A Llama from transformers with random weights (no download): ``TINY_LLAMA``'s shape, any field
+    overridden; the weights drawn after ``torch.manual_seed(seed)``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, **overrides}))
+
 
 def mlp(seed: int = 0, width: int = 64) -> nn.Module:
     torch.manual_seed(seed)

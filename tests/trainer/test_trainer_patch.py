@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_llama
 from torch import nn
 
 pytest.importorskip("transformers")
@@ -296,18 +297,9 @@ def test_under_trainer_a_nan_step_is_skipped_and_said_where_it_began(patched, tm
     import warnings
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_llama(vocab_size=64, hidden_size=32, intermediate_size=64)
     data = [{"input_ids": torch.randint(0, 64, (16,)), "labels": torch.randint(0, 64, (16,))} for _ in range(12)]
     down = model.model.layers[1].mlp.down_proj
     poisoned = {"on": False}
@@ -341,23 +333,14 @@ def test_under_trainer_a_nan_step_is_skipped_and_said_where_it_began(patched, tm
 
 
 def llama_and_data(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    model = tiny_llama(seed, vocab_size=64, hidden_size=32, intermediate_size=64)
     generator = torch.Generator().manual_seed(1)
     data = [
         {"input_ids": ids, "labels": ids}
         for ids in (torch.randint(0, 64, (16,), generator=generator) for _ in range(16))
     ]
-    return LlamaForCausalLM(config), data
+    return model, data
 
 
 def test_one_trainer_trains_twice_a_second_trainer_takes_its_model_and_histories_hold_no_wall_clock(patched, tmp_path):

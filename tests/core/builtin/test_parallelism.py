@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TESTS, launch_argv, run_launch, said
+from helpers import TESTS, launch_argv, run_launch, said, tiny_llama
 from torch import nn
 
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
@@ -33,24 +33,6 @@ from lowbit.run.accelerate_config import settings_from_accelerate_env
 
 WORKER = TESTS / "distributed" / "layout_worker.py"
 transformers = pytest.importorskip("transformers")
-
-
-def tiny_llama(**overrides):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        **{
-            **dict(
-                vocab_size=128,
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-            ),
-            **overrides,
-        }
-    )
-    return transformers.LlamaForCausalLM(config)
 
 
 # ------------------------------------------------------------------ the config

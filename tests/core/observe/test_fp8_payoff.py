@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, tiny_llama
 
 from lowbit.cli.fp8_payoff_command import installed_costs
 from lowbit.cli.main import main
@@ -42,19 +42,6 @@ def _validation():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _tiny_llama():
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM(config)
 
 
 def test_the_required_published_speedups_are_predicted_within_a_tenth():
@@ -153,7 +140,7 @@ def test_counting_reads_the_model_without_touching_it_and_attention_matches_torc
 
 
 def test_a_causal_lm_counts_half_the_attention_and_gpt2s_conv1d_layers_are_linears():
-    llama = count_work(_tiny_llama(), 2, 32)
+    llama = count_work(tiny_llama(vocab_size=256, max_position_embeddings=64), 2, 32)
     layers, batch, heads, seq, head_dim = 2, 2, 4, 32, 16
     # QK^T and PV, 2 FLOPs per multiply-add, over the causal half of the score matrix
     assert llama.attention_flops == layers * 2 * batch * heads * (seq * seq / 2) * (head_dim + head_dim)
@@ -183,7 +170,7 @@ def test_small_layers_are_slower_in_fp8_and_large_ones_faster():
 
 
 def test_eager_runs_pay_less_than_compiled_ones():
-    work = count_work(_tiny_llama(), 8, 64)
+    work = count_work(tiny_llama(vocab_size=256, max_position_embeddings=64), 8, 64)
     gpu = known_gpu("H100")
     assert (
         predict(work, gpu, "tensorwise", cost(), compiled=False).speedup
@@ -192,7 +179,7 @@ def test_eager_runs_pay_less_than_compiled_ones():
 
 
 def test_the_fp8_report_predicts_on_a_known_gpu_and_says_nothing_elsewhere():
-    model = _tiny_llama()
+    model = tiny_llama(vocab_size=256, max_position_embeddings=64)
     work = report_work(model, H100)
     assert work is not None and work.attention_flops > 0
     costs = {recipe: c for recipe, (_, c) in installed_costs().items()}
@@ -216,7 +203,7 @@ def test_a_prepared_model_is_predicted_from_code_with_its_own_recipe_and_kept_la
     from lowbit.utils import AORecipeKwargs
 
     accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(recipe="rowwise")])
-    model = accelerator.prepare(_tiny_llama())
+    model = accelerator.prepare(tiny_llama(vocab_size=256, max_position_embeddings=64))
     prediction = accelerator.fp8_payoff(tokens=8192, seq_len=64, gpu="H100")
     assert prediction.recipe == "rowwise" and prediction.gpu.name == "H100"
     kept = {p.layer.name for p in prediction.layers if p.low_s is None}
@@ -226,7 +213,7 @@ def test_a_prepared_model_is_predicted_from_code_with_its_own_recipe_and_kept_la
         with pytest.raises(ConfigError, match="no figures for GPU"):
             accelerator.fp8_payoff()
     with pytest.raises(ConfigError, match="low-precision backend"):
-        Accelerator(mixed_precision="bf16").fp8_payoff(_tiny_llama())
+        Accelerator(mixed_precision="bf16").fp8_payoff(tiny_llama(vocab_size=256, max_position_embeddings=64))
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])  # rowwise_with_gw_hp: refused on a CPU
@@ -240,9 +227,9 @@ def test_a_recipe_given_accelerates_way_is_predicted_as_its_name(recipe):
 
     config = Float8LinearConfig.from_recipe_name(recipe)
     accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(config=config)])
-    accelerator.prepare(_tiny_llama())
+    accelerator.prepare(tiny_llama(vocab_size=256, max_position_embeddings=64))
     named = Accelerator(mixed_precision="fp8", kwargs_handlers=[AORecipeKwargs(recipe=recipe)])
-    named.prepare(_tiny_llama())
+    named.prepare(tiny_llama(vocab_size=256, max_position_embeddings=64))
     prediction = accelerator.fp8_payoff(tokens=8192, seq_len=64, gpu="H100")
     assert prediction.recipe == recipe
     assert prediction.speedup == named.fp8_payoff(tokens=8192, seq_len=64, gpu="H100").speedup

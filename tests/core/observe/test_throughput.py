@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_llama
 from torch.utils.data import DataLoader
 
 from lowbit import Accelerator
@@ -27,21 +28,6 @@ def test_gpus_are_matched_to_their_own_row():
     assert gpu_peak("NVIDIA L4").name == "L4" and gpu_peak("NVIDIA L40S").name == "L40S"
     assert gpu_peak("NVIDIA GB200").name == "GB200" and gpu_peak("NVIDIA B200").name == "B200"
     assert gpu_peak("NVIDIA A100-SXM4-80GB").fp8_tflops is None and gpu_peak("Tesla T4") is None
-
-
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return LlamaForCausalLM(config)
 
 
 def _batches(n=6, batch=4, seq=32):
@@ -69,7 +55,7 @@ def test_a_training_loop_reports_tokens_flops_and_mfu_and_its_trackers_get_them(
     recorder = _Recorder()
     accelerator = Accelerator(cpu=True, log_with=recorder)
     accelerator.init_trackers("run")
-    model = _tiny_llama()  # grouped-query attention (4 query heads, 2 key/value heads)
+    model = tiny_llama()  # grouped-query attention (4 query heads, 2 key/value heads)
     gemm_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01), _batches())
     for step, batch in enumerate(loader):

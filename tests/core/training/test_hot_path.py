@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_llama
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -244,19 +245,7 @@ def test_a_steady_state_step_reads_the_device_only_where_asked(precision, on_non
 @pytest.mark.parametrize("precision", ["bf16", "fp8-tensorwise"])
 def test_a_transformers_llama_compiled_after_prepare_compiles_once(precision, fresh_dynamo):
     """The GPU run's setup, small: a grouped-query Llama, torch.compile after prepare, every default on."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_cache=False,
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_llama(vocab_size=256, use_cache=False)
     ids = [torch.randint(0, 256, (32,)) for _ in range(4 * 12)]
     loader = DataLoader(ids, batch_size=4, collate_fn=lambda b: {"input_ids": torch.stack(b), "labels": torch.stack(b)})
     accelerator = accelerator_for(precision)

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("lowbit_ao")
 
 import torch  # noqa: E402
-from helpers import mlp, regression_data  # noqa: E402
+from helpers import mlp, regression_data, tiny_llama  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -175,18 +175,8 @@ def test_float8_only_options_with_a_block_recipe_are_refused():
 
 
 def _train_tiny_llama(precision: str, handlers: list, steps: int = 40) -> tuple[float, Accelerator, nn.Module]:
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
+    pytest.importorskip("transformers")
+    model = tiny_llama(vocab_size=96, max_position_embeddings=64)
     acc = Accelerator(mixed_precision=precision, kwargs_handlers=handlers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model, optimizer = acc.prepare(model, optimizer)
