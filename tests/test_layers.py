@@ -8,8 +8,9 @@ a constant holding a module path): a module loaded by name is an import the laye
                                  layout, TrainingRun
     compat   (lowbit/compat/)    the layers below and itself
     top                          the command line (lowbit/cli/), the conformance kit
-                                 (lowbit/conformance/), Accelerate's test kit (lowbit/test_utils/) and
-                                 Accelerate's module paths (lowbit/state.py, lowbit/utils/, ...)
+                                 (lowbit/conformance/), Accelerate's test kit (lowbit/test_utils/),
+                                 other libraries' ways in (lowbit/integrations/: transformers' Trainer
+                                 and TRL) and Accelerate's module paths (lowbit/state.py, lowbit/utils/, ...)
 
 ``import lowbit`` loads the kernel only; its public names load lazily. A first-party plugin
 imports ``lowbit`` (for ``hookimpl``) and the kernel only. No import loop, of files or of folders.
@@ -43,6 +44,7 @@ FOLDER_LAYER = {
     "cli": "top",
     "conformance": "top",
     "test_utils": "top",
+    "integrations": "top",
 }
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[1] / "core" / "lowbit"
 # Module -> why it may name plugins: it maps Accelerate's names onto lowbit's, or names what lowbit ships.
 PLUGIN_NAMING_MODULES = {
-    "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types, and the transformers "
-    "modules that use them",
+    "compat/accelerate_names.py": "Accelerate's fp8_backend values and distributed types",
+    "integrations/transformers/training_modules.py": "transformers' training modules by their paths "
+    "(transformers.integrations.deepspeed among them)",
     "kernel/first_party.py": "the distributions lowbit publishes, named when one is asked for and absent",
     "utils/deepspeed.py": "Accelerate's path accelerate.utils.deepspeed, an alias of lowbit.compat.utils.deepspeed",
     "utils/fsdp_utils.py": "Accelerate's path accelerate.utils.fsdp_utils, an alias of lowbit.compat.utils.fsdp_utils",
@@ -36,6 +37,8 @@ PLUGIN_NAMING_MODULES = {
     "compat/utils/deepspeed.py": "Accelerate's accelerate.utils.deepspeed names (DummyOptim, ...)",
     "compat/utils/modeling.py": "Accelerate's has_transformer_engine_layers",
     "compat/utils/other.py": "Accelerate's get_active_deepspeed_plugin and its state's deepspeed_plugin",
+    "compat/state.py": "AcceleratorState's deepspeed_plugins, get_deepspeed_plugin and select_deepspeed_plugin "
+    "(Accelerate's names)",
 }
 PLUGIN_NAMES = (
     "te",
@@ -125,7 +128,7 @@ FOREIGN_PRIVATE = {
     "_opt_called": "torch's LRScheduler step marker",
     "_option_string_actions": "argparse: a flag already defined",
     "_exit": "os._exit at a failed rank's exit",
-    "_shared": "PartialState's own class state",
+    "_shared_state": "PartialState's own class state (Accelerate's name: transformers reads it)",
     "_reset_state": "PartialState's own class method",
     "_flatten": "torch's DeviceMesh: the only way to name a joint dimension (dp, dp_shard_cp)",
 }

@@ -45,8 +45,8 @@ _LAZY = {
         )
     },
     # transformers' Trainer and TRL's trainers on lowbit's Accelerator (what `lowbit launch` does for a script)
-    "patch_trainer": "lowbit.compat.trainer_patch",
-    "unpatch_trainer": "lowbit.compat.trainer_patch",
+    "patch_trainer": "lowbit.integrations.transformers.patch",
+    "unpatch_trainer": "lowbit.integrations.transformers.patch",
     "synchronize_rng_states": "lowbit.compat.utils",
     "is_rich_available": "lowbit.compat.utils",
     # The handler classes Accelerate also exports at its top level.

@@ -33,7 +33,9 @@ def _job(out: Path, *flags: str) -> list[dict]:
 def test_trainer_under_ray_train_on_lowbit_matches_stock_and_trains_fp8(tmp_path):
     stock = _job(tmp_path / "stock")
     ours = _job(tmp_path / "lowbit", "--lowbit")
-    assert {r["accelerator"] for r in ours} == {"lowbit.compat.trainer_accelerator.TrainerAccelerator"}
+    assert {r["accelerator"] for r in ours} == {
+        "lowbit.integrations.transformers.trainer_accelerator.TrainerAccelerator"
+    }
     assert stock[0]["accelerator"] == "accelerate.accelerator.Accelerator"
     assert [r["losses"] for r in ours] == [r["losses"] for r in stock] and ours[0]["eval_losses"] == stock[0][
         "eval_losses"

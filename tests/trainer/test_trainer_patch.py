@@ -19,10 +19,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from lowbit import Accelerator  # noqa: E402
+from lowbit.integrations.transformers import patch as trainer_patch  # noqa: E402
 
 from lowbit.kernel.errors import ConfigError  # noqa: E402
-
-from lowbit.compat import trainer_patch  # noqa: E402
 
 
 @pytest.fixture
@@ -40,8 +39,9 @@ def test_the_patch_reaches_trainer_only_and_is_idempotent_and_reversible(patched
     import transformers.trainer
     import transformers.training_args
 
+    from lowbit.integrations.transformers.trainer_accelerator import TrainerAccelerator
+
     from lowbit.compat.state import PartialState
-    from lowbit.compat.trainer_accelerator import TrainerAccelerator
 
     trainer_patch.patch_trainer()  # again: nothing more happens
     assert sys.meta_path.count(trainer_patch._FINDER) == 1
@@ -103,7 +103,7 @@ def test_launch_runs_scripts_through_the_runner_unless_told_not_to(tmp_path, mon
     ],
 )
 def test_the_precision_asked_outside_the_script_reaches_the_trainer(trainer, asked, expected, says):
-    from lowbit.compat.trainer_accelerator import precision_under_trainer
+    from lowbit.integrations.transformers.trainer_accelerator import precision_under_trainer
 
     precision, note = precision_under_trainer(trainer, asked, "the launcher")
     assert precision == expected and bool(note) == says
@@ -111,7 +111,7 @@ def test_the_precision_asked_outside_the_script_reaches_the_trainer(trainer, ask
 
 @pytest.mark.parametrize("trainer, asked", [("fp16", "bf16"), ("bf16", "fp16"), ("fp16", "fp8")])
 def test_a_precision_clash_is_an_error_naming_both(trainer, asked):
-    from lowbit.compat.trainer_accelerator import precision_under_trainer
+    from lowbit.integrations.transformers.trainer_accelerator import precision_under_trainer
 
     with pytest.raises(ConfigError, match=f"'{trainer}'.*'{asked}'"):
         precision_under_trainer(trainer, asked, "the launcher")

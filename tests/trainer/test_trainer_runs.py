@@ -94,7 +94,7 @@ def test_an_unmodified_trainer_script_under_lowbit_launch_is_bit_identical_to_st
     (ours,), stderr, _ = runs("lowbit")
     same_training(stock, ours)
     assert stock["accelerator"] == "accelerate.accelerator.Accelerator"
-    assert ours["accelerator"] == "lowbit.compat.trainer_accelerator.TrainerAccelerator"
+    assert ours["accelerator"] == "lowbit.integrations.transformers.trainer_accelerator.TrainerAccelerator"
     first = next(line for line in stderr.splitlines() if line.startswith("lowbit:"))
     assert "Trainer runs on lowbit's Accelerator: fp32" in first
     # lowbit's figures reach every reporting integration and the console, and log_history stays

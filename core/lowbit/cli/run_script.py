@@ -27,7 +27,7 @@ def patching_wanted(environ: Mapping[str, str] = os.environ) -> bool:
 def main(argv: list[str]) -> None:
     if not argv or argv == ["-m"]:
         sys.exit("usage: python -m lowbit.cli.run_script [-m] SCRIPT [ARGS...]")
-    from lowbit.compat.trainer_patch import patch_trainer
+    from lowbit.integrations.transformers.patch import patch_trainer
 
     patch_trainer()  # before the script imports transformers (and after: modules loaded later are patched too)
     if argv[0] == "-m":

@@ -441,8 +441,9 @@ class Accelerator(RankFacts):
 
     @property
     def delayed_fp8_autocast(self) -> bool:
-        """Whether Transformer Engine's FP8 autocast goes around the distributed wrapper (DDP, FSDP)."""
-        return self.fp8_backend == "te" and self.distributed_type in (DistributedType.MULTI_GPU, DistributedType.FSDP)
+        """False: Accelerate applies Transformer Engine's autocast outside the DDP/FSDP wrapper when
+        asked (delayed); lowbit puts every backend's contexts on the module the strategy runs, once."""
+        return False
 
     @property
     def deepspeed_engine_wrapped(self) -> Any:
@@ -825,9 +826,9 @@ class Accelerator(RankFacts):
         """Clamp each gradient to ``[-clip_value, clip_value]``, unscaling fp16 gradients first."""
         if self._run.strategy_owns_precision:
             raise UnsupportedCombinationError(
-                "clip_grad_value_ under DeepSpeed: its engine owns the gradients (and their loss scale), so they "
-                "cannot be clamped from outside it. Use clip_grad_norm_ (DeepSpeed's gradient_clipping), as Accelerate "
-                "requires too."
+                f"clip_grad_value_ under the {self.distributed_strategy!r} strategy: it owns the gradients (and their "
+                "loss scale), so they cannot be clamped from outside it. Use clip_grad_norm_ (the strategy's own "
+                "gradient clipping), as Accelerate requires too."
             )
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)

@@ -20,7 +20,8 @@ import importlib.abc
 import sys
 from typing import Any
 
-from lowbit.compat.accelerate_names import TRAINING_MODULES, TRAINING_PACKAGES
+from lowbit.integrations.transformers.training_modules import TRAINING_MODULES, TRAINING_PACKAGES
+
 from lowbit.compat.accelerate_objects import lowbit_counterpart
 
 # module name -> {global name: the Accelerate object it held}, to put back.
@@ -31,7 +32,7 @@ def is_training_module(name: str) -> bool:
     return name in TRAINING_MODULES or name.split(".", 1)[0] in TRAINING_PACKAGES
 
 
-# What a Trainer gets instead of lowbit's plain class (see lowbit.compat.trainer_accelerator).
+# What a Trainer gets instead of lowbit's plain class (see lowbit.integrations.transformers.trainer_accelerator).
 UNDER_TRAINER = {"Accelerator": "TrainerAccelerator"}
 
 
@@ -40,7 +41,9 @@ def replacement(obj: Any) -> Any:
     own Accelerator for ``Accelerator``), or None when lowbit does not offer it."""
     counterpart = lowbit_counterpart(obj)
     if counterpart is not None and obj.__name__ in UNDER_TRAINER:
-        return getattr(importlib.import_module("lowbit.compat.trainer_accelerator"), UNDER_TRAINER[obj.__name__])
+        return getattr(
+            importlib.import_module("lowbit.integrations.transformers.trainer_accelerator"), UNDER_TRAINER[obj.__name__]
+        )
     return counterpart
 
 
@@ -56,7 +59,7 @@ def _swap_module(module: Any) -> None:
             swapped[key] = value
             setattr(module, key, counterpart)
     if module.__name__ == "transformers.trainer":  # every Trainer's callbacks start with lowbit's figures
-        from lowbit.compat.trainer_accelerator import LowbitFiguresCallback
+        from lowbit.integrations.transformers.trainer_accelerator import LowbitFiguresCallback
 
         swapped["DEFAULT_CALLBACKS"] = module.DEFAULT_CALLBACKS
         module.DEFAULT_CALLBACKS = [LowbitFiguresCallback, *module.DEFAULT_CALLBACKS]
