@@ -176,6 +176,8 @@ class Accelerator(RankFacts):
             step_scheduler_with_optimizer=self.step_scheduler_with_optimizer,
             compile_options=self.dynamo_plugin.options if self.dynamo_plugin is not None else None,
             sync=self.gradient_state.sync,
+            sync_with_dataloader=self.gradient_accumulation_plugin.sync_with_dataloader,
+            sync_each_batch=self.gradient_accumulation_plugin.sync_each_batch,
             gradient_state=self.gradient_state,
         )
 
@@ -752,67 +754,23 @@ class Accelerator(RankFacts):
     # ------------------------------------------------------------------ training loop
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided for gradient accumulation and scaled for fp16.
+        """``loss.backward()``, divided for gradient accumulation and scaled for fp16 (a strategy that
+        owns backward, DeepSpeed's engine, gets the undivided loss)."""
+        self._run.backward(loss, **kwargs)
 
-        A strategy that owns backward (DeepSpeed's engine) gets the undivided loss: it divides
-        by its own accumulation steps."""
-        self._run.preemption.at_iteration_start()  # a loop that feeds its own batches ends its iteration here
-        model = self.prepared.models[0] if self.prepared.models else None
-        if model is None and self._run.backend is not None:
-            raise ConfigError(
-                "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
-                "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
-            )
-        if self.plugins.backward(loss, model, kwargs):
-            return
-        # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
-        self.step_state.observe_finite(loss)
-        if self.config.gradient_accumulation_steps > 1:
-            loss = loss / self.config.gradient_accumulation_steps
-        self.precision.backward(loss, **kwargs)
-
-    @contextlib.contextmanager
-    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: torch.nn.Module) -> ContextManager[None]:
         """Run one micro-batch; gradients sync and optimizers step every N-th call, and on the
         last batch of a prepared dataloader (so an epoch never ends with gradients left over)."""
-        self.step += 1
-        plugin = self.gradient_accumulation_plugin
-        at_end = plugin.sync_with_dataloader and self.gradient_state.end_of_dataloader
-        self.sync_gradients = self.step % self.config.gradient_accumulation_steps == 0 or at_end
-        with contextlib.ExitStack() as stack:
-            # A strategy that owns backward (DeepSpeed) counts micro-batches itself; sync_each_batch
-            # reduces every micro-batch's gradients (under FSDP2 no unsharded gradients pile up).
-            if not (self.sync_gradients or plugin.sync_each_batch or self.plugins.strategy_owns_backward):
-                for model in models:
-                    skip_gradient_sync(model, stack)
-            yield
+        return self._run.accumulate(*models)
 
-    @contextlib.contextmanager
-    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> ContextManager[None]:
         """The same contexts a prepared model's forward runs in, for code outside ``forward``;
         ``autocast_handler`` replaces the run's ``AutocastKwargs`` inside this block (as Accelerate's)."""
-        settings = autocast_handler.to_kwargs() if autocast_handler is not None else None
-        factories = [self.precision.autocast_factory(settings), self.plugins.backend_context_factory(None)]
-        with contextlib.ExitStack() as stack:
-            for factory in factories:
-                if factory is not None:
-                    stack.enter_context(factory())
-            yield
+        return self._run.autocast(autocast_handler.to_kwargs() if autocast_handler is not None else None)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients by total norm, unscaling fp16 gradients first."""
-        for opt in self.prepared.optimizers:
-            self.precision.unscale_gradients(opt.optimizer)
-        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        norm = self.plugins.clip_grad_norm(parameters, max_norm, norm_type)
-        norm = norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        # The total norm comes free here: a NaN/inf gradient counts as a NaN/inf loss does (a strategy
-        # that owns precision, DeepSpeed, handles its own overflows).
-        if torch.is_tensor(norm) and not self._run.strategy_owns_precision:
-            # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
-            plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
-            self.step_state.observe_finite(plain, clipped=parameters)
-        return norm
+        return self._run.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Bring fp16-scaled gradients back to their true size (before reading or clipping them), for

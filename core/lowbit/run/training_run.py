@@ -12,10 +12,11 @@ its arguments and handler objects into a :class:`RunRequest`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -33,7 +34,7 @@ from lowbit.runtime.precision import Precision, SlowPrecisionNotice
 from lowbit.runtime.process_group import ProcessFacts, process_facts
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training.data_loader import LoaderOptions
-from lowbit.runtime.training.gradient_sync import GradientSync
+from lowbit.runtime.training.gradient_sync import GradientSync, active_loader, skip_gradient_sync
 from lowbit.runtime.training.norm_stats import NormStatsKeeper
 from lowbit.runtime.training.preemption import PreemptionWatch
 from lowbit.runtime.training.preparation import Preparation, PreparationSettings, unwrap
@@ -69,6 +70,10 @@ class RunRequest:
     step_scheduler_with_optimizer: bool = True
     compile_options: dict[str, Any] | None = None  # torch.compile's options dict, as given
     sync: GradientSync = field(default_factory=GradientSync)  # whether this micro-batch syncs (the front's view)
+    # Gradient accumulation: the last batch of a prepared loader ends an accumulation, and whether
+    # every micro-batch reduces its gradients (Accelerate's GradientAccumulationPlugin, as values).
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
     gradient_state: Any = None  # what prepared loaders show as ``.gradient_state``
 
 
@@ -142,6 +147,10 @@ class TrainingRun:
         self.preparation = Preparation(
             self.plugins, self.prepared, self.step_state, self._preparation_settings(request)
         )
+        # A strategy that owns backward (DeepSpeed's engine: its own loss scaling and accumulation),
+        # looked up once: backward() calls it, or torch's, with nothing to decide per step.
+        self._strategy_backward = self.plugins.caller(self.strategy, "backward")
+        self.sync_with_dataloader, self.sync_each_batch = request.sync_with_dataloader, request.sync_each_batch
         self.preemption = PreemptionWatch(self.facts.num_processes)
         self.step_state.step_observers.append(self.preemption.after_step)
         self.norm_stats = NormStatsKeeper()  # BatchNorm's statistics, put back when a step is skipped
@@ -225,6 +234,70 @@ class TrainingRun:
             regional_compilation=bool(config.dynamo_use_regional_compilation),
             gradient_state=request.gradient_state,
         )
+
+    # ------------------------------------------------------------------ the training loop's verbs
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided for gradient accumulation and scaled for fp16. A strategy that
+        owns backward (DeepSpeed's engine) gets the undivided loss: it divides by its own steps."""
+        self.preemption.at_iteration_start()  # a loop that feeds its own batches ends its iteration here
+        model = self.prepared.models[0] if self.prepared.models else None
+        if model is None and self.backend is not None:
+            raise ConfigError(
+                "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
+                "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
+            )
+        if self._strategy_backward is not None and self._strategy_backward(
+            context=self.context, loss=loss, model=model, options=kwargs
+        ):
+            return
+        # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
+        self.step_state.observe_finite(loss)
+        steps = self.config.gradient_accumulation_steps
+        self.precision.backward(loss / steps if steps > 1 else loss, **kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One micro-batch: gradients sync and optimizers step every N-th call, and on the last batch
+        of a prepared dataloader (so an epoch never ends with gradients left over)."""
+        self.counters.step += 1
+        loader = active_loader()
+        at_end = self.sync_with_dataloader and bool(getattr(loader, "end_of_dataloader", False))
+        sync = self.step_state.gradient_sync
+        sync.sync_gradients = self.counters.step % self.config.gradient_accumulation_steps == 0 or at_end
+        with contextlib.ExitStack() as stack:
+            # A strategy that owns backward (DeepSpeed) counts micro-batches itself; sync_each_batch
+            # reduces every micro-batch's gradients (under FSDP2 no unsharded gradients pile up).
+            if not (sync.sync_gradients or self.sync_each_batch or self._strategy_backward is not None):
+                for model in models:
+                    skip_gradient_sync(model, stack)
+            yield
+
+    @contextlib.contextmanager
+    def autocast(self, settings: dict[str, Any] | None = None) -> Iterator[None]:
+        """The contexts a prepared model's forward runs in, for code outside ``forward``; ``settings``
+        (autocast's arguments) replace the run's inside this block."""
+        factories = [self.precision.autocast_factory(settings), self.plugins.backend_context_factory(None)]
+        with contextlib.ExitStack() as stack:
+            for factory in factories:
+                if factory is not None:
+                    stack.enter_context(factory())
+            yield
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip gradients by total norm, unscaling fp16 gradients first. The total norm comes free
+        here: a NaN/inf gradient counts as a NaN/inf loss does (a strategy that owns precision,
+        DeepSpeed, handles its own overflows)."""
+        for opt in self.prepared.optimizers:
+            self.precision.unscale_gradients(opt.optimizer)
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        norm = self.plugins.clip_grad_norm(parameters, max_norm, norm_type)
+        norm = norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        if torch.is_tensor(norm) and not self.strategy_owns_precision:
+            # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
+            plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
+            self.step_state.observe_finite(plain, clipped=parameters)
+        return norm
 
     def step_joinable(self, models: list[Any]) -> Any:
         """What joins lowbit's optimizer step in ``join_uneven_inputs`` beside the user's DDP models."""

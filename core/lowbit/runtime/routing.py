@@ -203,13 +203,6 @@ class ChosenPlugins:
 
     # ------------------------------------------------------------------ training loop
 
-    @property
-    def strategy_owns_backward(self) -> bool:
-        return self.implements(self.strategy, "backward")
-
-    def backward(self, loss: "torch.Tensor", model: Any, options: dict[str, Any] | None = None) -> bool:
-        return bool(self._call(self.strategy, "backward", loss=loss, model=model, options=options or {}))
-
     def clip_grad_norm(self, parameters: list[Any], max_norm: float, norm_type: float) -> Any:
         """A strategy that owns the step (DeepSpeed) first, then the backend; None: lowbit clips."""
         for selection in (self.strategy, self.backend):

@@ -14,28 +14,37 @@ from lowbit.kernel.errors import ConfigError
 from lowbit.run.training_run import RunRequest, TrainingRun
 
 
-def _train(prepare, backward, steps: int = 3) -> list[float]:
+def _train(front, steps: int = 4) -> list[float]:
+    """Train with ``front``'s loop verbs (a TrainingRun, or an Accelerator): accumulate, backward,
+    clip_grad_norm_ and autocast, as a script does."""
     model = mlp(seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer = prepare(model, optimizer)
+    model, optimizer = front.prepare(model, optimizer)
     x, y = regression_data(n=32)
     losses = []
     for _ in range(steps):
-        loss = torch.nn.functional.mse_loss(model(x).float(), y)
-        backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
+        with front.accumulate(model):
+            output = model(x)
+            with front.autocast():
+                loss = torch.nn.functional.mse_loss(output.float(), y)
+            front.backward(loss)
+            front.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
         losses.append(loss.item())
     return losses
 
 
-@pytest.mark.parametrize("precision", ["no", "bf16"])
-def test_a_run_built_from_settings_alone_trains_as_the_accelerator(precision):
-    run = TrainingRun(RunRequest({"mixed_precision": precision, "use_cpu": True}))
+@pytest.mark.parametrize("precision", ["no", "bf16", "fp16"])
+def test_a_run_built_from_settings_alone_trains_with_its_own_verbs_as_the_accelerator(precision):
+    """A second front needs no Accelerate class: the run has the loop's verbs (fp16's loss scaling,
+    accumulation over 2 micro-batches, clipping), and trains exactly as the Accelerator."""
+    settings = {"mixed_precision": precision, "use_cpu": True, "gradient_accumulation_steps": 2}
+    run = TrainingRun(RunRequest(settings))
     assert run.mixed_precision == precision and run.backend is None and run.strategy is None
-    alone = _train(run.prepare, run.precision.backward)
-    accelerator = Accelerator(mixed_precision=precision, cpu=True)
-    assert alone == _train(accelerator.prepare, accelerator.backward)
+    alone = _train(run)
+    accelerator = Accelerator(mixed_precision=precision, cpu=True, gradient_accumulation_steps=2)
+    assert alone == _train(accelerator)
     assert "no low-precision backend in use" in run.explain_backend_choice()
 
 
