@@ -274,7 +274,7 @@ class Accelerator(RankFacts):
     @property
     def fp8_backend(self) -> str | None:
         """Name of the FP8 backend in use ("msamp", "te", "ao", ...), or None."""
-        return self._run.backend.name if self._run.backend else None
+        return self._run.backend_name
 
     @property
     def fp8_options(self) -> RecipeKwargs | None:
@@ -309,7 +309,7 @@ class Accelerator(RankFacts):
                 if self.num_processes == 1
                 else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
             )
-        reported = reported_distributed_type(self._run.strategy.chosen.description.reports_as, self.device.type)
+        reported = reported_distributed_type(self._run.strategy_reports_as, self.device.type)
         return DistributedType(reported) if reported in DistributedType.__members__ else reported
 
     @property
@@ -469,7 +469,7 @@ class Accelerator(RankFacts):
     def torch_device_mesh(self):
         """The run's DeviceMesh (dimensions named as in ParallelismConfig, with the flattened
         ``dp``, ``dp_shard_cp`` and ``dp_cp``), or None without a parallel layout."""
-        return self._run.layout.device_mesh if self._run.layout is not None else None
+        return self._run.device_mesh
 
     def _mesh_rank(self, dim: str) -> int:
         """This process's index along ``dim`` of the mesh; 0 when that dimension is off."""
@@ -505,14 +505,15 @@ class Accelerator(RankFacts):
         """Split ``buffers`` (inputs, labels, position ids) along their sequence dimension over the
         context-parallel ranks for the block (torch's ``context_parallel``); does nothing, with a
         note, when cp_size is 1. Enter it anew for each step."""
-        if self._run.layout is None or not self._run.layout.cp_enabled:
+        rotation = self._run.context_parallel_rotation()
+        if rotation is None:
             note("maybe_context_parallel does nothing: context parallelism is off (cp_size is 1).")
             yield
             return
         from torch.distributed.tensor.experimental import context_parallel
         from torch.distributed.tensor.experimental._attention import set_rotate_method
 
-        set_rotate_method(self._run.layout.cp_handler.cp_comm_strategy)
+        set_rotate_method(rotation)
         with context_parallel(
             self.torch_device_mesh["cp"],
             buffers=buffers,
@@ -566,14 +567,13 @@ class Accelerator(RankFacts):
         steps), so every rank reading it at the same point of its loop gets the same answer, and a read
         on one rank alone needs nothing of the others. The first read makes lowbit take over SIGTERM
         (see training/preemption.py)."""
-        return self._run.preemption.requested()
+        return self._run.preemption_requested()
 
     def on_preemption(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` (e.g. ``lambda: accelerator.save_state("ckpt")``) on every rank after the
         first optimizer step that follows SIGTERM, once that iteration is whole (when the loop asks
         for its next batch, or the next backward starts), then exit with code 143."""
-        self._run.preemption.listen()
-        self._run.preemption.callbacks.append(callback)
+        self._run.on_preemption(callback)
 
     def main_process_first(self) -> ContextManager[None]:
         return PartialState().main_process_first()
@@ -657,7 +657,7 @@ class Accelerator(RankFacts):
 
     def _registered_trackers(self) -> dict[str, type]:
         registered: dict[str, type] = {}
-        for _plugin, trackers in self._run.plugin_manager.call_each("register_trackers"):
+        for trackers in self._run.plugins_trackers():
             registered.update(trackers)
         return {**registered, **LOGGER_TYPE_TO_CLASS}
 
@@ -685,8 +685,9 @@ class Accelerator(RankFacts):
         """Log ``values`` to the trackers; the throughput of the last optimizer step goes with them
         (``throughput/...``, see ``accelerator.throughput``)."""
         self._trackers.log(values, step, log_kwargs or {})
-        if self._run.throughput is not None and self._run.throughput.latest:
-            self._trackers.log({k: v for k, v in self._run.throughput.latest.items() if k not in values}, step, {})
+        figures = self._run.throughput_figures()
+        if figures:
+            self._trackers.log({k: v for k, v in figures.items() if k not in values}, step, {})
 
     @property
     def throughput(self) -> dict[str, float]:
@@ -695,13 +696,12 @@ class Accelerator(RankFacts):
         dense bf16 peak; on a CPU its measured GEMM rate), ``fp8_gemm_share``, ``data_wait_share``,
         ``peak_memory_mb``, ``step_s`` (lowbit/runtime/observe/throughput.py); empty before the first step
         or with LOWBIT_THROUGHPUT=0."""
-        return dict(self._run.throughput.latest) if self._run.throughput is not None else {}
+        return self._run.throughput_figures()
 
     def set_batch_tokens(self, tokens: int) -> None:
         """Tell the throughput meter how many tokens the current batch holds (when its shape does
         not say: packed sequences, padding to leave out)."""
-        if self._run.throughput is not None:
-            self._run.throughput.set_batch_tokens(tokens)
+        self._run.set_batch_tokens(tokens)
 
     def end_training(self) -> None:
         """Close the trackers and wait for every process."""
@@ -725,7 +725,7 @@ class Accelerator(RankFacts):
         transformers' Trainer asks for a model it laid out over the devices itself) and given the
         precision's forward, not distributed."""
         if evaluation_mode:
-            return self._run.preparation.prepare_for_evaluation(model, place=device_placement is not False)
+            return self._run.prepare_for_evaluation(model, place=device_placement is not False)
         if device_placement is False:
             raise ConfigError(
                 "prepare_model(device_placement=False): lowbit always places a model prepared for "
@@ -960,10 +960,10 @@ class Accelerator(RankFacts):
 
     def fp8_stats(self) -> FP8StatsTable:
         """The latest sampled FP8 numerics, one row per layer and tensor (prints as a table)."""
-        if self._run.telemetry is None:
+        rows = self._run.fp8_stats_rows()
+        if rows is None:
             raise ConfigError("Call accelerator.enable_fp8_telemetry() first (it is off by default).")
-        self._run.telemetry.read_pending()
-        return FP8StatsTable(sorted(self._run.telemetry.layers.values(), key=lambda s: s.layer))
+        return FP8StatsTable(rows)
 
     def disable_fp8_telemetry(self) -> None:
         self._run.stop_telemetry()
@@ -973,22 +973,18 @@ class Accelerator(RankFacts):
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Carry more objects (anything with ``state_dict``/``load_state_dict``) through
         ``save_state``/``load_state``; register them in the same order before loading."""
-        self._run.checkpointer.register(*objects)
+        self._run.register_for_checkpointing(*objects)
 
     def register_save_state_pre_hook(self, hook: Callable[[list, list, str], None]) -> RemovableHandle:
         """``hook(models, weights, output_dir)`` runs at the start of every ``save_state``, on every
         process; taking a model's weights out of ``weights`` leaves that model to the hook (e.g.
         ``save_pretrained`` into ``output_dir``, beside lowbit's files). ``handle.remove()`` unregisters it."""
-        handle = RemovableHandle(self._run.checkpointer.save_pre_hooks)
-        self._run.checkpointer.save_pre_hooks[handle.id] = hook
-        return handle
+        return self._run.add_checkpoint_hook("save", hook)
 
     def register_load_state_pre_hook(self, hook: Callable[[list, str], None]) -> RemovableHandle:
         """``hook(models, input_dir)`` runs at the start of every ``load_state``, on every process;
         taking a model out of ``models`` leaves loading it to the hook."""
-        handle = RemovableHandle(self._run.checkpointer.load_pre_hooks)
-        self._run.checkpointer.load_pre_hooks[handle.id] = hook
-        return handle
+        return self._run.add_checkpoint_hook("load", hook)
 
     def save_state(
         self,
@@ -1016,12 +1012,12 @@ class Accelerator(RankFacts):
             # every rank first (the check agrees across ranks, a collective: a save on the main
             # process only must be named as that mistake, not crash in a mismatched all-reduce)
             every_rank_must_arrive("save_state")
-            self._run.checkpointer.refuse_nonfinite_weights()
+            self._run.refuse_nonfinite_weights()
         if output_dir is None:
             output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
             # every rank checks that the name is new before any rank writes there
             self.wait_for_everyone()
-        return self._run.checkpointer.save(output_dir)
+        return self._run.save_state(output_dir)
 
     def load_state(
         self,
@@ -1042,7 +1038,7 @@ class Accelerator(RankFacts):
             )
         if input_dir is None:
             input_dir = automatic_checkpoint.latest_directory(self.project_configuration)
-        self._run.checkpointer.load(input_dir, allow_precision_change=allow_precision_change)
+        self._run.load_state(input_dir, allow_precision_change=allow_precision_change)
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full, plain state dict an unconverted model loads, on the CPU. Call it on every

@@ -235,6 +235,80 @@ class TrainingRun:
             gradient_state=request.gradient_state,
         )
 
+    # ------------------------------------------------------------------ what a front reads of the run
+
+    @property
+    def backend_name(self) -> str | None:
+        return self.backend.name if self.backend is not None else None
+
+    @property
+    def strategy_reports_as(self) -> str | None:
+        """The Accelerate DistributedType name the chosen strategy reports itself as (None: no strategy)."""
+        return self.strategy.chosen.description.reports_as if self.strategy is not None else None
+
+    @property
+    def device_mesh(self) -> Any:
+        return self.layout.device_mesh if self.layout is not None else None
+
+    def context_parallel_rotation(self) -> str | None:
+        """How context parallelism passes keys and values around the ranks (None: it is off)."""
+        if self.layout is None or not self.layout.cp_enabled:
+            return None
+        return self.layout.cp_handler.cp_comm_strategy
+
+    def plugins_trackers(self) -> list[dict[str, type]]:
+        """The experiment trackers each installed plugin registers, by name."""
+        return [trackers for _plugin, trackers in self.plugin_manager.call_each("register_trackers")]
+
+    def prepare_for_evaluation(self, model: torch.nn.Module, place: bool = True) -> torch.nn.Module:
+        return self.preparation.prepare_for_evaluation(model, place=place)
+
+    def preemption_requested(self) -> bool:
+        return self.preemption.requested()
+
+    def on_preemption(self, callback: Callable[[], None]) -> None:
+        self.preemption.listen()
+        self.preemption.callbacks.append(callback)
+
+    def throughput_figures(self) -> dict[str, float]:
+        """The last optimizer step's figures (empty before the first step, or with the meter off)."""
+        return dict(self.throughput.latest) if self.throughput is not None else {}
+
+    def set_batch_tokens(self, tokens: int) -> None:
+        if self.throughput is not None:
+            self.throughput.set_batch_tokens(tokens)
+
+    def fp8_stats_rows(self) -> list[Any] | None:
+        """The latest sampled FP8 numerics, one row per layer and tensor (None: telemetry is off)."""
+        if self.telemetry is None:
+            return None
+        self.telemetry.read_pending()
+        return sorted(self.telemetry.layers.values(), key=lambda s: s.layer)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        self.checkpointer.register(*objects)
+
+    def add_checkpoint_hook(self, when: str, hook: Callable[..., None]) -> Any:
+        """``hook`` run at the start of every ``save_state`` (``when="save"``) or ``load_state``; the
+        handle's ``remove()`` unregisters it."""
+        from torch.utils.hooks import RemovableHandle
+
+        hooks = self.checkpointer.save_pre_hooks if when == "save" else self.checkpointer.load_pre_hooks
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
+    def refuse_nonfinite_weights(self) -> None:
+        self.checkpointer.refuse_nonfinite_weights()
+
+    def save_state(self, output_dir: Any) -> Any:
+        return self.checkpointer.save(output_dir)
+
+    def load_state(self, input_dir: Any, allow_precision_change: bool = False) -> None:
+        self.checkpointer.load(input_dir, allow_precision_change=allow_precision_change)
+
     # ------------------------------------------------------------------ the training loop's verbs
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
