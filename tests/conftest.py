@@ -31,3 +31,24 @@ def _each_test_hears_lowbits_notices():
 
     notices.reset()
     yield
+
+
+# ---------------------------------------------------------------------- where the time goes
+
+_SECONDS_PER_FILE: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test's setup, call and teardown, summed per file (.ci/run's budgets read the summary)."""
+    path = report.nodeid.split("::", 1)[0]
+    _SECONDS_PER_FILE[path] = _SECONDS_PER_FILE.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _SECONDS_PER_FILE:
+        return
+    total = sum(_SECONDS_PER_FILE.values())
+    slowest = sorted(_SECONDS_PER_FILE.items(), key=lambda item: -item[1])[:12]
+    terminalreporter.write_sep("=", f"slowest test files ({total:,.0f} s in all)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {100 * seconds / total:4.1f}%  {path}")
