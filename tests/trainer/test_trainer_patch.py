@@ -103,18 +103,18 @@ def test_launch_runs_scripts_through_the_runner_unless_told_not_to(tmp_path, mon
     ],
 )
 def test_the_precision_asked_outside_the_script_reaches_the_trainer(trainer, asked, expected, says):
-    from lowbit.integrations.transformers.trainer_accelerator import precision_under_trainer
+    from lowbit.run.settings import precision_under_front
 
-    precision, note = precision_under_trainer(trainer, asked, "the launcher")
+    precision, note = precision_under_front(trainer, asked, "the launcher", "the Trainer")
     assert precision == expected and bool(note) == says
 
 
 @pytest.mark.parametrize("trainer, asked", [("fp16", "bf16"), ("bf16", "fp16"), ("fp16", "fp8")])
 def test_a_precision_clash_is_an_error_naming_both(trainer, asked):
-    from lowbit.integrations.transformers.trainer_accelerator import precision_under_trainer
+    from lowbit.run.settings import precision_under_front
 
     with pytest.raises(ConfigError, match=f"'{trainer}'.*'{asked}'"):
-        precision_under_trainer(trainer, asked, "the launcher")
+        precision_under_front(trainer, asked, "the launcher", "the Trainer")
 
 
 # ---------------------------------------------------------------------- Accelerate's objects

@@ -120,7 +120,7 @@ def test_fp8_asked_of_the_launcher_trains_every_layer_and_wins_over_bf16_with_a_
     assert fp8["fp8_gemm_share"] > 0.5  # 13 of 15 Linear layers convert: most GEMM FLOPs run in FP8
     lines = [line for line in stderr.splitlines() if line.startswith("lowbit:")]
     assert "runs on lowbit's Accelerator: fp8 by the 'ao' backend" in lines[0]
-    assert any("wins over the Trainer's bf16=True" in line for line in lines)
+    assert any("wins over the Trainer's bf16" in line for line in lines)
 
 
 def test_a_checkpoint_trainer_wrote_under_fp8_loads_into_a_plain_model_and_resumes_exactly(runs):

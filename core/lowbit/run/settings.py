@@ -527,3 +527,41 @@ def write_config_file(config: LowbitConfig, path: str | os.PathLike) -> Path:
     if "fp8_config" in data and "override_linear_precision" in data["fp8_config"]:
         data["fp8_config"]["override_linear_precision"] = list(data["fp8_config"]["override_linear_precision"])
     return write_atomically(path, lambda handle: handle.write(yaml.safe_dump(data, sort_keys=True).encode()))
+
+
+def precision_asked_outside(
+    file_layer: tuple[dict[str, Any], str], environ: Mapping[str, str]
+) -> tuple[str | None, str]:
+    """The ``mixed_precision`` the launcher, the environment or the config file asked for (not an
+    argument), and where it came from; (None, "") when none did."""
+    for raw, where in reversed(setting_layers(None, environ, file_layer)):
+        if raw.get("mixed_precision") is not None:
+            value = normalize_precision(str(raw["mixed_precision"]).lower())
+            if where == ENV_LAYER:  # lowbit launch passes its flags and config file this way
+                where = "LOWBIT_MIXED_PRECISION (lowbit launch --mixed_precision or its config file)"
+            return value, where
+    return None, ""
+
+
+def precision_under_front(front: str, asked: str | None, where: str, front_name: str) -> tuple[str, str | None]:
+    """The precision to train in, from a front's default (transformers' Trainer passes its
+    TrainingArguments' every time) and the one asked outside the script, and what to tell the user
+    when the asked one overrides the front's (None: nothing to say). The front's "no" is its
+    default and yields; FP8 or FP4 asked wins over the front's bf16 (its layers outside the backend
+    run in bf16 autocast anyway); any other disagreement is an error naming both."""
+    if asked is None or asked == front:
+        return front, None
+    if front == "no":  # the front's default: the launcher's choice stands
+        return asked, None
+    if asked == "no":  # the launcher left it at fp32; the script's own choice stands
+        return front, None
+    if asked in ("fp8", "fp4") and front == "bf16":
+        return asked, (
+            f"mixed_precision={asked!r} from {where} wins over {front_name}'s bf16: the layers the backend converts "
+            f"train in {asked}, the rest in bf16 autocast, as any {asked} run does."
+        )
+    raise ConfigError(
+        f"{front_name} asks for mixed_precision={front!r} and {where} asks for {asked!r}. Say one: drop "
+        f"--mixed_precision (or the config's mixed_precision) to keep {front_name}'s, or set "
+        f"{'fp16' if front == 'fp16' else 'bf16'}=False there to use {asked!r}."
+    )

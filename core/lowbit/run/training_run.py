@@ -47,6 +47,8 @@ from lowbit.run.settings import (
     PARALLELISM_SECTION,
     LowbitConfig,
     check_plugin_names,
+    precision_asked_outside,
+    precision_under_front,
     read_config_layer,
     resolve_config,
     setting_before_plugins,
@@ -74,6 +76,10 @@ class RunRequest:
     # every micro-batch reduces its gradients (Accelerate's GradientAccumulationPlugin, as values).
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
+    # A front's own default precision (transformers' Trainer passes its TrainingArguments' every time):
+    # below the launcher, the environment and the config file, resolved with the settings in one pass.
+    front_precision: str | None = None
+    front_name: str = "the script"
     gradient_state: Any = None  # what prepared loaders show as ``.gradient_state``
 
 
@@ -89,7 +95,17 @@ class TrainingRun:
             cpu=setting_before_plugins("use_cpu", request.settings, file_layer)
         )
         self.registry = PluginRegistry(self.plugin_manager, self.hardware)
-        self.config: LowbitConfig = self._resolve_settings(request.settings, file_layer)
+        settings = request.settings
+        # When the precision asked outside the script overrides the front's default, what to tell
+        # the user (the front says it, after its own first line).
+        self.front_precision_overridden: str | None = None
+        if request.front_precision is not None:
+            asked, where = precision_asked_outside(file_layer, os.environ)
+            chosen, self.front_precision_overridden = precision_under_front(
+                request.front_precision, asked, where, request.front_name
+            )
+            settings = dict(settings, mixed_precision=chosen)
+        self.config: LowbitConfig = self._resolve_settings(settings, file_layer)
         self.facts: ProcessFacts = process_facts(
             self.hardware.device_type,
             self.hardware.device_count,

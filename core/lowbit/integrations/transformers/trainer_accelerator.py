@@ -5,9 +5,11 @@ Three things a Trainer user cannot do in the script, done here:
 - **The precision asked of the launcher reaches the run.** Trainer passes
   ``mixed_precision=args.mixed_precision`` explicitly: "no" unless ``bf16``/``fp16`` is set or
   ``ACCELERATE_MIXED_PRECISION`` is, so ``lowbit launch --mixed_precision fp8`` would train fp32 with
-  no word. Trainer's "no" is its default, and yields to the launcher's setting; an asked FP8 wins
-  over ``bf16=True`` (TRL's configs default to it) with a note (FP8 runs the layers it does not
-  convert in bf16 autocast); any other disagreement is an error naming both.
+  no word. Trainer's precision goes to the run as the front's default (``RunRequest.front_precision``),
+  which the run weighs in its one reading of the settings (``run/settings.precision_under_front``):
+  "no" yields to the launcher's setting; an asked FP8 wins over ``bf16=True`` (TRL's configs default
+  to it) with a note (FP8 runs the layers it does not convert in bf16 autocast); any other
+  disagreement is an error naming both.
 - **The first line says the run is on lowbit**, with the precision, the backend and why.
 - **lowbit's throughput figures reach Trainer's reporting integrations** (TensorBoard, W&B, ...)
   and the console, through a callback placed before them; ``log_history`` stays stock's.
@@ -15,16 +17,15 @@ Three things a Trainer user cannot do in the script, done here:
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Any
 
 from transformers import TrainerCallback
 
-from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.notices import note
 
-from lowbit.run.settings import normalize_precision, read_config_layer, setting_layers
+from lowbit.run.settings import normalize_precision
+from lowbit.run.training_run import RunRequest
 
 from lowbit.compat.accelerator import Accelerator
 
@@ -32,50 +33,15 @@ from lowbit.compat.accelerator import Accelerator
 _LATEST: dict[str, Any] = {"ref": lambda: None}
 
 
-def launcher_precision(config_file: Any = None) -> tuple[str | None, str]:
-    """The ``mixed_precision`` the launcher, the environment or the config file asked for (not an
-    argument), and where it came from; (None, "") when none did."""
-    for raw, where in reversed(setting_layers(None, os.environ, read_config_layer(config_file))):
-        if raw.get("mixed_precision") is not None:
-            value = normalize_precision(str(raw["mixed_precision"]).lower())
-            if where == "environment variables":  # lowbit launch passes its flags and config file this way
-                where = "LOWBIT_MIXED_PRECISION (lowbit launch --mixed_precision or its config file)"
-            return value, where
-    return None, ""
-
-
-def precision_under_trainer(from_trainer: str | None, asked: str | None, where: str) -> tuple[str, str | None]:
-    """The precision to train in, from Trainer's argument and the one asked outside the script, and
-    what to tell the user when the asked one overrides the Trainer's (None: nothing to say)."""
-    trainer = str(getattr(from_trainer, "value", from_trainer) or "no").lower()
-    if asked is None or asked == trainer:
-        return trainer, None
-    if trainer == "no":  # Trainer's default: the launcher's choice stands
-        return asked, None
-    if asked == "no":  # the launcher left it at fp32; the script's bf16=True or fp16=True stands
-        return trainer, None
-    if asked in ("fp8", "fp4") and trainer == "bf16":
-        return asked, (
-            f"mixed_precision={asked!r} from {where} wins over the Trainer's bf16=True (TRL's configs default "
-            f"to it): the layers the backend converts train in {asked}, the rest in bf16 autocast, as any "
-            f"{asked} run does."
-        )
-    raise ConfigError(
-        f"The Trainer asks for mixed_precision={trainer!r} (TrainingArguments' fp16/bf16) and {where} asks for "
-        f"{asked!r}. "
-        f"Say one: drop --mixed_precision (or the config's mixed_precision) to keep the Trainer's, or set "
-        f"{'fp16' if trainer == 'fp16' else 'bf16'}=False in the TrainingArguments to use {asked!r}."
-    )
-
-
 class TrainerAccelerator(Accelerator):
     """lowbit's Accelerator as a Trainer builds it: the precision asked outside the script counts,
     the first line says what runs, and lowbit's figures join Trainer's logs."""
 
-    def __init__(self, *args: Any, mixed_precision: Any = None, config_file: Any = None, **kwargs: Any) -> None:
-        asked, where = launcher_precision(config_file)
-        mixed_precision, overridden = precision_under_trainer(mixed_precision, asked, where)
-        super().__init__(*args, mixed_precision=mixed_precision, config_file=config_file, **kwargs)
+    def __init__(self, *args: Any, mixed_precision: Any = None, **kwargs: Any) -> None:
+        # Trainer's precision is its default, not an argument: the run weighs it against what the
+        # launcher, the environment and the config file ask, in its one reading of them.
+        self._trainer_precision = str(getattr(mixed_precision, "value", mixed_precision) or "no").lower()
+        super().__init__(*args, **kwargs)
         _LATEST["ref"] = weakref.ref(self)
         if self.fp8_backend is not None:
             why = self.explain_backend_choice().splitlines()[0].partition("(")[2].rstrip(").")
@@ -91,8 +57,14 @@ class TrainerAccelerator(Accelerator):
             f"transformers' Trainer runs on lowbit's Accelerator: {how}; {self.num_processes} process"
             f"{'es' if self.num_processes > 1 else ''} ({kind}). accelerator.explain_backend_choice() says why."
         )
-        if overridden:
-            note(overridden)
+        if self._run.front_precision_overridden:
+            note(self._run.front_precision_overridden)
+
+    def _run_request(self, *args: Any, **kwargs: Any) -> RunRequest:
+        request = super()._run_request(*args, **kwargs)
+        request.front_precision = normalize_precision(self._trainer_precision)
+        request.front_name = "the Trainer"  # its TrainingArguments' fp16/bf16 (TRL's configs default to bf16)
+        return request
 
 
 class LowbitFiguresCallback(TrainerCallback):
