@@ -35,6 +35,10 @@ for step, batch in enumerate(loader):
     optimizer.step()
     optimizer.zero_grad()
     steps["done"] = step + 1
+    # Read on the main process alone, as scripts write it: it must need nothing of the others (each
+    # read was an all-reduce made by rank 0 alone: the job hung).
+    if accelerator.is_main_process and accelerator.preemption_requested:
+        (out / "main_saw_the_request").write_text(str(steps["done"]))
     if step == 3:
         (out / f"training_{accelerator.process_index}").write_text("yes")
     time.sleep(0.02)

@@ -64,6 +64,7 @@ def test_sigterm_to_the_launcher_saves_on_every_rank_and_leaves_nothing_running(
     time.sleep(1)
     assert not [pid for pid in pids if _alive(pid)], "a rank outlived the launcher"
     assert not list((tmp_path / "ckpt").glob(".lowbit*")), "a temp directory was left behind"
+    assert (tmp_path / "main_saw_the_request").exists()  # the main process read it alone, no hang
 
 
 def test_preemption_is_off_until_the_script_listens():
@@ -199,5 +200,11 @@ def test_reading_preemption_requested_needs_no_collective_and_follows_the_last_p
         for _ in range(watch.poll_every_steps):
             watch.after_step()
         assert polls == [watch.poll_every_steps] and watch.requested() is True
+        # A rank that never listened polls at the same steps (the other rank's read must find it there).
+        deaf = PreemptionWatch(num_processes=2)
+        monkeypatch.setattr(deaf, "_agree", lambda: (polls.append(("deaf", deaf.steps)), (False, False))[1])
+        for _ in range(deaf.poll_every_steps):
+            deaf.after_step()
+        assert polls[-1] == ("deaf", deaf.poll_every_steps)
     finally:
         signals.signal(signals.SIGTERM, before)

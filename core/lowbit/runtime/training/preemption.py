@@ -138,16 +138,21 @@ class PreemptionWatch:
 
     def after_step(self) -> None:
         """At each optimizer step: whether to stop or checkpoint. Several processes agree on the
-        signals every ``poll_every_steps`` steps (one small all-reduce and host read then; none in
-        between), one process at every step (a flag, no device read). The save itself waits for the
-        iteration's end (:meth:`at_iteration_start`): inside ``optimizer.step()`` the weights have
-        moved but the script's own step (its LR scheduler, its counters) has not, so a checkpoint
-        written there would hold step N's weights and say step N-1."""
+        signals every ``poll_every_steps`` steps, listening or not (one small all-reduce and host read
+        then; none in between), one process at every step it listens (a flag, no device read). The
+        save itself waits for the iteration's end (:meth:`at_iteration_start`): inside
+        ``optimizer.step()`` the weights have moved but the script's own step (its LR scheduler, its
+        counters) has not, so a checkpoint written there would hold step N's weights and say step N-1."""
         self.steps += 1
-        listened = self.callbacks or self._installed  # on_preemption, or a read of preemption_requested
-        if self._handled or self.stop_pending or self.checkpoint_pending or not listened or self.agreed_stop:
+        if self._handled or self.stop_pending or self.checkpoint_pending or self.agreed_stop:
             return
-        if self.num_processes > 1 and self.steps % self.poll_every_steps:
+        if self.num_processes > 1:
+            # Every rank polls at the same steps, whether it listens or not: a script that reads
+            # preemption_requested (or registers on_preemption) on one rank only must not leave the
+            # others out of the all-reduce (that hung the job).
+            if self.steps % self.poll_every_steps:
+                return
+        elif not (self.callbacks or self._installed):  # one process: nothing to agree, nothing asked
             return
         stop, checkpoint = self._agree()
         self.agreed_stop = stop
