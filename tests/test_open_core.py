@@ -130,6 +130,7 @@ FOREIGN_PRIVATE = {
     "_exit": "os._exit at a failed rank's exit",
     "_shared_state": "PartialState's own class state (Accelerate's name: transformers reads it)",
     "_reset_state": "PartialState's own class method",
+    "_run_request": "the Accelerator's own hook, extended by the Accelerator a Trainer gets (its subclass)",
     "_flatten": "torch's DeviceMesh: the only way to name a joint dimension (dp, dp_shard_cp)",
 }
 

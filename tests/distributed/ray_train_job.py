@@ -35,10 +35,12 @@ def train_func(config: dict) -> None:
     )
     run = worker.trainer(args)
     run.add_callback(RayTrainReportCallback())
+    reported: list[dict] = []  # the logs the reporting integrations get (lowbit's figures among them)
+    run.add_callback(worker.ReportedLogs(reported))
     run = prepare_trainer(run)
     before = {name: p.detach().float().clone() for name, p in run.model.named_parameters() if p.requires_grad}
     run.train()
-    worker.write_result(run, before, Path(config["out"]))
+    worker.write_result(run, before, Path(config["out"]), reported=reported)
     ray.train.report({"done": 1})
 
 

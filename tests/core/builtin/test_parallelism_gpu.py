@@ -12,7 +12,7 @@ import os
 
 import pytest
 import torch
-from helpers import TESTS, launch_argv, run_launch
+from helpers import TESTS, launch_argv, run_launch, tiny_llama
 
 SCRIPT = TESTS / "accelerate_style" / "nd_parallel.py"
 transformers = pytest.importorskip("transformers")
@@ -26,17 +26,7 @@ two_gpus = pytest.mark.skipif(
 @pytest.mark.multiprocess
 @two_gpus
 def test_context_parallel_trains_a_llama_with_each_rank_holding_half_of_every_sequence(tmp_path):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        use_cache=False,
-    )
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    tiny_llama(use_cache=False).save_pretrained(tmp_path / "tiny")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     cmd = launch_argv(
         "--num_processes",

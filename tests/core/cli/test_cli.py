@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -212,13 +213,9 @@ def test_plugins_lists_the_hooks_each_plugin_implements(capsys):
 def test_launch_runs_a_folder_by_its_main_as_python_does(tmp_path, capsys):
     """``python DIR``, torchrun and ``accelerate launch`` run a folder with a __main__.py (its own
     modules importable); ``lowbit launch DIR`` said the script "does not exist"."""
-    import subprocess
-    import sys
+    import shutil
 
-    app = tmp_path / "app"
-    app.mkdir()
-    (app / "helper.py").write_text("VALUE = 7\n")
-    (app / "__main__.py").write_text("import sys\nfrom helper import VALUE\nprint('ran', VALUE, sys.argv[1:])\n")
+    app = shutil.copytree(Path(__file__).resolve().parents[2] / "fixtures" / "folder_app", tmp_path / "app")
     ran = subprocess.run(
         [sys.executable, "-m", "lowbit.cli.run_script", str(app), "x"], capture_output=True, text=True, timeout=120
     )

@@ -126,7 +126,7 @@ def test_file_env_round_trip(tmp_path):
 
 
 def test_env_values_are_checked_and_named():
-    with pytest.raises(ConfigError, match=r"environment variables"):
+    with pytest.raises(ConfigError, match=r"environment variable LOWBIT_"):
         resolve_config(environ={"LOWBIT_NUM_PROCESSES": "many"})
 
 

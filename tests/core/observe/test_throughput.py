@@ -529,3 +529,13 @@ def test_the_counts_forward_prints_nothing_the_run_never_computed(capsys):
     printed = capsys.readouterr().out.split()
     assert "meta" not in printed and printed.count("cpu") == 3  # the run's three forwards only
     assert "throughput/tflops_per_device" in accelerator.throughput  # and the count still ran
+
+
+def test_measuring_the_cpu_peak_draws_nothing_from_the_runs_random_streams(tmp_path):
+    """It is measured at each run now (the best rate kept): its random matrices must not move
+    torch's global RNG, or dropout would draw differently than under Accelerate."""
+    from lowbit.runtime.observe import throughput
+
+    before = torch.get_rng_state()
+    throughput.cpu_peak(torch.float32, tmp_path / "peak.json")
+    assert torch.equal(before, torch.get_rng_state())
