@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     import torch
 
+    from lowbit.kernel.layer_roles import LayerRoles
     from lowbit.kernel.types import ConvertedModel, HardwareInfo, PluginDescription, PrepareContext, StrategyIntegration
 
 PROJECT_NAME = "lowbit"
@@ -76,12 +77,18 @@ def check_compatibility(context: PrepareContext) -> None:
 
 
 @hookspec
-def convert_model(model: torch.nn.Module, context: PrepareContext) -> torch.nn.Module | ConvertedModel | None:
+def convert_model(
+    model: torch.nn.Module, context: PrepareContext, layer_roles: LayerRoles
+) -> torch.nn.Module | ConvertedModel | None:
     """Swap the model's layers for the backend's low-precision layers.
 
     Called by: ``Accelerator.prepare``, on the chosen low-precision backend only, once per model,
     before the model is moved into any distributed wrapper.
-    ``context.backend_options`` holds the resolved recipe kwargs. Return the converted model
+    ``context.backend_options`` holds the resolved recipe kwargs. ``layer_roles`` says, once for
+    every backend, what each Linear is (:mod:`lowbit.kernel.layer_roles`): an adapter (never
+    converted: prepare refuses a conversion that touched one), a frozen base (its weight needs no
+    gradient: convert it with no weight-gradient GEMM, or leave it and say why), a layer
+    published in FP8 (use its own scales, or leave it and say why), or a trained Linear. Return the converted model
     (it may be the same object, modified in place), or ``ConvertedModel(model,
     ConversionReport(converted=[...], skipped={name: why}))`` to say what the conversion took
     (``prepare`` prints it; ``fp8_report()`` returns it in words). Default: the model unchanged.

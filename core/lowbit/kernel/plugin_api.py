@@ -19,6 +19,7 @@ from lowbit.kernel.errors import (  # noqa: F401
     did_you_mean,
 )
 from lowbit.kernel.hookspecs import hookimpl  # noqa: F401
+from lowbit.kernel.layer_roles import LayerRole, LayerRoles  # noqa: F401
 from lowbit.kernel.notices import LowbitNote, note  # noqa: F401
 from lowbit.kernel.options import at_least  # noqa: F401
 from lowbit.kernel.recipes import (  # noqa: F401

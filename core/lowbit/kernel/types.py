@@ -254,8 +254,14 @@ class ConversionReport:
     # The converted layers whose weights a sharding strategy all-gathers in the low-precision
     # format (torchao's float8 all-gather under FSDP2); None when the backend does not gather any.
     gathered_low_precision: list[str] | None = None
-    # Filled by the core, not the backend: the predicted step speedup on a GPU lowbit has figures for.
+    # Frozen layers (frozen bases, FP8-published layers) now stored and run in the low-precision
+    # format with no weight-gradient GEMM, and the bytes their weights held before and hold now.
+    frozen_low_precision: list[str] = field(default_factory=list)
+    frozen_bytes: tuple[int, int] = (0, 0)
+    # Filled by the core, not the backend: the predicted step speedup on a GPU lowbit has figures for,
+    # and the role each Linear played (lowbit.kernel.layer_roles.LayerRoles, decided before conversion).
     predicted: str = ""
+    layer_roles: Any = None
 
 
 @dataclass

@@ -18,6 +18,7 @@ from lowbit.kernel.types import ConversionReport, ConvertedModel, PrepareContext
 if TYPE_CHECKING:
     import torch
 
+    from lowbit.kernel.layer_roles import LayerRoles
     from lowbit.kernel.manager import LowbitPluginManager
     from lowbit.kernel.registry import Selection
 
@@ -102,12 +103,14 @@ class ChosenPlugins:
     def prepare_model_and_optimizer(self, model: "torch.nn.Module", optimizer: Any) -> tuple[Any, Any]:
         return self._call(self.backend, "prepare_model_and_optimizer", model=model, optimizer=optimizer)
 
-    def convert_model(self, model: "torch.nn.Module") -> "tuple[torch.nn.Module | None, ConversionReport | None]":
+    def convert_model(
+        self, model: "torch.nn.Module", layer_roles: "LayerRoles"
+    ) -> "tuple[torch.nn.Module | None, ConversionReport | None]":
         """The converted model (None: unchanged) and the backend's report of it (None: it gave none)."""
         import torch
 
         try:
-            converted = self._call(self.backend, "convert_model", model=model)
+            converted = self._call(self.backend, "convert_model", model=model, layer_roles=layer_roles)
         except Exception as exc:
             name_the_plugin(exc, self.backend, "convert_model")
             raise

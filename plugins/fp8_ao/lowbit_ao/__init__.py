@@ -85,10 +85,10 @@ def check_compatibility(context: PrepareContext) -> None:
 
 
 @hookimpl
-def convert_model(model, context: PrepareContext):
+def convert_model(model, context: PrepareContext, layer_roles):
     from lowbit_ao.convert import convert
 
-    return convert(model, context)
+    return convert(model, context, layer_roles)
 
 
 @hookimpl
@@ -126,8 +126,9 @@ def enable_fp8_telemetry(model, recorder, context: PrepareContext):
 @hookimpl
 def export_state_dict(model, state_dict, context: PrepareContext):
     from lowbit_ao.convert import plain_state_dict
+    from lowbit_ao.frozen_layers import dequantized_state_dict
 
-    return plain_state_dict(state_dict)
+    return dequantized_state_dict(model, plain_state_dict(state_dict))
 
 
 add_launch_arguments, launch_environment = recipe_launch_hooks(AORecipeKwargs, "fp8 backend ao (torchao)")

@@ -15,6 +15,8 @@ from lowbit.kernel.plugin_api import (
     ConfigError,
     ConversionReport,
     ConvertedModel,
+    LayerRole,
+    LayerRoles,
     LowbitNote,
     PrepareContext,
     UnsupportedCombinationError,
@@ -24,6 +26,7 @@ from lowbit.kernel.plugin_api import (
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
 from lowbit_ao.quiet_import import import_torchao
+from lowbit_ao.frozen_layers import FrozenConversion, convert_frozen_layers
 from lowbit_ao.recipe import BLOCK_RECIPES
 
 # Options of torchao's float8 recipes that a block-scaled recipe has no use for.
@@ -161,18 +164,20 @@ def _check_scaled_mm_can_run(context: PrepareContext) -> None:
     )
 
 
-def linear_layers(model: nn.Module) -> dict[str, str]:
-    """The layers FP8 can take, in module order: nn.Linear and transformers' Conv1D, name -> type name."""
+def linear_layers(model: nn.Module, roles: LayerRoles | None = None) -> dict[str, str]:
+    """The layers FP8 can take, in module order: nn.Linear and transformers' Conv1D, name -> type
+    name; never an adapter, nor a layer published in FP8 already (``roles``)."""
+    own = (LayerRole.TRAINED, LayerRole.FROZEN_BASE)
     return {
         name: type(module).__name__
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) or is_conv1d(module)
+        if (isinstance(module, nn.Linear) or is_conv1d(module)) and (roles is None or roles.of(name) in own)
     }
 
 
-def default_skips(model: nn.Module, keep_first_last: bool) -> dict[str, str]:
-    """The model's first and last Linear (by module order, at any depth), with the reason."""
-    layers = linear_layers(model)
+def default_skips(model: nn.Module, keep_first_last: bool, roles: LayerRoles | None = None) -> dict[str, str]:
+    """The model's first and last Linear (by module order, at any depth; adapters not counted), with the reason."""
+    layers = linear_layers(model, roles)
     names = list(layers)
     skipped: dict[str, str] = {}
     if keep_first_last and names:
@@ -181,13 +186,15 @@ def default_skips(model: nn.Module, keep_first_last: bool) -> dict[str, str]:
     return skipped
 
 
-def auto_skips(model: nn.Module, options: Any, context: PrepareContext, skipped: dict[str, str]) -> dict[str, str]:
+def auto_skips(
+    model: nn.Module, options: Any, context: PrepareContext, skipped: dict[str, str], roles: LayerRoles | None = None
+) -> dict[str, str]:
     """``layer_filter="auto"``: the layers not yet ``skipped`` that lowbit's FP8 payoff prediction
     finds no faster in the recipe on this run's GPU, with the prediction as the reason."""
     if options.layer_filter != "auto":
         return {}
     modules = dict(model.named_modules())
-    shapes = {name: linear_dims(modules[name]) for name in linear_layers(model) if name not in skipped}
+    shapes = {name: linear_dims(modules[name]) for name in linear_layers(model, roles) if name not in skipped}
     shapes = {
         name: dims for name, dims in shapes.items() if not (dims[0] % FP8_DIM_MULTIPLE or dims[1] % FP8_DIM_MULTIPLE)
     }
@@ -212,13 +219,14 @@ def default_module_filter(
     model: nn.Module,
     keep_first_last: bool,
     also_skip: dict[str, str] | None = None,
+    roles: LayerRoles | None = None,
 ) -> tuple[Callable[[nn.Module, str], bool], dict[str, str]]:
-    """All Linears (and Conv1Ds), but the model's first and last (by module order, at any depth),
-    those whose dims FP8 GEMMs cannot take, and ``also_skip``. Returns the filter and the reason
-    for each layer it skips."""
-    layers = linear_layers(model)
+    """All Linears (and Conv1Ds), but adapters, the model's first and last (by module order, at any
+    depth), those whose dims FP8 GEMMs cannot take, and ``also_skip``. Returns the filter and the
+    reason for each layer it skips (adapters are not listed: they are never candidates)."""
+    layers = linear_layers(model, roles)
     names = list(layers)
-    skipped = default_skips(model, keep_first_last) | (also_skip or {})
+    skipped = default_skips(model, keep_first_last, roles) | (also_skip or {})
     modules = dict(model.named_modules())
     for name in names:
         if name not in skipped:
@@ -227,7 +235,7 @@ def default_module_filter(
                 skipped[name] = f"dims {in_features}x{out_features} not divisible by {FP8_DIM_MULTIPLE}"
 
     def module_filter(module: nn.Module, fqn: str) -> bool:
-        return fqn not in skipped
+        return fqn in layers and fqn not in skipped
 
     return module_filter, skipped
 
@@ -289,20 +297,24 @@ def _mxfp8_kernels_problem(context: PrepareContext) -> str:
     return problem
 
 
-def convert_block_recipe(model: nn.Module, context: PrepareContext) -> ConvertedModel:
+def convert_block_recipe(
+    model: nn.Module, context: PrepareContext, roles: LayerRoles, frozen: FrozenConversion
+) -> ConvertedModel:
     """mxfp8 / nvfp4: the block-scaled layers (``block_formats``), with the same default rules."""
     from lowbit_ao.block_formats import convert_block_layers
 
     options = context.backend_options
-    layer_types = linear_layers(model)
+    layer_types = linear_layers(model, roles)
     if options.module_filter_func is not None:
         modules = dict(model.named_modules())
         skipped = {
             n: "module_filter_func said no" for n in layer_types if not options.module_filter_func(modules[n], n)
         }
     else:
-        skipped = default_skips(model, options.keep_first_last_high_precision)
-        skipped |= auto_skips(model, options, context, skipped)
+        skipped = default_skips(model, options.keep_first_last_high_precision, roles)
+        skipped |= auto_skips(model, options, context, skipped, roles)
+    skipped |= frozen.kept
+    layer_types = {n: t for n, t in layer_types.items() if n not in frozen.converted}
     kernels = _mxfp8_kernels_problem(context) if options.recipe == "mxfp8" else ""
     if context.recipe_runs == "emulated":
         how = (
@@ -320,38 +332,66 @@ def convert_block_recipe(model: nn.Module, context: PrepareContext) -> Converted
     converted = convert_block_layers(model, list(layer_types), skipped, context)
     return ConvertedModel(
         model,
-        ConversionReport(
-            converted,
-            skipped,
-            layer_types,
-            options.recipe,
-            f"token count padded to a multiple of the {options.recipe} block where needed" if converted else "",
+        frozen.reported(
+            ConversionReport(
+                converted,
+                skipped,
+                layer_types,
+                options.recipe,
+                f"token count padded to a multiple of the {options.recipe} block where needed" if converted else "",
+            )
         ),
     )
 
 
-def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
+def frozen_candidates(model: nn.Module, options: Any, roles: LayerRoles) -> dict[str, str]:
+    """The frozen bases the rules keep in high precision, with the reason: the first/last rule and
+    a user's module_filter_func apply to them as to trained layers (dims are checked on conversion)."""
+    if options.module_filter_func is not None:
+        return {
+            name: "module_filter_func said no"
+            for name in roles.named(LayerRole.FROZEN_BASE)
+            if not options.module_filter_func(model.get_submodule(name), name)
+        }
+    return default_skips(model, options.keep_first_last_high_precision, roles)
+
+
+def convert(model: nn.Module, context: PrepareContext, layer_roles: LayerRoles | None = None) -> ConvertedModel:
+    from lowbit.kernel.layer_roles import classify_layers
+
     options = context.backend_options
     if options.layer_filter == "auto" and (options.config is not None or options.module_filter_func is not None):
         raise ConfigError(
             "layer_filter='auto' decides which layers convert by the named recipe; it cannot combine with "
             f"{'config=' if options.config is not None else 'module_filter_func='}. Give one of the two."
         )
+    roles = layer_roles if layer_roles is not None else classify_layers(model)
+    recipe = options.recipe if options.config is None else recipe_of_config(options.config)
+    frozen = convert_frozen_layers(model, roles, recipe, frozen_candidates(model, options, roles), context)
     if options.recipe in BLOCK_RECIPES and options.config is None:
-        return convert_block_recipe(model, context)
+        return convert_block_recipe(model, context, roles, frozen)
     import_torchao()
     from torchao.float8 import convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
     config = build_float8_config(options, context)
     if options.module_filter_func is not None:
-        module_filter, skipped = options.module_filter_func, {}
+        user_filter = options.module_filter_func
+        trained = set(linear_layers(model, roles)) - set(frozen.kept)
+
+        def module_filter(module: nn.Module, fqn: str) -> bool:
+            return fqn in trained and user_filter(module, fqn)
+
+        skipped = dict(frozen.kept)
     else:
-        first_last = default_skips(model, options.keep_first_last_high_precision)
+        first_last = default_skips(model, options.keep_first_last_high_precision, roles)
         module_filter, skipped = default_module_filter(
-            model, options.keep_first_last_high_precision, auto_skips(model, options, context, first_last)
+            model,
+            options.keep_first_last_high_precision,
+            auto_skips(model, options, context, first_last, roles) | frozen.kept,
+            roles,
         )
-    layer_types = linear_layers(model)
+    layer_types = {n: t for n, t in linear_layers(model, roles).items() if n not in frozen.converted}
     uneven = uneven_shards(model, module_filter, context) if config.enable_fsdp_float8_all_gather else {}
     if uneven:
         # torchao's float8 all-gather needs every rank's shard the same size (pytorch/ao#3982): these
@@ -377,13 +417,15 @@ def convert(model: nn.Module, context: PrepareContext) -> ConvertedModel:
     context.plugin_state(Float8Gather).on |= bool(gathered)
     return ConvertedModel(
         model,
-        ConversionReport(
-            converted,
-            skipped,
-            layer_types,
-            options.recipe if options.config is None else recipe_of_config(options.config),
-            PADDING_NOTE if converted and config.pad_inner_dim else "",
-            gathered,
+        frozen.reported(
+            ConversionReport(
+                converted,
+                skipped,
+                layer_types,
+                recipe,
+                PADDING_NOTE if converted and config.pad_inner_dim else "",
+                gathered,
+            )
         ),
     )
 

@@ -77,7 +77,7 @@ def scaled_mm(a: Any, b: Any, output_dtype: torch.dtype, compute_dtype: torch.dt
     return product.to(output_dtype)
 
 
-def _gemm_dtype(marked: torch.dtype, output_dtype: torch.dtype) -> torch.dtype:
+def gemm_dtype(marked: torch.dtype, output_dtype: torch.dtype) -> torch.dtype:
     """bf16 GEMMs only for bf16 outputs: a wider output gets the fp32 GEMM, so the result is
     never less precise than its own dtype (lowbit runs FP8 inside bf16 autocast: bf16 outputs)."""
     return marked if output_dtype == torch.bfloat16 else torch.float32
@@ -103,7 +103,7 @@ def _checked_gemm(original, choose_config, aten_op, args, kwargs, a, b, bias=Non
 def _gemm(original, marker, aten_op, args, kwargs, a, b, bias):
     if marker.lowbit_compute_dtype is None:
         return original(aten_op, args, kwargs)
-    out = scaled_mm(a, b, a._orig_dtype, _gemm_dtype(marker.lowbit_compute_dtype, a._orig_dtype))
+    out = scaled_mm(a, b, a._orig_dtype, gemm_dtype(marker.lowbit_compute_dtype, a._orig_dtype))
     return out if bias is None else out + bias
 
 

@@ -70,3 +70,43 @@ def check_scaled_mm_shapes(a: Any, b: Any, pad_inner_dim: bool) -> None:
         f"torch._scaled_mm needs every inner dimension and the output columns to be multiples of {SCALED_MM_MULTIPLE}: "
         f"{'; '.join(problems)}. Emulation here would accept it, so lowbit refuses it as the GPU would. {fixes}"
     )
+
+
+# Operand layouts already passed by torch's meta check (a step repeats the same few).
+_PASSED: set[tuple] = set()
+
+
+def _meta_like(tensor: Any) -> Any:
+    import torch
+
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+
+
+def check_like_cuda(a: Any, b: Any, scale_a: Any, scale_b: Any, out_dtype: Any, gemm: str) -> None:
+    """Raise :class:`FP8GemmShapeError` when CUDA's ``torch._scaled_mm`` would refuse these operands,
+    by asking torch's own meta check of ``_scaled_mm`` (which applies CUDA's rules to meta tensors:
+    row-major ``a``, column-major ``b``, dims multiples of 16, the scale shapes of each scaling).
+    Each distinct layout is checked once per process; under ``torch.compile`` nothing is checked
+    (the eager run before it was)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return
+    key = tuple((tuple(t.shape), t.stride(), t.dtype) for t in (a, b, scale_a, scale_b)) + (out_dtype,)
+    if key in _PASSED:
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with _disable_current_modes():  # a user's dispatch mode (a GEMM counter) sees the GEMM, not its check
+            torch._scaled_mm(
+                _meta_like(a), _meta_like(b), _meta_like(scale_a), _meta_like(scale_b), out_dtype=out_dtype
+            )
+    except RuntimeError as exc:
+        raise FP8GemmShapeError(
+            f"lowbit-ao: this FP8 {gemm} GEMM, {tuple(a.shape)} @ {tuple(b.shape)} (strides {a.stride()} and "
+            f"{b.stride()}, scales {tuple(scale_a.shape)} and {tuple(scale_b.shape)}), would fail on a CUDA GPU: "
+            f"torch's own check of _scaled_mm says: {exc}. Emulation here would accept it, so lowbit refuses it as "
+            "the GPU would. Keep layers whose dims are not multiples of 16 out of FP8."
+        ) from None
+    _PASSED.add(key)

@@ -19,6 +19,8 @@ RECIPE_NAMES = FLOAT8_RECIPES + BLOCK_RECIPES
 MX_SCALE_ROUNDINGS = ("rceil", "floor")
 OPTIMIZER_STATES = ("default", "fp8", "8bit")
 EMULATIONS = ("fast", "torchao")
+# What becomes of a frozen base (a Linear whose weight needs no gradient, as under LoRA): lowbit_ao.frozen_base.
+FROZEN_BASES = ("fp8", "high_precision")
 # "auto" also keeps in high precision the layers lowbit's FP8 payoff prediction finds no faster in
 # the recipe on the run's GPU (lowbit.runtime.observe.fp8_payoff; docs/fp8-payoff.md).
 LAYER_FILTERS = ("default", "auto")
@@ -70,6 +72,12 @@ class AORecipeKwargs(FP4RecipeOptions, RecipeKwargs):
     )
     keep_first_last_high_precision: bool | None = recipe_option(
         True, type=bool, help="keep the first and last Linear in high precision"
+    )
+    frozen_bases: str | None = recipe_option(
+        "fp8",
+        choices=FROZEN_BASES,
+        help="Linears whose weight needs no gradient (LoRA bases): fp8 (stored in FP8 once, two FP8 GEMMs a step, "
+        "none for the weight) or high_precision (left as they are)",
     )
     emulate: bool | None = recipe_option(
         None, type=bool, help="emulate FP8 GEMMs (default: only where hardware lacks them)"

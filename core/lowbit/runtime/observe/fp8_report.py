@@ -4,6 +4,7 @@ high precision: the :class:`~lowbit.kernel.types.ConversionReport` the backend r
 
 from __future__ import annotations
 
+from lowbit.kernel.layer_roles import LayerRole
 from lowbit.kernel.types import ConversionReport
 
 SHOWN_SKIPPED = 4  # the report names this many kept layers, then counts the rest
@@ -19,10 +20,18 @@ def conversion_report(
     if record is None:
         return None
     converted, skipped = record.converted, record.skipped
-    total = len(converted) + len(skipped)
+    roles = record.layer_roles
+    frozen_kept = {n for n in skipped if roles is not None and roles.of(n) is LayerRole.FROZEN_BASE}
+    total = len(converted) + len(skipped) - len(frozen_kept)
     noun, per_type = layer_kinds(record)
     label = ", ".join(part for part in (backend, record.recipe, "emulated" if runs == "emulated" else "") if part)
-    line = f"{precision} ({label}): {len(converted)} of {total} {noun} layers{per_type}"
+    adapters = len(roles.named(LayerRole.ADAPTER)) if roles is not None else 0
+    trained = " trained" if adapters or record.frozen_low_precision or frozen_kept else ""
+    parts = [f"{len(converted)} of {total}{trained} {noun} layers{per_type}"] if total or not trained else []
+    parts.append(frozen_part(record, precision, len(frozen_kept)))
+    line = f"{precision} ({label}): " + "; ".join(part for part in parts if part)
+    if adapters:
+        line += f"; {adapters} adapter layers kept in high precision"
     if skipped:
         kept = [f"{name or '<model>'} ({why})" for name, why in list(skipped.items())[:SHOWN_SKIPPED]]
         more = len(skipped) - SHOWN_SKIPPED
@@ -33,7 +42,7 @@ def conversion_report(
         line += f"; weights all-gathered in {precision}: {len(record.gathered_low_precision)} of {len(converted)}"
     if record.predicted:
         line += "; " + record.predicted
-    if not converted:
+    if not converted and not record.frozen_low_precision:
         line += (
             f". Nothing trains in {precision} (FP8 GEMMs need both dims divisible by 16, "
             "block formats by their block), and the first and last Linear are kept in high precision by default "
@@ -42,9 +51,23 @@ def conversion_report(
     return line + "."
 
 
+def frozen_part(record: ConversionReport, precision: str, kept: int) -> str:
+    """``13 of 14 frozen bases stored and run in fp8 (no weight-gradient GEMM; their weights 1.6 MB
+    -> 0.4 MB)``, or '' when the model has no frozen layer in the backend's format."""
+    frozen = record.frozen_low_precision
+    if not frozen and not kept:
+        return ""
+    before, after = record.frozen_bytes
+    sizes = f"; their weights {before / 2**20:.1f} MB -> {after / 2**20:.1f} MB" if before else ""
+    return (
+        f"{len(frozen)} of {len(frozen) + kept} frozen layers stored and run in {precision} "
+        f"(no weight-gradient GEMM{sizes})"
+    )
+
+
 def converted_nothing(record: ConversionReport | None) -> bool:
-    """The backend reported its conversion and no layer was converted."""
-    return record is not None and not record.converted
+    """The backend reported its conversion and no layer was converted (frozen layers included)."""
+    return record is not None and not record.converted and not record.frozen_low_precision
 
 
 def layer_kinds(record: ConversionReport) -> tuple[str, str]:

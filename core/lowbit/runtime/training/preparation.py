@@ -18,6 +18,7 @@ import torch
 
 from lowbit.kernel import notices
 from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
+from lowbit.kernel.layer_roles import LayerRole, classify_layers
 from lowbit.kernel.types import PrepareContext
 
 from lowbit.runtime.observe.fp8_payoff import report_prediction, report_work
@@ -46,6 +47,25 @@ class PreparationSettings:
     regional_compilation: bool = False  # compile each repeated block instead of the whole model
     # What each prepared loader shows as ``.gradient_state``, as Accelerate's loaders do (its GradientState).
     gradient_state: Any = None
+
+
+def _check_adapters_untouched(model: torch.nn.Module, adapters: dict[str, torch.nn.Module], backend: str) -> None:
+    """Adapters train in high precision whatever the backend: a conversion that replaced one is refused."""
+    replaced = [name for name, module in adapters.items() if _submodule_or_none(model, name) is not module]
+    if replaced:
+        raise UnsupportedCombinationError(
+            f"The {backend} backend converted {len(replaced)} adapter layer(s) ({', '.join(replaced[:3])}"
+            f"{', ...' if len(replaced) > 3 else ''}): lowbit keeps a LoRA/PEFT adapter in high precision (a rank-r "
+            "GEMM gains nothing from FP8, and its weights are what the run trains). The backend must leave the "
+            "layers its convert_model hook is told are adapters (layer_roles) as they are."
+        )
+
+
+def _submodule_or_none(model: torch.nn.Module, name: str) -> torch.nn.Module | None:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _not_wrapped_already(model: Any) -> Any:
@@ -239,8 +259,10 @@ class Preparation:
             return model, optimizer
         device_name = plugins.context.hardware.device_name
         work = report_work(model, device_name) if plugins.context.hardware.device_type == "cuda" else None
+        roles = classify_layers(model)  # decided once, here: every backend and the report read this
+        adapters = {name: model.get_submodule(name) for name in roles.named(LayerRole.ADAPTER)}
         try:
-            converted, report = plugins.convert_model(model)
+            converted, report = plugins.convert_model(model, roles)
         except Exception as exc:
             if not weights_from_rank0.unloaded_here(model):
                 raise
@@ -251,8 +273,10 @@ class Preparation:
                 "backend that converts by shape alone."
             ) from exc
         model = converted if converted is not None else model
+        _check_adapters_untouched(model, adapters, plugin_label(plugins.backend))
         model.__dict__[CONVERSION] = (self._conversion_identity(), report)
         if report is not None:
+            report.layer_roles = roles
             costs = plugins.backend.chosen.description.recipe_costs
             report.predicted = report_prediction(
                 work, device_name, report.recipe, costs, report.skipped, plugins.context.compiled
