@@ -51,7 +51,12 @@ def refuse_nonfinite_weights(models: Iterable[torch.nn.Module], what: str, num_p
 def nonfinite(tensor: torch.Tensor) -> bool:
     """Whether a floating tensor (this rank's shard of a DTensor) holds NaN or inf."""
     local = tensor.to_local() if callable(getattr(tensor, "to_local", None)) else tensor
-    return local.is_floating_point() and bool(local.numel()) and not bool(torch.isfinite(local.detach()).all())
+    if not local.is_floating_point() or not local.numel():
+        return False
+    local = local.detach()
+    if local.element_size() == 1:  # FP8 data and UE8M0 scales (a frozen FP8 base): torch checks them widened
+        local = local.float()
+    return not bool(torch.isfinite(local).all())
 
 
 def nonfinite_buffers(model: torch.nn.Module) -> list[str]:
