@@ -14,7 +14,7 @@ for the GEMM that is thrown away. :class:`FrozenFP8Linear` instead:
 
 A layer published in FP8 (transformers' ``FP8Linear``: a float8 ``weight`` and its
 ``weight_scale_inv``, per tensor or per 128x128 block, float32 or UE8M0) is adopted as it is: the
-same Parameter objects, never dequantized and quantized again.
+same weight Parameter and the same scale storage, never dequantized and quantized again.
 
 Scales follow ``torch._scaled_mm``'s convention (and the checkpoints'): ``weight_scale_inv`` is
 what the FP8 values are multiplied by to give the weight back. Both layouts transpose: the input
@@ -202,7 +202,7 @@ class FrozenFP8Linear(nn.Module):
     def __init__(
         self,
         weight: nn.Parameter,
-        weight_scale_inv: nn.Parameter,
+        weight_scale_inv: torch.Tensor,
         bias: nn.Parameter | None,
         gemms: FrozenGemms,
         *,
@@ -213,12 +213,11 @@ class FrozenFP8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.weight = weight
-        self.weight_scale_inv = weight_scale_inv
+        # Scales are buffers, not parameters: FSDP2 keeps them whole on every rank (it cannot shard a
+        # checkpoint's 0-d per-tensor scale), DDP never buckets them, and no optimizer is handed them.
+        self.register_buffer("weight_scale_inv", weight_scale_inv.detach())
         self.bias = bias
-        if activation_scale is not None:
-            self.activation_scale = activation_scale
-        else:
-            self.register_parameter("activation_scale", None)
+        self.register_buffer("activation_scale", None if activation_scale is None else activation_scale.detach())
         self.gemms = gemms
         self.published = published
         self.original_dtype = original_dtype  # what the weight was in before lowbit quantized it
@@ -265,7 +264,7 @@ def quantized_base(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, ge
         data, scale_inv = quantize_weight_blocks(weight) if fmt == "blocks128" else quantize_tensorwise(weight.detach())
     return FrozenFP8Linear(
         nn.Parameter(data, requires_grad=False),
-        nn.Parameter(scale_inv, requires_grad=False),
+        scale_inv,
         bias,
         gemms,
         original_dtype=weight.dtype,
@@ -294,7 +293,7 @@ def published_base(layer: nn.Module, gemms: FrozenGemms) -> FrozenFP8Linear:
     """A layer published in FP8, adopted with its own Parameters (no copy, no new rounding)."""
     return FrozenFP8Linear(
         frozen(layer.weight),
-        frozen(layer.weight_scale_inv),
+        layer.weight_scale_inv,  # the checkpoint's scales, their storage shared (detached, never copied)
         frozen(layer.bias),
         gemms,
         published=True,

@@ -57,10 +57,35 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
         options.pop("comm_state_option", {}),
     )
     device_ids = [context.device.index or 0] if context.device.type == "cuda" else None
+    _sync_8bit_floats_as_bytes(model, DistributedDataParallel)
     model = DistributedDataParallel(model, device_ids=device_ids, **options)
     if hook != "no":
         model.register_comm_hook(*_comm_hook(hook, wrapper, state_option))
     return model, optimizer
+
+
+def _sync_8bit_floats_as_bytes(model, ddp_class) -> None:
+    """Tensors stored in an 8-bit float format (a frozen FP8 base's weight, a checkpoint's UE8M0
+    scales) are made rank 0's here, as bytes, and DDP is told to leave them: gloo has no float8
+    type (DDP's own broadcast of them fails, "Invalid scalar type"), and none of them trains, so
+    DDP has nothing to bucket or to broadcast again at each forward."""
+    import torch
+    import torch.distributed as dist
+
+    from lowbit.runtime.collective_device import on_group_device
+
+    names = []
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if not (tensor.is_floating_point() and tensor.element_size() == 1):
+            continue
+        raw = tensor.detach().view(torch.uint8)
+        sent = on_group_device(raw)
+        dist.broadcast(sent, src=0)
+        raw.copy_(sent.to(raw.device))
+        names.append(name)
+    if names:
+        ignored = set(getattr(model, "_ddp_params_and_buffers_to_ignore", ())) | set(names)
+        ddp_class._set_params_and_buffers_to_ignore_for_model(model, sorted(ignored))
 
 
 def _tensor_parallel(context: PrepareContext) -> bool:

@@ -11,6 +11,8 @@ so the whole unsharded model is never on the device (``places_model``).
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 from lowbit.kernel.errors import ConfigError, did_you_mean
@@ -131,6 +133,32 @@ def _fsdp_mesh(context: PrepareContext):
     return context.device_mesh[tuple(context.parallelism.fsdp_dim_names)]
 
 
+def gather_8bit_floats_as_stored(model) -> int:
+    """Parameters stored in an 8-bit float format (a frozen FP8 base, a layer published in FP8) are
+    all-gathered as stored, 1 byte an element: FSDP2's MixedPrecisionPolicy would cast them to the
+    compute dtype like every floating parameter, turning FP8 data into numbers without their scales.
+    FSDP2 has no per-parameter policy, so each such parameter's record (``FSDPParam``, torch 2.6 to
+    2.13's ``_fsdp_param.py``) keeps ``param_dtype`` None ("gather in the stored dtype") after FSDP2
+    sets it from the policy, once, at its lazy initialisation (the first forward). Returns how many."""
+    told = 0
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        group = getattr(state, "_fsdp_param_group", None)
+        for fsdp_param in getattr(group, "fsdp_params", ()):
+            dtype = fsdp_param.sharded_param.dtype
+            if dtype.is_floating_point and dtype.itemsize == 1:
+                fsdp_param.init_dtype_attrs = functools.partial(_stored_dtype, fsdp_param.init_dtype_attrs, fsdp_param)
+                if hasattr(fsdp_param, "param_dtype"):  # initialised already (a model prepared again)
+                    fsdp_param.param_dtype = None
+                told += 1
+    return told
+
+
+def _stored_dtype(init_dtype_attrs, fsdp_param, mp_policy) -> None:
+    init_dtype_attrs(mp_policy)
+    fsdp_param.param_dtype = None
+
+
 @hookimpl
 def wrap_for_distribution(model, optimizer, context: PrepareContext):
     if model is None:
@@ -165,6 +193,7 @@ def wrap_for_distribution(model, optimizer, context: PrepareContext):
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    gather_8bit_floats_as_stored(model)
     if from_rank0:
         weights_from_rank0.fill_shards(model, whole, context.device)
         del whole
