@@ -36,14 +36,20 @@ class Runs:
         self.root, self.done = root, {}
 
     def __call__(
-        self, how: str, *args: str, processes: int = 1, precision: str | None = None, resume: str | None = None
+        self,
+        how: str,
+        *args: str,
+        processes: int = 1,
+        precision: str | None = None,
+        resume: str | None = None,
+        env_extra: tuple[tuple[str, str], ...] = (),
     ):
-        key = (how, processes, precision, resume, args)
+        key = (how, processes, precision, resume, args, env_extra)
         if key not in self.done:
             out = self.root / f"run{len(self.done)}"
             script = [str(WORKER), str(out), *args, *(["--resume", resume] if resume else [])]
             env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
-            env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+            env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", **dict(env_extra))
             if how == "lowbit":  # the unmodified script under lowbit launch
                 cmd = launch_argv(
                     "--cpu",
@@ -143,6 +149,38 @@ def test_trl_trainers_on_lowbit_match_stock_in_bf16_and_train_every_layer_in_fp8
     # SFTTrainer replaces the model's forward with one closing over the original: the count still reads the layers
     assert fp8["fp8_gemm_share"] > 0.5
     assert abs(fp8["losses"][-1] - stock["losses"][-1]) <= FP8_LOSS_TOLERANCE
+
+
+# PEFT LoRA (r=8 on the 14 projections of the tiny Llama): the adapters stay nn.Linear, 13 of the 14 bases
+# are frozen FP8 bases (the first, layers.0.q_proj, is the first/last rule's), lm_head stays nn.Linear.
+LORA_LAYERS = {"adapter": {"Linear": 28}, "base": {"FrozenFP8Linear": 13, "Linear": 1}, "other": {"Linear": 1}}
+
+
+@pytest.mark.parametrize("kind", ["trainer", "sft", "dpo", "grpo"])
+def test_lora_under_each_trainer_trains_in_fp8_saves_its_adapters_and_resumes(runs, kind):
+    """Trainer with a PEFT model, SFTTrainer/DPOTrainer/GRPOTrainer with peft_config (GRPO generating
+    with transformers, no vLLM), unmodified, under ``lowbit launch --mixed_precision fp8``."""
+    (fp8,), _, out = runs("lowbit", "--trainer", kind, "--bf16", "--lora", precision="fp8")
+    assert (fp8["mixed_precision"], fp8["layer_classes"]) == ("fp8", LORA_LAYERS)
+    assert fp8["optimizer_params"] == fp8["trainable_params"] == 28 and len(fp8["moved"]) == 28
+    assert (out / "checkpoint-10" / "adapter_model.safetensors").exists()
+    (resumed,), _, _ = runs(
+        "lowbit", "--trainer", kind, "--bf16", "--lora", precision="fp8", resume=str(out / "checkpoint-10")
+    )
+    assert resumed["losses"] == fp8["losses"] and resumed["eval_losses"] == fp8["eval_losses"]
+    if kind != "grpo":  # GRPO's loss depends on what it samples, which FP8 changes: compared to itself only
+        (stock,), _, _ = runs("stock", "--trainer", kind, "--bf16", "--lora")
+        assert abs(fp8["losses"][-1] - stock["losses"][-1]) <= FP8_LOSS_TOLERANCE
+
+
+def test_lora_in_fp8_through_the_documented_line(runs):
+    """``lowbit.patch_trainer()`` in the script, fp8 asked by Accelerate's own variable."""
+    (line,), _, _ = runs(
+        "line", "--trainer", "sft", "--bf16", "--lora", env_extra=(("ACCELERATE_MIXED_PRECISION", "fp8"),)
+    )
+    (launched,), _, _ = runs("lowbit", "--trainer", "sft", "--bf16", "--lora", precision="fp8")
+    assert line["mixed_precision"] == "fp8" and line["layer_classes"] == LORA_LAYERS
+    assert line["losses"] == launched["losses"]
 
 
 # ---------------------------------------------------------------------- two processes

@@ -3,8 +3,12 @@ a local word-level tokenizer (nothing downloaded). It names no lowbit API: run i
 or ``torchrun`` and it trains on stock Accelerate; under ``lowbit launch`` (or with ``--lowbit-line``,
 the one documented line) on lowbit.
 
-    python trainer_worker.py OUT [--trainer trainer|sft|dpo] [--bf16] [--steps 20] [--resume CKPT]
-        [--fsdp] [--deepspeed STAGE] [--lowbit-line] [--pretrained CKPT]
+    python trainer_worker.py OUT [--trainer trainer|sft|dpo|grpo] [--bf16] [--steps 20] [--resume CKPT]
+        [--fsdp] [--deepspeed STAGE] [--lowbit-line] [--pretrained CKPT] [--lora]
+
+``--lora``: PEFT's LoRA (r=8 on every projection) as each trainer's users add it: ``get_peft_model``
+for Trainer, ``peft_config=`` for TRL's trainers. ``--trainer grpo``: TRL's GRPOTrainer with
+transformers' own generation (no vLLM) and a reward that counts distinct words.
 
 ``--pretrained CKPT`` (with ``--fsdp``): ``from_pretrained`` a saved model under FSDP's
 ``cpu_ram_efficient_loading``, the weights of ranks above 0 scrambled after loading; the result
@@ -87,6 +91,9 @@ def datasets(kind: str):
     if kind == "sft":
         as_text = lambda t: Dataset.from_dict({"text": [words(r) for r in t]})  # noqa: E731
         return as_text(train), as_text(held_out)
+    if kind == "grpo":
+        as_prompts = lambda t: Dataset.from_dict({"prompt": [words(r[:8]) for r in t]})  # noqa: E731
+        return as_prompts(train[:64]), as_prompts(held_out[:8])
     as_pairs = (
         lambda t: Dataset.from_dict(
             {
@@ -97,6 +104,18 @@ def datasets(kind: str):
         )
     )
     return as_pairs(train), as_pairs(held_out)
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    projections = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    return LoraConfig(r=8, lora_alpha=16, target_modules=projections, task_type="CAUSAL_LM")
+
+
+def distinct_words(completions, **kwargs) -> list[float]:
+    """GRPO's reward: how many different words a completion uses (it can be learned, and it varies)."""
+    return [float(len(set(str(c).split()))) for c in completions]
 
 
 def trainer(args: argparse.Namespace):
@@ -138,33 +157,54 @@ def trainer(args: argparse.Namespace):
             "train_batch_size": "auto",
         }
     train, held_out = datasets(args.trainer)
+    peft = {"peft_config": lora_config()} if args.lora else {}
     if args.trainer == "trainer":
         built = pretrained(args.pretrained) if getattr(args, "pretrained", None) else model()
+        if args.lora:
+            from peft import get_peft_model
+
+            built = get_peft_model(built, lora_config())
         return Trainer(model=built, args=TrainingArguments(**common), train_dataset=train, eval_dataset=held_out)
     if args.trainer == "sft":
         from trl import SFTConfig, SFTTrainer
 
         config = SFTConfig(**common, max_length=SEQ, packing=False, dataset_num_proc=None)
         return SFTTrainer(
-            model=model(), args=config, train_dataset=train, eval_dataset=held_out, processing_class=tokenizer()
+            model=model(), args=config, train_dataset=train, eval_dataset=held_out, processing_class=tokenizer(), **peft
+        )
+    if args.trainer == "grpo":
+        from trl import GRPOConfig, GRPOTrainer
+
+        common.update(per_device_train_batch_size=4, per_device_eval_batch_size=4, gradient_accumulation_steps=1)
+        config = GRPOConfig(**common, num_generations=4, max_completion_length=8, use_vllm=False, temperature=1.0)
+        return GRPOTrainer(
+            model=model(),
+            reward_funcs=distinct_words,
+            args=config,
+            train_dataset=train,
+            eval_dataset=held_out,
+            processing_class=tokenizer(),
+            **peft,
         )
     from trl import DPOConfig, DPOTrainer
 
     config = DPOConfig(**common, max_length=SEQ, precompute_ref_log_probs=False)
     return DPOTrainer(
         model=model(),
-        ref_model=model(),
+        ref_model=None if args.lora else model(),  # with LoRA the reference is the base, adapters off
         args=config,
         train_dataset=train,
         eval_dataset=held_out,
         processing_class=tokenizer(),
+        **peft,
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--trainer", default="trainer", choices=("trainer", "sft", "dpo"))
+    parser.add_argument("--trainer", default="trainer", choices=("trainer", "sft", "dpo", "grpo"))
+    parser.add_argument("--lora", action="store_true", help="PEFT LoRA on every projection")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--resume", default=None)
@@ -249,9 +289,23 @@ def write_result(run, before: dict, out: Path, at_start: dict | None = None, rep
         "fp8_backend": getattr(acc, "fp8_backend", None),
         "distributed_type": str(acc.distributed_type),
         "checkpoint_distance_at_start": at_start or None,
+        "layer_classes": layer_classes(acc.unwrap_model(run.model)),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"result_{acc.process_index}.json").write_text(json.dumps(result))
+
+
+def layer_classes(model) -> dict[str, dict[str, int]]:
+    """How many Linear-like layers of each role ended as each class: adapters (under ``lora_``),
+    the layers LoRA wraps (``base_layer``), and the rest."""
+    out: dict[str, dict[str, int]] = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "base_layer") or not any(k in type(module).__name__ for k in ("Linear", "Conv1D")):
+            continue  # PEFT's wrapper (its class is called Linear too) is not a layer of its own
+        role = "adapter" if ".lora_" in name else "base" if name.endswith("base_layer") else "other"
+        counts = out.setdefault(role, {})
+        counts[type(module).__name__] = counts.get(type(module).__name__, 0) + 1
+    return out
 
 
 def _full(tensor):

@@ -25,8 +25,8 @@ from lowbit.kernel.plugin_api import (
 
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
-from lowbit_ao.quiet_import import import_torchao
 from lowbit_ao.frozen_layers import FrozenConversion, convert_frozen_layers
+from lowbit_ao.quiet_import import import_torchao
 from lowbit_ao.recipe import BLOCK_RECIPES
 
 # Options of torchao's float8 recipes that a block-scaled recipe has no use for.

@@ -285,7 +285,9 @@ def published_problem(layer: nn.Module) -> str:
     if block is None or tuple(block) != (BLOCK, BLOCK):
         return f"its scales are in blocks of {block}; lowbit runs per-tensor and 128x128-block scales"
     if tuple(scale.shape) != (math.ceil(rows / BLOCK), math.ceil(cols / BLOCK)):
-        return f"its weight_scale_inv is {tuple(scale.shape)}, not one scale per 128x128 block of its {rows}x{cols} weight"
+        return (
+            f"its weight_scale_inv is {tuple(scale.shape)}, not one scale per 128x128 block of its {rows}x{cols} weight"
+        )
     return ""
 
 

@@ -78,11 +78,11 @@ def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
 def _refuse_under(context: PrepareContext, names: list[str]) -> None:
     if context.strategy == "deepspeed" and names:
         raise UnsupportedCombinationError(
-            f"lowbit-ao stores {len(names)} frozen layer(s) in FP8 ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}), "
-            "and DeepSpeed casts every floating-point parameter of the model to its bf16/fp16 dtype, which would "
-            "turn the FP8 data into numbers without their scales. Use FSDP2 (which shards and gathers FP8 bases as they "
-            "are), or keep frozen bases in high precision: AORecipeKwargs(frozen_bases='high_precision') (a layer "
-            "published in FP8 cannot be kept: load the checkpoint in bf16)."
+            f"lowbit-ao stores {len(names)} frozen layer(s) in FP8 (the first: {names[0]}), and DeepSpeed casts "
+            "every floating-point parameter of the model to its bf16/fp16 dtype, which would turn the FP8 data into "
+            "numbers without their scales. Use FSDP2 (which shards and gathers FP8 bases as they are), or keep "
+            "frozen bases in high precision: AORecipeKwargs(frozen_bases='high_precision') (a layer published in "
+            "FP8 cannot be kept: load that checkpoint in bf16)."
         )
 
 

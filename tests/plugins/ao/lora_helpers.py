@@ -78,7 +78,10 @@ def published_fp8_llama(scale_fmt: str, seed: int = 0):
             continue
         block = None if scale_fmt == "tensor" else (128, 128)
         layer = FP8Linear(
-            module.in_features, module.out_features, block_size=block, scale_fmt="ue8m0" if scale_fmt == "ue8m0" else "float"
+            module.in_features,
+            module.out_features,
+            block_size=block,
+            scale_fmt="ue8m0" if scale_fmt == "ue8m0" else "float",
         )
         data, scale = quantized_for_checkpoint(module.weight, scale_fmt)
         layer.weight = torch.nn.Parameter(data, requires_grad=False)

@@ -188,9 +188,9 @@ def test_every_fp8_gemm_of_a_frozen_base_is_held_to_torchs_own_check_of_scaled_m
     with pytest.raises(FP8GemmShapeError, match="divisible by 16"):
         layer(torch.randn(5, 24))
     model = lora_llama()
-    model.base_model.model.model.layers[1].mlp.down_proj.base_layer = torch.nn.Linear(512, 250, bias=False).requires_grad_(
-        False
-    )
+    model.base_model.model.model.layers[1].mlp.down_proj.base_layer = torch.nn.Linear(
+        512, 250, bias=False
+    ).requires_grad_(False)
     acc, model, _ = prepared("fp8", model)
     assert "down_proj.base_layer (dims 512x250 not divisible by 16)" in acc.fp8_report() or "and" in acc.fp8_report()
     assert type(model.base_model.model.model.layers[1].mlp.down_proj.base_layer) is torch.nn.Linear

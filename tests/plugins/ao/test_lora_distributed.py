@@ -21,7 +21,9 @@ WORKER = Path(__file__).parent / "lora_worker.py"
 def launch(out: Path, frozen_bases: str, *flags: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = launch_argv("--cpu", "--num_processes", "2", *flags, "--mixed_precision", "fp8", str(WORKER), str(out), frozen_bases)
+    cmd = launch_argv(
+        "--cpu", "--num_processes", "2", *flags, "--mixed_precision", "fp8", str(WORKER), str(out), frozen_bases
+    )
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"result_{rank}.json").read_text()) for rank in range(2)]

@@ -12,7 +12,6 @@ so the whole unsharded model is never on the device (``places_model``).
 from __future__ import annotations
 
 import functools
-
 from typing import Any
 
 from lowbit.kernel.errors import ConfigError, did_you_mean
