@@ -109,9 +109,10 @@ def wrap_optimizer(
 
 @hookspec
 def prepare_model_and_optimizer(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, context: PrepareContext
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, context: PrepareContext, layer_roles: LayerRoles
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer | None] | None:
     """Convert model and optimizer together, for backends whose API takes both at once.
+    ``layer_roles`` as for ``convert_model``: adapters are never converted.
 
     Called by: ``Accelerator.prepare``, on the chosen low-precision backend, in place of
     ``convert_model`` + ``wrap_optimizer`` when it is implemented (``msamp.initialize``).

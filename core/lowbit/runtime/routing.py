@@ -100,8 +100,12 @@ class ChosenPlugins:
     def converts_model_and_optimizer_together(self) -> bool:
         return self.implements(self.backend, "prepare_model_and_optimizer")
 
-    def prepare_model_and_optimizer(self, model: "torch.nn.Module", optimizer: Any) -> tuple[Any, Any]:
-        return self._call(self.backend, "prepare_model_and_optimizer", model=model, optimizer=optimizer)
+    def prepare_model_and_optimizer(
+        self, model: "torch.nn.Module", optimizer: Any, layer_roles: "LayerRoles"
+    ) -> tuple[Any, Any]:
+        return self._call(
+            self.backend, "prepare_model_and_optimizer", model=model, optimizer=optimizer, layer_roles=layer_roles
+        )
 
     def convert_model(
         self, model: "torch.nn.Module", layer_roles: "LayerRoles"

@@ -16,9 +16,11 @@ from lowbit.kernel.plugin_api import (
     BackendDescription,
     BackendUnavailableError,
     HardwareInfo,
+    LayerRole,
     PrepareContext,
     StrategyIntegration,
     UnsupportedCombinationError,
+    note,
     recipe_launch_hooks,
 )
 
@@ -114,7 +116,7 @@ def check_compatibility(context: PrepareContext) -> None:
 
 
 @hookimpl
-def prepare_model_and_optimizer(model, optimizer, context: PrepareContext):
+def prepare_model_and_optimizer(model, optimizer, context: PrepareContext, layer_roles):
     if optimizer is None:
         raise UnsupportedCombinationError(
             "MS-AMP converts the model and its optimizer together (msamp.initialize), so prepare() needs both "
@@ -129,9 +131,34 @@ def prepare_model_and_optimizer(model, optimizer, context: PrepareContext):
             "with another backend."
         )
     keep_tied_linears_high_precision(model)
+    keep_lora_layers_high_precision(model, layer_roles)
     if context.strategy == "deepspeed":
         return model, optimizer  # msamp.deepspeed.initialize converts both (strategy_integration)
     return initialize(_import_msamp(), model, optimizer, level)
+
+
+def keep_lora_layers_high_precision(model, layer_roles) -> list[str]:
+    """Adapters are never converted; a frozen base is left too, and said: MS-AMP's FP8Linear
+    computes a weight gradient for every layer it converts (its ``_FP8GemmFunction.backward``,
+    ``msamp/nn/functional.py``, 0.4.0 and main), so a frozen base would pay that GEMM and keep an
+    FP8 master weight it never updates. A layer published in FP8 is refused by name."""
+    published = layer_roles.named(LayerRole.FP8_PUBLISHED)
+    if published:
+        raise UnsupportedCombinationError(
+            f"lowbit-msamp cannot run layers published in FP8 ({len(published)}, the first: {published[0]}): "
+            "MS-AMP would convert their FP8 data as if it were high-precision weights. Use the ao backend "
+            "(AORecipeKwargs()), which runs them with their own scales, or load the checkpoint in bf16."
+        )
+    frozen = layer_roles.named(LayerRole.FROZEN_BASE)
+    for name in [*layer_roles.named(LayerRole.ADAPTER), *frozen]:
+        model.get_submodule(name).use_fp32_linear = True  # MS-AMP's own "leave this Linear" mark
+    if frozen:
+        note(
+            f"lowbit-msamp keeps {len(frozen)} frozen base(s) in high precision: MS-AMP computes a weight gradient "
+            "for every layer it converts. For frozen bases in FP8 (two GEMMs a step, half the memory), use the ao "
+            "backend (AORecipeKwargs())."
+        )
+    return frozen
 
 
 def keep_tied_linears_high_precision(model) -> list[str]:

@@ -113,10 +113,10 @@ def strategy_integration(strategy: str, context: PrepareContext):
 
 
 @hookimpl
-def convert_model(model, context: PrepareContext):
+def convert_model(model, context: PrepareContext, layer_roles):
     from lowbit_te.convert import convert
 
-    return convert(model, context)
+    return convert(model, context, layer_roles)
 
 
 @hookimpl

@@ -8,7 +8,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowbit.kernel.plugin_api import ConversionReport, ConvertedModel, PrepareContext, fp4_layers_kept_bf16, note
+from lowbit.kernel.plugin_api import (
+    ConversionReport,
+    ConvertedModel,
+    LayerRole,
+    LayerRoles,
+    PrepareContext,
+    UnsupportedCombinationError,
+    fp4_layers_kept_bf16,
+    note,
+)
 
 from lowbit_te.fp8_state import keep_pickles_out_of_state_dicts
 from lowbit_te.gemm_rules import pad_tokens_for_fp8, token_multiple, weight_problem
@@ -93,13 +102,33 @@ def _te_norm(te: Any, norm: nn.Module) -> nn.Module:
     return new
 
 
-def convert(model: nn.Module, context: PrepareContext) -> nn.Module | ConvertedModel:
+def refuse_published_fp8(roles: LayerRoles) -> None:
+    """Layers published in FP8 (transformers' FP8Linear) are not TE modules, and converting them
+    would dequantize the checkpoint's FP8 data and quantize it again: refused by name."""
+    published = roles.named(LayerRole.FP8_PUBLISHED)
+    if published:
+        raise UnsupportedCombinationError(
+            f"lowbit-te cannot run layers published in FP8 ({len(published)}, the first: {published[0]}): TE "
+            "has no module that takes an FP8 checkpoint's weight and block scales as they are, and lowbit never "
+            "quantizes such a layer again. Use the ao backend (AORecipeKwargs()), which runs them with their own "
+            "scales, or load the checkpoint in bf16."
+        )
+
+
+def convert(
+    model: nn.Module, context: PrepareContext, layer_roles: LayerRoles | None = None
+) -> nn.Module | ConvertedModel:
+    from lowbit.kernel.layer_roles import classify_layers
+
     te, _ = import_te()
     if has_te_modules(model):
         keep_pickles_out_of_state_dicts(model)
         return model  # the user built it with TE already: leave it as it is
     options = context.backend_options
-    linears = [name for name, m in model.named_modules() if type(m) is nn.Linear]
+    roles = layer_roles if layer_roles is not None else classify_layers(model)
+    refuse_published_fp8(roles)
+    adapters = set(roles.named(LayerRole.ADAPTER))  # never converted, and not counted by the first/last rule
+    linears = [name for name, m in model.named_modules() if type(m) is nn.Linear and name not in adapters]
     skipped: dict[str, str] = {}
     if options.keep_first_last_high_precision and linears:
         skipped[linears[0]] = "first Linear kept in high precision"
@@ -112,7 +141,7 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module | ConvertedM
         for child_name, child in list(module.named_children()):
             fqn = f"{name}.{child_name}" if name else child_name
             if type(child) is nn.Linear:
-                if fqn in skipped:
+                if fqn in skipped or fqn in adapters:
                     continue
                 problem = weight_problem(child.in_features, child.out_features, options)
                 if problem:
@@ -151,4 +180,18 @@ def convert(model: nn.Module, context: PrepareContext) -> nn.Module | ConvertedM
         else ""
     )
     recipe = options.recipe if options.te_recipe is None else type(options.te_recipe).__name__
-    return ConvertedModel(model, ConversionReport(converted, skipped, recipe=recipe, padding=padding))
+    frozen = [name for name in converted if roles.of(name) is LayerRole.FROZEN_BASE]
+    if frozen:
+        # TE computes no weight gradient for a weight that needs none (module/linear.py, _Linear.forward:
+        # ctx.requires_wgrad = weight.requires_grad; TE 1.x to 2.x); the weight itself stays in high precision.
+        note(
+            f"lowbit-te: {len(frozen)} frozen base(s) run in FP8 without a weight-gradient GEMM (TE skips it for a "
+            "weight that needs no gradient); their weights stay in high precision: lowbit-te does not build them "
+            "under TE's quantized_model_init. For frozen bases stored in FP8 (half the memory), use the ao backend."
+        )
+    held = sum(
+        model.get_submodule(name).weight.numel() * model.get_submodule(name).weight.element_size() for name in frozen
+    )
+    report = ConversionReport([n for n in converted if n not in frozen], skipped, recipe=recipe, padding=padding)
+    report.frozen_low_precision, report.frozen_bytes = frozen, (held, held)
+    return ConvertedModel(model, report)

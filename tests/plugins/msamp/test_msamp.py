@@ -586,3 +586,31 @@ def test_a_transformer_engine_of_another_major_than_the_git_tag_is_named(monkeyp
         "MS-AMP 0.4.0 requires transformer-engine 1.1 (from git+https://github.com/NVIDIA/TransformerEngine.git@v1.1), "
         'installed 2.20.2: `pip install "transformer-engine @ git+https://github.com/NVIDIA/TransformerEngine.git@v1.1"`'
     ]
+
+
+def test_lora_adapters_and_frozen_bases_stay_high_precision_and_the_note_says_why(msamp):
+    pytest.importorskip("peft")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "ao"))
+    from lora_helpers import lora_llama
+
+    model = lora_llama()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with pytest.warns(UserWarning, match=r"keeps 15 frozen base\(s\) in high precision: MS-AMP computes a weight"):
+        prepared, _ = accelerator().prepare(model, optimizer)
+    layers = {
+        name: type(m)
+        for name, m in prepared.named_modules()
+        if ".lora_A." in name or ".lora_B." in name or name.endswith("base_layer")
+    }
+    assert len(layers) == 42 and all(cls is torch.nn.Linear for cls in layers.values())
+
+
+def test_a_layer_published_in_fp8_is_refused_by_name(msamp):
+    pytest.importorskip("peft")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "ao"))
+    from lora_helpers import published_fp8_llama, with_lora
+
+    model = with_lora(published_fp8_llama("float"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with pytest.raises(UnsupportedCombinationError, match=r"cannot run layers published in FP8 \(14, the first"):
+        accelerator().prepare(model, optimizer)

@@ -253,14 +253,15 @@ class Preparation:
             return model, optimizer
         _check_not_laid_out(model, plugin_label(plugins.backend))
         names = _parameter_names(model)
+        roles = classify_layers(model)  # decided once, here: every backend and the report read this
+        adapters = {name: model.get_submodule(name) for name in roles.named(LayerRole.ADAPTER)}
         if plugins.converts_model_and_optimizer_together:
-            model, optimizer = plugins.prepare_model_and_optimizer(model, optimizer)
+            model, optimizer = plugins.prepare_model_and_optimizer(model, optimizer, roles)
+            _check_adapters_untouched(model, adapters, plugin_label(plugins.backend))
             model.__dict__[CONVERSION] = (self._conversion_identity(), None)
             return model, optimizer
         device_name = plugins.context.hardware.device_name
         work = report_work(model, device_name) if plugins.context.hardware.device_type == "cuda" else None
-        roles = classify_layers(model)  # decided once, here: every backend and the report read this
-        adapters = {name: model.get_submodule(name) for name in roles.named(LayerRole.ADAPTER)}
         try:
             converted, report = plugins.convert_model(model, roles)
         except Exception as exc:
