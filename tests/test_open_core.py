@@ -132,6 +132,10 @@ FOREIGN_PRIVATE = {
     "_reset_state": "PartialState's own class method",
     "_run_request": "the Accelerator's own hook, extended by the Accelerator a Trainer gets (its subclass)",
     "_flatten": "torch's DeviceMesh: the only way to name a joint dimension (dp, dp_shard_cp)",
+    "_set_params_and_buffers_to_ignore_for_model": "DDP's own way to leave tensors out of its buckets and broadcasts "
+    "(FP8 data: gloo has no float8 type)",
+    "_get_fsdp_state": "FSDP2's per-parameter records: it has no per-parameter mixed-precision policy, and FP8 data "
+    "must be gathered as stored",
 }
 
 
