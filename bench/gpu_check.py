@@ -14,7 +14,8 @@ prints as it goes, so a call cut short still returns what was done:
     included) and named. A line per test as its file ends, then the counts. Exit 1 when a test failed.
 (b) ``bench/gpu_llama.py`` with its rows in pairs (each lowbit row next to the hand-written row doing
     the same work, so every pair is a ratio on its own), every row printed when it ends, stopping
-    cleanly when the budget would not hold another row.
+    cleanly when the budget would not hold another row; then ``bench/lora.py`` (FP8 LoRA, bf16 LoRA
+    and an FP8 full fine-tune on Llama-3-8B-shaped layers) in the last ``LORA_BUDGET_S`` seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ BUDGET_S = 540
 FILE_TIMEOUT_S = 180
 # Llama-3-8B's layers (4 of them, seq 8192, batch 1, compiled): the hot path's configuration (issue 45).
 BENCH_SHAPE = "llama3-8b-4l"
+# Of the bench part's budget, what the LoRA benchmark (bench/lora.py, after the Llama rows) is given.
+LORA_BUDGET_S = 150
 
 
 def gpu_test_files() -> list[str]:
@@ -152,8 +155,20 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.dry_run
         else ["--shape", BENCH_SHAPE]
     )
-    cmd = [sys.executable, str(ROOT / "bench" / "gpu_llama.py"), *shape, "--budget", str(args.budget)]
-    return subprocess.run(cmd, cwd=ROOT).returncode
+    llama_budget = args.budget - LORA_BUDGET_S
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_llama.py"), *shape, "--budget", str(llama_budget)]
+    started = time.monotonic()
+    status = subprocess.run(cmd, cwd=ROOT).returncode
+    # FP8 LoRA beside bf16 LoRA and an FP8 full fine-tune (bench/lora.py), in what the budget has left
+    left = max(args.budget - (time.monotonic() - started), 30.0)
+    lora = ["--dry-run"] if args.dry_run else ["--shape", "llama3-8b", "--device", "cuda", "--steps", "5"]
+    cmd = [sys.executable, str(ROOT / "bench" / "lora.py"), *lora, "--budget", str(left * 0.6)]
+    try:
+        lora_status = subprocess.run(cmd, cwd=ROOT, timeout=left).returncode
+    except subprocess.TimeoutExpired:
+        print(f"bench/lora.py: stopped at the budget's end ({left:.0f} s)", flush=True)
+        lora_status = 0
+    return status or lora_status
 
 
 def main() -> int:

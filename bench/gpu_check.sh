@@ -28,8 +28,9 @@ STEP=${1:-all}
 DIR=${2:-dist/gpu-wheels}
 PLUGINS=(. plugins/fp8_ao plugins/fp8_te plugins/fp8_msamp plugins/dist_deepspeed)
 # torchao as tested here; pluggy (lowbit's plugin system) and pytest with what it imports may be
-# missing on a GPU image (exceptiongroup and tomli only for Python 3.10). Installed without deps.
-CARRIED=(torchao==0.18.0 "pluggy>=1.3" pytest iniconfig packaging pygments exceptiongroup tomli)
+# missing on a GPU image (exceptiongroup and tomli only for Python 3.10); peft for bench/lora.py (its
+# dependencies, transformers and accelerate among them, are on the image). Installed without deps.
+CARRIED=(torchao==0.18.0 "pluggy>=1.3" pytest iniconfig packaging pygments exceptiongroup tomli peft==0.21.2)
 TARGET=(--platform "${GPU_PLATFORM:-manylinux_2_28_x86_64}" --python-version "${GPU_PYTHON_VERSION:-3.10}"
         --implementation cp --only-binary=:all:)
 

@@ -36,6 +36,9 @@ def test_the_gpu_check_bench_part_runs_its_rows_in_pairs_each_printed_when_done(
         assert re.search(r" \d+\.\d{3}x", line), line  # "vs raw" has three decimals
     assert "fp8 ao tensorwise continue" in proc.stdout
     assert "failed" not in proc.stderr, proc.stderr[-3000:]
+    # then the LoRA benchmark's table: a line per setup, with its ratio to bf16 LoRA
+    for setup in ("bf16 LoRA", "fp8 LoRA", "fp8 full"):
+        assert re.search(rf"^{setup} +[\d.]+ +[\d.]+x +\d+ ", proc.stdout, re.M), proc.stdout[-2000:]
 
 
 def test_the_gpu_benchmark_stops_cleanly_when_its_budget_would_not_hold_another_row():

@@ -84,13 +84,17 @@ def quantize_rows_by_block(x: torch.Tensor, dtype: torch.dtype = E4M3) -> tuple[
     return data.contiguous(), scale_inv
 
 
-def quantize_weight_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight (N, K) in e4m3 with one scale per 128x128 block: scale_inv (ceil(N/128), ceil(K/128))."""
+def quantize_weight_blocks(
+    weight: torch.Tensor, scale_inv: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight (N, K) in e4m3 with one scale per 128x128 block: scale_inv (ceil(N/128), ceil(K/128)),
+    each block's amax / 448 unless given."""
     rows, cols = weight.shape
     top = torch.finfo(E4M3).max
     padded = _pad_to_block(_pad_to_block(weight.detach().float(), 0), 1)
     blocks = padded.unflatten(0, (-1, BLOCK)).unflatten(2, (-1, BLOCK))  # (nb, 128, kb, 128)
-    scale_inv = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / top
+    if scale_inv is None:
+        scale_inv = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / top
     data = (blocks / scale_inv[:, None, :, None]).clamp(-top, top).flatten(2).flatten(0, 1)
     return data[:rows, :cols].to(E4M3).contiguous(), scale_inv
 
@@ -232,10 +236,12 @@ class FrozenFP8Linear(nn.Module):
             x, self.weight, self.weight_scale_inv, self.bias, self.gemms, self.activation_scale
         )
 
-    def dequantized_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The weight in high precision (``dtype``, default the one it had before quantization),
-        computed out of place: the stored FP8 data and scales are not touched."""
-        return dequantize(self.weight.detach(), self.weight_scale_inv.detach(), dtype or self.original_dtype)
+    def dequantized_weight(self, dtype: torch.dtype | None = None, as_stored_before: bool = False) -> torch.Tensor:
+        """The weight (out, in) in high precision (``dtype``, default the one it had before
+        quantization), computed out of place: the stored FP8 data and scales are not touched.
+        ``as_stored_before``: in the layout the original layer kept it (transformers' Conv1D: (in, out))."""
+        plain = dequantize(self.weight.detach(), self.weight_scale_inv.detach(), dtype or self.original_dtype)
+        return plain.t().contiguous() if as_stored_before and self.conv1d_layout else plain
 
     def stored_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.weight, self.weight_scale_inv))

@@ -159,6 +159,6 @@ def dequantized_state_dict(model: nn.Module, state_dict: dict[str, Any]) -> dict
         weight, scale = out.get(prefix + "weight"), out.pop(prefix + "weight_scale_inv", None)
         if weight is None or scale is None:
             continue
-        plain = dequantize(weight, scale, module.original_dtype)
+        plain = dequantize(weight, scale, module.original_dtype)  # the gathered tensors, not the module's shard
         out[prefix + "weight"] = plain.t().contiguous() if module.conv1d_layout else plain
     return out

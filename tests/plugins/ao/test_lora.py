@@ -242,3 +242,51 @@ def test_save_model_writes_plain_weights_and_peft_writes_its_adapters(tmp_path):
         reloaded.base_model.model.model.layers[0].self_attn.v_proj.lora_B.default.weight,
         acc.unwrap_model(model).base_model.model.model.layers[0].self_attn.v_proj.lora_B.default.weight,
     )
+
+
+def test_merging_is_dequant_plus_delta_out_of_place_and_loads_into_the_plain_model():
+    from lowbit_ao.lora_merge import merged_state_dict
+
+    acc, model, optimizer = prepared("fp8", lora_llama())
+    for i in range(3):
+        step(acc, model, optimizer, batch(i))
+    inner = acc.unwrap_model(model)
+    layer = inner.get_submodule("base_model.model.model.layers.1.mlp.up_proj")
+    stored = bits(layer.base_layer.weight).clone(), bits(layer.base_layer.weight_scale_inv).clone()
+    state = merged_state_dict(inner, dtype=torch.float32)
+    # the FP8 data and scales are read, never written (no merge-then-unmerge on FP8 data)
+    assert torch.equal(bits(layer.base_layer.weight), stored[0]) and torch.equal(
+        bits(layer.base_layer.weight_scale_inv), stored[1]
+    )
+    expected = layer.base_layer.dequantized_weight(torch.float32) + layer.get_delta_weight("default").float()
+    assert torch.equal(state["model.layers.1.mlp.up_proj.weight"], expected)
+    plain = base_llama(seed=3)
+    plain.load_state_dict(state, strict=True)  # the plain model's names, no adapter left over
+    ids = batch(7)
+    with torch.no_grad():
+        ours = model(input_ids=ids).logits.float().flatten()
+        merged = plain(input_ids=ids).logits.float().flatten()
+    assert torch.nn.functional.cosine_similarity(ours, merged, dim=0) >= 0.99
+
+
+@pytest.mark.parametrize("scale_fmt", ["ue8m0", "tensor"])
+def test_a_merged_fp8_published_model_exports_in_the_checkpoints_own_format(scale_fmt):
+    from lowbit_ao.lora_merge import merged_state_dict
+
+    acc, model, optimizer = prepared("fp8", with_lora(published_fp8_llama(scale_fmt)), lr=1e-2)
+    for i in range(3):
+        step(acc, model, optimizer, batch(i))
+    inner = acc.unwrap_model(model)
+    high = merged_state_dict(inner, dtype=torch.float32)
+    fp8 = merged_state_dict(inner, requantize=True)
+    name = "model.layers.0.self_attn.o_proj"
+    original = published_fp8_llama(scale_fmt).get_submodule(name)
+    assert fp8[f"{name}.weight"].dtype == torch.float8_e4m3fn
+    assert fp8[f"{name}.weight_scale_inv"].dtype == original.weight_scale_inv.dtype
+    assert fp8[f"{name}.weight_scale_inv"].shape == original.weight_scale_inv.shape
+    checkpoint_model = published_fp8_llama(scale_fmt, seed=4)
+    checkpoint_model.load_state_dict(fp8, strict=True)  # loads where the published checkpoint loads
+    from lowbit_ao.frozen_base import dequantize
+
+    back = dequantize(fp8[f"{name}.weight"], fp8[f"{name}.weight_scale_inv"])
+    assert torch.nn.functional.cosine_similarity(back.flatten(), high[f"{name}.weight"].flatten(), dim=0) >= 0.999
