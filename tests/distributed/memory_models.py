@@ -21,3 +21,14 @@ def mlp_stack() -> nn.Module:
             return self.head(x)
 
     return Stack()
+
+
+def lora_llama() -> nn.Module:
+    """The FP8 LoRA tests' Llama (hidden 256, 2 layers) with PEFT's LoRA r=16 on every projection."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "ao"))
+    from lora_helpers import lora_llama as build
+
+    return build()

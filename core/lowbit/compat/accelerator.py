@@ -926,7 +926,7 @@ class Accelerator(RankFacts):
             fp8_payoff.known_gpu(gpu or self.context.hardware.device_name),
             record.recipe,
             cost,
-            record.skipped,
+            record.kept_high_precision(),
             compiled=self.context.compiled,
             recompute=activation_checkpointing,
             shards=shards,

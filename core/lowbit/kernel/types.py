@@ -162,8 +162,9 @@ class BackendDescription(PluginDescription):
     # format's rounding instead of requiring bit equality.
     weight_storage: str = ""
     # Its bytes per parameter where they differ from fp32 master weights, fp32 gradients and fp32
-    # AdamW states ("weights", "gradients", "optimizer"), and "optimizer_low_bit" for low-bit
-    # optimizer states it offers; read by `lowbit estimate-memory`.
+    # AdamW states ("weights", "gradients", "optimizer"), "optimizer_low_bit" for low-bit
+    # optimizer states it offers, and "frozen_linear" for the weight of a frozen base (LoRA's) it
+    # stores its own way; read by `lowbit estimate-memory`.
     memory_per_parameter: dict[str, float] = field(default_factory=dict)
     # The strategies it cannot run under with what is installed here, by strategy name, and why
     # (MS-AMP under "deepspeed"); the ranking passes over it under those, naming it is an error.
@@ -262,6 +263,14 @@ class ConversionReport:
     # and the role each Linear played (lowbit.kernel.layer_roles.LayerRoles, decided before conversion).
     predicted: str = ""
     layer_roles: Any = None
+
+    def kept_high_precision(self) -> dict[str, str]:
+        """Every Linear that stays in high precision, with why: the skipped ones and the adapters
+        (never candidates, so the backend does not list them)."""
+        from lowbit.kernel.layer_roles import LayerRole
+
+        adapters = self.layer_roles.named(LayerRole.ADAPTER) if self.layer_roles is not None else []
+        return {**{name: "adapter kept in high precision" for name in adapters}, **self.skipped}
 
 
 @dataclass

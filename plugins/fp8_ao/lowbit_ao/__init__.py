@@ -72,7 +72,9 @@ def describe_backend(hardware: HardwareInfo) -> BackendDescription:
         emulated_only=("nvfp4", *mxfp8_emulated),
         # fp32 master weights, gradients and AdamW states; AdamWFp8 / AdamW8bit keep 1 byte per
         # state element plus a scale per 256-element block (bench/memory.py: 2.043 bytes per parameter).
-        memory_per_parameter={"optimizer_low_bit": 2.043},
+        # A frozen base (LoRA's) is stored in FP8: 1 byte a weight (lowbit_ao.frozen_base; its scales,
+        # one per tensor or per 128x128 block, are left out).
+        memory_per_parameter={"optimizer_low_bit": 2.043, "frozen_linear": 1.0},
         recipe_costs=RECIPE_COSTS,
     )
 

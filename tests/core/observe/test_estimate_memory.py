@@ -119,3 +119,31 @@ def test_a_model_that_is_neither_config_nor_factory_is_a_clear_error():
         estimate_all("json:nope", ["no"], strategy_memory("ddp"), 2, 1, 1, {})
     with pytest.raises(ConfigError, match="called with no arguments, and this one needs some"):
         estimate_all("torch.nn:Linear", ["no"], strategy_memory("ddp"), 2, 1, 1, {})
+
+
+def test_a_lora_model_counts_no_gradient_or_state_for_its_base_and_fp8_bases_at_one_byte():
+    """The estimate of a PEFT LoRA model: gradients and AdamW states for the adapters only, and under
+    lowbit-ao the frozen bases' weights at 1 byte each; against the bytes the prepared model holds."""
+    pytest.importorskip("peft")
+    pytest.importorskip("lowbit_ao")
+    import torch
+
+    from lowbit import Accelerator
+
+    sys.path.insert(0, str(HERE / "distributed"))
+    from memory_models import lora_llama
+
+    rows = estimate_all("memory_models:lora_llama", ["bf16", "fp8"], strategy_memory("ddp"), 1, 1, 32, backend_memory())
+    bf16 = next(e for e in rows if e.label == "bf16")
+    fp8 = next(e for e in rows if e.label == "fp8 (ao)")
+    model = lora_llama()
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert bf16.gradients == fp8.gradients == trained * 4 and bf16.optimizer == trained * 8
+    acc = Accelerator(mixed_precision="fp8", cpu=True)
+    prepared = acc.prepare(model)
+    held = sum(
+        t.numel() * t.element_size() for t in [*prepared.parameters(), *prepared.buffers()] if t.is_floating_point()
+    )
+    # the estimate counts every frozen base at 1 byte; the first/last rule keeps two in fp32 (0.3 MB here)
+    assert held * 0.85 <= fp8.weights <= held
+    assert fp8.weights < 0.5 * bf16.weights

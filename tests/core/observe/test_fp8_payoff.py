@@ -271,3 +271,29 @@ def test_the_report_falls_back_to_the_linear_layers_when_the_forward_cannot_be_t
     assert [layer.tokens for layer in work.linears] == [8192] * 3 and work.attention_flops == 0
     clause = report_prediction(work, H100, "tensorwise", {"tensorwise": cost()}, {}, True)
     assert clause.startswith("predicted Linear layers (a forward could not be traced)"), clause
+
+
+def test_a_frozen_base_is_predicted_with_two_gemms_and_no_weight_cast():
+    """LoRA's frozen bases: bf16 runs their forward and input-gradient GEMMs only (autograd skips the
+    weight's), and a frozen FP8 base the same two in FP8, its weight quantized once (no cast a step)."""
+    from lowbit.runtime.observe.fp8_payoff import LinearShape, ModelWork, cast_seconds, predict
+
+    _, cost = installed_costs()["tensorwise"]
+    gpu = known_gpu("h100")
+    trained = LinearShape("trained", 8192, 4096, 4096)
+    frozen = dataclasses.replace(trained, name="frozen", frozen=True)
+    one, other = predict(ModelWork([trained, frozen]), gpu, "tensorwise", cost).layers
+    assert other.bf16_s == pytest.approx(one.bf16_s * 2 / 3, rel=0.02)  # square GEMMs: a third each
+    assert cast_seconds(frozen, gpu, cost, True, 0.0) < cast_seconds(trained, gpu, cost, True, 0.0)
+    assert other.low_s <= one.low_s * 2 / 3 * (1 + 1e-9)  # two thirds of the GEMMs, and less casting
+
+
+def test_the_count_marks_a_lora_models_frozen_bases_and_its_adapters_are_kept_in_the_prediction():
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_llama(), LoraConfig(r=16, target_modules=["q_proj", "v_proj"]))
+    work = count_work(model, 1, 64)
+    frozen = {layer.name for layer in work.linears if layer.frozen}
+    assert "base_model.model.model.layers.0.self_attn.q_proj.base_layer" in frozen
+    assert not any(".lora_" in name for name in frozen)  # adapters train

@@ -72,6 +72,8 @@ class LinearShape:
     tokens: int
     in_features: int
     out_features: int
+    # its weight needs no gradient (a LoRA base): two GEMMs a step, and in FP8 no per-step weight cast
+    frozen: bool = False
 
 
 @dataclass
@@ -161,6 +163,8 @@ def gemm_seconds(
 def _three_gemms(layer: LinearShape, gpu: DevicePeak, cost: RecipeCost | None, forward_again: float) -> float:
     m, k, n = layer.tokens, layer.in_features, layer.out_features
     shapes = ((m, k, n), (m, n, k), (k, m, n))  # output, grad-input, grad-weight
+    if layer.frozen:  # no weight gradient: autograd skips it in bf16, a frozen FP8 base never computes it
+        shapes = shapes[:2]
     total = 0.0
     for index, shape in enumerate(shapes):
         if cost is not None and cost.low_precision[index]:
@@ -183,6 +187,8 @@ def cast_seconds(layer: LinearShape, gpu: DevicePeak, cost: RecipeCost, compiled
     }
     total = 0.0
     for role, kernels in cost.cast_bytes.items():
+        if role == "weight" and layer.frozen:  # a frozen FP8 base is quantized once, at prepare()
+            continue
         seconds = 0.0
         for index, per_element in enumerate(kernels):
             if index == 0 and compiled and cost.fusable_read and role != "weight":
@@ -249,7 +255,12 @@ class UncountableForward(Exception):
 
 
 def _is_linear(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+    """nn.Linear, transformers' Conv1D, and a backend's Linear of its own (a frozen FP8 base, TE's
+    Linear): a module with in/out features and a 2-D weight."""
+    if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+        return True
+    weight = getattr(module, "weight", None)
+    return hasattr(module, "in_features") and hasattr(module, "out_features") and getattr(weight, "ndim", 0) == 2
 
 
 class _WorkCounter(TorchFunctionMode):
@@ -407,6 +418,8 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
     counter = _WorkCounter(tracer, causal)
     linears: list[LinearShape] = []
     names = {module: name for name, module in model.named_modules()}
+    # read before the trace: under it the weights are meta stand-ins, none needing a gradient
+    frozen = {module for module in names if _is_linear(module) and not module.weight.requires_grad}
     handles = []
 
     def before(module, args):
@@ -415,7 +428,7 @@ def trace_work(model: nn.Module, args: tuple, kwargs: dict[str, Any], causal: bo
     def after(module, args, output):
         tracer.in_linear -= 1
         width = args[0].shape[-1]
-        linears.append(LinearShape(names[module], args[0].numel() // width, width, output.shape[-1]))
+        linears.append(LinearShape(names[module], args[0].numel() // width, width, output.shape[-1], module in frozen))
 
     for module in names:
         if _is_linear(module):
@@ -618,7 +631,7 @@ def report_work(model: nn.Module, device_name: str) -> ModelWork | None:
     except ConfigError:  # the model refused the example batch: its Linears still tell
         names = [(name, m) for name, m in model.named_modules() if _is_linear(m)]
         return ModelWork(
-            [LinearShape(name, REPORT_TOKENS, *_dims(m)) for name, m in names],
+            [LinearShape(name, REPORT_TOKENS, *_dims(m), not m.weight.requires_grad) for name, m in names],
             parameters=sum(p.numel() for p in model.parameters()),
         )
 

@@ -4,7 +4,9 @@ The model is built on the meta device (no memory, no download): a transformers c
 ``config.json`` or a directory holding one) or a ``module:factory`` that returns an
 ``nn.Module``. What is counted, per process:
 
-- weights, gradients and optimizer states from the parameter count, at the bytes per parameter
+- weights, gradients and optimizer states from the parameter count (what does not train, a LoRA
+  model's base, has no gradient and no state; a backend that stores frozen bases in FP8 declares
+  their bytes, ``frozen_linear``), at the bytes per parameter
   of the precision (master weights stay fp32 in every precision lowbit trains; a low-precision
   backend declares its own figures in ``BackendDescription.memory_per_parameter``), divided over
   the ranks as the strategy shards them, plus the buffers it adds (each strategy declares both
@@ -108,6 +110,14 @@ def saved_activation_bytes(model: nn.Module, inputs: Any, low_precision_linears:
     return total
 
 
+def frozen_linear_parameters(model: nn.Module) -> int:
+    """Elements of the Linear weights that need no gradient and are no adapter's (LoRA's bases)."""
+    from lowbit.kernel.layer_roles import LayerRole, classify_layers
+
+    roles = classify_layers(model)
+    return sum(model.get_submodule(name).weight.numel() for name in roles.named(LayerRole.FROZEN_BASE))
+
+
 def _largest_block_parameters(model: nn.Module) -> int:
     """Parameters of the largest repeated block (FSDP2 shards each block; one is whole at a time)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
@@ -126,19 +136,24 @@ def estimate(
     activations_low: float,
     per_parameter: tuple[float, float, float],
     label: str,
+    frozen_linear_bytes: float | None = None,
 ) -> Estimate:
     params = sum(p.numel() for p in model.parameters())
+    # What does not train (a LoRA model's base) has no gradient and no optimizer state; its Linear
+    # weights take ``frozen_linear_bytes`` each where the backend stores frozen bases its own way.
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    frozen_linear = frozen_linear_parameters(model)
     weight_b, grad_b, state_b = per_parameter
+    frozen_b = weight_b if frozen_linear_bytes is None else frozen_linear_bytes
     shard, extra = (memory.shards_weights, memory.shards_gradients, memory.shards_optimizer), memory.buffers
-    weights, gradients, optimizer = (
-        params * b / (ranks if s and ranks > 1 else 1) for b, s in zip((weight_b, grad_b, state_b), shard)
-    )
+    parts = ((params - frozen_linear) * weight_b + frozen_linear * frozen_b, trained * grad_b, trained * state_b)
+    weights, gradients, optimizer = (part / (ranks if s and ranks > 1 else 1) for part, s in zip(parts, shard))
     # Over NCCL FSDP2 frees unsharded gradients block by block, so its "gradients" buffer is on
     # the high side there (measured over gloo only: no GPU here).
     sizes = {
-        "buckets": params * grad_b,
+        "buckets": trained * grad_b,
         "block": _largest_block_parameters(model) * weight_b,
-        "gradients": params * grad_b,
+        "gradients": trained * grad_b,
     }
     buffers = sum(sizes[name] for name in extra if name != "gradients") if ranks > 1 else 0.0
     timing = sizes["gradients"] if ranks > 1 and "gradients" in extra else 0.0
@@ -153,7 +168,7 @@ def estimate(
         optimizer,
         activations,
         buffers,
-        step_temporary=params * weight_b / (ranks if shard[0] and ranks > 1 else 1),
+        step_temporary=trained * weight_b / (ranks if shard[0] and ranks > 1 else 1),
         per_parameter=per_parameter,
         timing_buffers=timing,
     )
@@ -161,23 +176,27 @@ def estimate(
 
 def precision_rows(
     backends: dict[str, dict[str, float]], precisions: list[str]
-) -> list[tuple[str, str, tuple[float, float, float]]]:
-    """(label, precision, bytes per parameter) for each precision asked; one row per backend for
-    fp8 (and fp4) from what each backend declares, plus its low-bit optimizer states when it has them."""
+) -> list[tuple[str, str, tuple[float, float, float], float | None]]:
+    """(label, precision, bytes per parameter, bytes per frozen-base weight or None) for each
+    precision asked; one row per backend for fp8 (and fp4) from what each backend declares
+    (``frozen_linear``: a frozen base's weight stored its own way), plus its low-bit optimizer
+    states when it has them."""
     rows = []
     for precision in precisions:
         if precision in NATIVE_BYTES:
-            rows.append((precision if precision != "no" else "fp32", precision, NATIVE_BYTES[precision]))
+            rows.append((precision if precision != "no" else "fp32", precision, NATIVE_BYTES[precision], None))
             continue
         for name, memory in backends.items():
             per = (memory.get("weights", 4.0), memory.get("gradients", 4.0), memory.get("optimizer", 8.0))
-            rows.append((f"{precision} ({name})", precision, per))
+            frozen = memory.get("frozen_linear")
+            rows.append((f"{precision} ({name})", precision, per, frozen))
             if "optimizer_low_bit" in memory:
                 rows.append(
                     (
                         f"{precision} ({name}) + low-bit Adam states",
                         precision,
                         (per[0], per[1], memory["optimizer_low_bit"]),
+                        frozen,
                     )
                 )
     return rows
@@ -219,7 +238,7 @@ def estimate_all(
     fp32 = saved_activation_bytes(model, inputs, low_precision_linears=False)
     low = saved_activation_bytes(model, inputs, low_precision_linears=True)
     out = []
-    for label, precision, per in precision_rows(backends, precisions):
+    for label, precision, per, frozen in precision_rows(backends, precisions):
         for strategy, memory in strategies.items():
-            out.append(estimate(model, precision, strategy, memory, ranks, fp32, low, per, label))
+            out.append(estimate(model, precision, strategy, memory, ranks, fp32, low, per, label, frozen))
     return out

@@ -280,7 +280,7 @@ class Preparation:
             report.layer_roles = roles
             costs = plugins.backend.chosen.description.recipe_costs
             report.predicted = report_prediction(
-                work, device_name, report.recipe, costs, report.skipped, plugins.context.compiled
+                work, device_name, report.recipe, costs, report.kept_high_precision(), plugins.context.compiled
             )
             self.prepared.conversion_reports[model] = report
         if optimizer is not None:
