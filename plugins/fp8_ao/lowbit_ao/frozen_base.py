@@ -203,6 +203,12 @@ class FrozenFP8Linear(nn.Module):
     128x128 block, the names FP8 checkpoints use), run with two FP8 GEMMs a step. ``published``
     says the FP8 data came from the checkpoint (transformers' ``FP8Linear``), not from lowbit."""
 
+    # What the NaN replay (lowbit.runtime.observe.nonfinite_origin) says ran where a value went non-finite.
+    lowbit_gemm_names = {
+        "forward": "a frozen FP8 base: its forward FP8 GEMM, input @ weight.T",
+        "input-gradient": "a frozen FP8 base: its input-gradient FP8 GEMM, grad @ weight (it has no weight-gradient GEMM)",
+    }
+
     def __init__(
         self,
         weight: nn.Parameter,

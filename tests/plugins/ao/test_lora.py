@@ -290,3 +290,16 @@ def test_a_merged_fp8_published_model_exports_in_the_checkpoints_own_format(scal
 
     back = dequantize(fp8[f"{name}.weight"], fp8[f"{name}.weight_scale_inv"])
     assert torch.nn.functional.cosine_similarity(back.flatten(), high[f"{name}.weight"].flatten(), dim=0) >= 0.999
+
+
+def test_the_nan_replay_names_a_frozen_base_and_its_gemm():
+    from lowbit.runtime.observe.nonfinite_origin import find_nonfinite_origin
+
+    acc, model, _ = prepared("fp8", lora_llama())
+    name = "base_model.model.model.layers.1.self_attn.o_proj.base_layer"
+    base = model.get_submodule(name)
+    base.weight_scale_inv.fill_(float("inf"))  # a broken scale: the forward GEMM's output is not finite
+    ids = batch(0)
+    said = find_nonfinite_origin(acc.unwrap_model(model), {"input_ids": ids, "labels": ids})
+    assert said.startswith(f"forward: {name} (FrozenFP8Linear, a frozen FP8 base: its forward FP8 GEMM"), said
+    assert "its weights are finite" in said  # the FP8 data checked (widened), not refused

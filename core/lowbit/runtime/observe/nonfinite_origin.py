@@ -33,11 +33,20 @@ def _finite(value: Any) -> bool:
 
 
 def _weights_note(module: nn.Module) -> str:
+    from lowbit.runtime.checkpoint.finite_weights import nonfinite
+
     own = [p for p in module.parameters(recurse=False)]
     if not own:
         return ""
-    bad = [name for name, p in module.named_parameters(recurse=False) if not bool(torch.isfinite(p.detach()).all())]
+    bad = [name for name, p in module.named_parameters(recurse=False) if nonfinite(p)]  # FP8 data widened
     return f"; its {', '.join(bad)} already held NaN/inf" if bad else "; its weights are finite"
+
+
+def _gemm(module: nn.Module, phase: str) -> str:
+    """Which of the module's own GEMMs ran there, when it names them (``lowbit_gemm_names``, a
+    frozen FP8 base's: its forward and input-gradient GEMMs), else ''."""
+    named = getattr(module, "lowbit_gemm_names", {}).get(phase)
+    return f", {named}" if named else ""
 
 
 def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
@@ -57,7 +66,8 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
                 kind = type(module).__name__
                 if _finite(args):
                     forward_origin.append(
-                        f"forward: {name} ({kind}) made its finite input non-finite{_weights_note(module)}"
+                        f"forward: {name} ({kind}{_gemm(module, 'forward')}) made its finite input non-finite"
+                        f"{_weights_note(module)}"
                     )
                 else:
                     forward_origin.append(
@@ -119,7 +129,8 @@ def find_nonfinite_origin(model: nn.Module, batch: Any) -> str:
         if not grad_finite.get(position, True):
             later = [order[i] for i in range(position + 1, len(order)) if grad_finite.get(i, True)]
             source = (
-                f"in the input-gradient computation of {later[0][0]} ({type(later[0][1]).__name__})"
+                f"in the input-gradient computation of {later[0][0]} ({type(later[0][1]).__name__}"
+                f"{_gemm(later[0][1], 'input-gradient')})"
                 if later
                 else "in the loss's gradient, before any module"
             )
