@@ -206,7 +206,7 @@ class FrozenFP8Linear(nn.Module):
     # What the NaN replay (lowbit.runtime.observe.nonfinite_origin) says ran where a value went non-finite.
     lowbit_gemm_names = {
         "forward": "a frozen FP8 base: its forward FP8 GEMM, input @ weight.T",
-        "input-gradient": "a frozen FP8 base: its input-gradient FP8 GEMM, grad @ weight (it has no weight-gradient GEMM)",
+        "input-gradient": "a frozen FP8 base: its input-gradient FP8 GEMM, grad @ weight (no weight-gradient GEMM)",
     }
 
     def __init__(

@@ -126,7 +126,6 @@ def test_a_lora_model_counts_no_gradient_or_state_for_its_base_and_fp8_bases_at_
     lowbit-ao the frozen bases' weights at 1 byte each; against the bytes the prepared model holds."""
     pytest.importorskip("peft")
     pytest.importorskip("lowbit_ao")
-    import torch
 
     from lowbit import Accelerator
 
