@@ -125,3 +125,17 @@ def test_the_sft_example_fine_tunes_in_fp8_under_lowbit_launch(tmp_path):
     assert len(losses) == 1 and losses[0] < 2.5, (
         proc.stdout
     )  # at step 20, below a uniform guess over 14 tokens (ln 14 = 2.64)
+
+
+def test_the_lora_example_trains_its_adapters_over_a_frozen_fp8_base_and_merges(tmp_path):
+    pytest.importorskip("peft")
+    pytest.importorskip("lowbit_ao")
+    proc = run("examples/lora_fp8.py", "--steps", "40", "--output_dir", str(tmp_path / "lora"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "13 of 15 frozen layers stored and run in fp8" in proc.stdout
+    assert "28 adapter layers kept in high precision" in proc.stdout
+    losses = [float(v) for v in re.findall(r"loss ([\d.]+)", proc.stdout)]
+    assert losses[-1] < 0.8 * losses[0], proc.stdout
+    assert (tmp_path / "lora" / "adapters" / "adapter_model.safetensors").exists()
+    cosine = float(re.search(r"cosine ([\d.]+)", proc.stdout).group(1))
+    assert cosine >= 0.99
