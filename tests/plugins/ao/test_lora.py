@@ -303,3 +303,36 @@ def test_the_nan_replay_names_a_frozen_base_and_its_gemm():
     said = find_nonfinite_origin(acc.unwrap_model(model), {"input_ids": ids, "labels": ids})
     assert said.startswith(f"forward: {name} (FrozenFP8Linear, a frozen FP8 base: its forward FP8 GEMM"), said
     assert "its weights are finite" in said  # the FP8 data checked (widened), not refused
+
+
+def test_frozen_fp8_bases_under_deepspeed_are_refused_by_name_before_any_layer_changes():
+    """DeepSpeed casts every floating parameter to its compute dtype: FP8 data would lose its scales."""
+    from lowbit.kernel.errors import UnsupportedCombinationError
+    from lowbit.kernel.layer_roles import classify_layers
+    from lowbit.kernel.types import HardwareInfo, PrepareContext
+
+    from lowbit_ao.frozen_layers import convert_frozen_layers
+
+    model = lora_llama()
+    options = AORecipeKwargs(recipe="tensorwise", frozen_bases="fp8", emulate=None, emulation="fast")
+    context = PrepareContext(HardwareInfo("cpu", "CPU"), "fp8", torch.device("cpu"), options, strategy="deepspeed")
+    with pytest.raises(UnsupportedCombinationError, match=r"DeepSpeed casts every floating-point parameter.*FSDP2"):
+        convert_frozen_layers(model, classify_layers(model), "tensorwise", {}, context)
+    assert not any(isinstance(m, FrozenFP8Linear) for m in model.modules())
+
+
+def test_a_compiled_fp8_lora_model_compiles_once_with_no_break_and_trains_as_eager():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    losses = {}
+    for backend in (None, "eager"):
+        acc = Accelerator(mixed_precision="fp8", cpu=True, dynamo_backend=backend)
+        model = lora_llama()
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+        model, optimizer = acc.prepare(model, optimizer)
+        losses[backend] = [step(acc, model, optimizer, batch(i)) for i in range(3)]
+    counters = torch._dynamo.utils.counters
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    assert losses["eager"] == losses[None]
