@@ -140,6 +140,8 @@ def scaled_mm(a, b, scale_a, scale_b, out_dtype: torch.dtype, gemms: FrozenGemms
     once torch's meta check of ``_scaled_mm`` (CUDA's rules) has passed the same operands."""
     scale_a, scale_b = scale_a.float(), scale_b.float()  # UE8M0 scales are powers of two: exact in fp32
     if gemms.native:
+        if scale_a.numel() > 1:  # CUDA's 1x128 blockwise GEMM takes those scales outer-dim-major (stride (1, M)),
+            scale_a = scale_a.t().contiguous().t()  # as torch's own tests of _scaled_mm lay them out
         return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
     check_like_cuda(a, b, scale_a, scale_b, out_dtype, gemm)
     return emulated_scaled_mm(a, b, scale_a, scale_b, out_dtype, gemms.compute_dtype)

@@ -117,3 +117,52 @@ def test_block_formats_train_emulated_on_any_fp8_gpu():
         assert accelerator.fp8_options.recipe == recipe
         assert all(torch.isfinite(torch.tensor(loss)) for loss in losses)
         assert losses[-1] < losses[0], (recipe, losses)
+
+
+@gpu_ao
+@pytest.mark.parametrize("fmt", ["tensorwise", "blocks128"])
+def test_a_frozen_fp8_base_runs_torchs_scaled_mm_and_agrees_with_the_emulation(fmt):
+    """The frozen FP8 base's two GEMMs on the GPU (torch._scaled_mm: per tensor, or 1x128 x 128x128
+    blocks, which needs sm_90 and CUDA 12.9+) against the CPU path's emulation of the same operands."""
+    from lowbit_ao.frozen_base import FrozenGemms, quantized_base
+
+    if fmt == "blocks128" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("blockwise _scaled_mm needs sm_90+")
+    torch.manual_seed(0)
+    weight = torch.randn(512, 256, device="cuda")
+    results = {}
+    for native in (True, False):
+        layer = quantized_base(weight, None, fmt, FrozenGemms(native=native, compute_dtype=torch.bfloat16))
+        x = torch.randn(4, 64, 256, device="cuda", requires_grad=True)
+        with torch.autocast("cuda", torch.bfloat16):
+            out = layer(x)
+        out.float().pow(2).mean().backward()
+        results[native] = (out.float().flatten(), x.grad.flatten())
+    for ours, emulated in zip(results[True], results[False]):
+        assert torch.nn.functional.cosine_similarity(ours, emulated, dim=0) >= 0.999
+
+
+@gpu_ao
+def test_fp8_lora_trains_on_the_gpu_with_frozen_fp8_bases():
+    pytest.importorskip("peft")
+    from lora_helpers import batch, lora_llama
+
+    from lowbit import Accelerator
+
+    from lowbit_ao.frozen_base import FrozenFP8Linear
+
+    acc = Accelerator(mixed_precision="fp8")
+    model = lora_llama().cuda()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model, optimizer = acc.prepare(model, optimizer)
+    bases = [m for m in model.modules() if isinstance(m, FrozenFP8Linear)]
+    assert len(bases) == 13 and all(m.gemms.native for m in bases)
+    losses = []
+    for i in range(20):
+        ids = batch(i).cuda()
+        loss = model(input_ids=ids, labels=ids).loss
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert sum(losses[-3:]) / 3 < 0.9 * losses[0], losses
