@@ -1014,9 +1014,9 @@ class Accelerator(RankFacts):
             every_rank_must_arrive("save_state")
             self._run.refuse_nonfinite_weights()
         if output_dir is None:
-            output_dir = automatic_checkpoint.next_directory(self.project_configuration, self.is_main_process)
-            # every rank checks that the name is new before any rank writes there
-            self.wait_for_everyone()
+            return automatic_checkpoint.save_automatically(
+                self.project_configuration, self._run.save_state, self.is_main_process, self.wait_for_everyone
+            )
         return self._run.save_state(output_dir)
 
     def load_state(

@@ -120,8 +120,30 @@ def check_target(directory: Path) -> Path:
     return directory
 
 
+def recover_for_reading(directory: Path) -> None:
+    """Before a load: finish or undo a save that was killed mid-way, holding the writers' lock, so
+    that a reader never removes what a live writer is staging; a save under way (its lock held) is
+    an error: the directory is being replaced. Main process only."""
+    directory = Path(directory)
+    if not (directory / STAGING_DIR).exists() and not (directory / RETIRED_DIR).exists():
+        return  # nothing to recover (the common case: no lock taken)
+    try:
+        lock = _lock_for_saving(directory)
+    except CheckpointError:
+        raise CheckpointError(
+            f"load_state({str(directory)!r}): a save_state is writing into that directory right now (it holds the "
+            "directory's lock), so the checkpoint there is being replaced. Load it once that save has finished, "
+            "or load another checkpoint."
+        ) from None
+    try:
+        recover(directory)
+    finally:
+        os.close(lock)
+
+
 def recover(directory: Path) -> None:
-    """Finish or undo a save that was killed mid-way (main process only; idempotent)."""
+    """Finish or undo a save that was killed mid-way (main process only, holding the writers'
+    lock; idempotent)."""
     directory = Path(directory)
     retired, staging = directory / RETIRED_DIR, directory / STAGING_DIR
     if retired.is_dir():

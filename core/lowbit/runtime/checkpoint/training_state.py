@@ -157,7 +157,7 @@ class TrainingStateCheckpointer:
         prepared, plugins = self.prepared, self.plugins
         directory = Path(input_dir)
         if self.facts.is_main_process and directory.is_dir():
-            checkpoint.recover(directory)
+            checkpoint.recover_for_reading(directory)
         every_rank_must_arrive("load_state")
         if not (directory / checkpoint.METADATA_FILE).exists() and is_accelerate_checkpoint(directory):
             load_accelerate_checkpoint(self, directory, unwrap)  # a run moving over from Accelerate
