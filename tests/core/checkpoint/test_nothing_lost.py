@@ -105,7 +105,7 @@ def test_a_sigkill_inside_an_automatically_named_save_leaves_a_resumable_checkpo
 def test_a_load_during_another_jobs_save_leaves_its_staged_files_and_says_so(tmp_path):
     directory = tmp_path / "ckpt"
     acc = Accelerator(cpu=True)
-    model = acc.prepare(nn.Linear(2, 2))
+    acc.prepare(nn.Linear(2, 2))
     acc.save_state(directory)
     staging = directory / files.STAGING_DIR
     staging.mkdir()
