@@ -4,11 +4,16 @@ never removes what a live writer is staging."""
 
 from __future__ import annotations
 
+import collections
+import datetime
+import decimal
+import enum
+import fractions
 import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 import pytest
 import torch
@@ -119,3 +124,141 @@ def test_a_load_during_another_jobs_save_leaves_its_staged_files_and_says_so(tmp
         os.close(lock)
     acc.load_state(directory)  # the writer gone (its lock with it): the leftovers are recovered, the load works
     assert not staging.exists()
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Mode(str, enum.Enum):
+    TRAIN = "train"
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def every_kind_of_value() -> dict:
+    """What registered objects' states hold in real scripts: each must come back as itself."""
+    import numpy as np
+
+    return {
+        "int": 3,
+        "float": 0.5,
+        "str": "s",
+        "bool": True,
+        "none": None,
+        "bytes": b"x",
+        "complex": 1 + 2j,
+        "list": [1, "a"],
+        "tuple": (1, 2),
+        "dict": {"a": 1},
+        "ordered": collections.OrderedDict(b=2, a=1),
+        "set": {1, 2},
+        "frozenset": frozenset({"a"}),
+        "np_float64": np.float64(0.25),
+        "np_float32": np.float32(0.5),
+        "np_int64": np.int64(7),
+        "np_bool": np.bool_(True),
+        "np_str": np.str_("word"),
+        "ndarray": np.arange(4),
+        "int_enum": Color.RED,
+        "str_enum": Mode.TRAIN,
+        "defaultdict": collections.defaultdict(list, {"k": [1]}),
+        "counter": collections.Counter("aab"),
+        "deque": collections.deque([1, 2], maxlen=5),
+        "namedtuple": Point(1, 2),
+        "path": Path("/data/run"),
+        "windows_path": PureWindowsPath("C:/runs/7"),
+        "range": range(0, 10, 2),
+        "datetime": datetime.datetime(2026, 11, 29, 1, 2, 3),
+        "timedelta": datetime.timedelta(days=1, seconds=5),
+        "decimal": decimal.Decimal("1.10"),
+        "fraction": fractions.Fraction(1, 3),
+        "frozenset_key": {frozenset({1}): "k"},
+    }
+
+
+class Keeper:
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+def test_every_type_a_registered_state_holds_round_trips_as_itself(tmp_path):
+    import numpy as np
+
+    saved = every_kind_of_value()
+    acc = Accelerator(cpu=True)
+    acc.register_for_checkpointing(Keeper(saved))
+    acc.save_state(tmp_path / "ckpt")
+    loaded = Keeper({})
+    other = Accelerator(cpu=True)
+    other.register_for_checkpointing(loaded)
+    other.load_state(tmp_path / "ckpt")
+    assert list(loaded.state) == list(saved)
+    for key, value in saved.items():
+        got = loaded.state[key]
+        assert type(got) is type(value), (key, type(got), type(value))
+        same = np.array_equal(got, value) if isinstance(value, np.ndarray) else got == value
+        assert same, (key, got, value)
+    assert loaded.state["defaultdict"]["new"] == [] and loaded.state["deque"].maxlen == 5
+
+
+def test_a_defaultdict_whose_factory_is_code_is_refused_before_anything_is_written(tmp_path):
+    acc = Accelerator(cpu=True)
+    acc.register_for_checkpointing(Keeper({"d": collections.defaultdict(lambda: 0)}))
+    with pytest.raises(CheckpointError, match="default_factory .* is not a built-in type"):
+        acc.save_state(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def crafted_checkpoint(tmp_path: Path, state) -> Path:
+    """A checkpoint whose registered state is ``state`` as written on disk (its checksum updated to
+    match, as a crafted file's would be)."""
+    import json
+
+    directory = tmp_path / "ckpt"
+    acc = Accelerator(cpu=True)
+    acc.register_for_checkpointing(Keeper({"a": 1}))
+    acc.save_state(directory)
+    path = directory / "custom_checkpoint_0.pt"
+    torch.save(state, path)
+    metadata = json.loads((directory / files.METADATA_FILE).read_text())
+    metadata["files"][path.name] = files.sha256_of(path)
+    (directory / files.METADATA_FILE).write_text(json.dumps(metadata))
+    return directory
+
+
+def deeply_nested(depth: int):
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return {"deep": value}
+
+
+@pytest.mark.parametrize(
+    "state, said",
+    [
+        ({"x": {"__lowbit_value__": "pickle", "value": 1}}, r"state\['x'\] holds an unknown tagged value 'pickle'"),
+        ({"x": {"__lowbit_value__": "numpy", "dtype": "|O", "value": 1}}, r"dtype '\|O', which lowbit never writes"),
+        ({"x": {"__lowbit_value__": "set"}}, r"state\['x'\] holds a malformed 'set' value \(KeyError"),
+        ({"x": {"__lowbit_value__": "range", "value": "abc"}}, r"malformed 'range' value"),
+        ({"x": {"__lowbit_value__": "counter", "items": [1, 2]}}, r"items are not \(key, value\) pairs"),
+        ({"x": {"__lowbit_value__": "enum", "class": "os:system", "value": "ls"}}, r"class os:system, which is not"),
+        (deeply_nested(150), r"nested more than 100 levels deep"),
+    ],
+)
+def test_a_crafted_registered_state_is_refused_naming_the_file_and_the_entry(tmp_path, state, said):
+    directory = crafted_checkpoint(tmp_path, state)
+    keeper = Keeper({})
+    acc = Accelerator(cpu=True)
+    acc.register_for_checkpointing(keeper)
+    with pytest.raises(CheckpointError, match=said) as caught:
+        acc.load_state(directory)
+    assert "custom_checkpoint_0.pt" in str(caught.value) or "class os:system" in str(caught.value)
+    assert keeper.state == {}  # nothing was loaded

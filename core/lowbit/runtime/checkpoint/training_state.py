@@ -227,7 +227,10 @@ class TrainingStateCheckpointer:
             loads.append(
                 functools.partial(
                     obj.load_state_dict,
-                    plain_state.decode(checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt")),
+                    plain_state.decode(
+                        checkpoint.read_tensor_file(directory / f"custom_checkpoint_{i}.pt"),
+                        str(directory / f"custom_checkpoint_{i}.pt"),
+                    ),
                 )
             )
         rng = checkpoint.read_tensor_file(directory / rng_file)
