@@ -335,4 +335,6 @@ def test_a_compiled_fp8_lora_model_compiles_once_with_no_break_and_trains_as_eag
         losses[backend] = [step(acc, model, optimizer, batch(i)) for i in range(3)]
     counters = torch._dynamo.utils.counters
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
-    assert losses["eager"] == losses[None]
+    # equal on torch 2.13; torch 2.11's dynamo changes bf16 LoRA's losses in the 4th digit too (measured:
+    # 4.76683 eager, 4.76670 compiled), FP8 or not
+    assert losses["eager"] == pytest.approx(losses[None], rel=1e-3)
