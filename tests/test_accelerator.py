@@ -410,3 +410,28 @@ def test_explain_backend_choice_answers_without_a_low_precision_backend(precisio
     text = Accelerator(cpu=True, mixed_precision=precision).explain_backend_choice()
     assert f"mixed_precision={precision!r}" in text and "no low-precision backend in use" in text
     assert "ao " in text  # the installed backends are listed, none chosen
+
+
+def fp16_accumulating(clip_every_micro_batch: bool):
+    torch.manual_seed(0)
+    acc = Accelerator(mixed_precision="fp16", cpu=True, gradient_accumulation_steps=2)
+    model = nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = acc.prepare(model, optimizer)
+    for step in range(4):
+        with acc.accumulate(model):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+            acc.backward(model(x).float().pow(2).mean())
+            if clip_every_micro_batch or acc.sync_gradients:
+                acc.clip_grad_norm_(model.parameters(), 1e9)
+            optimizer.step()
+            optimizer.zero_grad()
+    return model
+
+
+def test_fp16_gradients_unscaled_on_a_micro_batch_that_does_not_step_are_refused():
+    """Unscaled at every micro-batch, the next micro-batch's scaled gradients were added to unscaled
+    ones: weights 1.2e3 off, no error (Accelerate's GradScaler raises at the second unscale)."""
+    with pytest.raises(Exception, match="fp16: gradients unscaled .* on a micro-batch that does not step"):
+        fp16_accumulating(clip_every_micro_batch=True)
+    fp16_accumulating(clip_every_micro_batch=False)  # the documented pattern: clipped on the stepping micro-batch

@@ -777,8 +777,7 @@ class Accelerator(RankFacts):
         ``optimizer`` (one, or a list; a prepared optimizer or the one inside it) or every prepared
         optimizer; a no-op in every other precision. Once per step: the step does not unscale again."""
         given = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer] if optimizer is not None else None
-        for opt in given if given is not None else self.prepared.optimizers:
-            self.precision.unscale_gradients(getattr(opt, "optimizer", opt))
+        self._run.unscale_gradients(list(given) if given is not None else self.prepared.optimizers)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Clamp each gradient to ``[-clip_value, clip_value]``, unscaling fp16 gradients first."""

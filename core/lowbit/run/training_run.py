@@ -374,12 +374,26 @@ class TrainingRun:
                     stack.enter_context(factory())
             yield
 
+    def unscale_gradients(self, optimizers: list[Any]) -> None:
+        """fp16: bring the optimizers' scaled gradients back to their true size, once per optimizer
+        step, and only on the micro-batch that steps: unscaled earlier, they would be summed with the
+        scaled gradients of the micro-batches after (GradScaler's own rule: once per step)."""
+        if self.precision.scaler is not None and not self.step_state.gradient_sync.sync_gradients:
+            raise ConfigError(
+                "fp16: gradients unscaled (unscale_gradients, clip_grad_norm_ or clip_grad_value_) on a micro-batch "
+                "that does not step (gradient accumulation, "
+                f"{self.config.gradient_accumulation_steps} micro-batches a step): the micro-batches still to come "
+                "would add scaled gradients to unscaled ones. Clip on the step's last micro-batch: `if "
+                "accelerator.sync_gradients: accelerator.clip_grad_norm_(...)`, as in Accelerate's examples."
+            )
+        for optimizer in optimizers:
+            self.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
+
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients by total norm, unscaling fp16 gradients first. The total norm comes free
         here: a NaN/inf gradient counts as a NaN/inf loss does (a strategy that owns precision,
         DeepSpeed, handles its own overflows)."""
-        for opt in self.prepared.optimizers:
-            self.precision.unscale_gradients(opt.optimizer)
+        self.unscale_gradients(self.prepared.optimizers)
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         norm = self.plugins.clip_grad_norm(parameters, max_norm, norm_type)
         norm = norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
