@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import weakref
 from typing import Any, Callable, Iterator
 
 import torch
+
+from lowbit.kernel.env_numbers import accelerate_flag
 
 from lowbit.runtime.collective_device import SHAPE_CHECKS
 from lowbit.runtime.process_group import RankFacts, process_facts, wait_for_everyone
@@ -42,7 +43,7 @@ class PartialState(RankFacts):
         self.__dict__ = PartialState._shared_state
         if self._shared_state:
             return
-        use_cuda = torch.cuda.is_available() and not cpu and not _truthy(os.environ.get("ACCELERATE_USE_CPU"))
+        use_cuda = torch.cuda.is_available() and not cpu and not accelerate_flag("ACCELERATE_USE_CPU")
         facts = process_facts("cuda" if use_cuda else "cpu", torch.cuda.device_count() if use_cuda else 1)
         self.num_processes, self.process_index = facts.num_processes, facts.process_index
         self.local_process_index, self.device = facts.local_process_index, facts.device
@@ -163,17 +164,13 @@ class PartialState(RankFacts):
     @property
     def fork_launched(self) -> bool:
         """Whether ``notebook_launcher`` forked this process (``FORK_LAUNCHED``)."""
-        return _truthy(os.environ.get("FORK_LAUNCHED"))
+        return accelerate_flag("FORK_LAUNCHED")
 
     def set_device(self) -> None:
         """Make this process's device the current one (its GPU, under CUDA); the device itself was
         settled when the state was made."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-
-
-def _truthy(value: str | None) -> bool:
-    return str(value).strip().lower() in {"1", "true", "yes", "on"}
 
 
 def _shared_length(inputs: Any) -> int:

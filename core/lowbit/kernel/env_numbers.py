@@ -68,3 +68,14 @@ def env_switch(name: str, default: bool, environ: Mapping[str, str] = os.environ
         f"Environment variable {name}={raw!r} is not a switch: it takes {'/'.join(SWITCH_ON)} to turn it on or "
         f"{'/'.join(SWITCH_OFF)} to turn it off; unset it for the default ({'on' if default else 'off'})."
     )
+
+
+# Accelerate's truth values for its own ACCELERATE_* variables and config booleans (its
+# ``utils.environment.str_to_bool``), in any case: read with these wherever lowbit reads Accelerate's.
+ACCELERATE_TRUE = frozenset({"y", "yes", "t", "true", "on", "1"})
+ACCELERATE_FALSE = frozenset({"n", "no", "f", "false", "off", "0"})
+
+
+def accelerate_flag(name: str, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether Accelerate would read ``name`` as on (``t``, ``y``, ``On`` too); off when unset."""
+    return str(environ.get(name, "")).strip().lower() in ACCELERATE_TRUE

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from lowbit.kernel.env_numbers import ACCELERATE_FALSE, ACCELERATE_TRUE, accelerate_flag
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.notices import note
 from lowbit.kernel.types import normalize_name
-
-ACCELERATE_TRUE = frozenset({"y", "yes", "t", "true", "on", "1"})
-ACCELERATE_FALSE = frozenset({"n", "no", "f", "false", "off", "0"})
-
 
 # Top-level keys of Accelerate's config files with no meaning in lowbit (cloud, TPU, launcher
 # details of other back ends).
@@ -326,7 +323,10 @@ def settings_from_accelerate_env(environ: Mapping[str, str]) -> dict[str, Any]:
         raw["gradient_accumulation_steps"] = environ["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"]
     if _env_flag(environ, "ACCELERATE_USE_CPU"):
         raw["use_cpu"] = True
-    raw.update(_translate_dynamo({key: environ[env] for env, key in DYNAMO_ENV.items() if environ.get(env)}))
+    dynamo = {key: environ[env] for env, key in DYNAMO_ENV.items() if environ.get(env)}
+    for key in [k for k in dynamo if k.startswith("dynamo_use_")]:  # Accelerate's truth values: t, y, On, ...
+        dynamo[key] = _truthy(dynamo[key])
+    raw.update(_translate_dynamo(dynamo))
     if _env_flag(environ, "ACCELERATE_USE_FSDP"):
         section = {
             "fsdp_" + name[len("FSDP_") :].lower(): value
@@ -378,4 +378,4 @@ def _mxfp8_scaling(value: Any) -> dict[str, Any]:
 
 
 def _env_flag(environ: Mapping[str, str], name: str) -> bool:
-    return str(environ.get(name, "")).strip().lower() in ("1", "true", "yes", "on")
+    return accelerate_flag(name, environ)

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import weakref
 from typing import Any, Callable
 
 import torch
 
-from lowbit.kernel.env_numbers import env_switch
+from lowbit.kernel.env_numbers import accelerate_flag, env_switch
 
 SIMULATE_ENV = "LOWBIT_SIMULATE_NCCL"
 # The collectives checked under the simulation, each with where its input tensor(s) sit in the
@@ -56,7 +55,7 @@ CHECKED_COLLECTIVES = {
 # Whether collectives first compare their tensors' shapes across processes (one gather of Python
 # objects per call: a debugging aid, off by default; ACCELERATE_DEBUG_MODE=1, or
 # PartialState().debug = True). training/operations.py checks it.
-SHAPE_CHECKS = {"on": os.environ.get("ACCELERATE_DEBUG_MODE", "").lower() in ("1", "true", "yes")}
+SHAPE_CHECKS = {"on": accelerate_flag("ACCELERATE_DEBUG_MODE")}
 
 
 # Collectives whose input NCCL takes to be the same shape and dtype on every rank without checking

@@ -333,3 +333,25 @@ def test_processes_sharing_the_cores_get_their_share_of_threads(tmp_path, monkey
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     _, env, _ = build(tmp_path, monkeypatch, "--cpu", "--num_processes", "4")
     assert "OMP_NUM_THREADS" not in env  # the user's choice stands
+
+
+@pytest.mark.parametrize("value", ["t", "y", "T", "on", "Yes", "1"])
+def test_accelerates_boolean_variables_read_with_accelerates_truth_values(value, monkeypatch):
+    """``t``, ``y``, ``T`` and ``on`` were silently off in lowbit, where Accelerate reads them on."""
+    from lowbit.kernel.env_numbers import accelerate_flag
+
+    environ = {
+        "ACCELERATE_USE_CPU": value,
+        "ACCELERATE_USE_FSDP": value,
+        "ACCELERATE_DYNAMO_BACKEND": "inductor",
+        "ACCELERATE_DYNAMO_USE_FULLGRAPH": value,
+    }
+    config = resolve_config(environ=environ, config_file=os.devnull, check_fp8_keys=False)
+    assert config.use_cpu is True and config.distributed_type == "FSDP" and config.dynamo_use_fullgraph is True
+    assert accelerate_flag("ACCELERATE_DEBUG_MODE", {"ACCELERATE_DEBUG_MODE": value})
+    monkeypatch.setenv("ACCELERATE_USE_CPU", value)
+    from lowbit.state import PartialState
+
+    assert PartialState(cpu=False).device.type == "cpu"
+    config = resolve_config(environ={"ACCELERATE_USE_CPU": "f"}, config_file=os.devnull, check_fp8_keys=False)
+    assert not config.use_cpu

@@ -16,6 +16,7 @@ import torch
 from lowbit.kernel.errors import CheckpointError
 
 from lowbit.runtime.collective_device import on_group_device
+from lowbit.runtime.finite import nonfinite
 
 SHOWN = 5
 
@@ -46,17 +47,6 @@ def refuse_nonfinite_weights(models: Iterable[torch.nn.Module], what: str, num_p
             f"{what}: {count} weight tensor(s) hold NaN or inf{named}. Nothing was written, so the last checkpoint "
             f"stays the one to resume from. To write them anyway (to inspect them), pass allow_nonfinite=True."
         )
-
-
-def nonfinite(tensor: torch.Tensor) -> bool:
-    """Whether a floating tensor (this rank's shard of a DTensor) holds NaN or inf."""
-    local = tensor.to_local() if callable(getattr(tensor, "to_local", None)) else tensor
-    if not local.is_floating_point() or not local.numel():
-        return False
-    local = local.detach()
-    if local.element_size() == 1:  # FP8 data and UE8M0 scales (a frozen FP8 base): torch checks them widened
-        local = local.float()
-    return not bool(torch.isfinite(local).all())
 
 
 def nonfinite_buffers(model: torch.nn.Module) -> list[str]:

@@ -33,7 +33,7 @@ def _finite(value: Any) -> bool:
 
 
 def _weights_note(module: nn.Module) -> str:
-    from lowbit.runtime.checkpoint.finite_weights import nonfinite
+    from lowbit.runtime.finite import nonfinite
 
     own = [p for p in module.parameters(recurse=False)]
     if not own:
