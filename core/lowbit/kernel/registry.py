@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 
 from lowbit.kernel.errors import BackendNotFoundError, BackendUnavailableError, did_you_mean
 from lowbit.kernel.first_party import FIRST_PARTY, first_party, fp8_install_hint, install_command
+
+# The distributions lowbit publishes: a plugin of one of them keeps every name it answers to.
+FIRST_PARTY_DISTRIBUTIONS = frozenset(distribution for distribution, _ in FIRST_PARTY.values())
 from lowbit.kernel.manager import BrokenPlugin, LowbitPluginManager
 from lowbit.kernel.types import (
     NATIVE_PRECISIONS,
@@ -55,8 +58,13 @@ class PluginRegistry:
                     manager.get_name(plugin) or "?", origin.distribution, f"describe_backend: {problem}"
                 )
                 continue
-            description.distribution = description.distribution or origin.distribution
-            description.version = description.version or origin.version
+            # Who a plugin is comes from the distribution that installed its entry point, not from
+            # what it says of itself: a plugin claiming "lowbit-ao" must not pass for lowbit's own.
+            installed = (manager.get_name(plugin) or "") in manager.origins
+            description.distribution = (
+                origin.distribution if installed else (description.distribution or origin.distribution)
+            )
+            description.version = origin.version if installed else (description.version or origin.version)
             self.candidates.append(Candidate(description, plugin))
         self._set_aside_duplicates()
 
@@ -66,27 +74,28 @@ class PluginRegistry:
         otherwise neither is used (which one the user meant is unknowable), and asking for that
         name is an error naming both distributions. Every other name still works."""
         by_name: dict[tuple[str, str], list[Candidate]] = {}
-        for cand in self.candidates:
-            by_name.setdefault((cand.description.ROLE, normalize_name(cand.name)), []).append(cand)
+        for cand in self.candidates:  # a name and every alias is a claim: an alias "ao" is lowbit-ao's name
+            for claimed in {normalize_name(n) for n in (cand.name, *cand.description.aliases)}:
+                by_name.setdefault((cand.description.ROLE, claimed), []).append(cand)
         for key, same in by_name.items():
+            same = [c for c in same if c in self.candidates]  # one set aside for an earlier clash stays aside
             if len(same) < 2:
                 continue
-            first_party_dist = FIRST_PARTY.get(key[1], ("", ""))[0]
             built_in = [c for c in same if self.manager.get_name(c.plugin) in self.manager.builtin_names]
-            own = built_in or [c for c in same if first_party_dist and c.description.distribution == first_party_dist]
+            own = built_in or [c for c in same if c.description.distribution in FIRST_PARTY_DISTRIBUTIONS]
             label = same[0].description.LABEL
             if own:  # lowbit's own plugin is never replaced by a namesake
                 others = " and ".join(sorted(c.description.distribution or "?" for c in same if c not in own))
-                whose = "lowbit's built-in one" if built_in else first_party_dist
+                whose = "lowbit's built-in one" if built_in else own[0].description.distribution
                 message = (
-                    f"its {label} is named {same[0].name!r}, as {whose}, which keeps the name; "
+                    f"its {label} answers to {key[1]!r}, as {whose}, which keeps the name; "
                     f"rename the plugin's ({others})"
                 )
                 built_in = own
                 clashing = [c for c in same if c not in built_in]
             else:
                 dists = " and ".join(sorted(c.description.distribution or "?" for c in same))
-                message = f"{label} name {same[0].name!r} is claimed by both {dists}; uninstall one of them"
+                message = f"{label} name {key[1]!r} is claimed by both {dists}; uninstall one of them"
                 self.conflicts[key] = message
                 clashing = same
             for cand in clashing:

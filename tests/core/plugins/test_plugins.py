@@ -345,3 +345,25 @@ def test_a_namesake_entry_point_never_replaces_a_first_party_backend(tmp_path, m
     assert chosen.chosen.description.distribution == "lowbit-ao"
     assert not any(b.distribution == "lowbit-ao" for b in manager.broken), manager.broken
     assert any("evil-ao" in b.error and "lowbit-ao, which keeps the name" in b.error for b in manager.broken)
+
+
+@pytest.mark.parametrize(
+    "dist, module",
+    [("fast8-fp8", "lowbit_alias_ao_fp8"), ("fake-lowbit-ao", "lowbit_claims_ao_dist_fp8")],
+    ids=["an alias ao", "a distribution it claims"],
+)
+def test_a_namesake_by_alias_or_by_claimed_distribution_never_replaces_lowbit_ao(tmp_path, monkeypatch, dist, module):
+    """A third party answering to "ao" by an alias, or describing itself as distribution "lowbit-ao",
+    was chosen when ao was asked for by name: 0 FP8 layers, rc 0. Identity comes from the
+    distribution that installed the entry point; the clash is said naming both."""
+    pytest.importorskip("lowbit_ao")
+    _write_dist(tmp_path, dist, module, "namesake")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LOWBIT_PLUGINS", "ao,namesake")
+    manager = make_plugin_manager()
+    registry = PluginRegistry(manager, CPU)
+    chosen = choose_plugin(registry, "backend", "ao", "test")
+    assert chosen.chosen.description.distribution == "lowbit-ao" and chosen.chosen.plugin.__name__ == "lowbit_ao"
+    assert any(dist in b.error and "'ao', as lowbit-ao, which keeps the name" in b.error for b in manager.broken), [
+        b.error for b in manager.broken
+    ]
