@@ -144,13 +144,14 @@ def _from_torchrun_variables(environ: Mapping[str, str]) -> ClusterJob | None:
         host, _, port = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
         settings["main_process_ip"] = host
         if port:
-            settings["main_process_port"] = _whole(port, "PET_RDZV_ENDPOINT's port")
+            settings["main_process_port"] = _port(port, "PET_RDZV_ENDPOINT's port")
     else:
         if environ.get("PET_MASTER_ADDR"):
             settings["main_process_ip"] = environ["PET_MASTER_ADDR"]
         if environ.get("PET_MASTER_PORT"):
-            settings["main_process_port"] = _whole(environ["PET_MASTER_PORT"], "PET_MASTER_PORT")
+            settings["main_process_port"] = _port(environ["PET_MASTER_PORT"], "PET_MASTER_PORT")
     per_machine = _processes_per_machine(environ.get("PET_NPROC_PER_NODE", "").strip())
+    _rank_within(settings, "PET_NODE_RANK", "PET_NNODES")
     return ClusterJob("torchrun's PET_* variables (Kubeflow, ...)", evidence, settings, per_machine)
 
 
@@ -168,6 +169,7 @@ def _from_skypilot(environ: Mapping[str, str]) -> ClusterJob | None:
         settings["main_process_ip"] = head[0]
     gpus = environ.get("SKYPILOT_NUM_GPUS_PER_NODE", "").strip()
     per_machine = _whole(gpus, "SKYPILOT_NUM_GPUS_PER_NODE") if gpus and gpus != "0" else None
+    _rank_within(settings, "SKYPILOT_NODE_RANK", "SKYPILOT_NUM_NODES")
     return ClusterJob("SkyPilot", evidence, settings, per_machine)
 
 
@@ -205,9 +207,18 @@ def _from_slurm(environ: Mapping[str, str]) -> ClusterJob | None:
         )
         return ClusterJob("Slurm", evidence, {}, problem=problem, allocated_nodes=nodes)
     nodes = _whole(step_nodes, "SLURM_STEP_NUM_NODES")
+    tasks = _whole(environ.get("SLURM_STEP_NUM_TASKS") or str(nodes), "SLURM_STEP_NUM_TASKS")
+    if nodes <= 1 and tasks > 1:  # srun --ntasks=2 on one node: two launchers, each a job of its own
+        evidence = {"SLURM_JOB_ID": job_id, "SLURM_STEP_NUM_NODES": str(nodes), "SLURM_STEP_NUM_TASKS": str(tasks)}
+        problem = (
+            f"srun started {tasks} tasks on one node (SLURM_STEP_NUM_TASKS={tasks}, SLURM_STEP_NUM_NODES={nodes}): "
+            f"each would start a training job of its own, {tasks} independent jobs writing one output folder. "
+            "lowbit launch starts the processes of its machine itself: run one task, `srun --ntasks=1 lowbit launch "
+            f"--num_processes {tasks} ...` (or --ntasks-per-node=1 across nodes)."
+        )
+        return ClusterJob("Slurm", evidence, {}, problem=problem, one_machine_splits=True)
     if nodes <= 1:
         return None
-    tasks = _whole(environ.get("SLURM_STEP_NUM_TASKS") or str(nodes), "SLURM_STEP_NUM_TASKS")
     node_list = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
     evidence = {
         "SLURM_JOB_ID": job_id,
@@ -218,12 +229,13 @@ def _from_slurm(environ: Mapping[str, str]) -> ClusterJob | None:
     settings: dict[str, Any] = {"num_machines": nodes}
     if environ.get("SLURM_NODEID"):
         settings["machine_rank"] = _whole(environ["SLURM_NODEID"], "SLURM_NODEID")
+    _rank_within(settings, "SLURM_NODEID", "SLURM_STEP_NUM_NODES")
     # Scripts that export MASTER_ADDR / MASTER_PORT (open-r1's, Lightning's users) choose them.
     address = environ.get("MASTER_ADDR") or (first_host(node_list) if node_list else "")
     if address:
         settings["main_process_ip"] = address
     port = environ.get("MASTER_PORT")
-    settings["main_process_port"] = _whole(port, "MASTER_PORT") if port else slurm_port(job_id)
+    settings["main_process_port"] = _port(port, "MASTER_PORT") if port else slurm_port(job_id)
     problem = ""
     if tasks != nodes:
         problem = (
@@ -248,6 +260,23 @@ def _from_world_size(environ: Mapping[str, str]) -> ClusterJob | None:
         "machine alone."
     )
     return ClusterJob("an outer launcher's WORLD_SIZE", evidence, {}, problem=problem, one_machine_splits=True)
+
+
+def _rank_within(settings: dict[str, Any], rank_name: str, count_name: str) -> None:
+    """The machine rank a scheduler gave is one of its machines, said with the scheduler's names."""
+    rank, count = settings.get("machine_rank"), settings["num_machines"]
+    if rank is not None and rank >= count:
+        raise ConfigError(
+            f"{rank_name}={rank} is not a machine of {count} ({count_name}={count}): machine ranks run from 0 to "
+            f"{count - 1}. The scheduler's variables disagree; check how the job was started."
+        )
+
+
+def _port(text: str, name: str) -> int:
+    port = _whole(text, name)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{name}={text!r} is not a port: ports run from 1 to 65535.")
+    return port
 
 
 def _whole(text: str, name: str) -> int:

@@ -229,3 +229,42 @@ def test_skypilots_task_variables_make_one_job(tmp_path, monkeypatch):
     command, _, config = build(tmp_path, monkeypatch, env)
     assert (config.num_machines, config.machine_rank, config.num_processes) == (2, 1, 16)
     assert after(command, "--master_addr") == "10.1.0.4" and after(command, "--nproc_per_node") == "8"
+
+
+def test_srun_with_two_tasks_on_one_node_is_refused_not_split(tmp_path, monkeypatch):
+    """``srun --ntasks=2`` on one node started two launchers, each a one-process job writing the same
+    folder: refused, with or without --num_machines 1, saying how to run it."""
+    env = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_NNODES": "1",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_NODEID": "0",
+        "SLURM_PROCID": "1",
+        "SLURM_STEP_NODELIST": "localhost",
+    }
+    for flags in ((), ("--num_machines", "1")):
+        with pytest.raises(ConfigError, match=r"srun started 2 tasks on one node .* --num_processes 2"):
+            build(tmp_path, monkeypatch, env, "--cpu", *flags)
+
+
+@pytest.mark.parametrize(
+    "env, said",
+    [
+        (
+            {"PET_NNODES": "2", "PET_NODE_RANK": "2", "PET_MASTER_ADDR": "h"},
+            r"PET_NODE_RANK=2 is not a machine of 2 \(PET_NNODES=2\)",
+        ),
+        ({"SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_RANK": "5"}, r"SKYPILOT_NODE_RANK=5 is not a machine of 2"),
+        (
+            {"PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_MASTER_PORT": "70000"},
+            r"PET_MASTER_PORT='70000' is not a port",
+        ),
+        ({"PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_MASTER_PORT": "-1"}, r"PET_MASTER_PORT='-1' is negative"),
+        ({**slurm_step(0, job_id="3"), "MASTER_PORT": "99999"}, r"MASTER_PORT='99999' is not a port"),
+    ],
+)
+def test_a_bad_scheduler_value_is_named_by_the_variable_that_was_read(tmp_path, monkeypatch, env, said):
+    with pytest.raises(ConfigError, match=said) as error:
+        build(tmp_path, monkeypatch, env, "--cpu")
+    assert "--machine_rank" not in str(error.value) and "--main_process_port" not in str(error.value)
