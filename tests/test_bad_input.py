@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -234,3 +235,11 @@ def test_an_error_in_a_backends_conversion_names_the_backend():
     if sys.version_info >= (3, 11):  # exception notes
         shown = "".join(traceback.format_exception(raised.value))
         assert "lowbit: raised in convert_model of the low-precision backend 'failing'" in shown, shown
+
+
+@pytest.mark.parametrize("steps", [0, -2, 1.5, "4"])
+def test_an_accumulation_plugins_bad_count_is_named_as_written(steps):
+    from lowbit.utils import GradientAccumulationPlugin
+
+    with pytest.raises(ConfigError, match=rf"GradientAccumulationPlugin\(num_steps={re.escape(repr(steps))}\): the micro"):
+        Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=steps))

@@ -339,12 +339,22 @@ def sort_handlers(handlers: Any) -> tuple[Any, dict[type, Any]]:
     }
 
 
+def _micro_batches(value: Any, written: str) -> None:
+    """A plugin object's accumulation count, refused as the user wrote it (not as lowbit's option)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{written.replace('...', repr(value))}: the micro-batches per optimizer step, a whole number of at least 1 "
+            "(1: no accumulation)."
+        )
+
+
 def settings_from_plugin_objects(
     accumulation: Any, fsdp: Any, deepspeed: Any, dynamo: Any, explicit: dict[str, Any]
 ) -> dict[str, Any]:
     """Accelerate's plugin objects as lowbit settings (explicit arguments, so they win over files)."""
     out: dict[str, Any] = {}
     if accumulation is not None and accumulation.num_steps is not None:
+        _micro_batches(accumulation.num_steps, "GradientAccumulationPlugin(num_steps=...)")
         if explicit.get("gradient_accumulation_steps") not in (None, accumulation.num_steps):
             raise ConfigError("Give gradient_accumulation_steps or gradient_accumulation_plugin.num_steps, not both.")
         out["gradient_accumulation_steps"] = accumulation.num_steps
@@ -357,6 +367,7 @@ def settings_from_plugin_objects(
     if deepspeed is not None:
         out.update(distributed_type="DEEPSPEED", deepspeed_config=deepspeed.to_deepspeed_config())
         if deepspeed.gradient_accumulation_steps is not None:
+            _micro_batches(deepspeed.gradient_accumulation_steps, "DeepSpeedPlugin(gradient_accumulation_steps=...)")
             out["gradient_accumulation_steps"] = deepspeed.gradient_accumulation_steps
     if dynamo is not None and dynamo.backend is not None and not dynamo.disable:
         out["dynamo_backend"] = str(getattr(dynamo.backend, "value", dynamo.backend)).lower()
