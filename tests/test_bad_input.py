@@ -241,5 +241,6 @@ def test_an_error_in_a_backends_conversion_names_the_backend():
 def test_an_accumulation_plugins_bad_count_is_named_as_written(steps):
     from lowbit.utils import GradientAccumulationPlugin
 
-    with pytest.raises(ConfigError, match=rf"GradientAccumulationPlugin\(num_steps={re.escape(repr(steps))}\): the micro"):
+    written = re.escape(f"GradientAccumulationPlugin(num_steps={steps!r})")
+    with pytest.raises(ConfigError, match=rf"{written}: the micro"):
         Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=steps))

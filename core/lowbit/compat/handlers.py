@@ -343,8 +343,8 @@ def _micro_batches(value: Any, written: str) -> None:
     """A plugin object's accumulation count, refused as the user wrote it (not as lowbit's option)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(
-            f"{written.replace('...', repr(value))}: the micro-batches per optimizer step, a whole number of at least 1 "
-            "(1: no accumulation)."
+            f"{written.replace('...', repr(value))}: the micro-batches per optimizer step, a whole number of at "
+            "least 1 (1: no accumulation)."
         )
 
 
