@@ -25,6 +25,7 @@ from lowbit.cli.launcher_flags import (
     accept_hyphenated_spellings,
     add_launcher_flags,
     check_multinode_launcher,
+    check_torchrun_values,
     flags_without_effect,
     flags_without_torchrun,
 )
@@ -148,6 +149,12 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     note_ignored("lowbit launch", flags_without_effect(args))
     if module and getattr(args, "no_python", False):
         raise ConfigError("-m runs a Python module and --no_python runs a program that is not Python: give one.")
+    if getattr(args, "no_python", False) and not os.access(script, os.X_OK):
+        raise ConfigError(
+            f"--no_python runs {str(script)!r} as a program, and it is not executable: `chmod +x {script}` (with a "
+            "#! line naming its interpreter), or leave out --no_python to run it with python."
+        )
+    check_torchrun_values(args)
     path = Path(args.config_file) if args.config_file else default_config_path()
     file_raw = read_config_file(path) if (args.config_file or path.exists()) else {}
     flags_raw = raw_config_from_args(args)

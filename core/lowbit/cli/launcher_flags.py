@@ -41,6 +41,22 @@ TORCHRUN_HELP = {
     "monitor_interval": "seconds between torchrun's checks of the workers",
 }
 TORCHRUN_TYPES = {"max_restarts": int, "monitor_interval": float}
+# The smallest value torchrun works with, per numeric flag (and whether the smallest is excluded).
+TORCHRUN_MINIMUM = {"max_restarts": (0, False), "monitor_interval": (0.0, True)}
+
+
+def check_torchrun_values(args: Any) -> None:
+    """A numeric torchrun flag out of its range is an error naming it (torchrun would fail later,
+    with a traceback: a negative monitor interval in its agent's sleep)."""
+    import math
+
+    for flag, (minimum, excluded) in TORCHRUN_MINIMUM.items():
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        if math.isnan(value) or value < minimum or (excluded and value == minimum):
+            wanted = f"more than {minimum:g}" if excluded else f"at least {minimum:g}"
+            raise ConfigError(f"--{flag} {value:g}: it takes a number {wanted} ({TORCHRUN_HELP[flag]}).")
 SHORT_FLAGS = {"tee": "-t", "quiet": "-q"}
 
 # DeepSpeed's multi-machine launchers that start every machine from one command (over ssh, MPI or

@@ -268,3 +268,16 @@ def test_a_bad_scheduler_value_is_named_by_the_variable_that_was_read(tmp_path, 
     with pytest.raises(ConfigError, match=said) as error:
         build(tmp_path, monkeypatch, env, "--cpu")
     assert "--machine_rank" not in str(error.value) and "--main_process_port" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (("--num_processes", "2", "--monitor_interval", "-1"), r"--monitor_interval -1: it takes a number more than 0"),
+        (("--num_processes", "2", "--max_restarts", "-3"), r"--max_restarts -3: it takes a number at least 0"),
+        (("--no_python",), r"--no_python runs .*train.py' as a program, and it is not executable"),
+    ],
+)
+def test_launcher_values_torchrun_or_the_system_would_fail_on_are_errors(tmp_path, monkeypatch, flags, said):
+    with pytest.raises(ConfigError, match=said):
+        build(tmp_path, monkeypatch, {}, "--cpu", *flags)

@@ -88,3 +88,17 @@ def test_a_loader_skipped_past_its_end_has_no_batches_left():
     loader = acc.prepare(DataLoader(list(range(10)), batch_size=4))
     skipped = acc.skip_first_batches(loader, 5)
     assert len(skipped) == 0 and list(skipped) == []
+
+
+def test_a_prepared_loader_pickles_with_a_lambda_on_preemption_and_loads_the_same_batches():
+    """The docs' own ``on_preemption(lambda: ...)`` made every prepared loader unpicklable (the
+    preemption stop it holds): Accelerate's loaders pickle."""
+    import pickle
+
+    from lowbit import Accelerator
+
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(torch.utils.data.DataLoader(torch.arange(16.0), batch_size=4))
+    acc.on_preemption(lambda: acc.save_state("ckpt"))
+    back = pickle.loads(pickle.dumps(loader))
+    assert [b.tolist() for b in back] == [b.tolist() for b in loader]

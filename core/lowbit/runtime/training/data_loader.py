@@ -60,6 +60,20 @@ class PreparedDataLoader(DataLoader):
     own ``__init__`` is not run, its attributes (``sampler``, ``num_workers``, ...) are read off
     ``base``, and iterating is this class's own."""
 
+    # What ties a loader to the run that prepared it (the preemption stop, whose callbacks may be
+    # lambdas; the throughput meter; the Accelerator's gradient state): not pickled, so a prepared
+    # loader pickles as Accelerate's do; a copy read back loads the same batches, tied to no run.
+    RUN_HOOKS = ("at_iteration_start", "observe_batch", "gradient_state", "last_batch")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self.RUN_HOOKS:
+            state[name] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def __init__(
         self,
         dataloader: DataLoader,
