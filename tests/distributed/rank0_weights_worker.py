@@ -2,6 +2,8 @@
 
 - ``scrambled``: rank 0 builds the model from seed 0, the others from another seed;
 - ``empty``: the others build it under ``init_empty_weights`` (the meta device);
+- ``tied``: a head tied to its embedding, the others under ``init_empty_weights``; ``tied-bf16`` and
+  ``tied-wider``: rank 1's model differs from rank 0's in dtype or shape (refused, naming it);
 - ``pretrained CKPT``: transformers' ``from_pretrained(CKPT)``, which under ``lowbit launch
   --fsdp_cpu_ram_efficient_loading true`` sees Accelerate's variables (is_fsdp_enabled); the other
   ranks' loaded weights are then scrambled, so that only prepare() can make them right.
@@ -42,6 +44,21 @@ class Net(nn.Module):
         return self.out(h)
 
 
+class TiedNet(nn.Module):
+    """A head tied to its embedding, as Llama's tie_word_embeddings and GPT-2's lm_head."""
+
+    def __init__(self, seed: int, width: int = 32):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(64, width)
+        self.mid = nn.Linear(width, width)
+        self.head = nn.Linear(width, 64, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.relu(self.mid(self.embed(ids))))
+
+
 def whole(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
@@ -68,6 +85,14 @@ def main() -> None:
         with lowbit.init_empty_weights(include_buffers=True):
             model = Net(seed=0)
         expected = whole(Net(seed=0))
+    elif mode.startswith("tied"):  # tied: the others empty; tied-bf16 / tied-wider: rank 1's model differs
+        model = TiedNet(seed=0)
+        if rank > 0:
+            with lowbit.init_empty_weights(include_buffers=True):
+                model = TiedNet(seed=0, width=48 if mode == "tied-wider" else 32)
+            if mode == "tied-bf16":
+                model = model.to(torch.bfloat16)
+        expected = whole(TiedNet(seed=0))
     else:
         model = Net(seed=0 if rank == 0 else 100 + rank)
         expected = whole(Net(seed=0))
@@ -79,7 +104,9 @@ def main() -> None:
     missing = sorted(set(expected) - set(got))
     from transformers.distributed.fsdp import is_fsdp_enabled
 
+    inner = accelerator.unwrap_model(model)
     report = {
+        "tied_after": isinstance(inner, TiedNet) and inner.head.weight is inner.embed.weight,
         "transformers_loads_once_per_machine": is_fsdp_enabled(),
         "unloaded_before": unloaded,
         "max_diff": max(diffs.values()),

@@ -57,6 +57,8 @@ def check_torchrun_values(args: Any) -> None:
         if math.isnan(value) or value < minimum or (excluded and value == minimum):
             wanted = f"more than {minimum:g}" if excluded else f"at least {minimum:g}"
             raise ConfigError(f"--{flag} {value:g}: it takes a number {wanted} ({TORCHRUN_HELP[flag]}).")
+
+
 SHORT_FLAGS = {"tee": "-t", "quiet": "-q"}
 
 # DeepSpeed's multi-machine launchers that start every machine from one command (over ssh, MPI or

@@ -91,3 +91,24 @@ def test_the_launcher_exports_what_transformers_reads(tmp_path, monkeypatch):
         "true",
         "true",
     )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("flags", [(), FSDP_FROM_RANK0], ids=["ddp", "fsdp2"])
+def test_tied_weights_are_filled_and_stay_tied(tmp_path, flags):
+    """to_empty untied the head from its embedding on the ranks being filled: their broadcasts
+    stopped pairing with rank 0's and the job hung."""
+    reports, err = _run(tmp_path, *flags, worker_args=("tied",))
+    assert len(reports) == 2, err[-3000:]
+    assert [r["max_diff"] for r in reports] == [0.0, 0.0]
+    if not flags:
+        assert all(r["tied_after"] for r in reports)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("mode, said", [("tied-bf16", "bfloat16"), ("tied-wider", "[64, 48]")])
+def test_ranks_whose_models_differ_are_refused_by_name_not_hung(tmp_path, mode, said):
+    reports, err = _run(tmp_path, worker_args=(mode,))
+    assert not reports
+    assert "rank 1's model is not rank 0's (embed.weight: float32 [64, 32] on rank 0" in err, err[-3000:]
+    assert said in err

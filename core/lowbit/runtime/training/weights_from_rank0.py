@@ -11,7 +11,12 @@ Accelerate's does); a script may build it under ``init_empty_weights`` itself. T
 - the others (DDP, ...): a rank whose weights are not loaded allocates them, and every parameter and
   buffer is broadcast from rank 0 (:func:`broadcast_whole`) before the backend converts the model.
 
-Both collectives run once, at ``prepare()``, on the process group's device (NCCL's rule).
+Both collectives run once, at ``prepare()``, on the process group's device (NCCL's rule). Before
+any tensor moves, the ranks compare what they hold (every tensor's name, shape and dtype) in one
+small collective: models that differ are refused by name (broadcasts that stop pairing hang; on
+NCCL a dtype mismatch would be silent corruption). A rank that allocates its weights ties again
+what was tied (``to_empty`` gives each module a tensor of its own: a head tied to its embedding
+would become two tensors, one broadcast more than rank 0 sends).
 """
 
 from __future__ import annotations
@@ -58,13 +63,72 @@ def refuse_unloaded_on_rank0() -> None:
     )
 
 
+def _ties(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
+    """The parameters several modules share (a head tied to its embedding): each as the
+    (module, attribute) places that hold it."""
+    places: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        for attribute, parameter in module.named_parameters(recurse=False):
+            places.setdefault(id(parameter), []).append((module, attribute))
+    return [holders for holders in places.values() if len({id(m) for m, _ in holders}) > 1]
+
+
+def materialize(model: torch.nn.Module, device: torch.device) -> None:
+    """Allocate a model whose weights are not loaded here, on ``device``, tied as it was built."""
+    ties = _ties(model)
+    model.to_empty(device=device)
+    for holders in ties:
+        (first_module, first_attribute), *others = holders
+        shared = getattr(first_module, first_attribute)
+        for module, attribute in others:
+            setattr(module, attribute, shared)
+
+
+def _manifest(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")) for name, tensor in _tensors(model)]
+
+
+def check_same_tensors(model: torch.nn.Module) -> None:
+    """Every rank holds the same tensors (names, shapes, dtypes) as rank 0, or a ConfigError on every
+    rank naming the first difference: one ``all_gather_object`` of the lists."""
+    import torch.distributed as dist
+
+    mine = _manifest(model)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    reference = every[0]
+    for rank, theirs in enumerate(every[1:], start=1):
+        if theirs == reference:
+            continue
+        ours = dict((n, (s, d)) for n, s, d in reference)
+        other = dict((n, (s, d)) for n, s, d in theirs)
+        difference = next(
+            (
+                f"{name}: {_shown(ours.get(name))} on rank 0, {_shown(other.get(name))} on rank {rank}"
+                for name in [*ours, *other]
+                if ours.get(name) != other.get(name)
+            ),
+            "the same tensors in another order",
+        )
+        raise ConfigError(
+            f"prepare() fills every rank's weights from rank 0, and rank {rank}'s model is not rank 0's "
+            f"({difference}). Build the same model, in the same dtype, on every rank (only rank 0 need load the "
+            "checkpoint)."
+        )
+
+
+def _shown(entry: tuple[tuple[int, ...], str] | None) -> str:
+    return "absent" if entry is None else f"{entry[1]} {list(entry[0])}"
+
+
 def broadcast_whole(model: torch.nn.Module, device: torch.device) -> None:
     """Every rank ends with rank 0's parameters and buffers; a rank whose weights were not loaded
     allocates them on ``device`` first."""
     import torch.distributed as dist
 
     if unloaded_here(model):
-        model.to_empty(device=device)
+        materialize(model, device)
+    check_same_tensors(model)
     with torch.no_grad():
         for _, tensor in _tensors(model):
             wire = on_group_device(tensor, copy=True)
@@ -85,7 +149,8 @@ def fill_shards(model: torch.nn.Module, whole: dict[str, torch.Tensor] | None, d
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     if unloaded_here(model):
-        model.to_empty(device=device)
+        materialize(model, device)
+    check_same_tensors(model)
     with torch.no_grad():
         for name, tensor in _tensors(model):
             is_sharded = isinstance(tensor, DTensor)
