@@ -10,7 +10,8 @@ SCENARIO: ``placement`` (where prepare() moves the model, in order with fully_sh
 ``shared`` (ALBERT-style: one block listed three times and applied three times, and a head tied to
 the embedding; trains under FSDP2 or, without --use_fsdp, DDP, to compare),
 ``again`` (free_memory() then prepare() of the same model and optimizer, as Trainer does at each train()),
-``join`` (join_uneven_inputs with even_batches=False under DDP). Several, comma-separated, run in one launch.
+``join`` (join_uneven_inputs with even_batches=False under DDP), ``join-nan`` (the same, a NaN on
+the lone step). Several, comma-separated, run in one launch.
 """
 
 from __future__ import annotations
@@ -232,6 +233,31 @@ def join(out: dict) -> None:
     out.update(join_batches=batches, batches_after=len(list(loader)), process_index=accelerator.process_index)
 
 
+def join_nan(out: dict) -> None:
+    """``join`` with the preemption poll at every step and a NaN loss on rank 0's lone third step
+    (rank 1 joined): the skipped step polls as the joined rank's shadow does (it crashed the job in a
+    gloo collective mismatch)."""
+    import os
+
+    os.environ["LOWBIT_PREEMPTION_POLL_STEPS"] = "1"
+    accelerator = Accelerator()
+    model = mlp(seed=0, width=64)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = accelerator.prepare(torch.utils.data.DataLoader(torch.randn(10, 32), batch_size=2))
+    batches, skipped = 0, 0
+    with accelerator.join_uneven_inputs([model], even_batches=False):
+        for x in loader:
+            loss = model(x).pow(2).mean()
+            if batches == 2:  # rank 0's lone step
+                loss = loss * float("nan")
+            accelerator.backward(loss)
+            optimizer.step()
+            skipped += int(accelerator.optimizer_step_was_skipped)
+            optimizer.zero_grad()
+            batches += 1
+    out.update(join_nan_batches=batches, join_nan_skipped=skipped, process_index=accelerator.process_index)
+
+
 def main() -> None:
     scenarios, out_dir = sys.argv[1], Path(sys.argv[2])
     out: dict = {}
@@ -244,6 +270,7 @@ def main() -> None:
             "shared": shared,
             "again": again,
             "join": join,
+            "join-nan": join_nan,
         }[scenario](out)
     (out_dir / f"rank{out['process_index']}.json").write_text(json.dumps(out))
 

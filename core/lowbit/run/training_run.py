@@ -168,7 +168,7 @@ class TrainingRun:
         self._strategy_backward = self.plugins.caller(self.strategy, "backward")
         self.sync_with_dataloader, self.sync_each_batch = request.sync_with_dataloader, request.sync_each_batch
         self.preemption = PreemptionWatch(self.facts.num_processes)
-        self.step_state.step_observers.append(self.preemption.after_step)
+        self.step_state.every_step.append(self.preemption.after_step)  # polled alike on every rank, skipped or not
         self.norm_stats = NormStatsKeeper()  # BatchNorm's statistics, put back when a step is skipped
         self.step_state.step_observers.append(self.norm_stats.keep)
         self.step_state.undo_on_skip.append(self.norm_stats.restore)

@@ -193,9 +193,13 @@ def test_a_model_freed_and_prepared_again_trains_as_one_preparation_does_and_ddp
     flags = ["--mixed_precision", "fp8"] + (["--use_fsdp"] if strategy == "fsdp2" else [])
     # Under DDP the same launch runs join_uneven_inputs too: 5 batches of 2 ranks, even_batches=False
     # inside the block (3 and 2 batches, no hang), the loader filling up its last round again after.
-    ranks, _ = launch(tmp_path, "again" if strategy == "fsdp2" else "again,join", *flags, worker=FSDP_WORKER)
+    # Then a NaN on that lone step, the preemption poll at every step: the skipped step polls as the
+    # joined rank's shadow does (a gloo collective mismatch crashed the job).
+    scenarios = "again" if strategy == "fsdp2" else "again,join,join-nan"
+    ranks, _ = launch(tmp_path, scenarios, *flags, worker=FSDP_WORKER)
     if strategy == "ddp":
         assert [rank["join_batches"] for rank in ranks] == [3, 2] and ranks[1]["batches_after"] == 3, ranks
+        assert [(rank["join_nan_batches"], rank["join_nan_skipped"]) for rank in ranks] == [(3, 1), (2, 0)], ranks
     for rank in ranks:
         assert rank["twice"] == rank["straight"], rank
         assert rank["forward_wrappers"] == 1, rank

@@ -68,6 +68,9 @@ class StepState:
     split_batches: bool = False
     step_scheduler_with_optimizer: bool = True
     step_observers: list[Callable[[], None]] = field(default_factory=list)
+    # Run at every optimizer step, taken or skipped (a NaN, an fp16 overflow): what every rank must
+    # run alike, a joined rank's shadow included (the preemption poll's collective).
+    every_step: list[Callable[[], None]] = field(default_factory=list)
     # What a NaN/inf loss or gradient does to the optimizer step it feeds: "skip", "raise" or "continue".
     on_nonfinite_loss: str = "skip"
     # Whether the step reads the gradients themselves (False where the strategy owns them: DeepSpeed).
@@ -259,6 +262,12 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if not self._step_state.sync_gradients:
             return None
+        result = self._step(closure)
+        for run in self._step_state.every_step:
+            run()
+        return result
+
+    def _step(self, closure):
         step_state = self._step_state
         step_state.optimizer_steps += 1
         if step_state.checks_nonfinite:
