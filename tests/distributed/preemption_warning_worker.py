@@ -3,7 +3,7 @@
 
     lowbit launch --cpu --num_processes 2 tests/distributed/preemption_warning_worker.py OUT [signal]
 
-With ``signal``, rank 0 sends SIGUSR1 to the launcher (its grandparent: launcher, torchrun, rank)
+With ``signal``, rank 0 sends SIGUSR1 to the launcher (its nearest ``lowbit launch`` ancestor)
 after step 3. Each rank writes its losses, and the step at which its checkpoint was written.
 """
 
@@ -50,8 +50,16 @@ signal.signal(signal.SIGUSR1, seen)
 
 
 def launcher_pid() -> int:
-    stat = Path(f"/proc/{os.getppid()}/stat").read_text()  # torchrun's; its parent is lowbit launch
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    """The nearest ancestor running ``lowbit launch`` (torchrun's parent; further up when a
+    --no_python wrapper runs this script as its child)."""
+    pid = os.getppid()
+    while pid > 1:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"lowbit.cli.main" in command and b"launch" in command:
+            return pid
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    raise RuntimeError("no lowbit launch above this process")
 
 
 losses = []

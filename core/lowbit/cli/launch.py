@@ -422,6 +422,18 @@ def run(args: argparse.Namespace) -> int:
     return run_job(command, {**os.environ, **extra_env})
 
 
+# SIGUSR1 received between the launcher's start and the job's (hold_early_warnings): not lost.
+EARLY_WARNINGS: list[int] = []
+
+
+def hold_early_warnings() -> None:
+    """From the launcher's first instant: a scheduler's SIGUSR1 is kept for the job (its default
+    action would kill the launcher: exit -10 and no checkpoint)."""
+    import signal
+
+    signal.signal(signal.SIGUSR1, lambda signum, frame: EARLY_WARNINGS.append(signum))
+
+
 def run_job(command: list[str], env: dict[str, str]) -> int:
     """Run the job; SIGTERM (and SIGINT) to the launcher reach every process of it, and what is
     still running a window later (``LOWBIT_PREEMPTION_GRACE`` seconds, 25 by default) is killed,
@@ -461,12 +473,22 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
         deadline.append(time.monotonic() + grace)
 
     def warn(signum, frame):
-        # torchrun starts each rank in a session of its own: the ranks are told one by one.
-        for pid in _children(job.pid) if own_group else [job.pid]:
+        # torchrun starts each rank in a session of its own: the ranks are told one by one, at any
+        # depth (a --no_python wrapper runs Python as its child; the processes that do not listen
+        # ignore it: the job started with it ignored).
+        for pid in _descendants(job.pid) if own_group else [job.pid, *_descendants(job.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
         if warning_action() == "stop":  # the ranks save and stop as on SIGTERM (exit code 143)
             received.append(signal.SIGTERM)
+
+    def kill_everything() -> None:
+        # The ranks (torchrun starts each in a session of its own) and their children, found while
+        # torchrun is alive (they are re-parented when it dies), then the job's own group.
+        for pid in _descendants(job.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        send(signal.SIGKILL)
 
     def stopped(returncode: int) -> int:
         # torchrun reports ranks that exited 143 on the forwarded SIGTERM as a failure (1): the job
@@ -478,6 +500,9 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
     forwarded = (signal.SIGTERM, signal.SIGINT) if own_group else (signal.SIGTERM,)
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, warn)
+    if EARLY_WARNINGS:  # SIGUSR1 that came while the launcher was starting: passed on now
+        EARLY_WARNINGS.clear()
+        warn(signal.SIGUSR1, None)
     try:
         while True:
             try:
@@ -490,7 +515,7 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
-                    send(signal.SIGKILL)
+                    kill_everything()
                     return stopped(job.wait())
     finally:
         for sig, handler in previous.items():
@@ -498,6 +523,16 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
         if own_group:  # a rank that outlived torchrun
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(job.pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (children, theirs, ...), parents first."""
+    found, frontier = [], [root]
+    while frontier:
+        children = [child for parent in frontier for child in _children(parent)]
+        found.extend(children)
+        frontier = children
+    return found
 
 
 def _children(parent: int) -> list[int]:

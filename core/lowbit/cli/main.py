@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"]:  # before anything else: a scheduler's early SIGUSR1 must not kill the launcher
+        from lowbit.cli.launch import hold_early_warnings
+
+        hold_early_warnings()
     saved, sys.argv = sys.argv, [sys.argv[0], *argv]
     try:
         parser = build_parser()

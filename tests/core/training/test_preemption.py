@@ -149,6 +149,71 @@ def test_slurms_early_warning_checkpoints_every_rank_at_one_step_and_training_go
 
 
 @pytest.mark.multiprocess
+def test_the_early_warning_reaches_ranks_a_no_python_wrapper_runs_as_its_children(tmp_path):
+    """A --no_python wrapper that runs Python as a child (not exec): SIGUSR1 reached the wrapper only
+    and was lost (no checkpoint, nothing said)."""
+    import sys
+
+    wrapper = tmp_path / "train.sh"
+    wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "{WARNING_WORKER}" "$@"\n')
+    wrapper.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", LOWBIT_PREEMPTION_POLL_STEPS="2")
+    out = tmp_path / "warned"
+    out.mkdir()
+    command = launch_argv("--cpu", "--num_processes", "2", "--no_python", str(wrapper), str(out), "signal")
+    warned = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert warned.returncode == 0, warned.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["saved_at"] == ranks[1]["saved_at"] and len(ranks[0]["saved_at"]) == 1, ranks
+
+
+def test_a_warning_before_the_job_starts_is_held_for_it_not_fatal_to_the_launcher():
+    """SIGUSR1 before the launcher's handler was installed killed it (exit -10)."""
+    from lowbit.cli import launch
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        launch.hold_early_warnings()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+        assert launch.EARLY_WARNINGS == [signal.SIGUSR1]
+    finally:
+        launch.EARLY_WARNINGS.clear()
+        signal.signal(signal.SIGUSR1, before)
+
+
+@pytest.mark.multiprocess
+def test_the_grace_kill_reaches_ranks_that_ignore_the_signal(tmp_path):
+    """Ranks stuck past the window (here: ignoring SIGTERM) outlived the launcher's kill, which
+    reached torchrun's process group only; each rank runs in a session of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", LOWBIT_PREEMPTION_GRACE="3")
+    worker = TESTS / "distributed" / "stuck_rank_worker.py"
+    launcher = subprocess.Popen(
+        launch_argv("--cpu", "--num_processes", "2", str(worker), str(tmp_path)),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for([tmp_path / f"pid_{r}" for r in range(2)], timeout=600)
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=600)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert "did not stop within 3 s" in err, err[-3000:]
+    pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
+    time.sleep(1)
+    alive = [pid for pid in pids if _alive(pid)]
+    for pid in alive:  # the test's own cleanup, whatever the verdict
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "a rank outlived the launcher's grace kill"
+
+
+@pytest.mark.multiprocess
 def test_the_early_warning_can_stop_the_job_after_its_checkpoint(tmp_path):
     stopped = _run_warning_job(tmp_path / "stop", "signal", env_extra={"LOWBIT_PREEMPTION_WARNING": "stop"})
     assert stopped.returncode == 143, stopped.stderr[-3000:]
