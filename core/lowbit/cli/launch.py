@@ -119,6 +119,38 @@ def _check_port_free(port: int) -> None:
             ) from None
 
 
+# How long the c10d endpoint's port is probed for a rendezvous store when something holds it.
+C10D_PROBE_SECONDS = 5
+
+
+def _check_c10d_endpoint(host: str, port: int) -> None:
+    """On the machine that hosts a c10d rendezvous (its address is this machine's): the port is
+    free, or held by the rendezvous store of this job (another launcher here came first). Held by
+    anything else, torchrun would wait on it for minutes: an error now. Elsewhere: nothing to check."""
+    import errno
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+            return  # free: this launcher's torchrun hosts the store
+        except socket.gaierror:
+            return  # a name this machine cannot resolve: torchrun says so itself
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return  # not an address of this machine: another machine hosts the store
+    probe = [sys.executable, "-m", "lowbit.cli.rendezvous_probe", host, str(port), str(C10D_PROBE_SECONDS)]
+    try:
+        answered = subprocess.run(probe, capture_output=True, timeout=C10D_PROBE_SECONDS + 15).returncode == 0
+    except subprocess.TimeoutExpired:
+        answered = False
+    if not answered:  # whatever holds the port, it is no rendezvous store
+        raise ConfigError(
+            f"--main_process_port {port} on {host} (the c10d rendezvous endpoint, this machine) is held by another "
+            f"program, not a rendezvous store: torchrun would wait on it for minutes. Pick a free port for "
+            "--main_process_port on every machine."
+        )
+
+
 def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], "LowbitConfig"]:
     """The command to run and the env vars to add, from the config file and the flags."""
     from lowbit.run.plugin_manager import registry_for_names
@@ -332,6 +364,8 @@ def rendezvous_arguments(config: "LowbitConfig", args: argparse.Namespace) -> li
     port = config.main_process_port or 29500
     nodes = ["--nnodes", str(config.num_machines)]
     if config.rdzv_backend != "static":
+        if config.rdzv_backend == "c10d":
+            _check_c10d_endpoint(config.main_process_ip, port)
         return [*nodes, "--rdzv_backend", config.rdzv_backend, "--rdzv_endpoint", f"{config.main_process_ip}:{port}"]
     if not 0 <= config.machine_rank < config.num_machines:
         raise ConfigError(

@@ -281,3 +281,23 @@ def test_a_bad_scheduler_value_is_named_by_the_variable_that_was_read(tmp_path, 
 def test_launcher_values_torchrun_or_the_system_would_fail_on_are_errors(tmp_path, monkeypatch, flags, said):
     with pytest.raises(ConfigError, match=said):
         build(tmp_path, monkeypatch, {}, "--cpu", *flags)
+
+
+def test_a_c10d_endpoint_whose_port_another_program_holds_is_an_error_not_a_wait(tmp_path, monkeypatch):
+    """Only the static rendezvous checked its port: with c10d a busy port hung the launch for 150 s
+    and more. Held by a rendezvous store (another launcher of the job on this machine), it is fine."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        flags = ("--num_machines", "2", "--rdzv_backend", "c10d", "--main_process_ip", "127.0.0.1")
+        with pytest.raises(ConfigError, match=rf"--main_process_port {port} on 127.0.0.1 .* held by another program"):
+            build(tmp_path, monkeypatch, {}, "--cpu", *flags, "--main_process_port", str(port))
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    command, _, _ = build(tmp_path, monkeypatch, {}, "--cpu", *flags, "--main_process_port", str(store.port))
+    assert f"127.0.0.1:{store.port}" in command
