@@ -385,11 +385,8 @@ class Accelerator(RankFacts):
                     continue
                 changed.append((loader, loader.even_batches))
                 loader.even_batches = even_batches
-        from torch.distributed.algorithms.join import Join
-
         try:
-            shadows = [self._run.step_joinable(list(joinables))] if self.prepared.optimizers else []
-            with Join([*joinables, *shadows], enable=joining, throw_on_early_termination=False):
+            with self._run.join(list(joinables), joining):
                 yield
         finally:
             for loader, before in changed:

@@ -403,15 +403,27 @@ class TrainingRun:
             self.step_state.observe_finite(plain, clipped=parameters)
         return norm
 
-    def step_joinable(self, models: list[Any]) -> Any:
-        """What joins lowbit's optimizer step in ``join_uneven_inputs`` beside the user's DDP models."""
+    @contextlib.contextmanager
+    def join(self, joinables: list[Any], joining: bool) -> Iterator[None]:
+        """``join_uneven_inputs``' block: torch's ``Join`` over the user's DDP models and lowbit's
+        optimizer step (a rank out of batches shadows the step's collectives). Inside it, a
+        preemption save runs at the step that agreed it, on every rank alike: a joined rank has
+        no next iteration at which the others' saves could find it."""
+        from torch.distributed.algorithms.join import Join
+
         from lowbit.runtime.training.joining import OptimizerStepShadow
 
         def shadow_step() -> None:  # one step's collectives, in the order a step runs them
             self.step_state.shadow_finite_agreement()
             self.preemption.after_step()
 
-        return OptimizerStepShadow(shadow_step, self.facts.device, models)
+        shadows = [OptimizerStepShadow(shadow_step, self.facts.device, joinables)] if self.prepared.optimizers else []
+        self.preemption.at_the_step = joining
+        try:
+            with Join([*joinables, *shadows], enable=joining, throw_on_early_termination=False):
+                yield
+        finally:
+            self.preemption.at_the_step = False
 
     def forget_prepared(self) -> None:
         """``free_memory()``: every prepared object dropped, and what the run kept of them."""

@@ -184,6 +184,32 @@ def test_a_warning_before_the_job_starts_is_held_for_it_not_fatal_to_the_launche
 
 
 @pytest.mark.multiprocess
+def test_sigterm_while_a_rank_is_joined_saves_on_every_rank(tmp_path):
+    """The save waited for the joined rank (it has no next iteration), the launcher killed the job
+    at the window's end (rc 137) and no checkpoint was written."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOWBIT_PREEMPTION_GRACE="120")
+    worker = TESTS / "distributed" / "preemption_join_worker.py"
+    launcher = subprocess.Popen(
+        launch_argv("--cpu", "--num_processes", "2", str(worker), str(tmp_path)),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for([tmp_path / "rank1_joined"], timeout=600)
+        launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=600)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 143, err[-3000:]
+    assert (tmp_path / "saved_0").exists() and (tmp_path / "saved_1").exists(), err[-3000:]
+    assert (tmp_path / "ckpt" / "lowbit_state.json").exists()
+
+
+@pytest.mark.multiprocess
 def test_the_grace_kill_reaches_ranks_that_ignore_the_signal(tmp_path):
     """Ranks stuck past the window (here: ignoring SIGTERM) outlived the launcher's kill, which
     reached torchrun's process group only; each rank runs in a session of its own."""

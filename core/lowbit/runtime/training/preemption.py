@@ -89,6 +89,9 @@ class PreemptionWatch:
         # What the ranks agreed at the last poll: the answer of preemption_requested on several processes.
         self.agreed_stop = False
         self.steps = 0
+        # Inside join_uneven_inputs: the callbacks run at the step that agreed the stop (on a joined
+        # rank, in its shadow of that step), not at the next iteration, which a joined rank never has.
+        self.at_the_step = False
 
     def listen(self) -> None:
         """Take over SIGTERM and SIGUSR1 (from the main thread; elsewhere Python cannot install handlers)."""
@@ -159,6 +162,8 @@ class PreemptionWatch:
         if self.callbacks:
             self.stop_pending = stop
             self.checkpoint_pending = checkpoint and not stop
+            if self.at_the_step:  # join_uneven_inputs: every rank saves here, the joined ones in their shadow
+                self.at_iteration_start()
 
     def at_iteration_start(self) -> None:
         """The next batch is asked for (a prepared dataloader), or the next backward starts: the last
