@@ -157,10 +157,11 @@ def trainer(args: argparse.Namespace):
             "train_batch_size": "auto",
         }
     train, held_out = datasets(args.trainer)
-    peft = {"peft_config": lora_config()} if args.lora else {}
+    lora = getattr(args, "lora", False)  # callers that build their own arguments (Ray, the patch tests) give none
+    peft = {"peft_config": lora_config()} if lora else {}
     if args.trainer == "trainer":
         built = pretrained(args.pretrained) if getattr(args, "pretrained", None) else model()
-        if args.lora:
+        if lora:
             from peft import get_peft_model
 
             built = get_peft_model(built, lora_config())
@@ -191,7 +192,7 @@ def trainer(args: argparse.Namespace):
     config = DPOConfig(**common, max_length=SEQ, precompute_ref_log_probs=False)
     return DPOTrainer(
         model=model(),
-        ref_model=None if args.lora else model(),  # with LoRA the reference is the base, adapters off
+        ref_model=None if lora else model(),  # with LoRA the reference is the base, adapters off
         args=config,
         train_dataset=train,
         eval_dataset=held_out,

@@ -374,11 +374,16 @@ class TrainingRun:
                     stack.enter_context(factory())
             yield
 
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this micro-batch steps the optimizers (its gradients are whole)."""
+        return self.step_state.gradient_sync.sync_gradients
+
     def unscale_gradients(self, optimizers: list[Any]) -> None:
         """fp16: bring the optimizers' scaled gradients back to their true size, once per optimizer
         step, and only on the micro-batch that steps: unscaled earlier, they would be summed with the
         scaled gradients of the micro-batches after (GradScaler's own rule: once per step)."""
-        if self.precision.scaler is not None and not self.step_state.gradient_sync.sync_gradients:
+        if self.precision.scaler is not None and not self.sync_gradients:
             raise ConfigError(
                 "fp16: gradients unscaled (unscale_gradients, clip_grad_norm_ or clip_grad_value_) on a micro-batch "
                 "that does not step (gradient accumulation, "

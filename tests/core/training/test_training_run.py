@@ -16,7 +16,7 @@ from lowbit.run.training_run import RunRequest, TrainingRun
 
 def _train(front, steps: int = 4) -> list[float]:
     """Train with ``front``'s loop verbs (a TrainingRun, or an Accelerator): accumulate, backward,
-    clip_grad_norm_ and autocast, as a script does."""
+    clip_grad_norm_ (on the micro-batch that steps, as fp16 requires) and autocast, as a script does."""
     model = mlp(seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = front.prepare(model, optimizer)
@@ -28,7 +28,8 @@ def _train(front, steps: int = 4) -> list[float]:
             with front.autocast():
                 loss = torch.nn.functional.mse_loss(output.float(), y)
             front.backward(loss)
-            front.clip_grad_norm_(model.parameters(), 1.0)
+            if front.sync_gradients:
+                front.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad()
         losses.append(loss.item())
