@@ -183,28 +183,28 @@ def test_a_warning_before_the_job_starts_is_held_for_it_not_fatal_to_the_launche
         signal.signal(signal.SIGUSR1, before)
 
 
-@pytest.mark.multiprocess
-def test_sigterm_while_a_rank_is_joined_saves_on_every_rank(tmp_path):
-    """The save waited for the joined rank (it has no next iteration), the launcher killed the job
-    at the window's end (rc 137) and no checkpoint was written."""
+def _sigterm_when(worker: str, out: Path, ready: list[Path], grace: str) -> tuple[int, str]:
+    """Launch ``worker`` on 2 processes, SIGTERM the launcher once ``ready`` exist; its exit code and stderr."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOWBIT_PREEMPTION_GRACE="120")
-    worker = TESTS / "distributed" / "preemption_join_worker.py"
-    launcher = subprocess.Popen(
-        launch_argv("--cpu", "--num_processes", "2", str(worker), str(tmp_path)),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", LOWBIT_PREEMPTION_GRACE=grace)
+    command = launch_argv("--cpu", "--num_processes", "2", str(TESTS / "distributed" / worker), str(out))
+    launcher = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for([tmp_path / "rank1_joined"], timeout=600)
+        _wait_for(ready, timeout=600)
         launcher.send_signal(signal.SIGTERM)
         _, err = launcher.communicate(timeout=600)
     finally:
         if launcher.poll() is None:
             launcher.kill()
-    assert launcher.returncode == 143, err[-3000:]
+    return launcher.returncode, err
+
+
+@pytest.mark.multiprocess
+def test_sigterm_while_a_rank_is_joined_saves_on_every_rank(tmp_path):
+    """The save waited for the joined rank (it has no next iteration), the launcher killed the job
+    at the window's end (rc 137) and no checkpoint was written."""
+    code, err = _sigterm_when("preemption_join_worker.py", tmp_path, [tmp_path / "rank1_joined"], grace="120")
+    assert code == 143, err[-3000:]
     assert (tmp_path / "saved_0").exists() and (tmp_path / "saved_1").exists(), err[-3000:]
     assert (tmp_path / "ckpt" / "lowbit_state.json").exists()
 
@@ -213,25 +213,10 @@ def test_sigterm_while_a_rank_is_joined_saves_on_every_rank(tmp_path):
 def test_the_grace_kill_reaches_ranks_that_ignore_the_signal(tmp_path):
     """Ranks stuck past the window (here: ignoring SIGTERM) outlived the launcher's kill, which
     reached torchrun's process group only; each rank runs in a session of its own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    env.update(OMP_NUM_THREADS="1", LOWBIT_PREEMPTION_GRACE="3")
-    worker = TESTS / "distributed" / "stuck_rank_worker.py"
-    launcher = subprocess.Popen(
-        launch_argv("--cpu", "--num_processes", "2", str(worker), str(tmp_path)),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _wait_for([tmp_path / f"pid_{r}" for r in range(2)], timeout=600)
-        launcher.send_signal(signal.SIGTERM)
-        _, err = launcher.communicate(timeout=600)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    pid_files = [tmp_path / f"pid_{r}" for r in range(2)]
+    _, err = _sigterm_when("stuck_rank_worker.py", tmp_path, pid_files, grace="3")
     assert "did not stop within 3 s" in err, err[-3000:]
-    pids = [int((tmp_path / f"pid_{r}").read_text()) for r in range(2)]
+    pids = [int(path.read_text()) for path in pid_files]
     time.sleep(1)
     alive = [pid for pid in pids if _alive(pid)]
     for pid in alive:  # the test's own cleanup, whatever the verdict
