@@ -26,14 +26,15 @@ from lowbit.kernel.plugin_api import (
 from lowbit_ao.conv1d import convert_conv1d_layers, is_conv1d, linear_dims
 from lowbit_ao.fast_emulation import compute_dtype_for, mark_converted_layers
 from lowbit_ao.frozen_layers import FrozenConversion, convert_frozen_layers
+from lowbit_ao.gemm_rules import SCALED_MM_MULTIPLE
 from lowbit_ao.quiet_import import import_torchao
 from lowbit_ao.recipe import BLOCK_RECIPES
 
 # Options of torchao's float8 recipes that a block-scaled recipe has no use for.
 FLOAT8_ONLY_OPTIONS = ("enable_fsdp_float8_all_gather", "force_recompute_fp8_weight_in_bwd")
 
-# FP8 GEMMs need both dims of a weight to be multiples of 16.
-FP8_DIM_MULTIPLE = 16
+# FP8 GEMMs need both dims of a weight to be multiples of 16 (CUDA's _scaled_mm: gemm_rules).
+FP8_DIM_MULTIPLE = SCALED_MM_MULTIPLE
 # What pad_inner_dim does, for the FP8 report.
 PADDING_NOTE = (
     "GEMM inner dims (incl. the token count in weight-gradient GEMMs) padded to multiples of 16 "

@@ -41,8 +41,6 @@ from lowbit_ao.gemm_rules import check_like_cuda
 BLOCK = 128  # the block of DeepSeek-style checkpoints (and of torch._scaled_mm's blockwise scaling)
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
-# How each layer's weight is stored: one scale for the whole weight, or one per 128x128 block.
-FORMATS = ("tensorwise", "blocks128")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,8 +35,7 @@ from lowbit_ao.frozen_base import (
     published_problem,
     quantized_base,
 )
-
-FP8_DIM_MULTIPLE = 16
+from lowbit_ao.gemm_rules import SCALED_MM_MULTIPLE
 
 
 @dataclasses.dataclass
@@ -113,8 +112,8 @@ def convert_frozen_layers(
             result.kept[name] = "frozen base kept in high precision (frozen_bases='high_precision')"
         else:
             in_features, out_features = linear_dims(model.get_submodule(name))
-            if in_features % FP8_DIM_MULTIPLE or out_features % FP8_DIM_MULTIPLE:
-                result.kept[name] = f"dims {in_features}x{out_features} not divisible by {FP8_DIM_MULTIPLE}"
+            if in_features % SCALED_MM_MULTIPLE or out_features % SCALED_MM_MULTIPLE:
+                result.kept[name] = f"dims {in_features}x{out_features} not divisible by {SCALED_MM_MULTIPLE}"
             else:
                 bases.append(name)
     _refuse_under(context, published + bases)
