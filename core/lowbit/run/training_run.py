@@ -485,7 +485,7 @@ class TrainingRun:
                 loader.observe_batch = meter.on_batch
         if self.prepared.models:
             report = self.prepared.conversion_reports.get(unwrap(self.prepared.models[0]))
-            meter.converted(report.converted if report is not None else ())
+            meter.converted([*report.converted, *report.frozen_low_precision] if report is not None else ())
 
     def _nonfinite_buffers(self) -> list[str]:
         from lowbit.runtime.checkpoint.finite_weights import nonfinite_buffers

@@ -539,3 +539,23 @@ def test_measuring_the_cpu_peak_draws_nothing_from_the_runs_random_streams(tmp_p
     before = torch.get_rng_state()
     throughput.cpu_peak(torch.float32, tmp_path / "peak.json")
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_a_frozen_layer_counts_two_gemms_and_a_frozen_fp8_base_counts_in_the_fp8_share():
+    """A LoRA-style model: the middle Linear frozen. Its step does no weight-gradient GEMM (2 of 3
+    passes), and stored in FP8 (lowbit-ao's frozen base) its GEMMs are FP8."""
+    pytest.importorskip("torchao")
+    accelerator = Accelerator(mixed_precision="fp8", cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    model[1].requires_grad_(False)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    model, optimizer, loader = accelerator.prepare(
+        model, torch.optim.SGD(trainable, lr=0.1), DataLoader(torch.randn(64, 64), batch_size=16)
+    )
+    for batch in loader:
+        accelerator.backward(model(batch).float().pow(2).mean())
+        optimizer.step()
+    meter = accelerator._run.throughput
+    per_layer = 2 * 64 * 64  # FLOPs per token of one 64x64 GEMM
+    assert meter.flops_per_unit == pytest.approx(per_layer * (3 + 2 + 3))
+    assert meter.fp8_gemm_share == pytest.approx(2 / 8)  # the frozen FP8 base; the first and last stay bf16

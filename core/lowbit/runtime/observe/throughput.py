@@ -229,14 +229,17 @@ class ThroughputMeter:
             )
             return
         units = tokens or samples
-        linear: dict[str, float] = {}  # per layer, every call summed (a block shared across depth runs each time)
+        # A step's GEMM FLOPs per layer, every call summed (a block shared across depth runs each time):
+        # forward, grad-input and grad-weight; a frozen layer (LoRA's base) has no grad-weight GEMM.
+        linear: dict[str, float] = {}
         for layer in work.linears:
-            linear[layer.name] = linear.get(layer.name, 0) + 2 * layer.tokens * layer.in_features * layer.out_features
-        gemm = sum(linear.values()) + work.other_gemm_flops + work.attention_flops
+            passes = 2 if layer.frozen else 3
+            flops = passes * 2 * layer.tokens * layer.in_features * layer.out_features
+            linear[layer.name] = linear.get(layer.name, 0) + flops
+        gemm = sum(linear.values()) + 3 * (work.other_gemm_flops + work.attention_flops)
         if not units or not gemm:
             return
-        # forward, grad-input and grad-weight; a batch's work split over model-parallel ranks
-        self.flops_per_unit = 3 * gemm / units / self.model_parallel
+        self.flops_per_unit = gemm / units / self.model_parallel  # a batch's work split over model-parallel ranks
         low = sum(flops for name, flops in linear.items() if name in self._low_precision_layers)
         self.fp8_gemm_share = low / gemm
         self.counted_as = call  # how the batch was fed to the counted forward
