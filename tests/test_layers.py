@@ -1,6 +1,7 @@
-"""The core's three layers, checked on its import statements (every one: module level, inside
-functions and under TYPE_CHECKING), and every module named in a string (``importlib.import_module("lowbit....")``,
-a constant holding a module path): a module loaded by name is an import the layers see.
+"""The core's layers (kernel, runtime, run, compat, top), checked on its import statements (every
+one: module level, inside functions and under TYPE_CHECKING), and every module named in a string
+(``importlib.import_module("lowbit....")``, a constant holding a module path): a module loaded by
+name is an import the layers see.
 
     kernel   (lowbit/kernel/)    imports only the kernel
     runtime  (lowbit/runtime/)   the kernel and itself

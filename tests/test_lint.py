@@ -35,8 +35,8 @@ def test_the_code_passes_ruff():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
-# The layers formatted by ruff format (pyproject's [tool.ruff.format]); the others join as they are touched.
-FORMATTED = ("core/lowbit/kernel", "core/lowbit/run")
+# Every linted folder is formatted by ruff format (pyproject's [tool.ruff.format]).
+FORMATTED = ("core", "plugins", "tests", "bench", "examples")
 
 
 def test_the_formatted_layers_stay_formatted():

@@ -1,5 +1,7 @@
-"""lowbit's own run, between the runtime and a front such as Accelerate's API. ``run/`` decides once,
-before ``prepare()``; ``runtime/`` runs from ``prepare()`` on. Its settings
+"""lowbit's own run, between the runtime and a front such as Accelerate's API. ``run/`` holds the
+run: it decides once (settings, plugin choice, layout), wires the parts ``runtime/`` holds, and
+drives the loop's verbs (backward, accumulate, clip, autocast, join, save and load); ``runtime/``
+holds the parts, each handed only what it needs and none knowing its owner. Its settings
 (``settings.py``, with Accelerate's config files and launcher variables read as sources in
 ``accelerate_config.py``), the plugin manager with the core's built-ins (``plugin_manager.py``),
 the plugin choice (``choice.py``, ``recipe_choice.py``), the parallel layout (``layout.py``) and

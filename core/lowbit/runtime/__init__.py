@@ -1,5 +1,5 @@
-"""lowbit's runtime: what ``prepare()`` builds and what runs after it. ``run/`` decides once, before
-``prepare()``; ``runtime/`` runs from ``prepare()`` on.
+"""lowbit's runtime: the parts a run is made of, each handed only what it needs and none knowing
+its owner (``run/`` holds the run: it decides once, wires these parts and drives the loop's verbs).
 
 Preparation and the prepared objects (``training``), the built-in strategies (``builtin``),
 checkpoints, observation, and the process group's facts and collectives. It imports the kernel
