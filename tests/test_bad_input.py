@@ -210,7 +210,7 @@ def test_accumulation_steps_below_one_are_refused_naming_where_they_came_from(mo
     """Accelerate's GradientAccumulationPlugin(num_steps=0) became 1 silently (0 == False); an env
     var's bad value did not name the variable."""
     accelerate_utils = pytest.importorskip("accelerate.utils")
-    with pytest.raises(ConfigError, match="gradient_accumulation_steps.*at least 1, got 0"):
+    with pytest.raises(ConfigError, match=r"GradientAccumulationPlugin\(num_steps=0\): .* at least 1"):
         Accelerator(cpu=True, gradient_accumulation_plugin=accelerate_utils.GradientAccumulationPlugin(num_steps=0))
     monkeypatch.setenv("LOWBIT_GRADIENT_ACCUMULATION_STEPS", "-3")
     with pytest.raises(ConfigError, match="environment variable LOWBIT_GRADIENT_ACCUMULATION_STEPS.*got -3"):

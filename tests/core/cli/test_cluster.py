@@ -195,6 +195,8 @@ def test_torchruns_flags_reach_torchrun(tmp_path, monkeypatch):
 
 
 def test_no_python_runs_the_program_itself(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "train.py").chmod(0o755)  # a program: --no_python refuses a script that is not executable
     command, _, _ = build(tmp_path, monkeypatch, {}, "--cpu", "--num_processes", "2", "--no_python")
     assert "--no_python" in command and "lowbit.cli.run_script" not in command and command[-1].endswith("train.py")
     command, _, _ = build(tmp_path, monkeypatch, {}, "--cpu", "--no_python")
