@@ -104,7 +104,7 @@ def lowbit_loop(
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     model, opt = acc.prepare(model, opt)
-    acc.step_state.check_gradients = check_gradients
+    acc._run.step_state.check_gradients = check_gradients
     if telemetry_every:
         acc.enable_fp8_telemetry(every_n_steps=telemetry_every)
     return step_fn(model, opt, *batch(), backward=acc.backward)

@@ -103,7 +103,7 @@ def train(
         "final_loss": sum(losses[-20:]) / min(20, len(losses)),
         "seconds": time.perf_counter() - start,
         "report": accelerator.fp8_report() or "",
-        "emulated": accelerator.context.recipe_runs == "emulated",
+        "emulated": accelerator._run.context.recipe_runs == "emulated",
     }
 
 

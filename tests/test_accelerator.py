@@ -360,8 +360,8 @@ def test_prepare_one_object_at_a_time_as_accelerates_methods():
     optimizer = acc.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     scheduler = acc.prepare_scheduler(torch.optim.lr_scheduler.StepLR(optimizer, 1))
     loader = acc.prepare_data_loader(torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
-    assert acc.prepared.models == [model] and acc.prepared.optimizers == [optimizer]
-    assert acc.prepared.schedulers == [scheduler] and acc.prepared.dataloaders == [loader]
+    assert acc._run.prepared.models == [model] and acc._run.prepared.optimizers == [optimizer]
+    assert acc._run.prepared.schedulers == [scheduler] and acc._run.prepared.dataloaders == [loader]
 
     class Seen(nn.Linear):
         def forward(self, x):
@@ -370,7 +370,7 @@ def test_prepare_one_object_at_a_time_as_accelerates_methods():
 
     teacher = acc.prepare_model(Seen(4, 2), evaluation_mode=True)  # a model only evaluated: not distributed
     teacher(torch.randn(2, 4))
-    assert all(m is not teacher for m in acc.prepared.models) and teacher.autocast == torch.bfloat16
+    assert all(m is not teacher for m in acc._run.prepared.models) and teacher.autocast == torch.bfloat16
 
 
 def test_accelerate_tensor_utilities():

@@ -114,7 +114,7 @@ def test_a_model_prepared_again_comes_back_as_it_is_and_another_accelerator_prep
     model = acc.prepare(mlp())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     again, prepared_optimizer = acc.prepare(model, optimizer)  # Accelerate's FSDP docs: model first, then both
-    assert again is model and len(acc.prepared.models) == 1
+    assert again is model and len(acc._run.prepared.models) == 1
     assert acc.prepare(prepared_optimizer) is prepared_optimizer
     # A second Trainer on the same model (TRL's SFT then DPO): prepared again, as Accelerate does.
     other = Accelerator(plugin_manager=manager_with())

@@ -61,7 +61,7 @@ def train(accelerator: Accelerator, result: dict) -> None:
             pids |= set(loaded_by.tolist())
             devices.add(indices.device.type)
     result.update(
-        strategy=accelerator.context.strategy,
+        strategy=accelerator._run.context.strategy,
         losses=losses,
         loader_pids=sorted(pids),
         batch_devices=sorted(devices),

@@ -9,7 +9,7 @@ acc = Accelerator()
 # One write per line: print() writes the text and the newline apart, and ranks interleave.
 sys.stdout.write(
     f"SETTINGS {acc.process_index} {acc.num_processes} {acc.mixed_precision} {acc.fp8_backend} "
-    f"{acc.distributed_strategy} {acc.context.autocast_dtype}\n"
+    f"{acc.distributed_strategy} {acc._run.context.autocast_dtype}\n"
 )
 sys.stdout.flush()
 acc.end_training()

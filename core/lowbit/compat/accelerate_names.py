@@ -22,9 +22,12 @@ from lowbit.compat.paths import public_path
 _DATA_PARALLEL_BY_DEVICE = {"cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
 
 
-def reported_distributed_type(reports_as: str, device_type: str) -> str:
-    """A strategy's ``reports_as`` as Accelerate reports it on this device: its MULTI_GPU is
-    MULTI_CPU on a CPU."""
+def reported_distributed_type(reports_as: str | None, num_processes: int, device_type: str) -> str:
+    """Accelerate's name for how work is spread: the chosen strategy's ``reports_as`` (None: no
+    strategy, so NO on one process and data parallel on several), as Accelerate reports it on this
+    device: its MULTI_GPU is MULTI_CPU on a CPU."""
+    if reports_as is None:
+        reports_as = "NO" if num_processes == 1 else "MULTI_GPU"
     if reports_as in ("MULTI_GPU", "MULTI_CPU"):
         return _DATA_PARALLEL_BY_DEVICE.get(device_type, reports_as)
     return reports_as

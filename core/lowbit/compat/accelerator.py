@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import os
 import types
 from pathlib import Path
@@ -21,36 +20,20 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from lowbit.kernel import notices
-from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
+from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.manager import LowbitPluginManager
-from lowbit.kernel.notices import note
 from lowbit.kernel.recipes import RecipeKwargs
 from lowbit.kernel.telemetry import FP8StatsTable, TelemetryRecorder
-from lowbit.kernel.types import HardwareInfo, PrepareContext
+from lowbit.kernel.types import HardwareInfo
 
-from lowbit.runtime.checkpoint import automatic as automatic_checkpoint
-from lowbit.runtime.checkpoint import files as checkpoint
-from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
-from lowbit.runtime.checkpoint.model_files import (
-    SAFE_WEIGHTS,
-    TORCH_WEIGHTS,
-    detached_copy,
-    tied_as_in,
-    write_model_files,
-)
-from lowbit.runtime.nests import leaves
-from lowbit.runtime.observe.fp8_report import conversion_report
 from lowbit.runtime.observe.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker, Trackers
 from lowbit.runtime.precision import Precision, SlowPrecisionNotice  # noqa: F401 - a warnings filter names it from here
-from lowbit.runtime.process_group import ProcessFacts, RankFacts, every_rank_must_arrive, wait_for_everyone
-from lowbit.runtime.routing import ChosenPlugins
+from lowbit.runtime.process_group import RankFacts, wait_for_everyone
 from lowbit.runtime.training import operations
 from lowbit.runtime.training.data_loader import LoaderOptions, PreparedDataLoader
 from lowbit.runtime.training.gradient_sync import force_gradient_sync, skip_gradient_sync
 from lowbit.runtime.training.loader_shards import skip_first_batches
 from lowbit.runtime.training.preparation import unwrap
-from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
 
 from lowbit.run.layout import ParallelismConfig
 from lowbit.run.settings import LowbitConfig
@@ -143,9 +126,8 @@ class Accelerator(RankFacts):
         self.state = AcceleratorState(self)
         self.flag_tensor: torch.Tensor | None = None
         self.log_with, self.rng_types = log_with, rng_types if rng_types is not None else ["generator"]
-        self._trackers = Trackers(
-            log_with, self._registered_trackers() if log_with is not None else {}, self.logging_dir
-        )
+        trackers = {**self._run.plugins_trackers(), **LOGGER_TYPE_TO_CLASS} if log_with is not None else {}
+        self._trackers = Trackers(log_with, trackers, self.logging_dir)
 
     def _run_request(
         self, settings: dict[str, Any], config_file: Any, recipe_handler: Any, layout: ParallelismConfig | None
@@ -179,6 +161,7 @@ class Accelerator(RankFacts):
             sync_with_dataloader=self.gradient_accumulation_plugin.sync_with_dataloader,
             sync_each_batch=self.gradient_accumulation_plugin.sync_each_batch,
             gradient_state=self.gradient_state,
+            project=self.project_configuration,
         )
 
     # ------------------------------------------------------------------ the run's decisions (lowbit.run.training_run)
@@ -193,10 +176,6 @@ class Accelerator(RankFacts):
         return self._run.config
 
     @property
-    def facts(self) -> ProcessFacts:
-        return self._run.facts
-
-    @property
     def mixed_precision(self) -> str:
         """The precision the run trains in: as asked, or the fp8_fallback taken."""
         return self._run.mixed_precision
@@ -205,69 +184,49 @@ class Accelerator(RankFacts):
     def precision(self) -> Precision:
         return self._run.precision
 
-    @property
-    def context(self) -> PrepareContext:
-        return self._run.context
-
-    @property
-    def plugins(self) -> ChosenPlugins:
-        return self._run.plugins
-
-    @property
-    def prepared(self) -> PreparedObjects:
-        return self._run.prepared
-
-    @property
-    def step_state(self) -> StepState:
-        return self._run.step_state
-
-    @property
-    def counters(self) -> TrainingCounters:
-        return self._run.counters
-
     # ------------------------------------------------------------------ process facts (one source: lowbit.compat.state)
 
     @property
     def num_processes(self) -> int:
-        return self.facts.num_processes
+        return self._run.facts.num_processes
 
     @property
     def process_index(self) -> int:
-        return self.facts.process_index
+        return self._run.facts.process_index
 
     @property
     def local_process_index(self) -> int:
-        return self.facts.local_process_index
+        return self._run.facts.local_process_index
 
     @property
     def device(self) -> torch.device:
-        return self.facts.device
+        return self._run.facts.device
 
     # Accelerate's lists of what was prepared, which transformers' Trainer reads.
     @property
     def _models(self) -> list[torch.nn.Module]:
-        return [*self.prepared.models, *self.prepared.evaluated]
+        return [*self._run.prepared.models, *self._run.prepared.evaluated]
 
     @property
     def _optimizers(self) -> list[Any]:
-        return self.prepared.optimizers
+        return self._run.prepared.optimizers
 
     @property
     def _schedulers(self) -> list[Any]:
-        return self.prepared.schedulers
+        return self._run.prepared.schedulers
 
     @property
     def _dataloaders(self) -> list[Any]:
-        return self.prepared.dataloaders
+        return self._run.prepared.dataloaders
 
     @property
     def step(self) -> int:
         """Micro-batches seen by ``accumulate()`` (saved and restored with the checkpoint)."""
-        return self.counters.step
+        return self._run.counters.step
 
     @step.setter
     def step(self, value: int) -> None:
-        self.counters.step = int(value)
+        self._run.counters.step = int(value)
 
     # ------------------------------------------------------------------ what was chosen
 
@@ -279,11 +238,11 @@ class Accelerator(RankFacts):
     @property
     def fp8_options(self) -> RecipeKwargs | None:
         """The chosen backend's resolved recipe (every field filled)."""
-        return self.context.backend_options
+        return self._run.context.backend_options
 
     @property
     def distributed_strategy(self) -> str:
-        return self.context.strategy
+        return self._run.context.strategy
 
     def explain_backend_choice(self) -> str:
         """Why this backend: every installed backend with its priority and reason to decline."""
@@ -303,13 +262,7 @@ class Accelerator(RankFacts):
     def distributed_type(self) -> DistributedType | str:
         """Accelerate's name for how work is spread: what the chosen strategy reports itself as
         (an Accelerate ``DistributedType``, or the strategy's own name when it stands for none)."""
-        if self._run.strategy is None:
-            return (
-                DistributedType.NO
-                if self.num_processes == 1
-                else DistributedType(reported_distributed_type("MULTI_GPU", self.device.type))
-            )
-        reported = reported_distributed_type(self._run.strategy_reports_as, self.device.type)
+        reported = reported_distributed_type(self._run.strategy_reports_as, self.num_processes, self.device.type)
         return DistributedType(reported) if reported in DistributedType.__members__ else reported
 
     @property
@@ -360,37 +313,13 @@ class Accelerator(RankFacts):
     def use_stateful_dataloader(self) -> bool:
         return False  # refused where it is given (DataLoaderConfiguration): resume with skip_first_batches
 
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> ContextManager[None]:
         """Train or evaluate on batches that do not divide over the processes: with ``even_batches``
         off (here, or the Accelerator's), ranks that run out of batches shadow the others'
         collectives (``torch.distributed.algorithms.Join``) instead of hanging. ``even_batches``
         given here applies to the prepared loaders of map-style datasets inside the block. A DDP
         model joins; on one process this is a no-op."""
-        if self.num_processes == 1:
-            yield
-            return
-        joining = not (self.even_batches if even_batches is None else even_batches)
-        if joining and self.gradient_accumulation_steps > 1:
-            raise UnsupportedCombinationError(
-                "join_uneven_inputs(even_batches=False) with gradient accumulation: a rank that runs out of batches "
-                "cannot tell which of the others' micro-batches reduce gradients, so their collectives would not "
-                "match (a hang). Keep even_batches=True (the last round is filled up), or accumulate 1 step."
-            )
-        changed = []
-        if even_batches is not None:
-            for loader in self.prepared.dataloaders:
-                if loader.dispatching or isinstance(loader.dataset, torch.utils.data.IterableDataset):
-                    note("join_uneven_inputs(even_batches=...) changes map-style loaders only; a stream keeps its own.")
-                    continue
-                changed.append((loader, loader.even_batches))
-                loader.even_batches = even_batches
-        try:
-            with self._run.join(list(joinables), joining):
-                yield
-        finally:
-            for loader, before in changed:
-                loader.even_batches = before
+        return self._run.join_uneven_inputs(list(joinables), even_batches)
 
     @property
     def save_iteration(self) -> int:
@@ -419,7 +348,7 @@ class Accelerator(RankFacts):
     @property
     def native_amp(self) -> bool:
         """Whether the forward runs in torch's autocast (fp16, bf16, and the low-precision backends' bf16)."""
-        return self.context.autocast_dtype is not None
+        return self._run.context.autocast_dtype is not None
 
     @property
     def has_fp8_handler(self) -> bool:
@@ -447,13 +376,13 @@ class Accelerator(RankFacts):
     @property
     def deepspeed_engine_wrapped(self) -> Any:
         """Under DeepSpeed, the prepared engine (as ``.engine``); None otherwise."""
-        if self.distributed_type != DistributedType.DEEPSPEED or not self.prepared.models:
+        if self.distributed_type != DistributedType.DEEPSPEED or not self._run.prepared.models:
             return None
-        return types.SimpleNamespace(engine=self.prepared.models[0])
+        return types.SimpleNamespace(engine=self._run.prepared.models[0])
 
     @property
     def has_lomo_optimizer(self) -> bool:
-        return any(type(opt.optimizer).__name__ in LOMO_OPTIMIZERS for opt in self.prepared.optimizers)
+        return bool(self._run.lomo_optimizers)
 
     # ------------------------------------------------------------------ parallel layout
 
@@ -468,56 +397,32 @@ class Accelerator(RankFacts):
         ``dp``, ``dp_shard_cp`` and ``dp_cp``), or None without a parallel layout."""
         return self._run.device_mesh
 
-    def _mesh_rank(self, dim: str) -> int:
-        """This process's index along ``dim`` of the mesh; 0 when that dimension is off."""
-        if self._run.layout is None:
-            raise ConfigError(
-                f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank."
-            )
-        return self.torch_device_mesh.get_local_rank(dim) if getattr(self._run.layout, f"{dim}_size") > 1 else 0
-
     @property
     def tensor_parallel_rank(self) -> int:
-        return self._mesh_rank("tp")
+        return self._run.mesh_rank("tp")
 
     @property
     def context_parallel_rank(self) -> int:
-        return self._mesh_rank("cp")
+        return self._run.mesh_rank("cp")
 
     @property
     def data_parallel_rank(self) -> int:
-        return self._mesh_rank("dp_replicate")
+        return self._run.mesh_rank("dp_replicate")
 
     @property
     def data_parallel_shard_rank(self) -> int:
-        return self._mesh_rank("dp_shard")
+        return self._run.mesh_rank("dp_shard")
 
-    @contextlib.contextmanager
     def maybe_context_parallel(
         self,
         buffers: list[torch.Tensor] | None = None,
         buffer_seq_dims: list[int] | None = None,
         no_restore_buffers: set[torch.Tensor] | None = None,
-    ) -> Iterator[None]:
+    ) -> ContextManager[None]:
         """Split ``buffers`` (inputs, labels, position ids) along their sequence dimension over the
         context-parallel ranks for the block (torch's ``context_parallel``); does nothing, with a
         note, when cp_size is 1. Enter it anew for each step."""
-        rotation = self._run.context_parallel_rotation()
-        if rotation is None:
-            note("maybe_context_parallel does nothing: context parallelism is off (cp_size is 1).")
-            yield
-            return
-        from torch.distributed.tensor.experimental import context_parallel
-        from torch.distributed.tensor.experimental._attention import set_rotate_method
-
-        set_rotate_method(rotation)
-        with context_parallel(
-            self.torch_device_mesh["cp"],
-            buffers=buffers,
-            buffer_seq_dims=buffer_seq_dims,
-            no_restore_buffers=no_restore_buffers,
-        ):
-            yield
+        return self._run.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -525,7 +430,7 @@ class Accelerator(RankFacts):
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        self.config.gradient_accumulation_steps = self.context.gradient_accumulation_steps = int(steps)
+        self._run.set_gradient_accumulation_steps(steps)
 
     @property
     def sync_gradients(self) -> bool:
@@ -555,7 +460,7 @@ class Accelerator(RankFacts):
     @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped (fp16 inf/nan gradients, a NaN/inf loss)."""
-        return any(opt.step_was_skipped for opt in self.prepared.optimizers)
+        return any(opt.step_was_skipped for opt in self._run.prepared.optimizers)
 
     @property
     def preemption_requested(self) -> bool:
@@ -605,32 +510,7 @@ class Accelerator(RankFacts):
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather``, minus the samples repeated to even out the last batch across processes, so
         a metric over the gathered predictions counts every sample exactly once."""
-        all_tensors = all(isinstance(t, torch.Tensor) for t in leaves(input_data))
-        use_gather_object = use_gather_object or not all_tensors
-        data = operations.gather_object(input_data) if use_gather_object else operations.gather(input_data)
-        remainder = self.gradient_state.remainder
-        if not self.gradient_state.end_of_dataloader or remainder <= 0:
-            if self.gradient_state.end_of_dataloader and getattr(
-                self.gradient_state.active_dataloader, "remainder_unknown", False
-            ):
-                notices.warn(
-                    "gather_for_metrics: the last batch of this stream was filled up with the stream's first "
-                    "samples (each process reads the stream and keeps its share, dispatch_batches=False), and "
-                    "how many of its samples are real is not known here because loader workers read the stream "
-                    "(num_workers > 0): the gathered values include the repeated samples. Use num_workers=0, "
-                    "or leave dispatch_batches at its default (the main process reads the stream), or "
-                    "drop_last=True."
-                )
-            return data
-        try:
-            if use_gather_object:
-                return data[:remainder]
-            return operations.recursively_apply(lambda t: t[:remainder], data)
-        except (
-            IndexError,
-            TypeError,
-        ):  # a leaf with no batch dimension (a 0-dim loss): all returned whole, as in Accelerate
-            return data
+        return operations.gather_for_metrics(input_data, use_gather_object, self.gradient_state.active_dataloader)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         return operations.reduce(tensor, reduction, scale)
@@ -651,12 +531,6 @@ class Accelerator(RankFacts):
         return False
 
     # ------------------------------------------------------------------ experiment tracking
-
-    def _registered_trackers(self) -> dict[str, type]:
-        registered: dict[str, type] = {}
-        for trackers in self._run.plugins_trackers():
-            registered.update(trackers)
-        return {**registered, **LOGGER_TYPE_TO_CLASS}
 
     @property
     def trackers(self) -> list[GeneralTracker]:
@@ -681,10 +555,7 @@ class Accelerator(RankFacts):
     ) -> None:
         """Log ``values`` to the trackers; the throughput of the last optimizer step goes with them
         (``throughput/...``, see ``accelerator.throughput``)."""
-        self._trackers.log(values, step, log_kwargs or {})
-        figures = self._run.throughput_figures()
-        if figures:
-            self._trackers.log({k: v for k, v in figures.items() if k not in values}, step, {})
+        self._trackers.log(values, step, log_kwargs or {}, self._run.throughput_figures())
 
     @property
     def throughput(self) -> dict[str, float]:
@@ -773,35 +644,16 @@ class Accelerator(RankFacts):
         """Bring fp16-scaled gradients back to their true size (before reading or clipping them), for
         ``optimizer`` (one, or a list; a prepared optimizer or the one inside it) or every prepared
         optimizer; a no-op in every other precision. Once per step: the step does not unscale again."""
-        given = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer] if optimizer is not None else None
-        self._run.unscale_gradients(list(given) if given is not None else self.prepared.optimizers)
+        self._run.unscale_gradients(optimizer)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Clamp each gradient to ``[-clip_value, clip_value]``, unscaling fp16 gradients first."""
-        if self._run.strategy_owns_precision:
-            raise UnsupportedCombinationError(
-                f"clip_grad_value_ under the {self.distributed_strategy!r} strategy: it owns the gradients (and their "
-                "loss scale), so they cannot be clamped from outside it. Use clip_grad_norm_ (the strategy's own "
-                "gradient clipping), as Accelerate requires too."
-            )
-        self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        self._run.clip_grad_value_(parameters, clip_value)
 
     def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
         """Backward and update in one pass for LOMO / AdaLomo optimizers (``lomo-optim``), which
         update each parameter as its gradient is made; they must have been prepared."""
-        lomo = [
-            opt.optimizer
-            for opt in self.prepared.optimizers
-            if type(opt.optimizer).__name__ in LOMO_OPTIMIZERS and hasattr(opt.optimizer, "fused_backward")
-        ]
-        if not lomo:
-            raise ConfigError(
-                "lomo_backward() needs a prepared LOMO or AdaLomo optimizer (lomo-optim's); none was prepared. "
-                "Use accelerator.backward(loss) with other optimizers."
-            )
-        for optimizer in lomo:
-            optimizer.fused_backward(loss, learning_rate)
+        self._run.lomo_backward(loss, learning_rate)
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """Whether ``model`` (or a part of it) was laid out over several devices by a ``device_map``
@@ -835,20 +687,13 @@ class Accelerator(RankFacts):
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """``torch.save`` on the main process only, written atomically."""
-        if self.is_main_process:
-            if safe_serialization:
-                from safetensors.torch import save_file
-
-                save_file(obj, str(f), metadata={"format": "pt"})
-            else:
-                checkpoint.write_file_atomically(obj, Path(f))
+        self._run.save_object(obj, f, safe_serialization)
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget every prepared object (and return Nones for ``objects``), then collect garbage."""
         from lowbit.runtime.training.memory import release_memory
 
         self._run.forget_prepared()
-        self.step = 0
         return release_memory(*objects)
 
     clear = free_memory
@@ -880,12 +725,7 @@ class Accelerator(RankFacts):
     def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
         """What FP8 took in a prepared model (the first one by default): how many Linear layers
         train in FP8 and why the others stay in high precision. None without FP8."""
-        if self._run.backend is None or not (model is not None or self.prepared.models):
-            return None
-        record = self.prepared.conversion_reports.get(
-            self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False)
-        )
-        return conversion_report(record, self.fp8_backend, self.mixed_precision, self.context.recipe_runs)
+        return self._run.fp8_report(model)
 
     def fp8_payoff(
         self,
@@ -900,33 +740,7 @@ class Accelerator(RankFacts):
         of each Linear in bf16 and in this run's recipe, and of the step, at ``tokens`` per
         micro-batch on ``gpu`` (default: this device, when lowbit has its figures). Returns a
         :class:`~lowbit.runtime.observe.fp8_payoff.StepPrediction` (``.speedup``; ``table()`` prints it)."""
-        from lowbit.runtime.observe import fp8_payoff
-
-        if self._run.backend is None or not (model is not None or self.prepared.models):
-            raise ConfigError(
-                "fp8_payoff() predicts for a model prepared with a low-precision backend "
-                f"(mixed_precision='fp8' or 'fp4'); this Accelerator uses {self.mixed_precision!r}"
-                f"{'' if self.prepared.models else ' and has prepared no model'}."
-            )
-        raw = self.unwrap_model(model if model is not None else self.prepared.models[0], keep_torch_compile=False)
-        record = self.prepared.conversion_reports.get(raw)
-        cost = self.plugins.backend.chosen.description.recipe_costs.get(record.recipe if record else "")
-        if cost is None:
-            raise ConfigError(
-                f"The {self.fp8_backend!r} backend declares no cost for this run's recipe "
-                f"({record.recipe if record else 'none reported'}), so there is nothing to predict with."
-            )
-        work = fp8_payoff.count_work(raw, max(tokens // (seq_len or tokens), 1), seq_len or tokens)
-        return fp8_payoff.predict(
-            work,
-            fp8_payoff.known_gpu(gpu or self.context.hardware.device_name),
-            record.recipe,
-            cost,
-            record.kept_high_precision(),
-            compiled=self.context.compiled,
-            recompute=activation_checkpointing,
-            shards=shards,
-        )
+        return self._run.fp8_payoff(model, tokens, seq_len, gpu, activation_checkpointing, shards)
 
     def enable_fp8_telemetry(
         self,
@@ -939,27 +753,12 @@ class Accelerator(RankFacts):
         ``every_n_steps`` optimizer steps; warn when a tensor's saturated fraction passes
         ``saturation_warning`` (0.1%) or its flushed-to-zero fraction passes ``underflow_warning`` (1%).
         Off by default: when off, nothing is observed and training speed is unchanged."""
-        if self._run.backend is None:
-            raise ConfigError(
-                f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
-                f"this Accelerator uses {self.mixed_precision!r}."
-            )
-        if model is None:
-            if not self.prepared.models:
-                raise ConfigError(
-                    "Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model)."
-                )
-            model = self.prepared.models[0]
         recorder = TelemetryRecorder(every_n_steps, saturation_warning, underflow_warning)
-        if not self._run.start_telemetry(self.unwrap_model(model, keep_torch_compile=False), recorder):
-            raise UnsupportedCombinationError(f"FP8 telemetry is not supported by the {self.fp8_backend!r} backend.")
+        self._run.enable_fp8_telemetry(model, recorder)
 
     def fp8_stats(self) -> FP8StatsTable:
         """The latest sampled FP8 numerics, one row per layer and tensor (prints as a table)."""
-        rows = self._run.fp8_stats_rows()
-        if rows is None:
-            raise ConfigError("Call accelerator.enable_fp8_telemetry() first (it is off by default).")
-        return FP8StatsTable(rows)
+        return self._run.fp8_stats()
 
     def disable_fp8_telemetry(self) -> None:
         self._run.stop_telemetry()
@@ -999,21 +798,8 @@ class Accelerator(RankFacts):
         ``torch.load(weights_only=True)`` either way, so both values write the same safe files.
         Weights holding NaN/inf are refused (nothing written, nothing pruned) unless ``allow_nonfinite``
         (lowbit's; Accelerate writes them)."""
-        if save_model_func_kwargs:
-            raise ConfigError(
-                f"save_state got {', '.join(save_model_func_kwargs)}: lowbit's save_state writes its own "
-                "files and takes no save function options; use save_model(...) for those."
-            )
-        if not allow_nonfinite:
-            # every rank first (the check agrees across ranks, a collective: a save on the main
-            # process only must be named as that mistake, not crash in a mismatched all-reduce)
-            every_rank_must_arrive("save_state")
-            self._run.refuse_nonfinite_weights()
-        if output_dir is None:
-            return automatic_checkpoint.save_automatically(
-                self.project_configuration, self._run.save_state, self.is_main_process, self.wait_for_everyone
-            )
-        return self._run.save_state(output_dir)
+        _refuse_function_options("save_state", save_model_func_kwargs, "use save_model(...) for those")
+        return self._run.save_state(output_dir, allow_nonfinite)
 
     def load_state(
         self,
@@ -1027,26 +813,14 @@ class Accelerator(RankFacts):
         ``allow_precision_change=True`` (lowbit's) resumes a run saved in another precision or by
         another low-precision backend, e.g. an FP8/NVFP4 run finished in bf16: weights, optimizer,
         scheduler and counters load; the old backend's own state (scales, amax histories) is left out."""
-        if load_model_func_kwargs:
-            raise ConfigError(
-                f"load_state got {', '.join(load_model_func_kwargs)}: lowbit's load_state takes no load "
-                "function options."
-            )
-        if input_dir is None:
-            input_dir = automatic_checkpoint.latest_directory(self.project_configuration)
-        self._run.load_state(input_dir, allow_precision_change=allow_precision_change)
+        _refuse_function_options("load_state", load_model_func_kwargs)
+        self._run.load_state(input_dir, allow_precision_change)
 
     def get_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full, plain state dict an unconverted model loads, on the CPU. Call it on every
         process: under a strategy that shards (FSDP2, ZeRO-3) it is gathered into the main process
         only and the others get ``{}``, as in Accelerate; otherwise every process gets it."""
-        inner = self.unwrap_model(model, keep_torch_compile=False)
-        state = self.plugins.full_state_dict(model)
-        if state is None:
-            state = inner.state_dict()
-        exported = self.plugins.export_state_dict(inner, state)
-        state = exported if exported is not None else state
-        return detached_copy(tied_as_in(inner, state), inner)
+        return self._run.full_state_dict(model)
 
     def save_model(
         self,
@@ -1062,20 +836,10 @@ class Accelerator(RankFacts):
         names and layout are the unconverted model's, whichever backend trained it. Returns the
         file written (the index when sharded). Weights holding NaN/inf are refused unless
         ``allow_nonfinite`` (lowbit's; Accelerate writes them)."""
-        _refuse_weights_not_in_memory(unwrap(model))
-        if not allow_nonfinite:
-            refuse_nonfinite_weights([unwrap(model)], "save_model", self.num_processes)
-        state = self.get_state_dict(model)
-        path = Path(save_directory) / (SAFE_WEIGHTS if safe_serialization else TORCH_WEIGHTS)
-        if self.is_main_process:
-            path = write_model_files(state, Path(save_directory), max_shard_size, safe_serialization)
-        self.wait_for_everyone()
-        return path
+        return self._run.save_model(model, save_directory, max_shard_size, safe_serialization, allow_nonfinite)
 
 
 # ---------------------------------------------------------------------- helpers
-
-LOMO_OPTIMIZERS = ("Lomo", "AdaLomo")  # lomo-optim's, which update parameters inside backward
 
 
 def _handler_list(kwargs_handlers: Any, kwarg_handlers: Any) -> Any:
@@ -1086,23 +850,11 @@ def _handler_list(kwargs_handlers: Any, kwarg_handlers: Any) -> Any:
     return [from_accelerate(h) for h in given] if isinstance(given, (list, tuple)) else given
 
 
-def _refuse_weights_not_in_memory(model: torch.nn.Module) -> None:
-    """save_model writes the weights it holds: a model whose weights an offloading hook keeps on
-    disk or elsewhere (a device_map dispatch), or left on the meta device, is refused before a file
-    is written."""
-    from lowbit.compat.utils.modeling import has_offloaded_params
-
-    offloaded = [name or type(model).__name__ for name, m in model.named_modules() if has_offloaded_params(m)]
-    empty = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
-    if offloaded or empty:
-        where = (
-            f"{len(offloaded)} module(s) offloaded by a device_map hook (first: {offloaded[0]})"
-            if offloaded
-            else f"{len(empty)} tensor(s) on the meta device (first: {empty[0]})"
-        )
-        raise UnsupportedCombinationError(
-            f"save_model: this model's weights are not all in memory: {where}. lowbit saves the weights it holds and "
-            "does not gather offloaded ones. Load the model without offloading (or materialize it: "
-            "model.to_empty(device=...) and load its weights), or save it with Accelerate's save_model or "
-            "transformers' save_pretrained."
+def _refuse_function_options(method: str, options: dict[str, Any], instead: str = "") -> None:
+    """Accelerate's ``save_state``/``load_state`` pass extra options to a save or load function;
+    lowbit's write and read their own files and take none: named rather than dropped."""
+    if options:
+        raise ConfigError(
+            f"{method} got {', '.join(options)}: lowbit's {method} writes and reads its own files and takes no "
+            f"save or load function options{'; ' + instead if instead else ''}."
         )

@@ -16,22 +16,28 @@ import contextlib
 import os
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from lowbit.kernel.errors import ConfigError, did_you_mean
+from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError, did_you_mean
 from lowbit.kernel.manager import LowbitPluginManager
 from lowbit.kernel.notices import note
 from lowbit.kernel.registry import PluginRegistry, Selection
-from lowbit.kernel.telemetry import TelemetryRecorder
+from lowbit.kernel.telemetry import FP8StatsTable, TelemetryRecorder
 from lowbit.kernel.types import PrepareContext
 
+from lowbit.runtime.checkpoint import automatic as automatic_checkpoint
+from lowbit.runtime.checkpoint import model_files
+from lowbit.runtime.checkpoint.files import write_file_atomically
+from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
 from lowbit.runtime.checkpoint.training_state import TrainingStateCheckpointer
 from lowbit.runtime.observe.fp8_payoff import slower_layers
+from lowbit.runtime.observe.fp8_report import conversion_report
 from lowbit.runtime.observe.throughput import ThroughputMeter, meter_is_on
 from lowbit.runtime.precision import Precision, SlowPrecisionNotice
-from lowbit.runtime.process_group import ProcessFacts, process_facts
+from lowbit.runtime.process_group import ProcessFacts, every_rank_must_arrive, process_facts, wait_for_everyone
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training.data_loader import LoaderOptions
 from lowbit.runtime.training.gradient_sync import GradientSync, active_loader, skip_gradient_sync
@@ -81,6 +87,9 @@ class RunRequest:
     front_precision: str | None = None
     front_name: str = "the script"
     gradient_state: Any = None  # what prepared loaders show as ``.gradient_state``
+    # Where automatically named checkpoints go, and how many stay (Accelerate's ProjectConfiguration:
+    # project_dir, automatic_checkpoint_naming, total_limit, iteration).
+    project: Any = None
 
 
 class TrainingRun:
@@ -191,6 +200,7 @@ class TrainingRun:
             self.plugins, self.prepared, self.step_state, self.facts, self.counters
         )
         self.telemetry: TelemetryRecorder | None = None
+        self.project = request.project
 
     # ------------------------------------------------------------------ deciding
 
@@ -266,15 +276,38 @@ class TrainingRun:
     def device_mesh(self) -> Any:
         return self.layout.device_mesh if self.layout is not None else None
 
-    def context_parallel_rotation(self) -> str | None:
-        """How context parallelism passes keys and values around the ranks (None: it is off)."""
-        if self.layout is None or not self.layout.cp_enabled:
-            return None
-        return self.layout.cp_handler.cp_comm_strategy
+    def mesh_rank(self, dim: str) -> int:
+        """This process's index along ``dim`` of the layout's mesh; 0 when that dimension is off."""
+        if self.layout is None:
+            raise ConfigError(
+                f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank."
+            )
+        return self.layout.device_mesh.get_local_rank(dim) if getattr(self.layout, f"{dim}_size") > 1 else 0
 
-    def plugins_trackers(self) -> list[dict[str, type]]:
-        """The experiment trackers each installed plugin registers, by name."""
-        return [trackers for _plugin, trackers in self.plugin_manager.call_each("register_trackers")]
+    @contextlib.contextmanager
+    def context_parallel(self, buffers: Any, buffer_seq_dims: Any, no_restore_buffers: Any) -> Iterator[None]:
+        """Split ``buffers`` along their sequence dimension over the context-parallel ranks for the
+        block (torch's ``context_parallel``); nothing, with a note, when context parallelism is off."""
+        if self.layout is None or not self.layout.cp_enabled:
+            note("maybe_context_parallel does nothing: context parallelism is off (cp_size is 1).")
+            yield
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        set_rotate_method(self.layout.cp_handler.cp_comm_strategy)
+        mesh = self.layout.device_mesh["cp"]
+        with context_parallel(
+            mesh, buffers=buffers, buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers
+        ):
+            yield
+
+    def plugins_trackers(self) -> dict[str, type]:
+        """The experiment trackers the installed plugins register, by name."""
+        registered: dict[str, type] = {}
+        for _plugin, trackers in self.plugin_manager.call_each("register_trackers"):
+            registered.update(trackers)
+        return registered
 
     def prepare_for_evaluation(self, model: torch.nn.Module, place: bool = True) -> torch.nn.Module:
         return self.preparation.prepare_for_evaluation(model, place=place)
@@ -294,13 +327,6 @@ class TrainingRun:
         if self.throughput is not None:
             self.throughput.set_batch_tokens(tokens)
 
-    def fp8_stats_rows(self) -> list[Any] | None:
-        """The latest sampled FP8 numerics, one row per layer and tensor (None: telemetry is off)."""
-        if self.telemetry is None:
-            return None
-        self.telemetry.read_pending()
-        return sorted(self.telemetry.layers.values(), key=lambda s: s.layer)
-
     # ------------------------------------------------------------------ checkpoints
 
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -316,14 +342,63 @@ class TrainingRun:
         hooks[handle.id] = hook
         return handle
 
-    def refuse_nonfinite_weights(self) -> None:
-        self.checkpointer.refuse_nonfinite_weights()
-
-    def save_state(self, output_dir: Any) -> Any:
+    def save_state(self, output_dir: Any = None, allow_nonfinite: bool = False) -> Path:
+        """Everything needed to resume, into ``output_dir`` (None: the project's next automatic
+        name, older ones pruned once it is whole). Weights holding NaN/inf are refused unless
+        ``allow_nonfinite``: nothing written, nothing pruned."""
+        if not allow_nonfinite:
+            # every rank first (the check agrees across ranks, a collective: a save on the main
+            # process only must be named as that mistake, not crash in a mismatched all-reduce)
+            every_rank_must_arrive("save_state")
+            self.checkpointer.refuse_nonfinite_weights()
+        if output_dir is None:
+            return automatic_checkpoint.save_automatically(
+                self.project, self.checkpointer.save, self.facts.is_main_process, wait_for_everyone
+            )
         return self.checkpointer.save(output_dir)
 
-    def load_state(self, input_dir: Any, allow_precision_change: bool = False) -> None:
+    def load_state(self, input_dir: Any = None, allow_precision_change: bool = False) -> None:
+        """What ``save_state`` wrote, into the prepared objects (None: the newest whole automatic checkpoint)."""
+        if input_dir is None:
+            input_dir = automatic_checkpoint.latest_directory(self.project)
         self.checkpointer.load(input_dir, allow_precision_change=allow_precision_change)
+
+    def save_object(self, obj: Any, path: Any, safe: bool) -> None:
+        """``obj`` written by the main process, atomically (as safetensors when ``safe``)."""
+        if not self.facts.is_main_process:
+            return
+        if safe:
+            from safetensors.torch import save_file
+
+            save_file(obj, str(path), metadata={"format": "pt"})
+        else:
+            write_file_atomically(obj, Path(path))
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full, plain state dict the unconverted model loads, on the CPU: gathered into the
+        main process under a strategy that shards (the others get ``{}``), whole on every process otherwise."""
+        inner = unwrap(model)
+        state = self.plugins.full_state_dict(model)
+        if state is None:
+            state = inner.state_dict()
+        exported = self.plugins.export_state_dict(inner, state)
+        state = exported if exported is not None else state
+        return model_files.detached_copy(model_files.tied_as_in(inner, state), inner)
+
+    def save_model(
+        self, model: torch.nn.Module, directory: Any, max_shard_size: int | str, safe: bool, allow_nonfinite: bool
+    ) -> Path:
+        """The unconverted model's weights as files (``model_files.write_model_files``), written by
+        the main process; every process takes part in gathering them. Returns the file written."""
+        model_files.refuse_weights_not_in_memory(unwrap(model))
+        if not allow_nonfinite:
+            refuse_nonfinite_weights([unwrap(model)], "save_model", self.facts.num_processes)
+        state = self.full_state_dict(model)
+        path = Path(directory) / (model_files.SAFE_WEIGHTS if safe else model_files.TORCH_WEIGHTS)
+        if self.facts.is_main_process:
+            path = model_files.write_model_files(state, Path(directory), max_shard_size, safe)
+        wait_for_everyone()
+        return path
 
     # ------------------------------------------------------------------ the training loop's verbs
 
@@ -379,8 +454,9 @@ class TrainingRun:
         """Whether this micro-batch steps the optimizers (its gradients are whole)."""
         return self.step_state.gradient_sync.sync_gradients
 
-    def unscale_gradients(self, optimizers: list[Any]) -> None:
-        """fp16: bring the optimizers' scaled gradients back to their true size, once per optimizer
+    def unscale_gradients(self, optimizers: Any = None) -> None:
+        """fp16: bring the scaled gradients of ``optimizers`` (one, or a list; a prepared optimizer or
+        the one inside it; None: every prepared one) back to their true size, once per optimizer
         step, and only on the micro-batch that steps: unscaled earlier, they would be summed with the
         scaled gradients of the micro-batches after (GradScaler's own rule: once per step)."""
         if self.precision.scaler is not None and not self.sync_gradients:
@@ -391,7 +467,9 @@ class TrainingRun:
                 "would add scaled gradients to unscaled ones. Clip on the step's last micro-batch: `if "
                 "accelerator.sync_gradients: accelerator.clip_grad_norm_(...)`, as in Accelerate's examples."
             )
-        for optimizer in optimizers:
+        if optimizers is None:
+            optimizers = self.prepared.optimizers
+        for optimizer in optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]:
             self.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -408,8 +486,74 @@ class TrainingRun:
             self.step_state.observe_finite(plain, clipped=parameters)
         return norm
 
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """Clamp each gradient to ``[-clip_value, clip_value]``, unscaling fp16 gradients first."""
+        if self.strategy_owns_precision:
+            raise UnsupportedCombinationError(
+                f"clip_grad_value_ under the {self.context.strategy!r} strategy: it owns the gradients (and their "
+                "loss scale), so they cannot be clamped from outside it. Use clip_grad_norm_ (the strategy's own "
+                "gradient clipping), as Accelerate requires too."
+            )
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    @property
+    def lomo_optimizers(self) -> list[Any]:
+        """The prepared LOMO / AdaLomo optimizers (lomo-optim's), which update each parameter inside backward."""
+        return [
+            opt.optimizer
+            for opt in self.prepared.optimizers
+            if type(opt.optimizer).__name__ in LOMO_OPTIMIZERS and hasattr(opt.optimizer, "fused_backward")
+        ]
+
+    def lomo_backward(self, loss: torch.Tensor, learning_rate: float) -> None:
+        """Backward and update in one pass, by every prepared LOMO / AdaLomo optimizer."""
+        lomo = self.lomo_optimizers
+        if not lomo:
+            raise ConfigError(
+                "lomo_backward() needs a prepared LOMO or AdaLomo optimizer (lomo-optim's); none was prepared. "
+                "Use accelerator.backward(loss) with other optimizers."
+            )
+        for optimizer in lomo:
+            optimizer.fused_backward(loss, learning_rate)
+
+    def set_gradient_accumulation_steps(self, steps: int) -> None:
+        """A new accumulation count (transformers' Trainer sets it after the Accelerator is made)."""
+        self.config.gradient_accumulation_steps = self.context.gradient_accumulation_steps = int(steps)
+
     @contextlib.contextmanager
-    def join(self, joinables: list[Any], joining: bool) -> Iterator[None]:
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Batches that do not divide over the processes: with even batches off (``even_batches``,
+        else the loaders' setting), ranks that run out of batches shadow the others' collectives
+        instead of hanging. ``even_batches`` given applies to the prepared loaders of map-style
+        datasets inside the block. On one process, nothing."""
+        if self.facts.num_processes == 1:
+            yield
+            return
+        joining = not (self.preparation.settings.loaders.even_batches if even_batches is None else even_batches)
+        if joining and self.config.gradient_accumulation_steps > 1:
+            raise UnsupportedCombinationError(
+                "join_uneven_inputs(even_batches=False) with gradient accumulation: a rank that runs out of batches "
+                "cannot tell which of the others' micro-batches reduce gradients, so their collectives would not "
+                "match (a hang). Keep even_batches=True (the last round is filled up), or accumulate 1 step."
+            )
+        changed = []
+        if even_batches is not None:
+            for loader in self.prepared.dataloaders:
+                if loader.dispatching or isinstance(loader.dataset, torch.utils.data.IterableDataset):
+                    note("join_uneven_inputs(even_batches=...) changes map-style loaders only; a stream keeps its own.")
+                    continue
+                changed.append((loader, loader.even_batches))
+                loader.even_batches = even_batches
+        try:
+            with self._join(list(joinables), joining):
+                yield
+        finally:
+            for loader, before in changed:
+                loader.even_batches = before
+
+    @contextlib.contextmanager
+    def _join(self, joinables: list[Any], joining: bool) -> Iterator[None]:
         """``join_uneven_inputs``' block: torch's ``Join`` over the user's DDP models and lowbit's
         optimizer step (a rank out of batches shadows the step's collectives). Inside it, a
         preemption save runs at the step that agreed it, on every rank alike: a joined rank has
@@ -431,9 +575,11 @@ class TrainingRun:
             self.preemption.at_the_step = False
 
     def forget_prepared(self) -> None:
-        """``free_memory()``: every prepared object dropped, and what the run kept of them."""
+        """``free_memory()``: every prepared object dropped, and what the run kept of them (the
+        micro-batch count starts again)."""
         self.prepared.clear()
         self.norm_stats.forget()
+        self.counters.step = 0
 
     def set_even_batches(self, even: bool) -> None:
         """Loaders prepared from now on fill up (or leave short) the last round of batches."""
@@ -514,21 +660,89 @@ class TrainingRun:
             return f"not replayed under {self.context.strategy} (its weights are sharded, or its engine runs the model)"
         return find_nonfinite_origin(model, batch)
 
-    def start_telemetry(self, model: torch.nn.Module, recorder: TelemetryRecorder) -> bool:
-        """Have the backend record FP8 numerics of ``model`` into ``recorder`` after each optimizer
-        step (replacing any recorder before); False when the backend cannot."""
-        if not self.plugins.enable_fp8_telemetry(model, recorder):
-            return False
+    # ------------------------------------------------------------------ what FP8 took, and what it would pay
+
+    def _low_precision_model(self, model: torch.nn.Module | None, asked: str) -> torch.nn.Module:
+        """``model`` (default: the first prepared one) without its wrappers, for a question only a
+        low-precision backend's model answers."""
+        if self.backend is None or not (model is not None or self.prepared.models):
+            raise ConfigError(
+                f"{asked} needs a model prepared with a low-precision backend (mixed_precision='fp8' or 'fp4'); "
+                f"this run uses {self.mixed_precision!r}{'' if self.prepared.models else ' and has prepared no model'}."
+            )
+        return unwrap(model if model is not None else self.prepared.models[0])
+
+    def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
+        """What FP8 took in a prepared model (the first one by default); None without FP8."""
+        if self.backend is None or not (model is not None or self.prepared.models):
+            return None
+        record = self.prepared.conversion_reports.get(self._low_precision_model(model, "fp8_report()"))
+        return conversion_report(record, self.backend_name, self.mixed_precision, self.context.recipe_runs)
+
+    def fp8_payoff(
+        self,
+        model: torch.nn.Module | None,
+        tokens: int,
+        seq_len: int | None,
+        gpu: str | None,
+        activation_checkpointing: str,
+        shards: int,
+    ) -> Any:
+        """The predicted time of each Linear in bf16 and in this run's recipe, and of the step
+        (:mod:`lowbit.runtime.observe.fp8_payoff`), for a prepared model."""
+        from lowbit.runtime.observe import fp8_payoff
+
+        raw = self._low_precision_model(model, "fp8_payoff()")
+        record = self.prepared.conversion_reports.get(raw)
+        cost = self.backend.chosen.description.recipe_costs.get(record.recipe if record else "")
+        if cost is None:
+            raise ConfigError(
+                f"The {self.backend_name!r} backend declares no cost for this run's recipe "
+                f"({record.recipe if record else 'none reported'}), so there is nothing to predict with."
+            )
+        work = fp8_payoff.count_work(raw, max(tokens // (seq_len or tokens), 1), seq_len or tokens)
+        return fp8_payoff.predict(
+            work,
+            fp8_payoff.known_gpu(gpu or self.hardware.device_name),
+            record.recipe,
+            cost,
+            record.kept_high_precision(),
+            compiled=self.context.compiled,
+            recompute=activation_checkpointing,
+            shards=shards,
+        )
+
+    def enable_fp8_telemetry(self, model: torch.nn.Module | None, recorder: TelemetryRecorder) -> None:
+        """Have the backend record FP8 numerics of ``model`` (default: the first prepared one) into
+        ``recorder`` after each optimizer step, replacing any recorder before."""
+        if self.backend is None:
+            raise ConfigError(
+                f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
+                f"this Accelerator uses {self.mixed_precision!r}."
+            )
+        if model is None and not self.prepared.models:
+            raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")
+        if not self.plugins.enable_fp8_telemetry(self._low_precision_model(model, "FP8 telemetry"), recorder):
+            raise UnsupportedCombinationError(f"FP8 telemetry is not supported by the {self.backend_name!r} backend.")
         self.stop_telemetry()
         self.telemetry = recorder
         self.step_state.step_observers.append(recorder.next_step)
-        return True
+
+    def fp8_stats(self) -> FP8StatsTable:
+        """The latest sampled FP8 numerics, one row per layer and tensor."""
+        if self.telemetry is None:
+            raise ConfigError("Call accelerator.enable_fp8_telemetry() first (it is off by default).")
+        self.telemetry.read_pending()
+        return FP8StatsTable(sorted(self.telemetry.layers.values(), key=lambda s: s.layer))
 
     def stop_telemetry(self) -> None:
         if self.telemetry is not None:
             self.telemetry.remove()
             self.step_state.step_observers.remove(self.telemetry.next_step)
             self.telemetry = None
+
+
+LOMO_OPTIMIZERS = ("Lomo", "AdaLomo")  # lomo-optim's, which update parameters inside backward
 
 
 def _called_weakly(method: Callable[[], Any]) -> Callable[[], Any]:

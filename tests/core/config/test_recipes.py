@@ -73,14 +73,14 @@ def test_other_spellings_map_to_the_vocabulary_and_typos_get_a_suggestion():
 def test_a_recipe_picks_the_backend_that_offers_it():
     assert accelerator(H100).fp8_backend == "tile"  # no recipe named: the ranking
     acc = accelerator(H100, FP8RecipeKwargs(recipe="tensorwise"))
-    assert (acc.fp8_backend, acc.fp8_options.recipe, acc.context.recipe_runs) == ("grid", "tensorwise", "native")
+    assert (acc.fp8_backend, acc.fp8_options.recipe, acc._run.context.recipe_runs) == ("grid", "tensorwise", "native")
 
 
 def test_native_is_preferred_to_emulated_and_emulation_is_said():
     on_blackwell = accelerator(B200, FP8RecipeKwargs(recipe="mxfp8"))
-    assert (on_blackwell.fp8_backend, on_blackwell.context.recipe_runs) == ("tile", "native")
+    assert (on_blackwell.fp8_backend, on_blackwell._run.context.recipe_runs) == ("tile", "native")
     on_hopper = accelerator(H100, FP8RecipeKwargs(recipe="mxfp8"))  # tile cannot run it; grid emulates it
-    assert (on_hopper.fp8_backend, on_hopper.context.recipe_runs) == ("grid", "emulated")
+    assert (on_hopper.fp8_backend, on_hopper._run.context.recipe_runs) == ("grid", "emulated")
 
 
 def test_a_named_backend_without_the_recipe_names_the_backends_that_have_it():

@@ -207,9 +207,9 @@ def test_a_prepared_model_is_predicted_from_code_with_its_own_recipe_and_kept_la
     prediction = accelerator.fp8_payoff(tokens=8192, seq_len=64, gpu="H100")
     assert prediction.recipe == "rowwise" and prediction.gpu.name == "H100"
     kept = {p.layer.name for p in prediction.layers if p.low_s is None}
-    assert kept == set(accelerator.prepared.conversion_reports[model].skipped)
+    assert kept == set(accelerator._run.prepared.conversion_reports[model].skipped)
     assert {p.layer.tokens for p in prediction.layers} == {8192}
-    if gpu_peak(accelerator.context.hardware.device_name) is None:  # a CPU: no default GPU to predict for
+    if gpu_peak(accelerator._run.context.hardware.device_name) is None:  # a CPU: no default GPU to predict for
         with pytest.raises(ConfigError, match="no figures for GPU"):
             accelerator.fp8_payoff()
     with pytest.raises(ConfigError, match="low-precision backend"):

@@ -62,7 +62,7 @@ def test_a_backend_returns_its_report_typed_and_lowbit_words_it(recwarn):
     report = ConversionReport(converted=["0"], skipped={"2": "kept on purpose"}, recipe="myrecipe")
     acc = Accelerator(mixed_precision="fp8", plugin_manager=manager_with(ReportingBackend(report)))
     model = acc.prepare(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16)))
-    assert acc.prepared.conversion_reports[acc.unwrap_model(model)] is report
+    assert acc._run.prepared.conversion_reports[acc.unwrap_model(model)] is report
     assert (
         acc.fp8_report() == "fp8 (reporting, myrecipe): 1 of 2 Linear layers; kept high precision: 2 (kept on purpose)."
     )

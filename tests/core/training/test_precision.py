@@ -34,7 +34,7 @@ def test_each_precision_has_one_autocast_dtype_and_the_accelerator_passes_it_on(
     assert (precision.scaler is not None) == (name == "fp16") == precision.skips_nonfinite_steps
     if name in ("no", "fp16", "bf16"):
         accelerator = Accelerator(mixed_precision=name)
-        assert accelerator.precision.autocast_dtype == accelerator.context.autocast_dtype == dtype
+        assert accelerator.precision.autocast_dtype == accelerator._run.context.autocast_dtype == dtype
 
 
 def test_a_strategy_that_scales_the_loss_itself_gets_no_scaler():

@@ -37,7 +37,7 @@ def main() -> None:
         print(
             json.dumps(
                 {
-                    "strategy": accelerator.context.strategy,
+                    "strategy": accelerator._run.context.strategy,
                     "device": accelerator.device.type,
                     "losses": losses,
                     "report": accelerator.fp8_report(),

@@ -54,7 +54,7 @@ def test_auto_keeps_the_narrow_layers_in_high_precision_and_says_why(recipe):
     )
     # On a GPU in lowbit's table the filter judges for that GPU and says nothing; elsewhere it says it judges for an
     # H100.
-    in_table = gpu_peak(accelerator.context.hardware.device_name) is not None
+    in_table = gpu_peak(accelerator._run.context.hardware.device_name) is not None
     said = (
         contextlib.nullcontext() if in_table else pytest.warns(AutoFilterNotice, match="judges each layer for the H100")
     )

@@ -33,7 +33,7 @@ def recording(params, *args, **kwargs):
 deepspeed.zero.GatheredParameters = recording
 state = acc.get_state_dict(model)
 deepspeed.zero.GatheredParameters = original
-engine = acc.context.plugin_state(DeepSpeedRunState).engine
+engine = acc._run.context.plugin_state(DeepSpeedRunState).engine
 acc.backward(model(torch.randn(4, 16)).float().pow(2).mean())
 norm = acc.clip_grad_norm_(model.parameters(), 0.5)
 optimizer.step()

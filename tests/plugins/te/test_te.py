@@ -222,7 +222,7 @@ def test_layers_converted_and_skipped_with_reasons_and_weights_copied(te):
     acc = te_accelerator()
     with pytest.warns(UserWarning, match=r"1 Linear layer\(s\) kept in high precision.*block.3"):
         prepared = acc.prepare(model)
-    report = acc.prepared.conversion_reports[prepared]
+    report = acc._run.prepared.conversion_reports[prepared]
     assert set(report.converted) == {"inp", "norm", "rms", "block.0", "block.2", "out"}
     assert report.skipped == {"block.3": "dims 40x64: TE's FP8 GEMMs need in_features % 16 and out_features % 8"}
     assert isinstance(prepared.block[2], standin_te.Linear)  # 64 -> 40: out 40 is a multiple of 8
@@ -247,7 +247,7 @@ def test_model_with_te_modules_is_left_as_is(te):
     acc = te_accelerator()
     prepared = acc.prepare(model)
     assert type(prepared[1]) is nn.Linear  # untouched: the user built the model with TE already
-    assert prepared not in acc.prepared.conversion_reports and acc.fp8_report() is None
+    assert prepared not in acc._run.prepared.conversion_reports and acc.fp8_report() is None
 
 
 def test_optimizer_follows_the_new_parameters(te):
@@ -298,9 +298,9 @@ def test_block_recipes_keep_tes_e4m3_default_unless_a_format_is_given(te, real_r
     monkeypatch.setitem(standin_te.CAPABILITY, "mxfp8", (True, ""))
     from lowbit_te.runtime import build_recipe
 
-    assert build_recipe(te_accelerator(B200, recipe=scaling).context).fp8_format is real_recipe.Format.E4M3
+    assert build_recipe(te_accelerator(B200, recipe=scaling)._run.context).fp8_format is real_recipe.Format.E4M3
     assert (
-        build_recipe(te_accelerator(B200, recipe=scaling, fp8_format="HYBRID").context).fp8_format
+        build_recipe(te_accelerator(B200, recipe=scaling, fp8_format="HYBRID")._run.context).fp8_format
         is real_recipe.Format.HYBRID
     )
 
@@ -312,7 +312,7 @@ def test_delayed_scaling_options_with_another_recipe_are_an_error(te, option):
     with pytest.raises(
         ConfigError, match=f"{next(iter(option))}=.*recipe='current'.*Float8CurrentScaling has no such option"
     ):
-        build_recipe(te_accelerator(recipe="current", **option).context)
+        build_recipe(te_accelerator(recipe="current", **option)._run.context)
 
 
 @pytest.mark.parametrize("explicit", [{}, {"amax_compute_algo": "most_recent", "margin": 0}])
@@ -639,8 +639,8 @@ def test_amax_reduction_group_is_the_data_parallel_group(te):
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     acc = te_accelerator()
-    acc.context.world_size = 2  # as under a 2-process launch
-    with fp8_autocast_factory(None, acc.context)():
+    acc._run.context.world_size = 2  # as under a 2-process launch
+    with fp8_autocast_factory(None, acc._run.context)():
         pass
     assert standin_te.AUTOCAST_CALLS[-1]["amax_reduction_group"] is dist.group.WORLD
 
@@ -684,7 +684,7 @@ def test_nvfp4_options_reach_te_as_its_disable_switches(te, real_recipe, monkeyp
     recipe = build_recipe(
         fp4_accelerator(
             nvfp4_random_hadamard=False, nvfp4_stochastic_rounding=False, nvfp4_2d_weight_scaling=False
-        ).context
+        )._run.context
     )
     assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (
         True,
@@ -692,7 +692,7 @@ def test_nvfp4_options_reach_te_as_its_disable_switches(te, real_recipe, monkeyp
         True,
     )
     with pytest.raises(ConfigError, match="fp8_format='HYBRID' cannot reach Transformer Engine with recipe='nvfp4'"):
-        build_recipe(fp4_accelerator(fp8_format="HYBRID").context)
+        build_recipe(fp4_accelerator(fp8_format="HYBRID")._run.context)
 
 
 def test_tes_own_nvfp4_switches_hold_unless_a_lowbit_option_is_given(te_source, monkeypatch, recwarn):
@@ -712,14 +712,14 @@ def test_tes_own_nvfp4_switches_hold_unless_a_lowbit_option_is_given(te_source, 
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setitem(standin_te.CAPABILITY, "nvfp4", (True, ""))
 
-    recipe = build_recipe(fp4_accelerator().context)
+    recipe = build_recipe(fp4_accelerator()._run.context)
     assert (recipe.disable_rht, recipe.disable_stochastic_rounding, recipe.disable_2d_quantization) == (
         True,
         True,
         False,
     )
     assert "overrides" not in said(recwarn)
-    recipe = build_recipe(fp4_accelerator(nvfp4_random_hadamard=True).context)  # the user's option wins, and says so
+    recipe = build_recipe(fp4_accelerator(nvfp4_random_hadamard=True)._run.context)  # the user's option wins, and says so
     assert (recipe.disable_rht, recipe.disable_stochastic_rounding) == (False, True)
     assert "nvfp4_random_hadamard=True overrides NVTE_NVFP4_DISABLE_RHT=1" in said(recwarn)
 
@@ -831,7 +831,7 @@ def test_checkpointed_blocks_recompute_in_fp8_through_tes_own_checkpoint(te, mon
         "forward",
         lambda self, x: (seen[phase[0]].append(standin_te.FP8_STATE["enabled"]), forward(self, x))[1],
     )
-    given = lowbit_te.strategy_integration(strategy="fsdp", context=acc.context).activation_checkpoint
+    given = lowbit_te.strategy_integration(strategy="fsdp", context=acc._run.context).activation_checkpoint
     checkpoint_blocks(
         acc.unwrap_model(model), [acc.unwrap_model(model).block], "full", given if recompute == "te" else None
     )

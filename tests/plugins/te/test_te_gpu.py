@@ -85,7 +85,7 @@ def test_every_recipe_this_gpu_supports_trains(scaling):
         pytest.skip(f"Transformer Engine says {scaling} scaling cannot run on this GPU: {why}")
     accelerator, model, losses = train("fp4" if scaling == "nvfp4" else "fp8", recipe=scaling)
     assert (
-        type(accelerator.context.plugin_state(TERunState).recipe).__name__
+        type(accelerator._run.context.plugin_state(TERunState).recipe).__name__
         == {
             "delayed": "DelayedScaling",
             "current": "Float8CurrentScaling",

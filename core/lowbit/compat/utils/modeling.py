@@ -28,9 +28,11 @@ __all__ = [
 
 
 def has_offloaded_params(module: Any) -> bool:
-    """Whether ``module`` carries an offloading hook (Accelerate's ``_hf_hook`` with ``offload``,
-    as transformers' ``device_map`` loading leaves it): its weights live elsewhere between forwards."""
-    return bool(getattr(getattr(module, "_hf_hook", None), "offload", False))
+    """Whether ``module``'s weights live elsewhere between forwards (an offloading hook); importing
+    this path loads no torch, so the answer is looked up when asked."""
+    from lowbit.runtime.checkpoint import model_files
+
+    return model_files.has_offloaded_params(module)
 
 
 def _bytes(tensor: Any, dtype: Any = None) -> int:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
-from lowbit.kernel.errors import CheckpointError, ConfigError
+from lowbit.kernel.errors import CheckpointError, ConfigError, UnsupportedCombinationError
 from lowbit.kernel.notices import note
 
 from lowbit.runtime.checkpoint.files import read_safetensors, write_file_atomically, write_json_atomically
@@ -268,3 +268,29 @@ def _cpu_storages(tensor: torch.Tensor) -> Iterator[int]:
                 yield from _cpu_storages(inner)
     elif tensor.device.type == "cpu":
         yield tensor.untyped_storage().data_ptr()
+
+
+def has_offloaded_params(module: Any) -> bool:
+    """Whether ``module`` carries an offloading hook (Accelerate's ``_hf_hook`` with ``offload``,
+    as transformers' ``device_map`` loading leaves it): its weights live elsewhere between forwards."""
+    return bool(getattr(getattr(module, "_hf_hook", None), "offload", False))
+
+
+def refuse_weights_not_in_memory(model: torch.nn.Module) -> None:
+    """The model files hold the weights the process holds: a model whose weights an offloading
+    hook keeps on disk or elsewhere (a device_map dispatch), or left on the meta device, is refused
+    before a file is written."""
+    offloaded = [name or type(model).__name__ for name, m in model.named_modules() if has_offloaded_params(m)]
+    empty = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers()) if t.is_meta]
+    if offloaded or empty:
+        where = (
+            f"{len(offloaded)} module(s) offloaded by a device_map hook (first: {offloaded[0]})"
+            if offloaded
+            else f"{len(empty)} tensor(s) on the meta device (first: {empty[0]})"
+        )
+        raise UnsupportedCombinationError(
+            f"save_model: this model's weights are not all in memory: {where}. lowbit saves the weights it holds and "
+            "does not gather offloaded ones. Load the model without offloading (or materialize it: "
+            "model.to_empty(device=...) and load its weights), or save it with Accelerate's save_model or "
+            "transformers' save_pretrained."
+        )

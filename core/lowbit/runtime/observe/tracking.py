@@ -300,9 +300,21 @@ class Trackers:
                 return tracker.tracker if unwrap else tracker
         return GeneralTracker(name)  # a no-op on processes that run no tracker, as in Accelerate
 
-    def log(self, values: dict[str, Any], step: int | None, log_kwargs: dict[str, dict[str, Any]]) -> None:
+    def log(
+        self,
+        values: dict[str, Any],
+        step: int | None,
+        log_kwargs: dict[str, dict[str, Any]],
+        measured: dict[str, float] | None = None,
+    ) -> None:
+        """``values`` to every started tracker; then what lowbit ``measured`` (the throughput meter's
+        figures), under the names ``values`` do not take."""
         for tracker in self.started:
             tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+        extra = {k: v for k, v in (measured or {}).items() if k not in values}
+        if extra:
+            for tracker in self.started:
+                tracker.log(extra, step=step)
 
     def finish(self) -> None:
         for tracker in self.started:

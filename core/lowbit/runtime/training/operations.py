@@ -13,7 +13,10 @@ from typing import Any, Callable
 
 import torch
 
+from lowbit.kernel import notices
+
 from lowbit.runtime.collective_device import SHAPE_CHECKS, on_group_device
+from lowbit.runtime.nests import leaves
 
 
 class DistributedOperationException(Exception):
@@ -161,6 +164,33 @@ def gather_object(obj: Any) -> list[Any]:
     if all(isinstance(part, list) for part in gathered):
         return [item for part in gathered for item in part]
     return gathered
+
+
+def gather_for_metrics(data: Any, use_gather_object: bool, loader: Any) -> Any:
+    """``gather``, minus the samples repeated to even out the last batch of ``loader`` (the loop's
+    prepared dataloader, or None) across processes, so a metric over the gathered predictions
+    counts every sample once. Leaves that are not all tensors are gathered as objects."""
+    use_gather_object = use_gather_object or not all(isinstance(t, torch.Tensor) for t in leaves(data))
+    gathered = gather_object(data) if use_gather_object else gather(data)
+    at_end = bool(getattr(loader, "end_of_dataloader", False))
+    remainder = getattr(loader, "remainder", -1)
+    if not at_end or remainder <= 0:
+        if at_end and getattr(loader, "remainder_unknown", False):
+            notices.warn(
+                "gather_for_metrics: the last batch of this stream was filled up with the stream's first "
+                "samples (each process reads the stream and keeps its share, dispatch_batches=False), and "
+                "how many of its samples are real is not known here because loader workers read the stream "
+                "(num_workers > 0): the gathered values include the repeated samples. Use num_workers=0, "
+                "or leave dispatch_batches at its default (the main process reads the stream), or "
+                "drop_last=True."
+            )
+        return gathered
+    try:
+        if use_gather_object:
+            return gathered[:remainder]
+        return recursively_apply(lambda t: t[:remainder], gathered)
+    except (IndexError, TypeError):  # a leaf with no batch dimension (a 0-dim loss): all whole, as in Accelerate
+        return gathered
 
 
 REDUCTIONS = ("mean", "sum", "max", "none", None)
