@@ -89,17 +89,18 @@ class StepState:
     nonfinite_buffers: Callable[[], list[str]] | None = None
     # Run when a step is skipped for NaN/inf, each saying what it put back (or None): BatchNorm's statistics.
     undo_on_skip: list[Callable[[], str | None]] = field(default_factory=list)
+    # Whether steps look for NaN/inf at all, decided once from the two fields it follows: not with
+    # on_nonfinite_loss="continue" (Accelerate's behaviour: no check, so no host sync), nor where the
+    # loss scaler skips such steps itself (fp16).
+    checks_nonfinite: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checks_nonfinite = self.on_nonfinite_loss != "continue" and not self.precision.skips_nonfinite_steps
 
     def __getstate__(self) -> dict[str, Any]:
         # A pickled or copied optimizer carries its step state, not the Accelerator the diagnosis asks
         # (it holds modules and process-group state, which do not pickle): a copy reports without it.
         return {**self.__dict__, "explain_nonfinite": None, "nonfinite_buffers": None}
-
-    @property
-    def checks_nonfinite(self) -> bool:
-        """Whether steps look for NaN/inf at all: not with on_nonfinite_loss="continue" (Accelerate's
-        behaviour: no check, so no host sync), nor where the loss scaler or the strategy does."""
-        return self.on_nonfinite_loss != "continue" and not self.precision.skips_nonfinite_steps
 
     def observe_finite(self, value: torch.Tensor, clipped: list[torch.Tensor] | None = None) -> None:
         """Fold a loss or gradient norm into the flag the next optimizer step reads (no host sync);
@@ -123,8 +124,9 @@ class StepState:
         here. Each rank reads its own shard."""
         if self.check_gradients and self.checks_nonfinite:
             clipped = self.clipped
+            # this rank's part of each gradient (FSDP2's are DTensors: reading the whole would be a collective)
             grads = [
-                _local(p.grad)
+                p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
                 for group in optimizer.param_groups
                 for p in group["params"]
                 if id(p) not in clipped
@@ -175,12 +177,6 @@ def finite_reduction(grads: list[torch.Tensor], device: torch.device) -> torch.T
     if device.type == "cpu":
         return torch.stack([grad.sum(dtype=torch.float32) for grad in grads])
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0, dtype=torch.float32)))
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a gradient (FSDP2's are DTensors: reading the whole would be a collective)."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
 
 
 class PreparedOptimizer(torch.optim.Optimizer):
@@ -260,7 +256,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
-        if not self._step_state.sync_gradients:
+        if not self._step_state.gradient_sync.sync_gradients:
             return None
         result = self._step(closure)
         for run in self._step_state.every_step:
