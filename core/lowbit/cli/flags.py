@@ -33,7 +33,8 @@ FSDP_FLAGS = (
 )
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
+def add_config_flags(parser: argparse.ArgumentParser, manager: Any = None) -> None:
+    """The settings' flags, and the launch switches of the strategies ``manager`` found (None: discover them)."""
     parser.add_argument("--config_file", default=None, help="YAML config to read (default: lowbit's default path)")
     group = parser.add_argument_group("settings (override the config file)")
     for key, spec in TOP_LEVEL.items():
@@ -46,7 +47,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cpu", action="store_true", default=None, help="train on CPU (gloo between processes)")
     for flag, dtype in DISTRIBUTED_FLAGS.items():
         group.add_argument(f"--{flag}", action="store_true", default=None, help=f"distributed_type={dtype}")
-    switches = _strategy_switches()
+    switches = _strategy_switches(manager)
     for flag, name in switches.items():
         group.add_argument(
             f"--{flag}", action="store_true", default=None, help=f"distributed_type={name} (a plugin's strategy)"
@@ -80,13 +81,12 @@ PARALLELISM_FLAGS = (
 )
 
 
-def _strategy_switches() -> dict[str, str]:
+def _strategy_switches(manager: Any = None) -> dict[str, str]:
     """The launch switches installed strategies declare, beyond Accelerate's own."""
     from lowbit.run.plugin_manager import registry_for_names
 
-    return {
-        flag: name for flag, name in registry_for_names().launch_switches().items() if flag not in DISTRIBUTED_FLAGS
-    }
+    switches = registry_for_names(manager).launch_switches()
+    return {flag: name for flag, name in switches.items() if flag not in DISTRIBUTED_FLAGS}
 
 
 def raw_config_from_args(args: argparse.Namespace) -> dict[str, Any]:

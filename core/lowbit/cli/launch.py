@@ -45,7 +45,7 @@ from lowbit.run.settings import SINGLE_PROCESS_TYPES
 if TYPE_CHECKING:
     from lowbit.cli.cluster import ClusterJob
 
-    from lowbit.run.settings import LowbitConfig
+    from lowbit.run.settings import LauncherSettings, LowbitConfig
 
 
 RUNNER = "lowbit.cli.run_script"
@@ -54,8 +54,11 @@ RUNNER = "lowbit.cli.run_script"
 def add_parser(sub: Any, name: str, help_text: str) -> None:
     # No abbreviations: a script argument after the script (--fsdp) must not be read as a prefix of a launcher flag.
     parser = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
-    add_config_flags(parser)
-    _add_plugin_flags(parser)
+    # The plugins are discovered once per launch: their flags here, their environment in build_command.
+    manager = _plugin_manager()
+    add_config_flags(parser, manager)
+    _add_plugin_flags(parser, manager)
+    parser.set_defaults(plugin_manager=manager)
     _add_launcher_flags(parser)
     parser.add_argument("training_script", help="the script to run (a module name with -m)")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -84,8 +87,7 @@ def _plugin_manager():
     return make_plugin_manager()
 
 
-def _add_plugin_flags(parser: argparse.ArgumentParser) -> None:
-    manager = _plugin_manager()
+def _add_plugin_flags(parser: argparse.ArgumentParser, manager: Any) -> None:
     manager.call_each("add_launch_arguments", parser=parser)
     for broken in manager.broken:
         print(f"lowbit launch: warning: plugin {broken.describe()}", file=sys.stderr)
@@ -155,12 +157,13 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     """The command to run and the env vars to add, from the config file and the flags."""
     from lowbit.run.plugin_manager import registry_for_names
     from lowbit.run.settings import (
+        LauncherSettings,
         check_plugin_names,
         config_from_env,
-        config_to_env,
         default_config_path,
         merge_raw,
         read_config_file,
+        run_settings_env,
         validate_config,
     )
 
@@ -246,13 +249,14 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     if config.distributed_type == "NO" and config.num_processes > 1:
         config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
 
-    env = config_to_env(config)
+    launcher = LauncherSettings.of(config)  # settled: what follows reads the launcher's own record
+    env = run_settings_env(config)  # the ranks get the run's settings only
     env.update(loading_once_per_machine_env(config.distributed_type, config.fsdp_config))
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     env["LOWBIT_CONFIG_FILE"] = str(path) if file_raw else os.devnull
     env.update(file_sources(file_raw, merge_raw(env_raw, flags_raw), path))
-    manager = _plugin_manager()
+    manager = getattr(args, "plugin_manager", None) or _plugin_manager()  # a caller's own arguments: discover
     for _plugin, extra in manager.call_each("launch_environment", args=args):
         for key, value in extra.items():
             env[key] = _merge_section(env.get(key), str(value)) if _is_section_env_var(key) else str(value)
@@ -279,7 +283,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     # One process runs as a plain script; asked for MULTI_GPU (--multi_gpu), it runs under torchrun
     # and trains under DDP, as Accelerate does.
     if (
-        config.num_processes == 1
+        launcher.num_processes == 1
         and config.distributed_type.upper() in SINGLE_PROCESS_TYPES
         and config.distributed_type.upper() != "MULTI_GPU"
     ):
@@ -287,8 +291,8 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         if no_python:
             return [str(script), *args.training_script_args], env, config
         return [sys.executable, *(["-m", RUNNER] if runner else []), *target, *args.training_script_args], env, config
-    rendezvous = rendezvous_arguments(config, args)
-    per_machine = config.num_processes // config.num_machines
+    rendezvous = rendezvous_arguments(launcher, args)
+    per_machine = launcher.num_processes // launcher.num_machines
     torchrun_options = flags_for_torchrun(args)
     if module or runner:
         torchrun_options.append("--module")
@@ -342,44 +346,50 @@ def flags_for_torchrun(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def rendezvous_arguments(config: "LowbitConfig", args: argparse.Namespace) -> list[str]:
+def rendezvous_arguments(launcher: "LauncherSettings", args: argparse.Namespace) -> list[str]:
     """torchrun's options that make the machines one job.
 
     A static rendezvous numbers the machines by ``machine_rank``; c10d and etcd number them as
     they arrive, so there the rank is not passed (every machine may give 0, as Accelerate's Slurm
     example does). One machine gets a free port of its own unless one is given."""
-    if config.num_machines == 1:
-        port = config.main_process_port
+    if launcher.num_machines == 1:
+        port = launcher.main_process_port
         if port is None:
             port = _free_port()
         else:
             _check_port_free(port)
-        return ["--nnodes", "1", "--master_addr", config.main_process_ip or "127.0.0.1", "--master_port", str(port)]
+        return ["--nnodes", "1", "--master_addr", launcher.main_process_ip or "127.0.0.1", "--master_port", str(port)]
     check_multinode_launcher(args)
-    if not config.main_process_ip:
+    if not launcher.main_process_ip:
         raise ConfigError(
             "A multi-machine launch needs --main_process_ip (the address of machine 0); under Slurm or a "
             "Kubeflow TrainJob lowbit reads it from the scheduler's variables."
         )
-    port = config.main_process_port or 29500
-    nodes = ["--nnodes", str(config.num_machines)]
-    if config.rdzv_backend != "static":
-        if config.rdzv_backend == "c10d":
-            _check_c10d_endpoint(config.main_process_ip, port)
-        return [*nodes, "--rdzv_backend", config.rdzv_backend, "--rdzv_endpoint", f"{config.main_process_ip}:{port}"]
-    if not 0 <= config.machine_rank < config.num_machines:
+    port = launcher.main_process_port or 29500
+    nodes = ["--nnodes", str(launcher.num_machines)]
+    if launcher.rdzv_backend != "static":
+        if launcher.rdzv_backend == "c10d":
+            _check_c10d_endpoint(launcher.main_process_ip, port)
+        return [
+            *nodes,
+            "--rdzv_backend",
+            launcher.rdzv_backend,
+            "--rdzv_endpoint",
+            f"{launcher.main_process_ip}:{port}",
+        ]
+    if not 0 <= launcher.machine_rank < launcher.num_machines:
         raise ConfigError(
-            f"--machine_rank {config.machine_rank} is not a machine of {config.num_machines} (0 to "
-            f"{config.num_machines - 1}); or give --rdzv_backend c10d, which numbers the machines itself."
+            f"--machine_rank {launcher.machine_rank} is not a machine of {launcher.num_machines} (0 to "
+            f"{launcher.num_machines - 1}); or give --rdzv_backend c10d, which numbers the machines itself."
         )
-    if config.machine_rank == 0:
+    if launcher.machine_rank == 0:
         _check_port_free(port)
     return [
         *nodes,
         "--node_rank",
-        str(config.machine_rank),
+        str(launcher.machine_rank),
         "--master_addr",
-        config.main_process_ip,
+        launcher.main_process_ip,
         "--master_port",
         str(port),
     ]

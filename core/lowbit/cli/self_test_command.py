@@ -13,14 +13,15 @@ import tempfile
 from typing import Any
 
 from lowbit.cli.flags import add_config_flags
-from lowbit.cli.launch import _add_plugin_flags, build_command, run_job
+from lowbit.cli.launch import _add_plugin_flags, _plugin_manager, build_command, run_job
 
 
 def add_parser(sub: Any, name: str, help_text: str) -> None:
     parser = sub.add_parser(name, help=help_text, description=help_text)
-    add_config_flags(parser)
-    _add_plugin_flags(parser)
-    parser.set_defaults(run=run)
+    manager = _plugin_manager()  # discovered once: the flags here, the environment in build_command
+    add_config_flags(parser, manager)
+    _add_plugin_flags(parser, manager)
+    parser.set_defaults(run=run, plugin_manager=manager)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -405,6 +405,33 @@ def config_from_env(environ: Mapping[str, str], fp8_specs: Mapping[str, OptionSp
     return raw
 
 
+@dataclasses.dataclass(frozen=True)
+class LauncherSettings:
+    """The settings only ``lowbit launch`` reads: how many processes, on how many machines, meeting
+    where and how, on which GPUs, and whether to print its command. Named as everywhere else (YAML
+    keys, ``LOWBIT_*`` variables and flags are :data:`TOP_LEVEL`'s). A rank learns its place from
+    torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``), so none of these is exported to it."""
+
+    num_processes: int
+    num_machines: int
+    machine_rank: int
+    main_process_ip: str | None
+    main_process_port: int | None
+    rdzv_backend: str
+    gpu_ids: str | None
+    debug: bool
+
+    @classmethod
+    def of(cls, config: LowbitConfig) -> LauncherSettings:
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+def run_settings_env(config: LowbitConfig) -> dict[str, str]:
+    """What the launcher exports to the ranks: ``config_to_env`` without the launcher's own settings."""
+    launcher_only = {TOP_LEVEL[f.name].env for f in dataclasses.fields(LauncherSettings)}
+    return {key: value for key, value in config_to_env(config).items() if key not in launcher_only}
+
+
 def section_env_var(section: str) -> str:
     """``fsdp_config`` -> ``LOWBIT_FSDP_CONFIG`` (its content as JSON)."""
     return "LOWBIT_" + section.upper()

@@ -190,7 +190,48 @@ def test_multi_machine_launch_uses_torchrun_rendezvous_arguments(tmp_path, monke
         "--lr",
         "3",
     ]
-    assert env["LOWBIT_DISTRIBUTED_TYPE"] == "MULTI_GPU" and env["LOWBIT_NUM_MACHINES"] == "2"
+    # the run's settings reach the ranks; the launcher's (how many machines, where they meet) do not
+    assert env["LOWBIT_DISTRIBUTED_TYPE"] == "MULTI_GPU" and "LOWBIT_NUM_MACHINES" not in env
+
+
+LAUNCHER_ONLY_ENV = (
+    "LOWBIT_NUM_PROCESSES",
+    "LOWBIT_NUM_MACHINES",
+    "LOWBIT_MACHINE_RANK",
+    "LOWBIT_MAIN_PROCESS_IP",
+    "LOWBIT_MAIN_PROCESS_PORT",
+    "LOWBIT_RDZV_BACKEND",
+    "LOWBIT_GPU_IDS",
+    "LOWBIT_DEBUG",
+)
+
+
+def test_a_c10d_launch_exports_the_runs_settings_and_none_of_the_launchers(tmp_path, monkeypatch):
+    """The launcher keeps its own record (LauncherSettings); a rank gets what the run reads, and
+    learns its place from torchrun. The plugins are discovered once per launch."""
+    import lowbit.cli.launch as launch_module
+    from lowbit.cli.launch import build_command
+    from lowbit.cli.main import build_parser
+
+    import lowbit.run.plugin_manager as plugin_manager
+    from lowbit.run.settings import TOP_LEVEL, LauncherSettings
+
+    assert {TOP_LEVEL[name].env for name in LauncherSettings.__dataclass_fields__} == set(LAUNCHER_ONLY_ENV)
+    discovered = []
+    real = plugin_manager.build_plugin_manager
+    monkeypatch.setattr(plugin_manager, "build_plugin_manager", lambda *a, **k: discovered.append(1) or real(*a, **k))
+    monkeypatch.setattr(launch_module, "_check_c10d_endpoint", lambda host, port: None)  # no store to probe here
+    monkeypatch.setattr(sys, "argv", ["lowbit", "launch"])
+    script = tmp_path / "train.py"
+    script.write_text("")
+    flags = ["--cpu", "--num_processes", "4", "--num_machines", "2", "--rdzv_backend", "c10d"]
+    flags += ["--main_process_ip", "10.0.0.1", "--main_process_port", "29400", "--gpu_ids", "all", "--debug"]
+    flags += ["--mixed_precision", "bf16", "--gradient_accumulation_steps", "2"]
+    command, env, _ = build_command(build_parser().parse_args(["launch", *flags, str(script)]))
+    assert command[command.index("--rdzv_endpoint") + 1] == "10.0.0.1:29400"
+    assert (env["LOWBIT_MIXED_PRECISION"], env["LOWBIT_GRADIENT_ACCUMULATION_STEPS"]) == ("bf16", "2")
+    assert sorted(set(env) & set(LAUNCHER_ONLY_ENV)) == []
+    assert len(discovered) == 1
 
 
 def test_multi_machine_launch_needs_the_main_ip(tmp_path, capsys):
