@@ -1,8 +1,9 @@
 """``lowbit launch``: run a script on one process, or on many through torchrun.
 
-Settings from the config file and the flags reach the script as ``LOWBIT_*`` env vars, which
-the Accelerator reads. A multi-process run is a plain ``python -m torch.distributed.run``
-launch; ``--debug`` prints the exact command.
+The run's settings from the config file and the flags reach the script as ``LOWBIT_*`` env vars,
+which the Accelerator reads; the launcher's own (processes, machines, where they meet, GPU ids,
+debug: ``LauncherSettings``) stay here, as torchrun tells each rank its place. A multi-process run
+is a plain ``python -m torch.distributed.run`` launch; ``--debug`` prints the exact command.
 """
 
 from __future__ import annotations
