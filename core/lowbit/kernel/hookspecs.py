@@ -10,6 +10,10 @@ others, so each has one answer and none is ``firstresult``
 (``detect_hardware`` is: the first detector to answer wins). A routed hook that a plugin does not
 implement falls back to the default stated in its docstring.
 
+"Called by" names the run's method that makes the call (``TrainingRun`` in
+:mod:`lowbit.run.training_run`), the one every front hands to: Accelerate's ``Accelerator.X``,
+transformers' Trainer through it, or a front of a plugin's own.
+
 Importing this module must never import torch or any backend library.
 """
 
@@ -39,7 +43,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 def detect_hardware(cpu: bool) -> HardwareInfo | None:
     """Report the device this process trains on.
 
-    Called by: ``Accelerator.__init__``, ``lowbit plugins`` and ``lowbit env``, once each.
+    Called by: the run's construction (``TrainingRun()``), ``lowbit plugins`` and ``lowbit env``, once each.
     ``cpu`` is True when the user forced CPU (``Accelerator(cpu=True)`` / ``--cpu``).
     Return a :class:`~lowbit.kernel.types.HardwareInfo`, or None to let the next plugin decide.
     The built-in detector (CUDA, else CPU) runs last, so a third-party detector wins.
@@ -69,7 +73,7 @@ def describe_backend(hardware: HardwareInfo) -> PluginDescription | None:
 def check_compatibility(context: PrepareContext) -> None:
     """Refuse a combination the backend cannot run, before anything is changed.
 
-    Called by: ``Accelerator.prepare`` on the chosen low-precision backend and the chosen strategy,
+    Called by: ``TrainingRun.prepare`` on the chosen low-precision backend and the chosen strategy,
     first, with the full context (precision, strategy, world size).
     Raise :class:`~lowbit.kernel.errors.UnsupportedCombinationError` with a clear message
     (e.g. "MS-AMP does not support ZeRO-3"). Return None when the combination is fine.
@@ -82,7 +86,7 @@ def convert_model(
 ) -> torch.nn.Module | ConvertedModel | None:
     """Swap the model's layers for the backend's low-precision layers.
 
-    Called by: ``Accelerator.prepare``, on the chosen low-precision backend only, once per model,
+    Called by: ``TrainingRun.prepare``, on the chosen low-precision backend only, once per model,
     before the model is moved into any distributed wrapper.
     ``context.backend_options`` holds the resolved recipe kwargs. ``layer_roles`` says, once for
     every backend, what each Linear is (:mod:`lowbit.kernel.layer_roles`): an adapter (never
@@ -101,7 +105,7 @@ def wrap_optimizer(
 ) -> torch.optim.Optimizer | None:
     """Replace or wrap the optimizer, e.g. with one that keeps FP8 states.
 
-    Called by: ``Accelerator.prepare``, on the chosen low-precision backend only, once per optimizer,
+    Called by: ``TrainingRun.prepare``, on the chosen low-precision backend only, once per optimizer,
     after ``convert_model`` (``model`` is the converted model when one was prepared in the same
     call, else None). Return the optimizer to use. Default: the optimizer unchanged.
     """
@@ -114,7 +118,7 @@ def prepare_model_and_optimizer(
     """Convert model and optimizer together, for backends whose API takes both at once.
     ``layer_roles`` as for ``convert_model``: adapters are never converted.
 
-    Called by: ``Accelerator.prepare``, on the chosen low-precision backend, in place of
+    Called by: ``TrainingRun.prepare``, on the chosen low-precision backend, in place of
     ``convert_model`` + ``wrap_optimizer`` when it is implemented (``msamp.initialize``).
     Return ``(model, optimizer)``; the returned objects are what the user gets back.
     Return None to fall back to ``convert_model`` and ``wrap_optimizer``.
@@ -126,7 +130,7 @@ def autocast_context(model: torch.nn.Module | None, context: PrepareContext) -> 
     """Give the backend's forward context (e.g. TE's ``autocast``) as a *context factory*: a
     function of no arguments that returns a fresh context manager.
 
-    Called by: ``Accelerator.prepare``, once per model, on the chosen low-precision backend (and by
+    Called by: ``TrainingRun.prepare``, once per model, on the chosen low-precision backend (and by
     ``Accelerator.autocast``, once per block, with ``model=None``). Decide everything here; the
     returned function is called on every forward, inside the run's native autocast (built by
     lowbit's ``Precision``), so keep it plain torch: no plugin lookups, no host syncs, nothing
@@ -142,7 +146,7 @@ def after_optimizer_step(
     """Give the per-step bookkeeping to run after each real (not skipped) optimizer step, as a
     function of no arguments.
 
-    Called by: ``Accelerator.prepare``, once per optimizer, on the chosen low-precision backend.
+    Called by: ``TrainingRun.prepare``, once per optimizer, on the chosen low-precision backend.
     The returned function runs after every real step (e.g. torchao's
     ``precompute_float8_dynamic_scale_for_fsdp``), and once more after ``load_state`` replaced the
     weights (on every rank), so that nothing derived from the old weights survives. Return None
@@ -158,7 +162,7 @@ def clip_grad_norm(
     handle (MS-AMP's ScalingTensor), or held by a strategy that clips inside its own step
     (DeepSpeed's ZeRO partitions).
 
-    Called by: ``Accelerator.clip_grad_norm_``, after fp16 gradients were unscaled: on the
+    Called by: ``TrainingRun.clip_grad_norm_``, after fp16 gradients were unscaled: on the
     distributed strategy first, then on the chosen low-precision backend. Return the total norm (before
     clipping); None passes to the next, and finally to ``torch.nn.utils.clip_grad_norm_``.
     """
@@ -168,7 +172,7 @@ def clip_grad_norm(
 def strategy_integration(strategy: str, context: PrepareContext) -> StrategyIntegration | None:
     """Let the low-precision backend take part in the distributed strategy's own setup.
 
-    Called by: ``Accelerator.prepare``, on the chosen low-precision backend, before
+    Called by: ``TrainingRun.prepare``, on the chosen low-precision backend, before
     ``wrap_for_distribution``; the result is ``context.strategy_integration`` for the strategy
     to read: a :class:`~lowbit.kernel.types.StrategyIntegration`. The DeepSpeed strategy reads
     its ``initialize`` (a drop-in for ``deepspeed.initialize``, e.g. ``msamp.deepspeed.initialize``)
@@ -183,7 +187,7 @@ def strategy_integration(strategy: str, context: PrepareContext) -> StrategyInte
 def enable_fp8_telemetry(model: torch.nn.Module, recorder: Any, context: PrepareContext) -> bool | None:
     """Start reporting FP8 numerics of the model's FP8 layers to ``recorder``.
 
-    Called by: ``Accelerator.enable_fp8_telemetry``, on the chosen low-precision backend, once. Install
+    Called by: ``TrainingRun.enable_fp8_telemetry``, on the chosen low-precision backend, once. Install
     hooks that call ``recorder.record(layer_name, role, tensor, fp8_dtype, scale)`` for the
     tensors the backend casts ("input", "weight", "grad_output"), with the scale it uses; skip
     the work when ``recorder.active`` is False. Append each hook handle to
@@ -198,7 +202,7 @@ def export_state_dict(
 ) -> dict[str, Any] | None:
     """Map a converted model's state dict back to the plain model's names and tensors.
 
-    Called by: ``Accelerator.save_model``, on the chosen low-precision backend, after the strategy has
+    Called by: ``TrainingRun.save_model``, on the chosen low-precision backend, after the strategy has
     gathered a full state dict. Drop FP8 metadata (it belongs in ``save_state``), turn tensor
     subclasses into plain tensors. Return the new dict. Default: unchanged.
     """
@@ -210,7 +214,7 @@ def encode_checkpoint_state(
 ) -> dict[str, Any] | None:
     """Make a state dict that ``save_state`` writes readable with ``torch.load(weights_only=True)``.
 
-    Called by: ``Accelerator.save_state``, on the chosen low-precision backend, for each prepared model
+    Called by: ``TrainingRun.save_state``, on the chosen low-precision backend, for each prepared model
     (``kind="model"``, ``owner`` the unwrapped model) and optimizer (``kind="optimizer"``) whose
     state lowbit writes itself (not when a strategy saves its own, as DeepSpeed does). Turn
     objects that are not tensors or plain data (MS-AMP's ScalingTensor) into tensors and plain
@@ -224,7 +228,7 @@ def decode_checkpoint_state(
 ) -> dict[str, Any] | None:
     """Undo :func:`encode_checkpoint_state` before the state is loaded.
 
-    Called by: ``Accelerator.load_state``, on the chosen low-precision backend, with what was read back,
+    Called by: ``TrainingRun.load_state``, on the chosen low-precision backend, with what was read back,
     before ``owner.load_state_dict``. Return the dict to load; None loads it unchanged.
     """
 
@@ -233,7 +237,7 @@ def decode_checkpoint_state(
 def backend_checkpoint_state(model: torch.nn.Module, context: PrepareContext) -> dict[str, Any] | None:
     """The backend's own state for a prepared model that is not in its state dict.
 
-    Called by: ``Accelerator.save_state``, on the chosen low-precision backend, on the main process, for
+    Called by: ``TrainingRun.save_state``, on the chosen low-precision backend, on the main process, for
     each prepared model (unwrapped), whatever the strategy. Return tensors and plain data (they
     are read back with ``torch.load(weights_only=True)``), e.g. Transformer Engine's amax
     histories; None when there is nothing to save.
@@ -246,7 +250,7 @@ def load_backend_checkpoint_state(
 ) -> bool | None:
     """Restore what :func:`backend_checkpoint_state` returned.
 
-    Called by: ``Accelerator.load_state``, on the chosen low-precision backend, on every process, after the
+    Called by: ``TrainingRun.load_state``, on the chosen low-precision backend, on every process, after the
     model's state dict was loaded. Return True when restored.
     """
 
@@ -260,7 +264,7 @@ def wrap_for_distribution(
 ) -> tuple[torch.nn.Module | None, torch.optim.Optimizer | None] | None:
     """Wrap the (already converted) model and optimizer for multi-process training.
 
-    Called by: ``Accelerator.prepare``, on the chosen strategy, after the conversion and before
+    Called by: ``TrainingRun.prepare``, on the chosen strategy, after the conversion and before
     forward autocast wrapping. Return ``(model, optimizer)``. Default: both unchanged. An optimizer
     whose engine may decline a step (a loss-scale overflow) says so by a ``step_was_skipped``
     property, read after each step: lowbit then reports the skip and holds the LR schedule.
@@ -273,7 +277,7 @@ def backward(
 ) -> bool | None:
     """Run the backward pass when the strategy owns it (DeepSpeed's ``engine.backward``).
 
-    Called by: ``Accelerator.backward``, on the chosen strategy. ``loss`` is not divided by the
+    Called by: ``TrainingRun.backward``, on the chosen strategy. ``loss`` is not divided by the
     gradient-accumulation steps (a strategy that owns backward divides by its own). ``options``:
     the keyword arguments the script gave ``accelerator.backward`` (transformers' Trainer passes
     DeepSpeed's ``scale_wrt_gas=False``). Return True when handled; None lets lowbit call
@@ -285,7 +289,7 @@ def backward(
 def full_state_dict(model: torch.nn.Module, context: PrepareContext) -> dict[str, Any] | None:
     """Gather the model's complete, unsharded state dict into the main process (rank 0 writes it).
 
-    Called by: ``Accelerator.save_model`` and ``Accelerator.get_state_dict``, on the chosen strategy,
+    Called by: ``TrainingRun.save_model`` and ``TrainingRun.full_state_dict``, on the chosen strategy,
     on every rank together. Return the full ``{name: tensor}`` dict on the main process; a strategy
     that shards may return ``{}`` on the others (a whole model on each would need its memory on
     each). None means ``model.state_dict()`` is already full.
@@ -296,7 +300,7 @@ def full_state_dict(model: torch.nn.Module, context: PrepareContext) -> dict[str
 def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, context: PrepareContext) -> bool | None:
     """Write the strategy's own checkpoint into ``directory`` (DeepSpeed's ``save_checkpoint``).
 
-    Called by: ``Accelerator.save_state``, on the chosen strategy, on every rank.
+    Called by: ``TrainingRun.save_state``, on the chosen strategy, on every rank.
     Return True when the strategy saved model and optimizer itself; None lets lowbit do it.
     """
 
@@ -305,7 +309,7 @@ def save_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, cont
 def load_checkpoint(directory: str, model: torch.nn.Module, optimizer: Any, context: PrepareContext) -> bool | None:
     """Read back what ``save_checkpoint`` wrote into ``directory``.
 
-    Called by: ``Accelerator.load_state``, on the chosen strategy, on every rank, when the
+    Called by: ``TrainingRun.load_state``, on the chosen strategy, on every rank, when the
     checkpoint's metadata says the strategy saved it. Return True when handled, None otherwise.
     """
 
@@ -339,7 +343,7 @@ def launch_environment(args: argparse.Namespace) -> dict[str, str] | None:
 def register_trackers() -> dict[str, type] | None:
     """Offer experiment trackers for ``Accelerator(log_with=...)``.
 
-    Called by: the Accelerator, on every plugin, each isolated, when ``log_with`` is given.
+    Called by: the run, on every plugin, each isolated, when the front asks for trackers (``log_with``).
     Return ``{"name": TrackerClass}`` where each class subclasses ``lowbit.compat.tracking.GeneralTracker``
     (``__init__(run_name, logging_dir, **init_kwargs)``, ``store_init_configuration``, ``log``,
     ``finish``); import the tracker's library inside the class, not at module level.

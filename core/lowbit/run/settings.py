@@ -32,7 +32,7 @@ CONFIG_FILE_ENV = "LOWBIT_CONFIG_FILE"
 # distributed_type values that need no strategy on one process (Accelerate's names for plain data parallel).
 SINGLE_PROCESS_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU")
 FP8_SECTION = "fp8_config"
-# The run's parallel layout (lowbit.run.layout reads and checks it when the Accelerator starts).
+# The run's parallel layout (lowbit.run.layout reads and checks it when the run is built).
 PARALLELISM_SECTION = "parallelism_config"
 # Strategy sections (``fsdp_config``, ...) are named by the strategies themselves
 # (StrategyDescription.config_section); before the plugins are known, any ``*_config`` mapping passes.
@@ -505,7 +505,7 @@ def setting_layers(
         file_layer,
         (settings_from_accelerate_env(environ), ACCELERATE_ENV),
         (config_from_env(environ, fp8_specs), ENV_LAYER),
-        ({k: v for k, v in (explicit or {}).items() if v is not None}, "Accelerator arguments"),
+        ({k: v for k, v in (explicit or {}).items() if v is not None}, "arguments in the code"),
     ]
 
 

@@ -1,8 +1,8 @@
 """The one walk over nested data (batches, model outputs, call arguments) that does not rebuild it.
 
 ``operations.recursively_apply`` rebuilds a nest with each tensor replaced; this only reads it.
-Below the runtime's folders: the meter, the work counter, the NaN diagnosis and the Accelerator
-all walk batches with it.
+Below the runtime's folders: the meter, the work counter, the NaN diagnosis and the
+collectives all walk batches with it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Lightning Fabric's ``Precision`` is the anchor: the autocast dtype of the forward, loss scaling in
 backward, unscaling before clipping, the optimizer step (skipped when fp16 overflowed), the
-scaler's state in checkpoints, and whether this machine runs the precision slowly. The Accelerator
-builds one :class:`Precision` per run; its ``backward`` and ``clip_grad_norm_``, the prepared
+scaler's state in checkpoints, and whether this machine runs the precision slowly. The run
+(:mod:`lowbit.run.training_run`) builds one :class:`Precision`; its ``backward`` and ``clip_grad_norm_``, the prepared
 optimizer's ``step`` and the checkpointer call it, and ``PrepareContext.autocast_dtype`` carries
 its dtype to the plugins. It builds the forward's ``torch.autocast`` once, at ``prepare()``
 (``autocast_factory``, honouring ``AutocastKwargs``). A low-precision backend ("fp8", "fp4", or a
@@ -25,7 +25,7 @@ from lowbit.kernel.types import NATIVE_PRECISIONS
 
 
 class SlowPrecisionNotice(LowbitNote):
-    """The precision asked for is slow on this device (said once per Accelerator, on the main process)."""
+    """The precision asked for is slow on this device (said once per run, on the main process)."""
 
 
 # fp16's loss scaler halves the scale at each skipped step: this many skipped in a row (the scale

@@ -1,11 +1,10 @@
-"""The plugins one Accelerator chose, with one typed method per routed hook.
+"""The plugins one run chose, with one typed method per routed hook.
 
 pluggy calls every implementation of a hook; lowbit calls only the chosen plugin's, found once and
 then called as a plain function. Each method here routes to the plugin chosen for its role (the
 low-precision backend, the distributed strategy), passes the run's context, and checks what the
 plugin returns, so that a wrong result names the plugin and the hook instead of failing far away.
-Collaborators of the Accelerator (preparation, checkpoints) receive this object, not the
-Accelerator.
+The run's parts (preparation, checkpoints) receive this object, not the run.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def test_a_run_built_from_settings_alone_trains_with_its_own_verbs_as_the_accele
 
 def test_a_run_checks_its_settings_as_the_accelerator_does():
     with pytest.raises(
-        ConfigError, match="'gradient_accumulation_steps' \\(from Accelerator arguments.*must be at least 1, got 0"
+        ConfigError, match="'gradient_accumulation_steps' \\(from arguments in the code.*must be at least 1, got 0"
     ):
         TrainingRun(RunRequest({"gradient_accumulation_steps": 0}))
     with pytest.raises(ConfigError, match="not a torch.compile backend"):

@@ -1,4 +1,4 @@
-"""``save_state`` / ``load_state``: the Accelerator's collaborator for resumable checkpoints.
+"""``save_state`` / ``load_state``: the run's part for resumable checkpoints.
 
 It saves what was prepared (models, optimizers, schedulers, the fp16 scaler), the objects
 registered with ``register_for_checkpointing``, every RNG, and the counters, through the

@@ -112,7 +112,7 @@ class PreparedDataLoader(DataLoader):
         # The last batch was padded, but how many of its samples are real is unknown here (a stream
         # each process reads in loader workers): gather_for_metrics says so instead of cutting.
         self.remainder_unknown = False
-        # Told each batch and the seconds spent waiting for it (the Accelerator's throughput meter).
+        # Told each batch and the seconds spent waiting for it (the run's throughput meter).
         self.observe_batch: Any = None
         # Called each time the loop asks for its next batch (its last body finished): the preemption stop.
         self.at_iteration_start: Callable[[], None] | None = None

@@ -1,5 +1,5 @@
 """The training loop's sync facts the prepared objects read: whether this micro-batch syncs
-gradients (one flag per Accelerator) and which prepared loaders this process is iterating; and
+gradients (one flag per run) and which prepared loaders this process is iterating; and
 turning a model's gradient all-reduce off or on for a block (DDP, FSDP2).
 
 Accelerate's ``GradientState`` (:mod:`lowbit.compat.state`) answers its questions from these.
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # the module stays torch-free to import
 
 @dataclass
 class GradientSync:
-    """Whether this micro-batch reduces gradients and lets the optimizers step; each Accelerator
+    """Whether this micro-batch reduces gradients and lets the optimizers step; each run
     owns one (``accumulate`` and ``no_sync`` set it)."""
 
     sync_gradients: bool = True

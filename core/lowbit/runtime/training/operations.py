@@ -1,7 +1,7 @@
 """Collective operations on tensors and nested structures of them (dicts, lists, tuples).
 
 Every function is a no-op copy on one process, so a script behaves the same with or without a
-launcher. Used by the Accelerator's ``gather``/``reduce``/``pad_across_processes`` and exported
+launcher. Used by the Accelerator's ``gather``/``reduce``/``pad_across_processes`` (and the run) and exported
 from ``lowbit.compat.utils`` under Accelerate's names.
 """
 

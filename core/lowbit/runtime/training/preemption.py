@@ -62,7 +62,7 @@ def warning_action() -> str:
 
 
 class PreemptionWatch:
-    """One per Accelerator: the SIGTERM flag, the callbacks, and the agreement between ranks."""
+    """One per run: the SIGTERM flag, the callbacks, and the agreement between ranks."""
 
     def __init__(self, num_processes: int) -> None:
         self.num_processes = num_processes

@@ -1,9 +1,9 @@
-"""What ``Accelerator.prepare`` does: each object through the chosen plugins, in order.
+"""What ``prepare()`` does: each object through the chosen plugins, in order.
 
 A model goes through the low-precision backend (conversion, or model and optimizer together),
 then the distributed strategy, then gets its forward wrapped in the autocast contexts (and
 ``torch.compile``); optimizers, schedulers and dataloaders get lowbit's wrappers. It works with
-the chosen plugins, the prepared objects and the step state it is given, not with the Accelerator.
+the chosen plugins, the prepared objects and the step state it is given, not with the run.
 """
 
 from __future__ import annotations

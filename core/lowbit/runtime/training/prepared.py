@@ -1,4 +1,4 @@
-"""What ``Accelerator.prepare`` hands back for optimizers and schedulers.
+"""What ``prepare()`` hands back for optimizers and schedulers.
 
 The wrappers add what a plain script must not have to write: the precision's optimizer step (fp16
 loss scaling with skipped steps on inf/nan, :mod:`lowbit.runtime.precision`), gradient accumulation
@@ -98,7 +98,7 @@ class StepState:
         self.checks_nonfinite = self.on_nonfinite_loss != "continue" and not self.precision.skips_nonfinite_steps
 
     def __getstate__(self) -> dict[str, Any]:
-        # A pickled or copied optimizer carries its step state, not the Accelerator the diagnosis asks
+        # A pickled or copied optimizer carries its step state, not the run the diagnosis asks
         # (it holds modules and process-group state, which do not pickle): a copy reports without it.
         return {**self.__dict__, "explain_nonfinite": None, "nonfinite_buffers": None}
 
