@@ -21,7 +21,8 @@ WORKER = Path(__file__).parent / "models" / "hf_worker.py"
 sys.path.insert(0, str(WORKER.parent))
 from hf_worker import LR, MAX_NORM, build_model, digest  # noqa: E402
 
-pytestmark = pytest.mark.multiprocess
+# Runs another project's code (Trainer/TRL, Accelerate's own suite, transformers models): CI's third-party lane.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.third_party]
 
 STRATEGIES = {
     "single": None,  # plain `python script.py`

@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("ray.train.torch")
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.multiprocess
+# Runs another project's code (Trainer/TRL, Accelerate's own suite, transformers models): CI's third-party lane.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.third_party]
 
 JOB = Path(__file__).resolve().parents[1] / "distributed" / "ray_train_job.py"
 

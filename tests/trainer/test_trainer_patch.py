@@ -23,6 +23,9 @@ from lowbit.integrations.transformers import patch as trainer_patch  # noqa: E40
 
 from lowbit.kernel.errors import ConfigError  # noqa: E402
 
+# Runs another project's code (Trainer/TRL, Accelerate's own suite, transformers models): CI's third-party lane.
+pytestmark = pytest.mark.third_party
+
 
 @pytest.fixture
 def patched():

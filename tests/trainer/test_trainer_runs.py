@@ -25,7 +25,8 @@ FP8_LOSS_TOLERANCE = 0.02
 # FSDP2 against DDP in bf16 (different reduction order and dtype); measured: < 1e-4.
 STRATEGY_TOLERANCE = 0.01
 
-pytestmark = pytest.mark.multiprocess
+# Runs another project's code (Trainer/TRL, Accelerate's own suite, transformers models): CI's third-party lane.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.third_party]
 
 
 class Runs:

@@ -9,9 +9,9 @@ import importlib.metadata
 from packaging.version import InvalidVersion, Version
 
 # The torch versions lowbit's CI runs its tests under (.ci/run's lanes; the oldest is every
-# distribution's floor in its pyproject.toml): the CPU build of the newest, and the version the
-# GPU image ships (its registry build, which runs on a CPU).
-TESTED_TORCH = ("2.13.0", "2.11.0")
+# distribution's floor in its pyproject.toml): the CPU build the suite runs on, the version the
+# GPU image ships and the newest release (their registry builds, which run on a CPU).
+TESTED_TORCH = ("2.13.0", "2.11.0", "2.15.0")
 
 
 def installed_version(distribution: str) -> str | None:

@@ -17,6 +17,9 @@ sys.path.insert(0, str(TESTS / "accelerate_suite"))
 import run_suite  # noqa: E402
 from excluded import DELIBERATE_CHECKS, EXCLUDED, MODULES  # noqa: E402
 
+# Runs another project's code (Trainer/TRL, Accelerate's own suite, transformers models): CI's third-party lane.
+pytestmark = pytest.mark.third_party
+
 
 def test_the_rewrite_renames_the_module_wherever_code_names_it_and_nothing_else():
     original = (TESTS / "fixtures" / "accelerate_imports.py").read_text().splitlines()
