@@ -719,7 +719,8 @@ def test_tes_own_nvfp4_switches_hold_unless_a_lowbit_option_is_given(te_source, 
         False,
     )
     assert "overrides" not in said(recwarn)
-    recipe = build_recipe(fp4_accelerator(nvfp4_random_hadamard=True)._run.context)  # the user's option wins, and says so
+    # the user's option wins, and says so
+    recipe = build_recipe(fp4_accelerator(nvfp4_random_hadamard=True)._run.context)
     assert (recipe.disable_rht, recipe.disable_stochastic_rounding) == (False, True)
     assert "nvfp4_random_hadamard=True overrides NVTE_NVFP4_DISABLE_RHT=1" in said(recwarn)
 
