@@ -33,12 +33,11 @@ from lowbit.cli.launcher_flags import (
 from lowbit.cli.run_script import patching_wanted
 
 from lowbit.kernel import notices
+from lowbit.kernel.env_numbers import SIMULATE_NCCL_ENV as SIMULATE_ENV
 from lowbit.kernel.errors import ConfigError
 from lowbit.kernel.first_party import first_party, install_command
 from lowbit.kernel.recipes import FP8_ENV_PREFIX
 from lowbit.kernel.types import NATIVE_PRECISIONS
-
-from lowbit.runtime.collective_device import SIMULATE_ENV
 
 from lowbit.run.accelerate_config import loading_once_per_machine_env, note_ignored
 from lowbit.run.settings import SINGLE_PROCESS_TYPES

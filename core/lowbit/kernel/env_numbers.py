@@ -15,6 +15,11 @@ from typing import Mapping
 
 from lowbit.kernel.errors import ConfigError
 
+# On CPU processes, hold lowbit's collectives to NCCL's device rule (runtime/collective_device.py
+# reads it; `lowbit launch --simulate_nccl` sets it). Named here, below torch: the launcher sets it
+# without importing torch.
+SIMULATE_NCCL_ENV = "LOWBIT_SIMULATE_NCCL"
+
 
 def env_number(
     name: str,

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import yaml
 
 from lowbit.kernel import notices
+from lowbit.kernel.env_numbers import SIMULATE_NCCL_ENV as SIMULATE_ENV
 from lowbit.kernel.errors import ConfigError, did_you_mean
 from lowbit.kernel.first_party import FIRST_PARTY_SECTIONS, install_command
 from lowbit.kernel.options import OptionSpec, at_least, to_text
@@ -23,7 +24,6 @@ from lowbit.kernel.recipes import DOCUMENTED_FP8_KEYS, OPTION_SYNONYMS, fp8_env_
 from lowbit.kernel.types import NATIVE_PRECISIONS
 
 from lowbit.runtime.atomic_write import write_atomically
-from lowbit.runtime.collective_device import SIMULATE_ENV
 
 from lowbit.run.accelerate_config import WHERE_ENV as ACCELERATE_ENV
 from lowbit.run.accelerate_config import settings_from_accelerate_env, translate_config_file

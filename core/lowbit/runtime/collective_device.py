@@ -29,9 +29,9 @@ from typing import Any, Callable
 
 import torch
 
+from lowbit.kernel.env_numbers import SIMULATE_NCCL_ENV as SIMULATE_ENV
 from lowbit.kernel.env_numbers import accelerate_flag, env_switch
 
-SIMULATE_ENV = "LOWBIT_SIMULATE_NCCL"
 # The collectives checked under the simulation, each with where its input tensor(s) sit in the
 # call (position, keyword): what the tensor NCCL reads, as torch.distributed 2.11-2.13 names them.
 CHECKED_COLLECTIVES = {

@@ -264,3 +264,19 @@ def test_launch_runs_a_folder_by_its_main_as_python_does(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert main(["launch", str(tmp_path / "empty")]) == 2
     assert "is a folder without a __main__.py" in capsys.readouterr().err
+
+
+def test_the_launcher_imports_no_torch(tmp_path):
+    """``lowbit launch`` parses, reads the settings, discovers the plugins and builds torchrun's
+    command without importing torch (about 2 CPU-seconds a launch): torchrun and the ranks import it."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    done = subprocess.run(
+        [sys.executable, str(TESTS / "scripts" / "modules_loaded.py"), "launch_command", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["torch"] is False
