@@ -167,6 +167,12 @@ class Accelerator(RankFacts):
     # ------------------------------------------------------------------ the run's decisions (lowbit.run.training_run)
 
     @property
+    def run(self) -> TrainingRun:
+        """The lowbit run this Accelerator hands every call to (:class:`~lowbit.run.training_run.TrainingRun`):
+        its decisions and its parts, for tools built on lowbit (the conformance kit reads what a backend converted)."""
+        return self._run
+
+    @property
     def hardware(self) -> HardwareInfo:
         return self._run.hardware
 

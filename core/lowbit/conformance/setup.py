@@ -70,7 +70,7 @@ def prepare(backend: str, plugin: object | None, hardware: HardwareInfo | None, 
 def conversion_hook(acc: Any) -> str:
     """The hook that built the FP8 layers: the one to name when they misbehave."""
     both = "prepare_model_and_optimizer"
-    return both if acc._run.plugins.converts_model_and_optimizer_together else "convert_model"
+    return both if acc.run.plugins.converts_model_and_optimizer_together else "convert_model"
 
 
 def in_features(model) -> int:

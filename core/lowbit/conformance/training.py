@@ -47,7 +47,7 @@ def check_layers_converted(
     before = {name: type(module) for name, module in plain.named_modules()}
     acc, prepared, _ = prepare(backend, plugin, hardware, plain)
     model = acc.unwrap_model(prepared, keep_torch_compile=False)
-    record = acc._run.prepared.conversion_reports.get(model)
+    record = acc.run.prepared.conversion_reports.get(model)
     if record is not None:
         converted = list(record.converted)
     else:
@@ -88,7 +88,7 @@ def check_conversion_keeps_weights(
     source = model_factory()
     original = {name: value.detach().clone() for name, value in source.state_dict().items()}
     acc, prepared, _ = prepare(backend, plugin, hardware, source)
-    storage = getattr(acc._run.plugins.backend.chosen.description, "weight_storage", "") or ""
+    storage = getattr(acc.run.plugins.backend.chosen.description, "weight_storage", "") or ""
     state = acc.get_state_dict(prepared)
     largest = 0.0
     for name, want in original.items():
