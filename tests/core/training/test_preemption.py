@@ -20,11 +20,14 @@ WORKER = TESTS / "distributed" / "preemption_worker.py"
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: a killed process waiting to be reaped (a zombie, re-parented when
+    torchrun died with it) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
 
 
 def _wait_for(paths: list[Path], timeout: float) -> None:

@@ -25,6 +25,14 @@ from typing import Callable
 import torch
 
 from lowbit.kernel.env_numbers import env_number
+from lowbit.kernel.preemption_window import (  # noqa: F401 - the window's names, read here as before
+    DEFAULT_GRACE_S,
+    GRACE_ENV,
+    WARNING_ACTIONS,
+    WARNING_ENV,
+    grace_seconds,
+    warning_action,
+)
 
 from lowbit.runtime.collective_device import on_group_device
 
@@ -33,32 +41,7 @@ from lowbit.runtime.collective_device import on_group_device
 # longer steps or a larger save: lower it (LOWBIT_PREEMPTION_POLL_STEPS).
 POLL_STEPS_ENV = "LOWBIT_PREEMPTION_POLL_STEPS"
 DEFAULT_POLL_STEPS = 10
-GRACE_ENV = "LOWBIT_PREEMPTION_GRACE"
-# Seconds from SIGTERM until the launcher kills what is left: 5 s inside the common 30 s window,
-# so that the launcher, not the scheduler's SIGKILL, ends the job and says what happened.
-DEFAULT_GRACE_S = 25.0
-WARNING_ENV = "LOWBIT_PREEMPTION_WARNING"
-WARNING_ACTIONS = ("checkpoint", "stop")  # what SIGUSR1 does: the first is the default
 STOP_EXIT_CODE = 143  # 128 + SIGTERM, what a scheduler expects of a job it preempted
-
-
-def grace_seconds() -> float:
-    """The window after SIGTERM (``LOWBIT_PREEMPTION_GRACE``), read where it is needed."""
-    return env_number(GRACE_ENV, DEFAULT_GRACE_S, meaning="seconds the processes get to save after SIGTERM")
-
-
-def warning_action() -> str:
-    import os
-
-    from lowbit.kernel.errors import ConfigError
-
-    action = os.environ.get(WARNING_ENV, "").strip().lower() or WARNING_ACTIONS[0]
-    if action not in WARNING_ACTIONS:
-        raise ConfigError(
-            f"{WARNING_ENV}={action!r}: give checkpoint (save at the early warning and train on) or stop "
-            "(save and stop)."
-        )
-    return action
 
 
 class PreemptionWatch:
