@@ -510,12 +510,7 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
 
     received: list[int] = []
 
-    # The job's processes, as last seen while torchrun was alive: a rank is re-parented when
-    # torchrun dies before the window ends, and the kill must still find it.
-    seen: dict[int, None] = {}
-
     def forward(signum, frame):
-        seen.update(dict.fromkeys(_descendants(job.pid)))
         send(signum)
         received.append(signum)
         deadline.append(time.monotonic() + grace)
@@ -533,7 +528,7 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
     def kill_everything() -> None:
         # The ranks (torchrun starts each in a session of its own) and their children, found while
         # torchrun is alive (they are re-parented when it dies), then the job's own group.
-        for pid in {**seen, **dict.fromkeys(_descendants(job.pid))}:
+        for pid in _descendants(job.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         send(signal.SIGKILL)
@@ -556,8 +551,6 @@ def run_job(command: list[str], env: dict[str, str]) -> int:
             try:
                 return stopped(job.wait(timeout=0.5))
             except subprocess.TimeoutExpired:
-                if deadline:
-                    seen.update(dict.fromkeys(_descendants(job.pid)))
                 if deadline and time.monotonic() > deadline[0]:
                     print(
                         f"lowbit launch: the job did not stop within {grace:.0f} s of the signal "

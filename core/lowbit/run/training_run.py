@@ -390,9 +390,10 @@ class TrainingRun:
     ) -> Path:
         """The unconverted model's weights as files (``model_files.write_model_files``), written by
         the main process; every process takes part in gathering them. Returns the file written."""
-        model_files.refuse_weights_not_in_memory(unwrap(model))
+        inner = unwrap(model)
+        model_files.refuse_weights_not_in_memory(inner)
         if not allow_nonfinite:
-            refuse_nonfinite_weights([unwrap(model)], "save_model", self.facts.num_processes)
+            refuse_nonfinite_weights([inner], "save_model", self.facts.num_processes)
         state = self.full_state_dict(model)
         path = Path(directory) / (model_files.SAFE_WEIGHTS if safe else model_files.TORCH_WEIGHTS)
         if self.facts.is_main_process:
@@ -676,7 +677,7 @@ class TrainingRun:
         """What FP8 took in a prepared model (the first one by default); None without FP8."""
         if self.backend is None or not (model is not None or self.prepared.models):
             return None
-        record = self.prepared.conversion_reports.get(self._low_precision_model(model, "fp8_report()"))
+        record = self.prepared.conversion_reports.get(unwrap(model if model is not None else self.prepared.models[0]))
         return conversion_report(record, self.backend_name, self.mixed_precision, self.context.recipe_runs)
 
     def fp8_payoff(

@@ -276,7 +276,7 @@ def test_the_launcher_imports_no_torch(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["torch"] is False

@@ -235,10 +235,10 @@ def test_the_early_warning_can_stop_the_job_after_its_checkpoint(tmp_path):
 
 
 def test_the_default_window_fits_a_schedulers_30_s(monkeypatch):
-    from lowbit.runtime.training import preemption
+    from lowbit.kernel import preemption_window
 
-    monkeypatch.delenv(preemption.GRACE_ENV, raising=False)
-    assert preemption.grace_seconds() < 30  # Slurm's KillWait and Kubernetes' grace period: 30 s by default
+    monkeypatch.delenv(preemption_window.GRACE_ENV, raising=False)
+    assert preemption_window.grace_seconds() < 30  # Slurm's KillWait and Kubernetes' grace period: 30 s by default
 
 
 def test_the_preemption_note_says_how_long_the_save_took_against_the_window(monkeypatch, recwarn):

@@ -25,14 +25,7 @@ from typing import Callable
 import torch
 
 from lowbit.kernel.env_numbers import env_number
-from lowbit.kernel.preemption_window import (  # noqa: F401 - the window's names, read here as before
-    DEFAULT_GRACE_S,
-    GRACE_ENV,
-    WARNING_ACTIONS,
-    WARNING_ENV,
-    grace_seconds,
-    warning_action,
-)
+from lowbit.kernel.preemption_window import GRACE_ENV, WARNING_ENV, grace_seconds, warning_action
 
 from lowbit.runtime.collective_device import on_group_device
 
