@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -33,15 +34,59 @@ def _each_test_hears_lowbits_notices():
     yield
 
 
+# ---------------------------------------------------------------------- the order tests start in
+
+# Each test's seconds on CI's 2-core machine (tests of 2 s or more), written by a run with
+# --record-seconds. With pytest-xdist (pyproject's addopts: --dist loadgroup), the longest tests
+# start first, so that no long test starts last while the other worker idles; the tests of one
+# xdist_group (tests sharing a module fixture's launches) stay together, on one worker.
+SECONDS_FILE = Path(__file__).parent / "seconds.json"
+RECORDED_FROM = 2.0
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-seconds",
+        action="store_true",
+        help=f"write each test's seconds ({RECORDED_FROM:g} s or more) to {SECONDS_FILE.name}: the order later runs "
+        "start tests in",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    known = json.loads(SECONDS_FILE.read_text()) if SECONDS_FILE.exists() else {}
+    units: dict[str, list] = {}  # a test alone, or an xdist_group's tests, in their order
+    for item in items:
+        group = item.get_closest_marker("xdist_group")
+        units.setdefault(f"group:{group.args[0]}" if group else item.nodeid, []).append(item)
+    ordered = sorted(units.values(), key=lambda unit: -sum(known.get(item.nodeid, 0.0) for item in unit))
+    items[:] = [item for unit in ordered for item in unit]
+
+
 # ---------------------------------------------------------------------- where the time goes
 
 _SECONDS_PER_FILE: dict[str, float] = {}
+_SECONDS_PER_TEST: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
     """Each test's setup, call and teardown, summed per file (.ci/run's budgets read the summary)."""
     path = report.nodeid.split("::", 1)[0]
     _SECONDS_PER_FILE[path] = _SECONDS_PER_FILE.get(path, 0.0) + report.duration
+    _SECONDS_PER_TEST[report.nodeid] = _SECONDS_PER_TEST.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """With --record-seconds: this run's long tests into SECONDS_FILE, over what it held (a run of
+    part of the suite updates its part)."""
+    if not session.config.getoption("--record-seconds") or hasattr(session.config, "workerinput"):
+        return
+    known = json.loads(SECONDS_FILE.read_text()) if SECONDS_FILE.exists() else {}
+    for nodeid, seconds in _SECONDS_PER_TEST.items():
+        known.pop(nodeid, None)
+        if seconds >= RECORDED_FROM:
+            known[nodeid] = round(seconds, 1)
+    SECONDS_FILE.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -206,6 +206,36 @@ def run_launch(cmd, *, env, cwd=None, timeout=1500):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
+class LaunchedOnce:
+    """Launches shared by a module's tests, each run once per test session: under pytest-xdist by
+    the first worker that asks, while the others wait for it (a file lock) and read its result.
+    ``launch(folder)`` runs in an empty folder of the session's and returns what JSON can hold."""
+
+    def __init__(self, tmp_path_factory, name: str):
+        import os
+
+        base = tmp_path_factory.getbasetemp()
+        # each xdist worker has a temporary folder of its own, in one folder for the session
+        self.root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+        self.root.mkdir(exist_ok=True)
+
+    def __call__(self, key: tuple, launch):
+        import hashlib
+        import json
+        import shutil
+
+        from filelock import FileLock
+
+        name = hashlib.sha1(repr(key).encode()).hexdigest()[:16]
+        folder, result = self.root / name, self.root / f"{name}.json"
+        with FileLock(str(self.root / f"{name}.lock")):
+            if not result.exists():  # a launch that failed left no result: this test launches it again
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                result.write_text(json.dumps(launch(folder)))
+            return json.loads(result.read_text())
+
+
 def install_entry_points(
     site, distribution: str, version: str, entry_points: dict[str, str], requires: tuple[str, ...] = ()
 ):

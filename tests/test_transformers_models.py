@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import launch_argv, run_launch
+from helpers import LaunchedOnce, launch_argv, run_launch
 from safetensors.torch import load_file
 
 WORKER = Path(__file__).parent / "models" / "hf_worker.py"
@@ -39,16 +39,13 @@ STRATEGY_TOLERANCE = 0.01
 
 
 class Runs:
-    """Launch each (model, strategy, precision) once, on first use."""
+    """Launch each (model, strategy, precision) once per test session, on first use."""
 
-    def __init__(self, root: Path):
-        self.root, self.results = root, {}
+    def __init__(self, launched: LaunchedOnce):
+        self.launched = launched
 
     def __call__(self, model: str, strategy: str, precision: str) -> list[dict]:
-        key = (model, strategy, precision)
-        if key not in self.results:
-            out = self.root / "-".join(key)
-            out.mkdir()
+        def launch(out: Path) -> list[dict]:
             env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
             env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
             flags = STRATEGIES[strategy]
@@ -58,15 +55,16 @@ class Runs:
                 cmd = launch_argv("--cpu", "--num_processes", "2", *flags, str(WORKER), model, precision, str(out))
             proc = run_launch(cmd, env=env)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-            ranks = 1 if flags is None else 2
-            self.results[key] = [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(ranks)]
-            self.results[key][0]["model_dir"] = str(out / "model")
-        return self.results[key]
+            ranks = [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(1 if flags is None else 2)]
+            ranks[0]["model_dir"] = str(out / "model")
+            return ranks
+
+        return self.launched((model, strategy, precision), launch)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("hf"))
+    return Runs(LaunchedOnce(tmp_path_factory, "transformers_models"))
 
 
 @pytest.mark.parametrize("model, strategy, precision", RUNS)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import launch_argv, run_launch
+from helpers import LaunchedOnce, launch_argv, run_launch
 
 pytest.importorskip("transformers")
 pytest.importorskip("trl")
@@ -30,11 +30,11 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.third_party]
 
 
 class Runs:
-    """Launch each (how, processes, script arguments) once, on first use; the per-rank results
-    and the launch's stderr."""
+    """Launch each (how, processes, script arguments) once per test session, on first use; the
+    per-rank results, the launch's stderr and its output folder."""
 
-    def __init__(self, root: Path):
-        self.root, self.done = root, {}
+    def __init__(self, launched: LaunchedOnce):
+        self.launched = launched
 
     def __call__(
         self,
@@ -45,9 +45,7 @@ class Runs:
         resume: str | None = None,
         env_extra: tuple[tuple[str, str], ...] = (),
     ):
-        key = (how, processes, precision, resume, args, env_extra)
-        if key not in self.done:
-            out = self.root / f"run{len(self.done)}"
+        def launch(out: Path):
             script = [str(WORKER), str(out), *args, *(["--resume", resume] if resume else [])]
             env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_"))}
             env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", **dict(env_extra))
@@ -70,13 +68,15 @@ class Runs:
             proc = run_launch(cmd, env=env)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
             results = [json.loads((out / f"result_{rank}.json").read_text()) for rank in range(processes)]
-            self.done[key] = (results, proc.stderr, out)
-        return self.done[key]
+            return results, proc.stderr, str(out)
+
+        results, stderr, out = self.launched((how, processes, precision, resume, args, env_extra), launch)
+        return results, stderr, Path(out)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return Runs(tmp_path_factory.mktemp("trainer_runs"))
+    return Runs(LaunchedOnce(tmp_path_factory, "trainer_runs"))
 
 
 def same_training(a: dict, b: dict) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -227,7 +228,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
         if per_machine is None and config.num_machines > 1:
             per_machine = 1
         if per_machine:
-            config.num_processes = per_machine * config.num_machines
+            config = dataclasses.replace(config, num_processes=per_machine * config.num_machines)
     if config.num_processes < 1 or config.num_machines < 1:
         raise ConfigError(
             f"--num_processes and --num_machines must be at least 1, got {config.num_processes} and "
@@ -247,7 +248,7 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
             "processes, or lower --num_processes."
         )
     if config.distributed_type == "NO" and config.num_processes > 1:
-        config.distributed_type = "MULTI_CPU" if config.use_cpu else "MULTI_GPU"
+        config = dataclasses.replace(config, distributed_type="MULTI_CPU" if config.use_cpu else "MULTI_GPU")
 
     launcher = LauncherSettings.of(config)  # settled: what follows reads the launcher's own record
     env = run_settings_env(config)  # the ranks get the run's settings only

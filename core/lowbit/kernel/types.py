@@ -259,6 +259,10 @@ class ConversionReport:
     # format with no weight-gradient GEMM, and the bytes their weights held before and hold now.
     frozen_low_precision: list[str] = field(default_factory=list)
     frozen_bytes: tuple[int, int] = (0, 0)
+    # How the recipe runs, when converting found otherwise than the run planned (a native recipe
+    # whose kernels turn out missing once the library is imported: "emulated"); None: as planned.
+    # The core hands it to the hooks that follow, in their context (which the backend cannot write).
+    recipe_runs: str | None = None
     # Filled by the core, not the backend: the predicted step speedup on a GPU lowbit has figures for,
     # and the role each Linear played (lowbit.kernel.layer_roles.LayerRoles, decided before conversion).
     predicted: str = ""
@@ -298,11 +302,13 @@ class StrategyIntegration:
     activation_checkpoint: "Callable[..., Any] | None" = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class PrepareContext:
     """Everything a routed hook may need to know about the run it is preparing.
 
-    One context per Accelerator: lowbit keeps no process-global precision state.
+    One context per Accelerator: lowbit keeps no process-global precision state. Frozen: a plugin
+    keeps what it learns in its own ``plugin_state``; what ``prepare()`` learns (``batch_size``,
+    ``strategy_integration``) comes in a new context, handed to the hooks that follow.
     """
 
     hardware: HardwareInfo

@@ -113,7 +113,7 @@ def _setting(kind: Any, default: Any, help: str, choices: tuple[str, ...] | None
     )
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class LowbitConfig:
     mixed_precision: str = _setting(
         str, "no", "no (or fp32), fp16, bf16, or a low-precision backend's (fp8, ...)", normalize=normalize_precision

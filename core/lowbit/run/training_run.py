@@ -1,13 +1,12 @@
 """One training run, built from its settings: the object a front (Accelerate's ``Accelerator``,
 :mod:`lowbit.compat.accelerator`) builds once and hands every call to.
 
-Built in this order, each step deciding once: the settings (defaults < config file < ACCELERATE_*
-< LOWBIT_* env vars < arguments, validated against the installed plugins' option names), the hardware, this process's
-place in the job, the plugins (at most one low-precision backend, at most one distributed
-strategy), the run's ``Precision``, the parallel layout, and the collaborators that ``prepare()``
-and the training step use (preparation, prepared objects, the step's state, the preemption watch,
-the throughput meter, checkpoints). Nothing here knows Accelerate's classes: the front translates
-its arguments and handler objects into a :class:`RunRequest`.
+Built in two parts: the plan (:mod:`lowbit.run.plan`: the settings, the hardware, this process's
+place in the job, the plugins, the run's ``Precision``, the parallel layout and the hooks' context,
+each decided once, frozen), and the parts wired from it that ``prepare()`` and the training loop's
+verbs use (preparation, prepared objects, the step's state, the preemption watch, the throughput
+meter, checkpoints). Nothing here knows Accelerate's classes: the front translates its arguments
+and handler objects into a :class:`RunRequest`.
 """
 
 from __future__ import annotations
@@ -15,29 +14,28 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError, did_you_mean
+from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from lowbit.kernel.manager import LowbitPluginManager
 from lowbit.kernel.notices import note
 from lowbit.kernel.registry import PluginRegistry, Selection
 from lowbit.kernel.telemetry import FP8StatsTable, TelemetryRecorder
-from lowbit.kernel.types import PrepareContext
+from lowbit.kernel.types import HardwareInfo, PrepareContext
 
 from lowbit.runtime.checkpoint import automatic as automatic_checkpoint
 from lowbit.runtime.checkpoint import model_files
 from lowbit.runtime.checkpoint.files import write_file_atomically
 from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
 from lowbit.runtime.checkpoint.training_state import TrainingStateCheckpointer
-from lowbit.runtime.observe.fp8_payoff import slower_layers
 from lowbit.runtime.observe.fp8_report import conversion_report
 from lowbit.runtime.observe.throughput import ThroughputMeter, meter_is_on
-from lowbit.runtime.precision import Precision, SlowPrecisionNotice
-from lowbit.runtime.process_group import ProcessFacts, every_rank_must_arrive, process_facts, wait_for_everyone
+from lowbit.runtime.precision import Precision
+from lowbit.runtime.process_group import ProcessFacts, every_rank_must_arrive, wait_for_everyone
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training.data_loader import LoaderOptions
 from lowbit.runtime.training.gradient_sync import GradientSync, active_loader, skip_gradient_sync
@@ -46,19 +44,10 @@ from lowbit.runtime.training.preemption import PreemptionWatch
 from lowbit.runtime.training.preparation import Preparation, PreparationSettings, unwrap
 from lowbit.runtime.training.prepared import PreparedObjects, StepState, TrainingCounters
 
-from lowbit.run.choice import choose_plugins
-from lowbit.run.layout import ParallelismConfig, data_parallel_slot, settle_layout
+from lowbit.run.layout import ParallelismConfig, data_parallel_slot
+from lowbit.run.plan import RunPlan, plan_run
 from lowbit.run.plugin_manager import make_plugin_manager
-from lowbit.run.settings import (
-    PARALLELISM_SECTION,
-    LowbitConfig,
-    check_plugin_names,
-    precision_asked_outside,
-    precision_under_front,
-    read_config_layer,
-    resolve_config,
-    setting_before_plugins,
-)
+from lowbit.run.settings import LowbitConfig
 
 
 @dataclass
@@ -96,69 +85,11 @@ class TrainingRun:
     """The run's decisions and collaborators; see the module's docstring for the order."""
 
     def __init__(self, request: RunRequest, plugin_manager: LowbitPluginManager | None = None) -> None:
-        # Hardware detection needs use_cpu before the plugins are known; the settings are validated
-        # once the plugins' option names are, so fp8_config keys can be checked against them.
-        file_layer = read_config_layer(request.config_file)
         self.plugin_manager = plugin_manager or make_plugin_manager()
-        self.hardware = self.plugin_manager.detect_hardware(
-            cpu=setting_before_plugins("use_cpu", request.settings, file_layer)
-        )
-        self.registry = PluginRegistry(self.plugin_manager, self.hardware)
-        settings = request.settings
-        # When the precision asked outside the script overrides the front's default, what to tell
-        # the user (the front says it, after its own first line).
-        self.front_precision_overridden: str | None = None
-        if request.front_precision is not None:
-            asked, where = precision_asked_outside(file_layer, os.environ)
-            chosen, self.front_precision_overridden = precision_under_front(
-                request.front_precision, asked, where, request.front_name
-            )
-            settings = dict(settings, mixed_precision=chosen)
-        self.config: LowbitConfig = self._resolve_settings(settings, file_layer)
-        self.facts: ProcessFacts = process_facts(
-            self.hardware.device_type,
-            self.hardware.device_count,
-            request.process_group_options,
-            group_of_one=self.config.distributed_type.upper() not in ("NO", "MULTI_CPU"),
-        )
-        choice = choose_plugins(
-            self.registry, self.config, request.recipe_handler, request.handlers, self.facts.num_processes
-        )
-        self.backend: Selection | None = choice.backend
-        self.strategy: Selection | None = choice.strategy
-        self.mixed_precision = choice.mixed_precision
-        self.precision = Precision.for_run(
-            self.mixed_precision,
-            self.facts.device,
-            self.strategy_owns_precision,
-            request.scaler_options,
-            request.autocast_options,
-        )
-        slow = self.precision.slow_reason()
-        if slow:
-            note(slow, SlowPrecisionNotice)
-        self.layout = self._settle_layout(request.layout)
-        self.context = PrepareContext(
-            hardware=self.hardware,
-            mixed_precision=self.mixed_precision,
-            device=self.facts.device,
-            backend_options=choice.backend_options,
-            recipe_runs=choice.recipe.status if choice.recipe else "native",
-            strategy=self.strategy.name if self.strategy else "none",
-            strategy_options=choice.strategy_options(self.config),
-            world_size=self.facts.num_processes,
-            rank=self.facts.process_index,
-            local_rank=self.facts.local_process_index,
-            gradient_accumulation_steps=self.config.gradient_accumulation_steps,
-            compiled=str(self.config.dynamo_backend).lower() != "no",
-            autocast_dtype=self.precision.autocast_dtype,
-            device_mesh=self.layout.device_mesh if self.layout is not None else None,
-            parallelism=self.layout,
-            predict_slower_layers=slower_layers,
-        )
+        self.plan: RunPlan = plan_run(request, self.plugin_manager)
         # The collaborators: each gets what it needs, never the run or the front.
         self.counters = TrainingCounters()
-        self.plugins = ChosenPlugins(self.plugin_manager, self.backend, self.strategy, self.context)
+        self.plugins = ChosenPlugins(self.plugin_manager, self.backend, self.strategy, self.plan.context)
         self.prepared = PreparedObjects()
         self.step_state = StepState(
             request.sync,
@@ -202,43 +133,56 @@ class TrainingRun:
         self.telemetry: TelemetryRecorder | None = None
         self.project = request.project
 
-    # ------------------------------------------------------------------ deciding
+    # ------------------------------------------------------------------ the plan, read
 
-    def _resolve_settings(self, given: dict[str, Any], file_layer: tuple[dict[str, Any], str]) -> LowbitConfig:
-        fp8_specs = {}
-        for cand in self.registry.ranked("backend"):
-            if cand.description.options_class is not None:
-                fp8_specs.update(cand.description.options_class.option_specs())
-        config = resolve_config(
-            given, fp8_specs=fp8_specs, file_layer=file_layer, sections=tuple(self.registry.config_sections())
-        )
-        check_plugin_names(
-            config,
-            self.registry.precision_names(),
-            self.registry.distributed_type_names(),
-            where="the settings (argument, env var or config file)",
-        )
-        _check_dynamo_backend(config.dynamo_backend)
-        return config
+    @property
+    def config(self) -> LowbitConfig:
+        return self.plan.config
+
+    @property
+    def hardware(self) -> HardwareInfo:
+        return self.plan.hardware
+
+    @property
+    def registry(self) -> PluginRegistry:
+        return self.plan.registry
+
+    @property
+    def facts(self) -> ProcessFacts:
+        return self.plan.facts
+
+    @property
+    def backend(self) -> Selection | None:
+        return self.plan.backend
+
+    @property
+    def strategy(self) -> Selection | None:
+        return self.plan.strategy
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.plan.mixed_precision
+
+    @property
+    def precision(self) -> Precision:
+        return self.plan.precision
+
+    @property
+    def layout(self) -> ParallelismConfig | None:
+        return self.plan.layout
+
+    @property
+    def front_precision_overridden(self) -> str | None:
+        return self.plan.front_precision_overridden
 
     @property
     def strategy_owns_precision(self) -> bool:
-        """Whether the strategy runs precision itself (DeepSpeed's engine: its own loss scaling and overflow checks)."""
-        return self.strategy is not None and self.strategy.chosen.description.owns_precision
+        return self.plan.strategy_owns_precision
 
-    def _settle_layout(self, given: ParallelismConfig | None) -> ParallelismConfig | None:
-        strategy = self.strategy.chosen if self.strategy else None
-        others = {c.name: c.description.mesh_dims for c in self.registry.ranked("strategy")}
-        return settle_layout(
-            given,
-            self.config.section(PARALLELISM_SECTION),
-            "the settings",
-            self.facts.num_processes,
-            self.facts.device.type,
-            strategy.name if strategy else "none",
-            strategy.description.mesh_dims if strategy else (),
-            others,
-        )
+    @property
+    def context(self) -> PrepareContext:
+        """The context the plugins' hooks are handed now: the plan's, with what ``prepare()`` learned."""
+        return self.plugins.context
 
     def _preparation_settings(self, request: RunRequest) -> PreparationSettings:
         config, loaders = self.config, request.loaders
@@ -408,19 +352,20 @@ class TrainingRun:
         owns backward (DeepSpeed's engine) gets the undivided loss: it divides by its own steps."""
         self.preemption.at_iteration_start()  # a loop that feeds its own batches ends its iteration here
         model = self.prepared.models[0] if self.prepared.models else None
-        if model is None and self.backend is not None:
+        plan = self.plan
+        if model is None and plan.backend is not None:
             raise ConfigError(
                 "backward() on an fp8 Accelerator, but no model was prepared, so nothing ran in FP8. "
                 "Pass the model through accelerator.prepare(model, optimizer, ...) before training."
             )
         if self._strategy_backward is not None and self._strategy_backward(
-            context=self.context, loss=loss, model=model, options=kwargs
+            context=self.plugins.context, loss=loss, model=model, options=kwargs
         ):
             return
         # Read at the optimizer step (one host sync per step, none here): on_nonfinite_loss decides.
         self.step_state.observe_finite(loss)
-        steps = self.config.gradient_accumulation_steps
-        self.precision.backward(loss / steps if steps > 1 else loss, **kwargs)
+        steps = plan.config.gradient_accumulation_steps
+        plan.precision.backward(loss / steps if steps > 1 else loss, **kwargs)
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
@@ -430,7 +375,7 @@ class TrainingRun:
         loader = active_loader()
         at_end = self.sync_with_dataloader and bool(getattr(loader, "end_of_dataloader", False))
         sync = self.step_state.gradient_sync
-        sync.sync_gradients = self.counters.step % self.config.gradient_accumulation_steps == 0 or at_end
+        sync.sync_gradients = self.counters.step % self.plan.config.gradient_accumulation_steps == 0 or at_end
         with contextlib.ExitStack() as stack:
             # A strategy that owns backward (DeepSpeed) counts micro-batches itself; sync_each_batch
             # reduces every micro-batch's gradients (under FSDP2 no unsharded gradients pile up).
@@ -519,8 +464,10 @@ class TrainingRun:
             optimizer.fused_backward(loss, learning_rate)
 
     def set_gradient_accumulation_steps(self, steps: int) -> None:
-        """A new accumulation count (transformers' Trainer sets it after the Accelerator is made)."""
-        self.config.gradient_accumulation_steps = self.context.gradient_accumulation_steps = int(steps)
+        """A new accumulation count (transformers' Trainer sets it after the Accelerator is made): a
+        new plan, and the hooks' context from now on, not a change to either."""
+        self.plan = self.plan.with_accumulation_steps(int(steps))
+        self.plugins.context = replace(self.plugins.context, gradient_accumulation_steps=int(steps))
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[None]:
@@ -755,17 +702,3 @@ def _called_weakly(method: Callable[[], Any]) -> Callable[[], Any]:
         return None if bound is None else bound()
 
     return call
-
-
-def _check_dynamo_backend(backend: str | None) -> None:
-    """A typo in the torch.compile backend is an error now, not at the first forward."""
-    if backend is None or backend.lower() == "no":
-        return
-    import torch._dynamo
-
-    names = torch._dynamo.list_backends(exclude_tags=())
-    if backend.lower() not in names:
-        raise ConfigError(
-            f"dynamo_backend {backend!r} is not a torch.compile backend here.{did_you_mean(backend.lower(), names)} "
-            f"Available: {', '.join(sorted(names))}, or 'no' to not compile."
-        )

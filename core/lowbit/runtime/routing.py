@@ -9,6 +9,7 @@ The run's parts (preparation, checkpoints) receive this object, not the run.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 from lowbit.kernel.errors import PluginError
@@ -55,7 +56,7 @@ class ChosenPlugins:
     ) -> None:
         self.manager = manager
         self.backend, self.strategy = backend, strategy
-        self.context = context
+        self.context = context  # the run's plan's, then with what prepare() learned (learned())
         self._callers: dict[tuple[int, str], Callable[..., Any] | None] = {}
 
     # ------------------------------------------------------------------ what was chosen
@@ -63,6 +64,12 @@ class ChosenPlugins:
     @property
     def backend_name(self) -> str | None:
         return self.backend.name if self.backend else None
+
+    def learned(self, **facts: Any) -> None:
+        """What ``prepare()`` learned (the first loader's batch size, the backend's integration with
+        the strategy), in the context handed to the hooks from now on: a new record, the run's
+        plan untouched."""
+        self.context = dataclasses.replace(self.context, **facts)
 
     # ------------------------------------------------------------------ routing
 

@@ -293,8 +293,6 @@ def _mxfp8_kernels_problem(context: PrepareContext) -> str:
     if not problem and context.recipe_runs == "native":
         import_torchao("torchao.prototype.mx_formats.kernels")
         problem = mxfp8_op_problem()
-    if problem:
-        context.recipe_runs = "emulated"  # this run's truth: the GEMMs and the FP8 report follow it
     return problem
 
 
@@ -317,6 +315,9 @@ def convert_block_recipe(
     skipped |= frozen.kept
     layer_types = {n: t for n, t in layer_types.items() if n not in frozen.converted}
     kernels = _mxfp8_kernels_problem(context) if options.recipe == "mxfp8" else ""
+    planned = context.recipe_runs
+    if kernels:  # this run's truth: the GEMMs below and the FP8 report (through the report) follow it
+        context = dataclasses.replace(context, recipe_runs="emulated")
     if context.recipe_runs == "emulated":
         how = (
             "torchao's emulated MX kernels (values and scales as on the GPU, GEMMs in fp32)"
@@ -340,6 +341,7 @@ def convert_block_recipe(
                 layer_types,
                 options.recipe,
                 f"token count padded to a multiple of the {options.recipe} block where needed" if converted else "",
+                recipe_runs=context.recipe_runs if context.recipe_runs != planned else None,
             )
         ),
     )

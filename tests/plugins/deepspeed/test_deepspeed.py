@@ -19,6 +19,7 @@ from lowbit.kernel.types import HardwareInfo, PrepareContext  # noqa: E402
 from lowbit_deepspeed.ds_config import build_config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core" / "builtin"))  # test_distributed.py
+from helpers import LaunchedOnce  # noqa: E402
 from test_distributed import assert_loss_decreases, launch  # noqa: E402
 
 
@@ -139,21 +140,25 @@ def test_use_deepspeed_without_the_plugin_says_what_to_install(tmp_path, capsys,
 @pytest.fixture(scope="module")
 def zero0(tmp_path_factory):
     """ZeRO-0 in 2 processes, with torch's C++ extension cache pointed at an empty folder, as in a
-    new virtual environment (results[0]["extensions_built"] lists what was compiled into it)."""
-    work = tmp_path_factory.mktemp("z0")
-    extensions = work / "torch_extensions"
-    results = launch(
-        work,
-        "ds",
-        "--use_deepspeed",
-        "--zero_stage",
-        "0",
-        "--mixed_precision",
-        "bf16",
-        env_extra={"TORCH_EXTENSIONS_DIR": str(extensions)},
-    )
-    results[0]["extensions_built"] = sorted(p.name for p in extensions.iterdir()) if extensions.exists() else []
-    return results
+    new virtual environment (results[0]["extensions_built"] lists what was compiled into it); one
+    launch per test session."""
+
+    def run(work: Path) -> list[dict]:
+        extensions = work / "torch_extensions"
+        results = launch(
+            work,
+            "ds",
+            "--use_deepspeed",
+            "--zero_stage",
+            "0",
+            "--mixed_precision",
+            "bf16",
+            env_extra={"TORCH_EXTENSIONS_DIR": str(extensions)},
+        )
+        results[0]["extensions_built"] = sorted(p.name for p in extensions.iterdir()) if extensions.exists() else []
+        return results
+
+    return LaunchedOnce(tmp_path_factory, "deepspeed")(("zero0",), run)
 
 
 @pytest.mark.multiprocess
@@ -198,8 +203,11 @@ def test_zero3_checkpoint_resume(tmp_path):
 
 @pytest.fixture(scope="module")
 def clip_under_ddp(tmp_path_factory):
+    launched = LaunchedOnce(tmp_path_factory, "deepspeed")
     return {
-        precision: launch(tmp_path_factory.mktemp(f"ddp-{precision}"), "clip", "--mixed_precision", precision)
+        precision: launched(
+            ("clip under ddp", precision), lambda work: launch(work, "clip", "--mixed_precision", precision)
+        )
         for precision in ("no", "bf16")
     }
 

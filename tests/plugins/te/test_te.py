@@ -6,6 +6,7 @@ GPU tests at the end run only with CUDA sm_89+ and the real Transformer Engine.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -639,8 +640,8 @@ def test_amax_reduction_group_is_the_data_parallel_group(te):
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     acc = te_accelerator()
-    acc._run.context.world_size = 2  # as under a 2-process launch
-    with fp8_autocast_factory(None, acc._run.context)():
+    two_processes = dataclasses.replace(acc._run.context, world_size=2)  # as under a 2-process launch
+    with fp8_autocast_factory(None, two_processes)():
         pass
     assert standin_te.AUTOCAST_CALLS[-1]["amax_reduction_group"] is dist.group.WORLD
 

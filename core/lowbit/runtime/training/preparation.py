@@ -19,7 +19,6 @@ import torch
 from lowbit.kernel import notices
 from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from lowbit.kernel.layer_roles import LayerRole, classify_layers
-from lowbit.kernel.types import PrepareContext
 
 from lowbit.runtime.observe.fp8_payoff import report_prediction, report_work
 from lowbit.runtime.observe.fp8_report import conversion_report, converted_nothing
@@ -98,7 +97,6 @@ class Preparation:
         self, plugins: ChosenPlugins, prepared: PreparedObjects, step_state: StepState, settings: PreparationSettings
     ) -> None:
         self.plugins, self.prepared, self.step_state, self.settings = plugins, prepared, step_state, settings
-        self.context: PrepareContext = plugins.context
         # Told each model as prepare() got it, before conversion (the throughput meter copies its structure).
         self.before_conversion: Callable[[torch.nn.Module], None] | None = None
 
@@ -127,9 +125,11 @@ class Preparation:
         raw_optimizers = {i: objects[i] for i in optimizer_positions}
         # A model and the optimizers created for it travel together through the joint hooks.
         paired_optimizer = optimizer_positions[0] if len(model_positions) == 1 and optimizer_positions else None
-        if len(model_positions) == 1 and self.context.batch_size is None:
-            self.context.batch_size = next(
-                (getattr(o, "batch_size", None) for o, k in zip(objects, kinds) if k == "dataloader"), None
+        if len(model_positions) == 1 and self.plugins.context.batch_size is None:
+            self.plugins.learned(
+                batch_size=next(
+                    (getattr(o, "batch_size", None) for o, k in zip(objects, kinds) if k == "dataloader"), None
+                )
             )
 
         for m_index in model_positions:
@@ -202,7 +202,7 @@ class Preparation:
         """A model whose weights only rank 0 loaded (the others on the meta device) gets rank 0's
         before the backend converts it; a strategy that shards fills the shards itself
         (weights_from_rank0.py)."""
-        if self.context.world_size == 1:
+        if self.plugins.context.world_size == 1:
             if weights_from_rank0.unloaded_here(model):
                 weights_from_rank0.refuse_unloaded_on_rank0()
             return
@@ -278,6 +278,8 @@ class Preparation:
         model.__dict__[CONVERSION] = (self._conversion_identity(), report)
         if report is not None:
             report.layer_roles = roles
+            if report.recipe_runs is not None:  # the backend found its recipe runs otherwise than planned
+                plugins.learned(recipe_runs=report.recipe_runs)
             costs = plugins.backend.chosen.description.recipe_costs
             report.predicted = report_prediction(
                 work, device_name, report.recipe, costs, report.kept_high_precision(), plugins.context.compiled
@@ -327,7 +329,7 @@ class Preparation:
             if optimizer is not None:
                 _remap_optimizer_params(optimizer, names, model)
             return model, optimizer
-        self.context.strategy_integration = plugins.strategy_integration()
+        plugins.learned(strategy_integration=plugins.strategy_integration())
         wrapped = plugins.wrap_for_distribution(model, optimizer)
         new_model, new_optimizer = wrapped if wrapped is not None else (model, optimizer)
         if new_optimizer is optimizer and optimizer is not None:
@@ -354,7 +356,7 @@ class Preparation:
         backend = self.settings.dynamo_backend
         compiled = backend not in ("no", "NO", None)
         if compiled:
-            advice = check_compiler_for(backend, self.context.device.type)
+            advice = check_compiler_for(backend, self.plugins.context.device.type)
             if advice is not None:
                 raise ConfigError(advice)
             options = dict(self.settings.compile_options, backend=backend.lower())
