@@ -67,6 +67,31 @@ def pytest_collection_modifyitems(config, items):
 
 _SECONDS_PER_FILE: dict[str, float] = {}
 _SECONDS_PER_TEST: dict[str, float] = {}
+_CPU_SECONDS_PER_FILE: dict[str, float] = {}
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """The CPU time of this process and of the processes it started and waited for (a launch: the
+    launcher, torchrun and every rank): what a test costs on a busy machine as on an idle one."""
+    import resource
+
+    used = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    return sum(usage.ru_utime + usage.ru_stime for usage in used)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[_CPU_AT_START] = _cpu_seconds()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "teardown" and _CPU_AT_START in item.stash:  # the whole test: setup, call, teardown
+        report.user_properties.append(("cpu_seconds", _cpu_seconds() - item.stash[_CPU_AT_START]))
+    return report
 
 
 def pytest_runtest_logreport(report):
@@ -74,6 +99,9 @@ def pytest_runtest_logreport(report):
     path = report.nodeid.split("::", 1)[0]
     _SECONDS_PER_FILE[path] = _SECONDS_PER_FILE.get(path, 0.0) + report.duration
     _SECONDS_PER_TEST[report.nodeid] = _SECONDS_PER_TEST.get(report.nodeid, 0.0) + report.duration
+    cpu = dict(report.user_properties).get("cpu_seconds")
+    if cpu is not None:
+        _CPU_SECONDS_PER_FILE[path] = _CPU_SECONDS_PER_FILE.get(path, 0.0) + cpu
 
 
 def pytest_sessionfinish(session):
@@ -92,8 +120,10 @@ def pytest_sessionfinish(session):
 def pytest_terminal_summary(terminalreporter):
     if not _SECONDS_PER_FILE:
         return
-    total = sum(_SECONDS_PER_FILE.values())
+    total, cpu = sum(_SECONDS_PER_FILE.values()), sum(_CPU_SECONDS_PER_FILE.values())
     slowest = sorted(_SECONDS_PER_FILE.items(), key=lambda item: -item[1])[:12]
-    terminalreporter.write_sep("=", f"slowest test files ({total:,.0f} s in all)")
+    terminalreporter.write_sep("=", f"slowest test files ({total:,.0f} s in all; {cpu:,.0f} CPU-seconds)")
     for path, seconds in slowest:
-        terminalreporter.write_line(f"{seconds:8.1f} s  {100 * seconds / total:4.1f}%  {path}")
+        terminalreporter.write_line(
+            f"{seconds:8.1f} s {_CPU_SECONDS_PER_FILE.get(path, 0.0):8.1f} CPU-s  {100 * seconds / total:4.1f}%  {path}"
+        )

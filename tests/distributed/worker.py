@@ -1,6 +1,8 @@
-"""One training scenario, run by `lowbit launch` in several processes; each rank writes its results.
+"""Training scenarios, run by `lowbit launch` in several processes; each rank writes its results
+into OUT_DIR/SCENARIO. Several scenarios (comma-separated) run in turn in one launch, each with an
+Accelerator of its own (tests/core/builtin/test_distributed.py shares launches this way).
 
-lowbit launch --cpu --num_processes 2 [--use_fsdp | --use_deepspeed --zero_stage N] worker.py SCENARIO OUT_DIR
+lowbit launch --cpu --num_processes 2 [--use_fsdp | --use_deepspeed --zero_stage N] worker.py SCENARIO[,...] OUT_DIR
 """
 
 from __future__ import annotations
@@ -79,7 +81,14 @@ def train(accelerator, model, optimizer, loader, epochs: int) -> list[float]:
 
 
 def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
+    scenarios, folder = sys.argv[1], Path(sys.argv[2])
+    for scenario in scenarios.split(","):
+        out = folder / scenario
+        out.mkdir(parents=True, exist_ok=True)
+        run(scenario, out)
+
+
+def run(scenario: str, out: Path) -> None:
     if scenario == "resume":
         acc, model, opt, loader = build(scenario, shuffle=True)
         torch.manual_seed(123)

@@ -20,7 +20,7 @@ from lowbit_deepspeed.ds_config import build_config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "core" / "builtin"))  # test_distributed.py
 from helpers import LaunchedOnce  # noqa: E402
-from test_distributed import assert_loss_decreases, launch  # noqa: E402
+from test_distributed import assert_loss_decreases, launch, shared_launches  # noqa: E402
 
 
 def context(mixed_precision="bf16", **kw):
@@ -138,6 +138,12 @@ def test_use_deepspeed_without_the_plugin_says_what_to_install(tmp_path, capsys,
 
 
 @pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """The scenarios of test_distributed.py's TOGETHER groups, one launch per group."""
+    return shared_launches(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def zero0(tmp_path_factory):
     """ZeRO-0 in 2 processes, with torch's C++ extension cache pointed at an empty folder, as in a
     new virtual environment (results[0]["extensions_built"] lists what was compiled into it); one
@@ -170,8 +176,8 @@ def test_deepspeed_on_cpu_compiles_nothing_at_launch(zero0):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_zero_stages_train_and_shard_state(tmp_path, zero0, stage):
-    results = launch(tmp_path, "ds", "--use_deepspeed", "--zero_stage", str(stage), "--mixed_precision", "bf16")
+def test_zero_stages_train_and_shard_state(shared, zero0, stage):
+    results, _ = shared("ds", "--use_deepspeed", "--zero_stage", str(stage), "--mixed_precision", "bf16")
     rank0 = results[0]
     assert rank0["strategy"] == "deepspeed"
     assert_loss_decreases(rank0["losses"])
@@ -196,8 +202,8 @@ def test_fp8_under_zero2(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_zero3_checkpoint_resume(tmp_path):
-    results = launch(tmp_path, "resume", "--use_deepspeed", "--zero_stage", "3", "--mixed_precision", "bf16")
+def test_zero3_checkpoint_resume(shared):
+    results, _ = shared("resume", "--use_deepspeed", "--zero_stage", "3", "--mixed_precision", "bf16")
     assert all(r["resumed_equals_uninterrupted"] for r in results)
 
 
@@ -214,10 +220,10 @@ def clip_under_ddp(tmp_path_factory):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("stage, precision", [(0, "no"), (2, "bf16"), (3, "bf16")])
-def test_clip_grad_norm_clips_under_deepspeed_as_under_ddp(tmp_path, clip_under_ddp, stage, precision):
+def test_clip_grad_norm_clips_under_deepspeed_as_under_ddp(shared, clip_under_ddp, stage, precision):
     """DeepSpeed clips inside its own step: accelerator.clip_grad_norm_ must still take effect
     (the step waits for it) and return the real norm, as under DDP."""
-    ours = launch(tmp_path, "clip", "--use_deepspeed", "--zero_stage", str(stage), "--mixed_precision", precision)
+    ours, _ = shared("clip", "--use_deepspeed", "--zero_stage", str(stage), "--mixed_precision", precision)
     reference = clip_under_ddp[precision][0]
     assert reference["norm"] > 0.2 and reference["update"] == pytest.approx(0.05, rel=0.05)  # DDP clipped
     assert ours[0]["update"] is not None  # the main process holds the gathered weights (ZeRO-3: it alone)
