@@ -259,9 +259,11 @@ def join_nan(out: dict) -> None:
 
 
 def main() -> None:
+    """``fsdp_worker.py SCENARIO[,...] OUT_DIR``: the scenarios in turn in one launch; rank R of each
+    writes OUT_DIR/SCENARIO/rankR.json."""
     scenarios, out_dir = sys.argv[1], Path(sys.argv[2])
-    out: dict = {}
     for scenario in scenarios.split(","):  # several in one launch: "again,join"
+        out: dict = {}
         {
             "placement": placement,
             "gather-dtype": gather_dtype,
@@ -272,7 +274,8 @@ def main() -> None:
             "join": join,
             "join-nan": join_nan,
         }[scenario](out)
-    (out_dir / f"rank{out['process_index']}.json").write_text(json.dumps(out))
+        (out_dir / scenario).mkdir(parents=True, exist_ok=True)
+        (out_dir / scenario / f"rank{out['process_index']}.json").write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

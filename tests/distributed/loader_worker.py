@@ -1,7 +1,10 @@
 """A shuffled DataLoader with the user's loading settings, prepared for several processes and read
 for one epoch; each rank writes what it saw. For tests/core/training/test_multi_gpu_rules.py.
 
-    lowbit launch --cpu --num_processes 2 [--use_fsdp] loader_worker.py SCENARIO OUT_DIR
+    lowbit launch --cpu --num_processes 2 [--use_fsdp] loader_worker.py SCENARIO[,...] OUT_DIR
+
+Several scenarios (comma-separated) run in turn in one launch, each with an Accelerator of its
+own; rank R of each writes OUT_DIR/SCENARIO/rankR.json.
 
 SCENARIO: ``workers`` (num_workers=2, pin_memory, persistent workers, a worker_init_fn),
 ``hop-reverted`` (the shuffle order's broadcast without the device hop: what item 1 of #46 was),
@@ -87,7 +90,14 @@ def hop(result: dict) -> None:
 
 
 def main() -> None:
-    scenario, out = sys.argv[1], Path(sys.argv[2])
+    scenarios, folder = sys.argv[1], Path(sys.argv[2])
+    for scenario in scenarios.split(","):
+        out = folder / scenario
+        out.mkdir(parents=True, exist_ok=True)
+        run(scenario, out)
+
+
+def run(scenario: str, out: Path) -> None:
     accelerator = Accelerator()
     result: dict = {"pid": os.getpid()}
     if scenario == "hop-reverted":

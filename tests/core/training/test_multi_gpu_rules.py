@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TESTS, launch_argv, run_launch
+from helpers import TESTS, LaunchedOnce, launch_argv, run_launch
 
 from lowbit.runtime import collective_device
 
@@ -20,28 +20,57 @@ WORKER = TESTS / "distributed" / "loader_worker.py"
 FSDP_WORKER = TESTS / "distributed" / "fsdp_worker.py"
 
 
-def launch(tmp_path: Path, scenario: str, *flags: str, worker: Path = WORKER) -> tuple[list[dict], str]:
-    out = tmp_path / scenario
-    out.mkdir()
+def launch_scenarios(folder: Path, scenarios: tuple[str, ...], *flags: str, worker: Path = WORKER) -> dict:
+    """One launch of ``worker`` running ``scenarios`` in turn: each one's per-rank results, by name."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = launch_argv("--cpu", "--num_processes", "2", *flags, str(worker), scenario, str(out))
+    cmd = launch_argv("--cpu", "--num_processes", "2", *flags, str(worker), ",".join(scenarios), str(folder))
     proc = run_launch(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)], proc.stderr
+    return {s: [json.loads((folder / s / f"rank{r}.json").read_text()) for r in range(2)] for s in scenarios}
+
+
+def launch(tmp_path: Path, scenario: str, *flags: str, worker: Path = WORKER) -> list[dict]:
+    """One scenario in a launch of its own."""
+    return launch_scenarios(tmp_path, (scenario,), *flags, worker=worker)[scenario]
+
+
+# Scenarios that share one launch (by worker and flags), run in turn, each with an Accelerator of
+# its own: a launch costs about 7 CPU-seconds before any scenario runs. hop-reverted takes the
+# device hop out of lowbit's collectives for the rest of its process: it runs alone.
+TOGETHER = {
+    (WORKER.name, ()): ("plain", "nccl-rules", "workers", "dispatch-strings", "user-gather", "train", "hop"),
+    (FSDP_WORKER.name, ("--use_fsdp",)): ("placement", "sync-each-batch", "moe", "shared"),
+}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """``shared(scenario, *flags, worker=...)``: the scenario's per-rank results, from the launch of
+    its TOGETHER group (once per test session: the first test to ask launches it)."""
+    launched = LaunchedOnce(tmp_path_factory, "multi_gpu_rules")
+
+    def results(scenario: str, *flags: str, worker: Path = WORKER) -> list[dict]:
+        group = TOGETHER.get((worker.name, flags), ())
+        group = group if scenario in group else (scenario,)
+        return launched((worker.name, flags, group), lambda work: launch_scenarios(work, group, *flags, worker=worker))[
+            scenario
+        ]
+
+    return results
 
 
 @pytest.mark.multiprocess
-def test_the_simulated_nccl_rule_catches_a_host_tensor_in_a_lowbit_collective(tmp_path):
+def test_the_simulated_nccl_rule_catches_a_host_tensor_in_a_lowbit_collective(tmp_path, shared):
     """With the device hop taken out of broadcast (item 1 of #46 as it was: the sampler's CPU
     generator state broadcast as it is), the simulated group refuses the collective on both
     ranks, as NCCL did on GPUs; with the hop the same loader shuffles the same order everywhere."""
-    reverted, _ = launch(tmp_path, "hop-reverted")
+    reverted = launch(tmp_path, "hop-reverted")
     for rank in reverted:
         assert "NcclRuleError" in rank["error"] and "broadcast" in rank["error"], rank
         assert "lowbit.runtime.training.operations" in rank["error"]
 
-    fixed, _ = launch(tmp_path, "plain")
+    fixed = shared("plain")
     for epoch in ("epoch0", "epoch1"):
         items = [rank[epoch]["items"] for rank in fixed]
         assert sorted(items[0] + items[1]) == list(range(32)), "the ranks' shards must cover the dataset once"
@@ -49,11 +78,11 @@ def test_the_simulated_nccl_rule_catches_a_host_tensor_in_a_lowbit_collective(tm
 
 
 @pytest.mark.multiprocess
-def test_the_simulated_nccl_rule_holds_shapes_dtypes_and_contiguity(tmp_path):
+def test_the_simulated_nccl_rule_holds_shapes_dtypes_and_contiguity(shared):
     """NCCL's whole rule on a CPU: shapes that differ between ranks (NCCL hangs or reads past the
     smaller buffer; the simulation names both), and what lowbit's own collectives now do for NCCL:
     an int16 tensor travels as int32, a transposed one contiguous (both refused by NCCL before)."""
-    ranks, _ = launch(tmp_path, "nccl-rules")
+    ranks = shared("nccl-rules")
     for rank in ranks:
         assert rank["shapes"].startswith("NcclRuleError") and "(2,)" in rank["shapes"] and "(3,)" in rank["shapes"]
         assert "on rank 0" in rank["shapes"] and "on rank 1" in rank["shapes"]
@@ -78,10 +107,10 @@ def test_processes_that_would_share_a_gpu_are_refused(monkeypatch):
 
 
 @pytest.mark.multiprocess
-def test_the_loader_of_several_processes_loads_in_the_users_workers(tmp_path):
+def test_the_loader_of_several_processes_loads_in_the_users_workers(shared):
     """num_workers=2 with pin_memory and persistent workers: each rank's items are read by two
     worker processes (before, by the training process itself), and every item once per epoch."""
-    ranks, _ = launch(tmp_path, "workers")
+    ranks = shared("workers")
     for rank in ranks:
         for epoch in ("epoch0", "epoch1"):
             pids = rank[epoch]["pids"]
@@ -92,10 +121,10 @@ def test_the_loader_of_several_processes_loads_in_the_users_workers(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_dispatched_batches_split_their_lists_of_names_with_their_tensors(tmp_path):
+def test_dispatched_batches_split_their_lists_of_names_with_their_tensors(shared):
     """split_batches with dispatch: rank 0 got ids [0, 1] with names s0..s3 (tensors were split,
     lists not); without split_batches the lists did not join. Each name stays with its id."""
-    ranks, _ = launch(tmp_path, "dispatch-strings")
+    ranks = shared("dispatch-strings")
     for split in ("split=True", "split=False"):
         pairs = [pair for rank in ranks for batch in rank[split] for pair in batch]
         assert pairs and all(name == f"s{index}" for index, name in pairs), pairs
@@ -104,8 +133,8 @@ def test_dispatched_batches_split_their_lists_of_names_with_their_tensors(tmp_pa
 
 
 @pytest.mark.multiprocess
-def test_a_scripts_cpu_tensors_gather_and_reduce_and_come_back_on_the_cpu(tmp_path):
-    ranks, _ = launch(tmp_path, "user-gather")
+def test_a_scripts_cpu_tensors_gather_and_reduce_and_come_back_on_the_cpu(shared):
+    ranks = shared("user-gather")
     for rank in ranks:
         assert rank["gathered"] == [0.0, 0.0, 1.0, 1.0] and rank["reduced"] == [1.0, 1.0]
         assert rank["device"] == "cpu"
@@ -129,10 +158,10 @@ def test_a_tensor_of_a_device_type_the_group_does_not_serve_moves_to_the_acceler
 
 
 @pytest.mark.multiprocess
-def test_fsdp2_prepare_never_puts_the_whole_unsharded_model_on_the_device(tmp_path):
+def test_fsdp2_prepare_never_puts_the_whole_unsharded_model_on_the_device(shared):
     """fully_shard moves each unit as it shards it; before, prepare() moved the whole model first
     (on a GPU: a model that fits only sharded ran out of memory there)."""
-    ranks, _ = launch(tmp_path, "placement", "--use_fsdp", worker=FSDP_WORKER)
+    ranks = shared("placement", "--use_fsdp", worker=FSDP_WORKER)
     for rank in ranks:
         assert rank["events"][0].startswith("fully_shard"), rank["events"]
         assert "whole model .to()" not in rank["events"], rank["events"]
@@ -142,38 +171,38 @@ def test_fsdp2_prepare_never_puts_the_whole_unsharded_model_on_the_device(tmp_pa
 def test_fsdp2_with_fp8_gathers_high_precision_weights_in_bf16(tmp_path):
     """Rowwise FP8 gathers no weight in float8: every weight comes gathered in bf16 (was fp32:
     twice the bytes); the shards the optimizer updates stay fp32."""
-    ranks, _ = launch(tmp_path, "gather-dtype", "--use_fsdp", "--mixed_precision", "fp8", worker=FSDP_WORKER)
+    ranks = launch(tmp_path, "gather-dtype", "--use_fsdp", "--mixed_precision", "fp8", worker=FSDP_WORKER)
     for rank in ranks:
         assert set(rank["weight_dtypes"].values()) == {"torch.bfloat16"}, rank["weight_dtypes"]
         assert rank["shard_dtypes"] == ["torch.float32"]
 
 
 @pytest.mark.multiprocess
-def test_sync_each_batch_reduces_the_gradients_of_a_micro_batch_that_does_not_step(tmp_path):
+def test_sync_each_batch_reduces_the_gradients_of_a_micro_batch_that_does_not_step(shared):
     """GradientAccumulationPlugin(sync_each_batch=True) under FSDP2: the first of two micro-batches
     reduce-scatters its gradients (before, they waited unsharded for the stepping micro-batch)."""
-    ranks, _ = launch(tmp_path, "sync-each-batch", "--use_fsdp", worker=FSDP_WORKER)
+    ranks = shared("sync-each-batch", "--use_fsdp", worker=FSDP_WORKER)
     for rank in ranks:
         assert rank["stepping"] is False and rank["reduced"] is True, rank
 
 
 @pytest.mark.multiprocess
-def test_fsdp2_shards_blocks_not_the_experts_inside_them(tmp_path):
+def test_fsdp2_shards_blocks_not_the_experts_inside_them(shared):
     """An MoE block's experts stay in the block's unit, so a rank whose tokens reach no token to an
     expert still joins the same collectives as the others (each rank routes to its own expert)."""
-    ranks, _ = launch(tmp_path, "moe", "--use_fsdp", worker=FSDP_WORKER)
+    ranks = shared("moe", "--use_fsdp", worker=FSDP_WORKER)
     for rank in ranks:
         assert rank["units"] == ["<root>", "layers.0", "layers.1"], rank["units"]
         assert len(rank["losses"]) == 3
 
 
 @pytest.mark.multiprocess
-def test_fsdp2_shards_a_block_listed_several_times_once_and_trains_as_ddp_does(tmp_path):
+def test_fsdp2_shards_a_block_listed_several_times_once_and_trains_as_ddp_does(tmp_path, shared):
     """ALBERT-style shared layers (one block three times in a ModuleList) with a tied head: prepare
     crashed ("fully_shard has already been applied"); DDP trained it. Each distinct module is one unit."""
-    fsdp, _ = launch(tmp_path, "shared", "--use_fsdp", worker=FSDP_WORKER)
+    fsdp = shared("shared", "--use_fsdp", worker=FSDP_WORKER)
     (tmp_path / "ddp").mkdir()  # the same scenario again, under DDP
-    ddp, _ = launch(tmp_path / "ddp", "shared", worker=FSDP_WORKER)
+    ddp = launch(tmp_path / "ddp", "shared", worker=FSDP_WORKER)
     assert fsdp[0]["losses"] == pytest.approx(ddp[0]["losses"], rel=1e-4, abs=1e-5), (
         fsdp[0]["losses"],
         ddp[0]["losses"],
@@ -195,8 +224,9 @@ def test_a_model_freed_and_prepared_again_trains_as_one_preparation_does_and_ddp
     # inside the block (3 and 2 batches, no hang), the loader filling up its last round again after.
     # Then a NaN on that lone step, the preemption poll at every step: the skipped step polls as the
     # joined rank's shadow does (a gloo collective mismatch crashed the job).
-    scenarios = "again" if strategy == "fsdp2" else "again,join,join-nan"
-    ranks, _ = launch(tmp_path, scenarios, *flags, worker=FSDP_WORKER)
+    scenarios = ("again",) if strategy == "fsdp2" else ("again", "join", "join-nan")
+    ran = launch_scenarios(tmp_path, scenarios, *flags, worker=FSDP_WORKER)
+    ranks = [{k: v for s in scenarios for k, v in ran[s][rank].items()} for rank in range(2)]
     if strategy == "ddp":
         assert [rank["join_batches"] for rank in ranks] == [3, 2] and ranks[1]["batches_after"] == 3, ranks
         assert [(rank["join_nan_batches"], rank["join_nan_skipped"]) for rank in ranks] == [(3, 1), (2, 0)], ranks
@@ -377,10 +407,10 @@ def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_said_to_be_slow(monkeypatch,
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("flags", [(), ("--use_fsdp",)], ids=["ddp", "fsdp2"])
-def test_ddp_and_fsdp2_train_from_a_shuffled_loader_in_workers(tmp_path, flags):
+def test_ddp_and_fsdp2_train_from_a_shuffled_loader_in_workers(shared, flags):
     """The gpu tests' scenario (test_multi_gpu_rules_gpu.py runs it on one GPU over NCCL), here on
     two CPU processes under the simulated rule."""
-    ranks, _ = launch(tmp_path, "train", *flags)
+    ranks = shared("train", *flags)
     for rank in ranks:
         assert rank["strategy"] == ("fsdp" if flags else "ddp") and len(rank["loader_pids"]) == 8  # 2 per epoch
         assert rank["pid"] not in rank["loader_pids"]
@@ -389,9 +419,9 @@ def test_ddp_and_fsdp2_train_from_a_shuffled_loader_in_workers(tmp_path, flags):
 
 
 @pytest.mark.multiprocess
-def test_the_hop_scenario_runs_over_gloo(tmp_path):
+def test_the_hop_scenario_runs_over_gloo(shared):
     """gloo serves the CPU: the hop leaves a generator's state where it is, and gloo takes a host tensor."""
-    ranks, _ = launch(tmp_path, "hop")
+    ranks = shared("hop")
     for rank in ranks:
         assert rank["backend"] == "gloo" and rank["hop_device"] == "cpu" and rank["back_equal"]
         assert rank["host_tensor_taken"] is True

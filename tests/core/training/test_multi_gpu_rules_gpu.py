@@ -23,13 +23,11 @@ pytestmark = [
 
 
 def launch_one_rank(tmp_path, scenario: str, *flags: str) -> dict:
-    out = tmp_path / scenario
-    out.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
-    cmd = launch_argv("--num_processes", "1", *flags, str(WORKER), scenario, str(out))
+    cmd = launch_argv("--num_processes", "1", *flags, str(WORKER), scenario, str(tmp_path))
     proc = run_launch(cmd, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads((out / "rank0.json").read_text())
+    return json.loads((tmp_path / scenario / "rank0.json").read_text())
 
 
 @pytest.mark.parametrize("flag, strategy", [("--multi_gpu", "ddp"), ("--use_fsdp", "fsdp")])
