@@ -1,10 +1,12 @@
 """A tiny transformers Llama trained on an N-D layout (ParallelismConfig), and the same steps in
 plain PyTorch on one process over the global batch, to compare.
 
-    lowbit launch --cpu --num_processes N [--use_fsdp] layout_worker.py OUT_DIR dp_shard_size=2 tp_size=2 ...
+    lowbit launch --cpu --num_processes N [--use_fsdp] layout_worker.py OUT_DIR dp_shard_size=2,tp_size=2 [...]
     python layout_worker.py OUT_DIR mp=fp8      # one process, no layout: the same run to compare with
 
-Keys after OUT_DIR: the ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``,
+Each argument after OUT_DIR is one run, its keys comma-separated; several run in turn in one launch
+(each with an Accelerator of its own), run K writing OUT_DIR/K/result.json. The keys: the
+ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``,
 ``compile=<whole|regional>`` (inductor; regional: each decoder block compiled once, as Accelerate's),
 ``recipe=<ao recipe>``;
 ``steps=K`` trains the first K steps only, then ``save=DIR`` saves the training state; ``resume=DIR``
@@ -64,7 +66,15 @@ def reference_losses(model: torch.nn.Module) -> list[float]:
 
 
 def main() -> None:
-    out_dir, args = Path(sys.argv[1]), dict(arg.split("=", 1) for arg in sys.argv[2:])
+    out_dir = Path(sys.argv[1])
+    accelerator = None
+    for index, spec in enumerate(sys.argv[2:]):
+        (out_dir / str(index)).mkdir(parents=True, exist_ok=True)
+        accelerator = run(out_dir / str(index), dict(arg.split("=", 1) for arg in spec.split(",")))
+    accelerator.end_training()
+
+
+def run(out_dir: Path, args: dict[str, str]) -> Accelerator:
     sizes = {k: int(v) for k, v in args.items() if k.endswith("_size")}
     layout = ParallelismConfig(**sizes)
     fsdp = FullyShardedDataParallelPlugin(activation_checkpointing=args.get("ac", False)) if "ac" in args else None
@@ -124,7 +134,7 @@ def main() -> None:
             "use_cache": getattr(accelerator.unwrap_model(model).config, "use_cache", None),
         }
         (out_dir / "result.json").write_text(json.dumps(result))
-    accelerator.end_training()
+    return accelerator
 
 
 if __name__ == "__main__":

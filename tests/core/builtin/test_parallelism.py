@@ -5,13 +5,14 @@ on one process over the same global batch."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import TESTS, launch_argv, run_launch, said, tiny_llama
+from helpers import TESTS, LaunchedOnce, launch_argv, run_launch, said, tiny_llama
 from torch import nn
 
 from lowbit.cli.flags import add_config_flags, raw_config_from_args
@@ -201,14 +202,20 @@ def test_checkpointed_blocks_give_the_same_gradients(mode, recwarn):
 # ------------------------------------------------------------------ layouts, 2 and 4 processes over gloo
 
 
-def run_layout(tmp_path: Path, world: int, *args: str, flags: tuple[str, ...] = ()) -> dict:
-    tmp_path.mkdir(parents=True, exist_ok=True)
+def run_layouts(folder: Path, world: int, runs: tuple[tuple[str, ...], ...], flags: tuple[str, ...] = ()) -> list:
+    """One launch running each of ``runs`` (its keys) in turn: each one's result."""
+    folder.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
     env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = launch_argv("--cpu", "--num_processes", str(world), *flags, str(WORKER), str(tmp_path), *args)
+    specs = [",".join(keys) for keys in runs]
+    cmd = launch_argv("--cpu", "--num_processes", str(world), *flags, str(WORKER), str(folder), *specs)
     proc = run_launch(cmd, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads((tmp_path / "result.json").read_text())
+    return [json.loads((folder / str(index) / "result.json").read_text()) for index in range(len(runs))]
+
+
+def run_layout(folder: Path, world: int, *keys: str, flags: tuple[str, ...] = ()) -> dict:
+    return run_layouts(folder, world, (keys,), flags)[0]
 
 
 # fp32 layouts sum the same numbers in another order: equal to 1e-4. bf16 and float8 round each
@@ -238,15 +245,40 @@ LAYOUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """``layouts(name)``: the layout's result, from one launch per (processes, flags) running each
+    of those LAYOUTS that can run here in turn (a launch costs 9 to 17 CPU-seconds of start-up); once
+    per test session, by the first test to ask."""
+    launched = LaunchedOnce(tmp_path_factory, "layouts")
+
+    def result(name: str) -> dict:
+        world, _, flags = LAYOUTS[name]
+        group = tuple(n for n, (w, args, f) in LAYOUTS.items() if (w, f) == (world, flags) and runs_here(args))
+        results = launched(
+            (world, flags, group), lambda work: run_layouts(work, world, [LAYOUTS[n][1] for n in group], flags)
+        )
+        return results[group.index(name)]
+
+    return result
+
+
+def runs_here(args: tuple[str, ...]) -> bool:
+    """Whether this machine has what a layout needs: lowbit-ao for fp8, a C++ compiler for inductor."""
+    if "mp=fp8" in args and importlib.util.find_spec("lowbit_ao") is None:
+        return False
+    return not (any(arg.startswith("compile=") for arg in args) and find_cxx_compiler() is None)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_each_layout_trains_like_one_process_on_the_global_batch(tmp_path, name):
+def test_each_layout_trains_like_one_process_on_the_global_batch(layouts, name):
     world, args, flags = LAYOUTS[name]
     if "mp=fp8" in args:
         pytest.importorskip("lowbit_ao")
     if any(arg.startswith("compile=") for arg in args) and find_cxx_compiler() is None:
         pytest.skip("inductor on a CPU needs a C++ compiler")
-    result = run_layout(tmp_path, world, *args, flags=flags)
+    result = layouts(name)
     sizes = dict(arg.split("=") for arg in args if arg.endswith(tuple("0123456789")) and "_size" in arg)
     assert result["mesh"] == {k[: -len("_size")]: int(v) for k, v in sizes.items()}
     precision = next((a.split("=")[1] for a in args if a.startswith("mp=")), "no")
@@ -315,8 +347,12 @@ def test_a_checkpoint_saved_on_one_layout_resumes_on_another(tmp_path, name):
     steps equal one process's to fp32 precision."""
     (saved_on, saved_sizes), (resumed_on, resumed_sizes), flags = RESHARDS[name]
     ckpt = tmp_path / "ckpt"
-    first = run_layout(tmp_path / "first", saved_on, *saved_sizes, "steps=2", f"save={ckpt}", flags=flags)
-    second = run_layout(tmp_path / "second", resumed_on, *resumed_sizes, f"resume={ckpt}", flags=flags)
+    saving, resuming = (*saved_sizes, "steps=2", f"save={ckpt}"), (*resumed_sizes, f"resume={ckpt}")
+    if saved_on == resumed_on:  # one launch: the resuming Accelerator after the saving one
+        first, second = run_layouts(tmp_path / "both", saved_on, (saving, resuming), flags)
+    else:
+        first = run_layout(tmp_path / "first", saved_on, *saving, flags=flags)
+        second = run_layout(tmp_path / "second", resumed_on, *resuming, flags=flags)
     assert first["losses"] == pytest.approx(first["reference"][:2], abs=1e-4)
     assert second["losses"] == pytest.approx(first["reference"][2:], abs=1e-4), (first, second)
 
@@ -327,9 +363,14 @@ def test_an_fp8_run_finishes_in_bf16_when_asked(tmp_path):
     ``allow_precision_change=True``; without it the error says how."""
     pytest.importorskip("lowbit_ao")
     ckpt = tmp_path / "ckpt"
-    run_layout(tmp_path / "fp8", 2, "dp_shard_size=2", "mp=fp8", "steps=2", f"save={ckpt}", flags=("--use_fsdp",))
-    finish = run_layout(
-        tmp_path / "bf16", 2, "dp_shard_size=2", "mp=bf16", f"resume={ckpt}", "switch=1", flags=("--use_fsdp",)
+    _, finish = run_layouts(  # one launch: the bf16 Accelerator resumes what the fp8 one saved
+        tmp_path / "switch",
+        2,
+        (
+            ("dp_shard_size=2", "mp=fp8", "steps=2", f"save={ckpt}"),
+            ("dp_shard_size=2", "mp=bf16", f"resume={ckpt}", "switch=1"),
+        ),
+        ("--use_fsdp",),
     )
     assert finish["losses"] == pytest.approx(finish["reference"][2:], rel=1e-2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
@@ -340,11 +381,8 @@ def test_an_fp8_run_finishes_in_bf16_when_asked(tmp_path):
         "--use_fsdp",
         str(WORKER),
         str(tmp_path / "refused"),
-        "dp_shard_size=2",
-        "mp=bf16",
-        f"resume={ckpt}",
+        f"dp_shard_size=2,mp=bf16,resume={ckpt}",
     )
-    (tmp_path / "refused").mkdir()
     proc = run_launch(cmd, env=dict(env, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     assert proc.returncode != 0 and "allow_precision_change=True" in proc.stderr, proc.stderr[-3000:]
 
