@@ -105,13 +105,14 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
-    """With --record-seconds: this run's long tests into SECONDS_FILE, over what it held (a run of
-    part of the suite updates its part)."""
+    """With --record-seconds: this run's long tests into SECONDS_FILE, in place of what it held for
+    the files this run ran (a run of part of the suite updates its part)."""
     if not session.config.getoption("--record-seconds") or hasattr(session.config, "workerinput"):
         return
     known = json.loads(SECONDS_FILE.read_text()) if SECONDS_FILE.exists() else {}
+    files_run = {nodeid.split("::", 1)[0] for nodeid in _SECONDS_PER_TEST}
+    known = {nodeid: s for nodeid, s in known.items() if nodeid.split("::", 1)[0] not in files_run}
     for nodeid, seconds in _SECONDS_PER_TEST.items():
-        known.pop(nodeid, None)
         if seconds >= RECORDED_FROM:
             known[nodeid] = round(seconds, 1)
     SECONDS_FILE.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
