@@ -37,9 +37,10 @@ def _each_test_hears_lowbits_notices():
 # ---------------------------------------------------------------------- the order tests start in
 
 # Each test's seconds on CI's 2-core machine (tests of 2 s or more), written by a run with
-# --record-seconds. With pytest-xdist (pyproject's addopts: --dist loadgroup), the longest tests
-# start first, so that no long test starts last while the other worker idles; the tests of one
-# xdist_group (tests sharing a module fixture's launches) stay together, on one worker.
+# --record-seconds. With pytest-xdist (-n 2; pyproject's addopts send one test at a time to a free
+# worker), the longest tests start first, so that no long test starts last while the other worker
+# idles. Tests that share launches (tests/helpers.py's LaunchedOnce) need no order: whichever runs
+# first launches, the others wait for its result.
 SECONDS_FILE = Path(__file__).parent / "seconds.json"
 RECORDED_FROM = 2.0
 
@@ -55,12 +56,7 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     known = json.loads(SECONDS_FILE.read_text()) if SECONDS_FILE.exists() else {}
-    units: dict[str, list] = {}  # a test alone, or an xdist_group's tests, in their order
-    for item in items:
-        group = item.get_closest_marker("xdist_group")
-        units.setdefault(f"group:{group.args[0]}" if group else item.nodeid, []).append(item)
-    ordered = sorted(units.values(), key=lambda unit: -sum(known.get(item.nodeid, 0.0) for item in unit))
-    items[:] = [item for unit in ordered for item in unit]
+    items.sort(key=lambda item: -known.get(item.nodeid, 0.0))  # stable: the others keep their order
 
 
 # ---------------------------------------------------------------------- where the time goes
