@@ -11,6 +11,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# One thread per test process: pytest-xdist runs two workers on CI's two cores, and torch's default
+# (a thread per core in each worker) put twice as many OpenMP threads as cores, whose spin-waiting
+# cost five times the CPU (tests/plugins/ao/test_lora.py and test_block_formats.py: 104
+# CPU-seconds, 19 with one thread). Set before torch is imported; the processes a test starts
+# inherit it, and a test that sets its own keeps it. OMP_NUM_THREADS given outside stands.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported by a plugin before this file: too late for the variable alone
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 @pytest.fixture(autouse=True)
 def clean_lowbit_env(monkeypatch, tmp_path):

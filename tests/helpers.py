@@ -206,6 +206,18 @@ def run_launch(cmd, *, env, cwd=None, timeout=1500):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
+def run_scenarios(run) -> None:
+    """A worker's command line, ``SCENARIO[,...] OUT_DIR``: ``run(scenario, OUT_DIR / scenario)`` for
+    each scenario in turn, in this one launch (tests share a launch's start-up this way)."""
+    import sys
+
+    scenarios, folder = sys.argv[1], Path(sys.argv[2])
+    for scenario in scenarios.split(","):
+        out = folder / scenario
+        out.mkdir(parents=True, exist_ok=True)
+        run(scenario, out)
+
+
 class LaunchedOnce:
     """Launches shared by a module's tests, each run once per test session: under pytest-xdist by
     the first worker that asks, while the others wait for it (a file lock) and read its result.

@@ -25,7 +25,7 @@ import torch.distributed.fsdp as fsdp_module
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import mlp  # noqa: E402
+from helpers import mlp, run_scenarios  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
 from lowbit.utils import AORecipeKwargs, GradientAccumulationPlugin  # noqa: E402
@@ -258,25 +258,20 @@ def join_nan(out: dict) -> None:
     out.update(join_nan_batches=batches, join_nan_skipped=skipped, process_index=accelerator.process_index)
 
 
-def main() -> None:
-    """``fsdp_worker.py SCENARIO[,...] OUT_DIR``: the scenarios in turn in one launch; rank R of each
-    writes OUT_DIR/SCENARIO/rankR.json."""
-    scenarios, out_dir = sys.argv[1], Path(sys.argv[2])
-    for scenario in scenarios.split(","):  # several in one launch: "again,join"
-        out: dict = {}
-        {
-            "placement": placement,
-            "gather-dtype": gather_dtype,
-            "sync-each-batch": sync_each_batch,
-            "moe": moe,
-            "shared": shared,
-            "again": again,
-            "join": join,
-            "join-nan": join_nan,
-        }[scenario](out)
-        (out_dir / scenario).mkdir(parents=True, exist_ok=True)
-        (out_dir / scenario / f"rank{out['process_index']}.json").write_text(json.dumps(out))
+def run(scenario: str, out_dir: Path) -> None:
+    out: dict = {}
+    {
+        "placement": placement,
+        "gather-dtype": gather_dtype,
+        "sync-each-batch": sync_each_batch,
+        "moe": moe,
+        "shared": shared,
+        "again": again,
+        "join": join,
+        "join-nan": join_nan,
+    }[scenario](out)
+    (out_dir / f"rank{out['process_index']}.json").write_text(json.dumps(out))
 
 
 if __name__ == "__main__":
-    main()
+    run_scenarios(run)  # fsdp_worker.py SCENARIO[,...] OUT_DIR: rank R of each writes OUT_DIR/SCENARIO/rankR.json

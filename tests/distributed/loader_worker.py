@@ -29,6 +29,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from lowbit import Accelerator
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import run_scenarios  # noqa: E402
+
 LENGTH = 32
 
 
@@ -87,14 +90,6 @@ def hop(result: dict) -> None:
     except RuntimeError as error:
         result["host_tensor_taken"] = False
         result["host_tensor_error"] = str(error)[:300]
-
-
-def main() -> None:
-    scenarios, folder = sys.argv[1], Path(sys.argv[2])
-    for scenario in scenarios.split(","):
-        out = folder / scenario
-        out.mkdir(parents=True, exist_ok=True)
-        run(scenario, out)
 
 
 def run(scenario: str, out: Path) -> None:
@@ -166,4 +161,4 @@ def run(scenario: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_scenarios(run)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import TiedLM, mlp, regression_data  # noqa: E402
+from helpers import TiedLM, mlp, regression_data, run_scenarios  # noqa: E402
 
 from lowbit import Accelerator  # noqa: E402
 
@@ -78,14 +78,6 @@ def train(accelerator, model, optimizer, loader, epochs: int) -> list[float]:
             optimizer.step()
             losses.append(accelerator.gather(loss.detach()).mean().item())
     return losses
-
-
-def main() -> None:
-    scenarios, folder = sys.argv[1], Path(sys.argv[2])
-    for scenario in scenarios.split(","):
-        out = folder / scenario
-        out.mkdir(parents=True, exist_ok=True)
-        run(scenario, out)
 
 
 def run(scenario: str, out: Path) -> None:
@@ -205,4 +197,4 @@ def run(scenario: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_scenarios(run)

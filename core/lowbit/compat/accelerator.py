@@ -174,39 +174,39 @@ class Accelerator(RankFacts):
 
     @property
     def hardware(self) -> HardwareInfo:
-        return self._run.hardware
+        return self._run.plan.hardware
 
     @property
     def config(self) -> LowbitConfig:
         """The run's resolved settings (defaults < config file < ACCELERATE_* < LOWBIT_* env vars < arguments)."""
-        return self._run.config
+        return self._run.plan.config
 
     @property
     def mixed_precision(self) -> str:
         """The precision the run trains in: as asked, or the fp8_fallback taken."""
-        return self._run.mixed_precision
+        return self._run.plan.mixed_precision
 
     @property
     def precision(self) -> Precision:
-        return self._run.precision
+        return self._run.plan.precision
 
     # ------------------------------------------------------------------ process facts (one source: lowbit.compat.state)
 
     @property
     def num_processes(self) -> int:
-        return self._run.facts.num_processes
+        return self._run.plan.facts.num_processes
 
     @property
     def process_index(self) -> int:
-        return self._run.facts.process_index
+        return self._run.plan.facts.process_index
 
     @property
     def local_process_index(self) -> int:
-        return self._run.facts.local_process_index
+        return self._run.plan.facts.local_process_index
 
     @property
     def device(self) -> torch.device:
-        return self._run.facts.device
+        return self._run.plan.facts.device
 
     # Accelerate's lists of what was prepared, which transformers' Trainer reads.
     @property
@@ -395,7 +395,7 @@ class Accelerator(RankFacts):
     @property
     def parallelism_config(self) -> ParallelismConfig | None:
         """The run's ParallelismConfig (sizes settled against the job), or None."""
-        return self._run.layout
+        return self._run.plan.layout
 
     @property
     def torch_device_mesh(self):

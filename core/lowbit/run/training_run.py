@@ -23,9 +23,9 @@ import torch
 from lowbit.kernel.errors import ConfigError, UnsupportedCombinationError
 from lowbit.kernel.manager import LowbitPluginManager
 from lowbit.kernel.notices import note
-from lowbit.kernel.registry import PluginRegistry, Selection
+from lowbit.kernel.registry import Selection
 from lowbit.kernel.telemetry import FP8StatsTable, TelemetryRecorder
-from lowbit.kernel.types import HardwareInfo, PrepareContext
+from lowbit.kernel.types import PrepareContext
 
 from lowbit.runtime.checkpoint import automatic as automatic_checkpoint
 from lowbit.runtime.checkpoint import model_files
@@ -34,8 +34,7 @@ from lowbit.runtime.checkpoint.finite_weights import refuse_nonfinite_weights
 from lowbit.runtime.checkpoint.training_state import TrainingStateCheckpointer
 from lowbit.runtime.observe.fp8_report import conversion_report
 from lowbit.runtime.observe.throughput import ThroughputMeter, meter_is_on
-from lowbit.runtime.precision import Precision
-from lowbit.runtime.process_group import ProcessFacts, every_rank_must_arrive, wait_for_everyone
+from lowbit.runtime.process_group import every_rank_must_arrive, wait_for_everyone
 from lowbit.runtime.routing import ChosenPlugins
 from lowbit.runtime.training.data_loader import LoaderOptions
 from lowbit.runtime.training.gradient_sync import GradientSync, active_loader, skip_gradient_sync
@@ -47,7 +46,6 @@ from lowbit.runtime.training.prepared import PreparedObjects, StepState, Trainin
 from lowbit.run.layout import ParallelismConfig, data_parallel_slot
 from lowbit.run.plan import RunPlan, plan_run
 from lowbit.run.plugin_manager import make_plugin_manager
-from lowbit.run.settings import LowbitConfig
 
 
 @dataclass
@@ -87,39 +85,40 @@ class TrainingRun:
     def __init__(self, request: RunRequest, plugin_manager: LowbitPluginManager | None = None) -> None:
         self.plugin_manager = plugin_manager or make_plugin_manager()
         self.plan: RunPlan = plan_run(request, self.plugin_manager)
+        plan, facts = self.plan, self.plan.facts
         # The collaborators: each gets what it needs, never the run or the front.
         self.counters = TrainingCounters()
-        self.plugins = ChosenPlugins(self.plugin_manager, self.backend, self.strategy, self.plan.context)
+        self.plugins = ChosenPlugins(self.plugin_manager, plan.backend, plan.strategy, plan.context)
         self.prepared = PreparedObjects()
         self.step_state = StepState(
             request.sync,
-            self.precision,
-            self.facts.num_processes,
+            plan.precision,
+            facts.num_processes,
             request.loaders.split_batches,
             request.step_scheduler_with_optimizer,
-            on_nonfinite_loss=self.config.on_nonfinite_loss,
-            check_gradients=not self.strategy_owns_precision,
+            on_nonfinite_loss=plan.config.on_nonfinite_loss,
+            check_gradients=not plan.strategy_owns_precision,
         )
         self.preparation = Preparation(
             self.plugins, self.prepared, self.step_state, self._preparation_settings(request)
         )
         # A strategy that owns backward (DeepSpeed's engine: its own loss scaling and accumulation),
         # looked up once: backward() calls it, or torch's, with nothing to decide per step.
-        self._strategy_backward = self.plugins.caller(self.strategy, "backward")
+        self._strategy_backward = self.plugins.caller(plan.strategy, "backward")
         self.sync_with_dataloader, self.sync_each_batch = request.sync_with_dataloader, request.sync_each_batch
-        self.preemption = PreemptionWatch(self.facts.num_processes)
+        self.preemption = PreemptionWatch(facts.num_processes)
         self.step_state.every_step.append(self.preemption.after_step)  # polled alike on every rank, skipped or not
         self.norm_stats = NormStatsKeeper()  # BatchNorm's statistics, put back when a step is skipped
         self.step_state.step_observers.append(self.norm_stats.keep)
         self.step_state.undo_on_skip.append(self.norm_stats.restore)
-        data_parallel = data_parallel_slot(self.layout, self.facts.num_processes, self.facts.process_index)[0]
+        data_parallel = data_parallel_slot(plan.layout, facts.num_processes, facts.process_index)[0]
         self.throughput = (
             ThroughputMeter(
-                self.facts.device,
+                facts.device,
                 data_parallel,
-                self.precision,
-                self.facts.is_main_process,
-                model_parallel=max(self.facts.num_processes // data_parallel, 1),
+                plan.precision,
+                facts.is_main_process,
+                model_parallel=max(facts.num_processes // data_parallel, 1),
             )
             if meter_is_on()
             else None
@@ -128,56 +127,12 @@ class TrainingRun:
             self.preparation.before_conversion = self.throughput.copy_structure
             self.step_state.step_observers.append(self.throughput.on_step)
         self.checkpointer = TrainingStateCheckpointer(
-            self.plugins, self.prepared, self.step_state, self.facts, self.counters
+            self.plugins, self.prepared, self.step_state, facts, self.counters
         )
         self.telemetry: TelemetryRecorder | None = None
         self.project = request.project
 
-    # ------------------------------------------------------------------ the plan, read
-
-    @property
-    def config(self) -> LowbitConfig:
-        return self.plan.config
-
-    @property
-    def hardware(self) -> HardwareInfo:
-        return self.plan.hardware
-
-    @property
-    def registry(self) -> PluginRegistry:
-        return self.plan.registry
-
-    @property
-    def facts(self) -> ProcessFacts:
-        return self.plan.facts
-
-    @property
-    def backend(self) -> Selection | None:
-        return self.plan.backend
-
-    @property
-    def strategy(self) -> Selection | None:
-        return self.plan.strategy
-
-    @property
-    def mixed_precision(self) -> str:
-        return self.plan.mixed_precision
-
-    @property
-    def precision(self) -> Precision:
-        return self.plan.precision
-
-    @property
-    def layout(self) -> ParallelismConfig | None:
-        return self.plan.layout
-
-    @property
-    def front_precision_overridden(self) -> str | None:
-        return self.plan.front_precision_overridden
-
-    @property
-    def strategy_owns_precision(self) -> bool:
-        return self.plan.strategy_owns_precision
+    # ------------------------------------------------------------------ the hooks' context
 
     @property
     def context(self) -> PrepareContext:
@@ -185,8 +140,10 @@ class TrainingRun:
         return self.plugins.context
 
     def _preparation_settings(self, request: RunRequest) -> PreparationSettings:
-        config, loaders = self.config, request.loaders
-        batches, batch_index = data_parallel_slot(self.layout, self.facts.num_processes, self.facts.process_index)
+        config, loaders = self.plan.config, request.loaders
+        batches, batch_index = data_parallel_slot(
+            self.plan.layout, self.plan.facts.num_processes, self.plan.facts.process_index
+        )
         given = {
             "mode": config.dynamo_mode,
             "fullgraph": config.dynamo_use_fullgraph,
@@ -194,7 +151,7 @@ class TrainingRun:
             "options": request.compile_options,
         }
         return PreparationSettings(
-            device=self.facts.device,
+            device=self.plan.facts.device,
             data_parallel_size=batches,
             data_parallel_rank=batch_index,
             loaders=loaders,
@@ -209,38 +166,38 @@ class TrainingRun:
 
     @property
     def backend_name(self) -> str | None:
-        return self.backend.name if self.backend is not None else None
+        return self.plan.backend.name if self.plan.backend is not None else None
 
     @property
     def strategy_reports_as(self) -> str | None:
         """The Accelerate DistributedType name the chosen strategy reports itself as (None: no strategy)."""
-        return self.strategy.chosen.description.reports_as if self.strategy is not None else None
+        return self.plan.strategy.chosen.description.reports_as if self.plan.strategy is not None else None
 
     @property
     def device_mesh(self) -> Any:
-        return self.layout.device_mesh if self.layout is not None else None
+        return self.plan.layout.device_mesh if self.plan.layout is not None else None
 
     def mesh_rank(self, dim: str) -> int:
         """This process's index along ``dim`` of the layout's mesh; 0 when that dimension is off."""
-        if self.layout is None:
+        if self.plan.layout is None:
             raise ConfigError(
                 f"No parallel layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank."
             )
-        return self.layout.device_mesh.get_local_rank(dim) if getattr(self.layout, f"{dim}_size") > 1 else 0
+        return self.plan.layout.device_mesh.get_local_rank(dim) if getattr(self.plan.layout, f"{dim}_size") > 1 else 0
 
     @contextlib.contextmanager
     def context_parallel(self, buffers: Any, buffer_seq_dims: Any, no_restore_buffers: Any) -> Iterator[None]:
         """Split ``buffers`` along their sequence dimension over the context-parallel ranks for the
         block (torch's ``context_parallel``); nothing, with a note, when context parallelism is off."""
-        if self.layout is None or not self.layout.cp_enabled:
+        if self.plan.layout is None or not self.plan.layout.cp_enabled:
             note("maybe_context_parallel does nothing: context parallelism is off (cp_size is 1).")
             yield
             return
         from torch.distributed.tensor.experimental import context_parallel
         from torch.distributed.tensor.experimental._attention import set_rotate_method
 
-        set_rotate_method(self.layout.cp_handler.cp_comm_strategy)
-        mesh = self.layout.device_mesh["cp"]
+        set_rotate_method(self.plan.layout.cp_handler.cp_comm_strategy)
+        mesh = self.plan.layout.device_mesh["cp"]
         with context_parallel(
             mesh, buffers=buffers, buffer_seq_dims=buffer_seq_dims, no_restore_buffers=no_restore_buffers
         ):
@@ -297,7 +254,7 @@ class TrainingRun:
             self.checkpointer.refuse_nonfinite_weights()
         if output_dir is None:
             return automatic_checkpoint.save_automatically(
-                self.project, self.checkpointer.save, self.facts.is_main_process, wait_for_everyone
+                self.project, self.checkpointer.save, self.plan.facts.is_main_process, wait_for_everyone
             )
         return self.checkpointer.save(output_dir)
 
@@ -309,7 +266,7 @@ class TrainingRun:
 
     def save_object(self, obj: Any, path: Any, safe: bool) -> None:
         """``obj`` written by the main process, atomically (as safetensors when ``safe``)."""
-        if not self.facts.is_main_process:
+        if not self.plan.facts.is_main_process:
             return
         if safe:
             from safetensors.torch import save_file
@@ -337,10 +294,10 @@ class TrainingRun:
         inner = unwrap(model)
         model_files.refuse_weights_not_in_memory(inner)
         if not allow_nonfinite:
-            refuse_nonfinite_weights([inner], "save_model", self.facts.num_processes)
+            refuse_nonfinite_weights([inner], "save_model", self.plan.facts.num_processes)
         state = self.full_state_dict(model)
         path = Path(directory) / (model_files.SAFE_WEIGHTS if safe else model_files.TORCH_WEIGHTS)
-        if self.facts.is_main_process:
+        if self.plan.facts.is_main_process:
             path = model_files.write_model_files(state, Path(directory), max_shard_size, safe)
         wait_for_everyone()
         return path
@@ -388,7 +345,7 @@ class TrainingRun:
     def autocast(self, settings: dict[str, Any] | None = None) -> Iterator[None]:
         """The contexts a prepared model's forward runs in, for code outside ``forward``; ``settings``
         (autocast's arguments) replace the run's inside this block."""
-        factories = [self.precision.autocast_factory(settings), self.plugins.backend_context_factory(None)]
+        factories = [self.plan.precision.autocast_factory(settings), self.plugins.backend_context_factory(None)]
         with contextlib.ExitStack() as stack:
             for factory in factories:
                 if factory is not None:
@@ -405,18 +362,18 @@ class TrainingRun:
         the one inside it; None: every prepared one) back to their true size, once per optimizer
         step, and only on the micro-batch that steps: unscaled earlier, they would be summed with the
         scaled gradients of the micro-batches after (GradScaler's own rule: once per step)."""
-        if self.precision.scaler is not None and not self.sync_gradients:
+        if self.plan.precision.scaler is not None and not self.sync_gradients:
             raise ConfigError(
                 "fp16: gradients unscaled (unscale_gradients, clip_grad_norm_ or clip_grad_value_) on a micro-batch "
                 "that does not step (gradient accumulation, "
-                f"{self.config.gradient_accumulation_steps} micro-batches a step): the micro-batches still to come "
-                "would add scaled gradients to unscaled ones. Clip on the step's last micro-batch: `if "
+                f"{self.plan.config.gradient_accumulation_steps} micro-batches a step): the micro-batches still to "
+                "come would add scaled gradients to unscaled ones. Clip on the step's last micro-batch: `if "
                 "accelerator.sync_gradients: accelerator.clip_grad_norm_(...)`, as in Accelerate's examples."
             )
         if optimizers is None:
             optimizers = self.prepared.optimizers
         for optimizer in optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]:
-            self.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
+            self.plan.precision.unscale_gradients(getattr(optimizer, "optimizer", optimizer))
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip gradients by total norm, unscaling fp16 gradients first. The total norm comes free
@@ -426,7 +383,7 @@ class TrainingRun:
         parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         norm = self.plugins.clip_grad_norm(parameters, max_norm, norm_type)
         norm = norm if norm is not None else torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        if torch.is_tensor(norm) and not self.strategy_owns_precision:
+        if torch.is_tensor(norm) and not self.plan.strategy_owns_precision:
             # FSDP2 returns the norm as a (replicated) DTensor: its plain value is what the step checks.
             plain = norm.full_tensor() if callable(getattr(norm, "full_tensor", None)) else norm
             self.step_state.observe_finite(plain, clipped=parameters)
@@ -434,7 +391,7 @@ class TrainingRun:
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """Clamp each gradient to ``[-clip_value, clip_value]``, unscaling fp16 gradients first."""
-        if self.strategy_owns_precision:
+        if self.plan.strategy_owns_precision:
             raise UnsupportedCombinationError(
                 f"clip_grad_value_ under the {self.context.strategy!r} strategy: it owns the gradients (and their "
                 "loss scale), so they cannot be clamped from outside it. Use clip_grad_norm_ (the strategy's own "
@@ -475,11 +432,11 @@ class TrainingRun:
         else the loaders' setting), ranks that run out of batches shadow the others' collectives
         instead of hanging. ``even_batches`` given applies to the prepared loaders of map-style
         datasets inside the block. On one process, nothing."""
-        if self.facts.num_processes == 1:
+        if self.plan.facts.num_processes == 1:
             yield
             return
         joining = not (self.preparation.settings.loaders.even_batches if even_batches is None else even_batches)
-        if joining and self.config.gradient_accumulation_steps > 1:
+        if joining and self.plan.config.gradient_accumulation_steps > 1:
             raise UnsupportedCombinationError(
                 "join_uneven_inputs(even_batches=False) with gradient accumulation: a rank that runs out of batches "
                 "cannot tell which of the others' micro-batches reduce gradients, so their collectives would not "
@@ -514,7 +471,9 @@ class TrainingRun:
             self.step_state.shadow_finite_agreement()
             self.preemption.after_step()
 
-        shadows = [OptimizerStepShadow(shadow_step, self.facts.device, joinables)] if self.prepared.optimizers else []
+        shadows = (
+            [OptimizerStepShadow(shadow_step, self.plan.facts.device, joinables)] if self.prepared.optimizers else []
+        )
         self.preemption.at_the_step = joining
         try:
             with Join([*joinables, *shadows], enable=joining, throw_on_early_termination=False):
@@ -535,21 +494,21 @@ class TrainingRun:
 
     def explain_backend_choice(self) -> str:
         """Why this backend: every installed backend with its priority and reason to decline."""
-        if self.backend is None:
+        if self.plan.backend is None:
             unused = Selection(
                 "backend",
                 None,
                 None,
                 "ranking",
-                self.registry.ranked("backend"),
-                self.hardware,
+                self.plan.registry.ranked("backend"),
+                self.plan.hardware,
                 list(self.plugin_manager.broken),
             )
             return (
-                f"mixed_precision={self.mixed_precision!r}: torch's own autocast and loss scaling; no "
+                f"mixed_precision={self.plan.mixed_precision!r}: torch's own autocast and loss scaling; no "
                 f"low-precision backend in use (they train mixed_precision='fp8' or 'fp4').\n{unused.explain()}"
             )
-        return self.backend.explain()
+        return self.plan.backend.explain()
 
     # ------------------------------------------------------------------ preparing and watching
 
@@ -604,7 +563,7 @@ class TrainingRun:
         model = unwrap(self.prepared.models[0], keep_fp32_wrapper=True)
         # One process replays alone only with whole weights it runs itself (DDP's module, not a
         # sharded one, whose forward gathers from every rank, nor an engine that runs the model).
-        if self.strategy_owns_precision or any(callable(getattr(p, "to_local", None)) for p in model.parameters()):
+        if self.plan.strategy_owns_precision or any(callable(getattr(p, "to_local", None)) for p in model.parameters()):
             return f"not replayed under {self.context.strategy} (its weights are sharded, or its engine runs the model)"
         return find_nonfinite_origin(model, batch)
 
@@ -613,19 +572,20 @@ class TrainingRun:
     def _low_precision_model(self, model: torch.nn.Module | None, asked: str) -> torch.nn.Module:
         """``model`` (default: the first prepared one) without its wrappers, for a question only a
         low-precision backend's model answers."""
-        if self.backend is None or not (model is not None or self.prepared.models):
+        if self.plan.backend is None or not (model is not None or self.prepared.models):
             raise ConfigError(
                 f"{asked} needs a model prepared with a low-precision backend (mixed_precision='fp8' or 'fp4'); "
-                f"this run uses {self.mixed_precision!r}{'' if self.prepared.models else ' and has prepared no model'}."
+                f"this run uses {self.plan.mixed_precision!r}"
+                f"{'' if self.prepared.models else ' and has prepared no model'}."
             )
         return unwrap(model if model is not None else self.prepared.models[0])
 
     def fp8_report(self, model: torch.nn.Module | None = None) -> str | None:
         """What FP8 took in a prepared model (the first one by default); None without FP8."""
-        if self.backend is None or not (model is not None or self.prepared.models):
+        if self.plan.backend is None or not (model is not None or self.prepared.models):
             return None
         record = self.prepared.conversion_reports.get(unwrap(model if model is not None else self.prepared.models[0]))
-        return conversion_report(record, self.backend_name, self.mixed_precision, self.context.recipe_runs)
+        return conversion_report(record, self.backend_name, self.plan.mixed_precision, self.context.recipe_runs)
 
     def fp8_payoff(
         self,
@@ -642,7 +602,7 @@ class TrainingRun:
 
         raw = self._low_precision_model(model, "fp8_payoff()")
         record = self.prepared.conversion_reports.get(raw)
-        cost = self.backend.chosen.description.recipe_costs.get(record.recipe if record else "")
+        cost = self.plan.backend.chosen.description.recipe_costs.get(record.recipe if record else "")
         if cost is None:
             raise ConfigError(
                 f"The {self.backend_name!r} backend declares no cost for this run's recipe "
@@ -651,7 +611,7 @@ class TrainingRun:
         work = fp8_payoff.count_work(raw, max(tokens // (seq_len or tokens), 1), seq_len or tokens)
         return fp8_payoff.predict(
             work,
-            fp8_payoff.known_gpu(gpu or self.hardware.device_name),
+            fp8_payoff.known_gpu(gpu or self.plan.hardware.device_name),
             record.recipe,
             cost,
             record.kept_high_precision(),
@@ -663,10 +623,10 @@ class TrainingRun:
     def enable_fp8_telemetry(self, model: torch.nn.Module | None, recorder: TelemetryRecorder) -> None:
         """Have the backend record FP8 numerics of ``model`` (default: the first prepared one) into
         ``recorder`` after each optimizer step, replacing any recorder before."""
-        if self.backend is None:
+        if self.plan.backend is None:
             raise ConfigError(
                 f"FP8 telemetry needs a low-precision backend (mixed_precision='fp8' or 'fp4'); "
-                f"this Accelerator uses {self.mixed_precision!r}."
+                f"this Accelerator uses {self.plan.mixed_precision!r}."
             )
         if model is None and not self.prepared.models:
             raise ConfigError("Prepare a model before enabling FP8 telemetry, or pass it: enable_fp8_telemetry(model).")

@@ -57,8 +57,8 @@ class TrainerAccelerator(Accelerator):
             f"transformers' Trainer runs on lowbit's Accelerator: {how}; {self.num_processes} process"
             f"{'es' if self.num_processes > 1 else ''} ({kind}). accelerator.explain_backend_choice() says why."
         )
-        if self._run.front_precision_overridden:
-            note(self._run.front_precision_overridden)
+        if self._run.plan.front_precision_overridden:
+            note(self._run.plan.front_precision_overridden)
 
     def _run_request(self, *args: Any, **kwargs: Any) -> RunRequest:
         request = super()._run_request(*args, **kwargs)
