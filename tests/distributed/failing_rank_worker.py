@@ -4,7 +4,7 @@ DDP's all-reduce, and first writes the time of that moment to STAMP:
     lowbit launch --cpu --num_processes 2 tests/distributed/failing_rank_worker.py raise|stuck RANK STAMP
 
 ``raise``: it raises ValueError. ``stuck``: it loops forever and never reaches the next all-reduce
-(the process group's timeout is 30 s here, InitProcessGroupKwargs, so the job must end soon after;
+(the process group's timeout is 15 s here, InitProcessGroupKwargs, so the job must end soon after;
 long enough for two ranks started on a busy machine to meet, short enough not to idle a CI worker).
 """
 
@@ -21,7 +21,7 @@ from lowbit.utils import InitProcessGroupKwargs
 
 
 def main(how: str, fail_rank: int, stamp: Path) -> None:
-    handlers = [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=30))] if how == "stuck" else []
+    handlers = [InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=15))] if how == "stuck" else []
     accelerator = Accelerator(kwargs_handlers=handlers)
     model = nn.Linear(8, 8)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))

@@ -42,7 +42,7 @@ def test_a_run_built_from_settings_alone_trains_with_its_own_verbs_as_the_accele
     accumulation over 2 micro-batches, clipping), and trains exactly as the Accelerator."""
     settings = {"mixed_precision": precision, "use_cpu": True, "gradient_accumulation_steps": 2}
     run = TrainingRun(RunRequest(settings))
-    assert run.mixed_precision == precision and run.backend is None and run.strategy is None
+    assert run.plan.mixed_precision == precision and run.plan.backend is None and run.plan.strategy is None
     alone = _train(run)
     accelerator = Accelerator(mixed_precision=precision, cpu=True, gradient_accumulation_steps=2)
     assert alone == _train(accelerator)
