@@ -146,6 +146,7 @@ def test_a_steady_state_step_runs_within_its_frame_budget(precision):
         backward = lowbit_frames(lambda: accelerator.backward(loss))
         step = lowbit_frames(optimizer.step)
         optimizer.zero_grad()
+    print(f"frames: backward {sum(backward.values())}, step {sum(step.values())}")  # pytest -s
     assert sum(backward.values()) <= BACKWARD_FRAMES, backward
     assert sum(step.values()) <= STEP_FRAMES, step
     assert "training_run.py:backward" in backward  # the count sees lowbit's frames at all
