@@ -63,7 +63,7 @@ class RunPlan:
     @property
     def strategy_owns_precision(self) -> bool:
         """Whether the strategy runs precision itself (DeepSpeed's engine: its own loss scaling and overflow checks)."""
-        return self.strategy is not None and self.strategy.chosen.description.owns_precision
+        return _owns_precision(self.strategy)
 
     def with_accumulation_steps(self, steps: int) -> RunPlan:
         """This plan with another accumulation count (in its settings and its context)."""
@@ -98,9 +98,12 @@ def plan_run(request: Any, plugin_manager: LowbitPluginManager) -> RunPlan:
         group_of_one=config.distributed_type.upper() not in ("NO", "MULTI_CPU"),
     )
     choice = choose_plugins(registry, config, request.recipe_handler, request.handlers, facts.num_processes)
-    owns_precision = choice.strategy is not None and choice.strategy.chosen.description.owns_precision
     precision = Precision.for_run(
-        choice.mixed_precision, facts.device, owns_precision, request.scaler_options, request.autocast_options
+        choice.mixed_precision,
+        facts.device,
+        _owns_precision(choice.strategy),
+        request.scaler_options,
+        request.autocast_options,
     )
     slow = precision.slow_reason()
     if slow:
@@ -137,6 +140,10 @@ def plan_run(request: Any, plugin_manager: LowbitPluginManager) -> RunPlan:
         context=context,
         front_precision_overridden=overridden,
     )
+
+
+def _owns_precision(strategy: Selection | None) -> bool:
+    return strategy is not None and strategy.chosen.description.owns_precision
 
 
 def _resolve_settings(

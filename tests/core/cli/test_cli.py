@@ -258,7 +258,7 @@ def test_launch_runs_a_folder_by_its_main_as_python_does(tmp_path, capsys):
 
     app = shutil.copytree(Path(__file__).resolve().parents[2] / "fixtures" / "folder_app", tmp_path / "app")
     ran = subprocess.run(
-        [sys.executable, "-m", "lowbit.cli.run_script", str(app), "x"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "lowbit.cli.run_script", str(app), "x"], capture_output=True, text=True, timeout=600
     )
     assert ran.stdout.strip() == "ran 7 ['x']", ran.stderr[-2000:]
     (tmp_path / "empty").mkdir()
