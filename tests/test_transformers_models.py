@@ -1,8 +1,9 @@
 """Real Hugging Face models (tiny configs, random weights, nothing downloaded) trained the way a
 user's script trains them, under every strategy, in bf16 and fp8: see models/hf_worker.py.
 
-Each run is one launch (2 processes over gloo, or one plain process); the runs are shared by the
-checks below. What the matrix adds to the suite: 12 launches, about 2 minutes on 2 idle cores.
+The runs of a strategy share one launch (2 processes over gloo, or one plain process), each run
+with an Accelerator of its own; the runs are shared by the checks below. What the matrix adds to
+the suite: 5 launches.
 """
 
 from __future__ import annotations
@@ -39,27 +40,36 @@ STRATEGY_TOLERANCE = 0.01
 
 
 class Runs:
-    """Launch each (model, strategy, precision) once per test session, on first use."""
+    """Launch each strategy's runs once per test session, on first use of any of them."""
 
     def __init__(self, launched: LaunchedOnce):
         self.launched = launched
 
     def __call__(self, model: str, strategy: str, precision: str) -> list[dict]:
-        def launch(out: Path) -> list[dict]:
+        names = [f"{m}-{p}" for m, s, p in RUNS if s == strategy]
+
+        def launch(out: Path) -> dict[str, list[dict]]:
             env = {k: v for k, v in os.environ.items() if not k.startswith("LOWBIT_")}
             env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
             flags = STRATEGIES[strategy]
+            worker = [str(WORKER), ",".join(names), str(out)]
             if flags is None:
-                cmd = [sys.executable, str(WORKER), model, precision, str(out)]
+                cmd = [sys.executable, *worker]
             else:
-                cmd = launch_argv("--cpu", "--num_processes", "2", *flags, str(WORKER), model, precision, str(out))
+                cmd = launch_argv("--cpu", "--num_processes", "2", *flags, *worker)
             proc = run_launch(cmd, env=env)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-            ranks = [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(1 if flags is None else 2)]
-            ranks[0]["model_dir"] = str(out / "model")
-            return ranks
+            results = {}
+            for name in names:
+                ranks = [
+                    json.loads((out / name / f"result_rank{r}.json").read_text())
+                    for r in range(1 if flags is None else 2)
+                ]
+                ranks[0]["model_dir"] = str(out / name / "model")
+                results[name] = ranks
+            return results
 
-        return self.launched((model, strategy, precision), launch)
+        return self.launched((strategy,), launch)[f"{model}-{precision}"]
 
 
 @pytest.fixture(scope="module")

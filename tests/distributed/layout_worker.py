@@ -7,8 +7,8 @@ plain PyTorch on one process over the global batch, to compare.
 Each argument after OUT_DIR is one run, its keys comma-separated; several run in turn in one launch
 (each with an Accelerator of its own), run K writing OUT_DIR/K/result.json. The keys: the
 ParallelismConfig sizes, ``mp=<mixed_precision>``, ``ac=<full|selective>``,
-``compile=<whole|regional>`` (inductor; regional: each decoder block compiled once, as Accelerate's),
-``recipe=<ao recipe>``;
+``compile=<whole|regional>`` (regional: each decoder block compiled once, as Accelerate's),
+``backend=<torch.compile backend>`` (inductor unless given), ``recipe=<ao recipe>``;
 ``steps=K`` trains the first K steps only, then ``save=DIR`` saves the training state; ``resume=DIR``
 loads one first (``switch=1``: saved in another precision) and trains from where it stopped.
 Rank 0 writes ``result.json``: the layout's loss at each step it ran (averaged over the
@@ -79,7 +79,9 @@ def run(out_dir: Path, args: dict[str, str]) -> Accelerator:
     layout = ParallelismConfig(**sizes)
     fsdp = FullyShardedDataParallelPlugin(activation_checkpointing=args.get("ac", False)) if "ac" in args else None
     dynamo = (
-        TorchDynamoPlugin(backend="inductor", use_regional_compilation=args["compile"] == "regional")
+        TorchDynamoPlugin(
+            backend=args.get("backend", "inductor"), use_regional_compilation=args["compile"] == "regional"
+        )
         if "compile" in args
         else None
     )

@@ -1,12 +1,13 @@
 """transformers' Trainer under Ray Train on a local Ray cluster of 2 CPU workers, as Ray's
 Hugging Face recipe writes it (``TorchTrainer``, ``prepare_trainer``, ``RayTrainReportCallback``),
-for tests/trainer/test_ray_train.py. With ``--lowbit``, each worker first calls
-``lowbit.patch_trainer()`` (the one documented line); without it, stock Accelerate runs.
+for tests/trainer/test_ray_train.py: each job a ``TorchTrainer.fit()`` of its own, in turn, on one
+Ray cluster (started once: a cluster's start-up costs more than a job).
 
-    python tests/distributed/ray_train_job.py OUT [--lowbit] [--fp8]
+    python tests/distributed/ray_train_job.py OUT JOB[,JOB...]
 
-``--fp8`` sets ``ACCELERATE_MIXED_PRECISION=fp8`` in Ray's runtime_env. Each worker writes
-``OUT/result_<rank>.json`` (trainer_worker.write_result's figures).
+Jobs: ``stock`` (stock Accelerate), ``lowbit`` (each worker first calls ``lowbit.patch_trainer()``,
+the one documented line), ``fp8`` (lowbit, with ``ACCELERATE_MIXED_PRECISION=fp8`` in the workers'
+runtime_env). Each worker writes ``OUT/JOB/result_<rank>.json`` (trainer_worker.write_result's figures).
 """
 
 from __future__ import annotations
@@ -47,24 +48,28 @@ def train_func(config: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--lowbit", action="store_true")
-    parser.add_argument("--fp8", action="store_true")
+    parser.add_argument("jobs", help="comma-separated: stock, lowbit, fp8")
     args = parser.parse_args()
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     env_vars = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    if args.fp8:
-        env_vars["ACCELERATE_MIXED_PRECISION"] = "fp8"
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env_vars})
-    trainer = TorchTrainer(
-        train_func,
-        train_loop_config={"lowbit": args.lowbit, "out": args.out, "worker": str(WORKER)},
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        run_config=RunConfig(storage_path=os.path.abspath(os.path.join(args.out, "ray")), name="job"),
-    )
-    trainer.fit()
+    for job in args.jobs.split(","):
+        out = os.path.abspath(os.path.join(args.out, job))
+        fp8 = {"ACCELERATE_MIXED_PRECISION": "fp8"} if job == "fp8" else {}
+        trainer = TorchTrainer(
+            train_func,
+            train_loop_config={"lowbit": job != "stock", "out": out, "worker": str(WORKER)},
+            scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
+            run_config=RunConfig(
+                storage_path=os.path.join(out, "ray"),
+                name="job",
+                worker_runtime_env={"env_vars": {**env_vars, **fp8}},
+            ),
+        )
+        trainer.fit()
     ray.shutdown()
 
 

@@ -2,7 +2,9 @@
 chose (or in one process when run with plain python). Every rank writes what the test compares.
 
     lowbit launch --cpu --num_processes 2 [--use_fsdp | --use_deepspeed --zero_stage N] \
-        hf_worker.py {llama,gpt2} {bf16,fp8} OUT_DIR
+        hf_worker.py {llama,gpt2}-{bf16,fp8}[,...] OUT_DIR
+
+Each run (model and precision) in turn, with an Accelerator of its own, in OUT_DIR/RUN/.
 
 Data: arithmetic token sequences (learnable in a few steps). Global batch 8 whatever the number
 of processes, gradient accumulation 2, SGD with momentum (so clipping shows in the first update:
@@ -79,8 +81,8 @@ def digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def main() -> None:
-    model_name, precision, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+def train(run: str, out: Path) -> Accelerator:
+    model_name, precision = run.split("-")
     from transformers import get_linear_schedule_with_warmup
 
     acc = Accelerator(mixed_precision=precision, gradient_accumulation_steps=2)
@@ -124,8 +126,13 @@ def main() -> None:
         "digest": digest(state) if state else None,
     }
     (out / f"result_rank{acc.process_index}.json").write_text(json.dumps(result))
-    acc.end_training()
+    return acc
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import run_scenarios
+
+    runs = []
+    run_scenarios(lambda run, out: runs.append(train(run, out)))
+    runs[-1].end_training()

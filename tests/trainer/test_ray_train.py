@@ -1,7 +1,8 @@
 """transformers' Trainer under Ray Train (a local Ray cluster, 2 CPU workers), as Ray's Hugging
 Face recipe writes it, with ``lowbit.patch_trainer()`` as the worker's first line: the same losses
-as stock Accelerate, and with ``ACCELERATE_MIXED_PRECISION=fp8`` in Ray's runtime_env every layer
-trains and FP8 runs on both workers (tests/distributed/ray_train_job.py)."""
+as stock Accelerate, and with ``ACCELERATE_MIXED_PRECISION=fp8`` in the workers' runtime_env every
+layer trains and FP8 runs on both workers. The three jobs run in turn on one Ray cluster
+(tests/distributed/ray_train_job.py)."""
 
 from __future__ import annotations
 
@@ -21,19 +22,21 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.third_party]
 JOB = Path(__file__).resolve().parents[1] / "distributed" / "ray_train_job.py"
 
 
-def _job(out: Path, *flags: str) -> list[dict]:
+def test_trainer_under_ray_train_on_lowbit_matches_stock_and_trains_fp8(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOWBIT_", "ACCELERATE_", "RAY_"))}
     env.update(OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0", RAY_DEDUP_LOGS="0")
     proc = subprocess.run(
-        [sys.executable, str(JOB), str(out), *flags], env=env, capture_output=True, text=True, timeout=900
+        [sys.executable, str(JOB), str(tmp_path), "stock,lowbit,fp8"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"result_{rank}.json").read_text()) for rank in range(2)]
-
-
-def test_trainer_under_ray_train_on_lowbit_matches_stock_and_trains_fp8(tmp_path):
-    stock = _job(tmp_path / "stock")
-    ours = _job(tmp_path / "lowbit", "--lowbit")
+    stock, ours, fp8 = (
+        [json.loads((tmp_path / job / f"result_{rank}.json").read_text()) for rank in range(2)]
+        for job in ("stock", "lowbit", "fp8")
+    )
     assert {r["accelerator"] for r in ours} == {
         "lowbit.integrations.transformers.trainer_accelerator.TrainerAccelerator"
     }
@@ -41,7 +44,6 @@ def test_trainer_under_ray_train_on_lowbit_matches_stock_and_trains_fp8(tmp_path
     assert [r["losses"] for r in ours] == [r["losses"] for r in stock] and ours[0]["eval_losses"] == stock[0][
         "eval_losses"
     ]
-    fp8 = _job(tmp_path / "fp8", "--lowbit", "--fp8")
     for result in fp8:
         assert (result["mixed_precision"], result["fp8_backend"]) == ("fp8", "ao")
         assert result["optimizer_params"] == result["trainable_params"] == len(result["moved"]) == 21
