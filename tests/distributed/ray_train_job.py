@@ -6,7 +6,8 @@ Ray cluster (started once: a cluster's start-up costs more than a job).
     python tests/distributed/ray_train_job.py OUT JOB[,JOB...]
 
 Jobs: ``stock`` (stock Accelerate), ``lowbit`` (each worker first calls ``lowbit.patch_trainer()``,
-the one documented line), ``fp8`` (lowbit, with ``ACCELERATE_MIXED_PRECISION=fp8`` in the workers'
+the one documented line), ``fp8`` (lowbit, with ``ACCELERATE_MIXED_PRECISION=fp8`` in the cluster's
+runtime_env, as docs/cluster.md writes it; the other jobs set it back to ``no`` in their workers'
 runtime_env). Each worker writes ``OUT/JOB/result_<rank>.json`` (trainer_worker.write_result's figures).
 """
 
@@ -55,10 +56,11 @@ def main() -> None:
     from ray.train.torch import TorchTrainer
 
     env_vars = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env_vars})
+    fp8 = {"ACCELERATE_MIXED_PRECISION": "fp8"}
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {**env_vars, **fp8}})
     for job in args.jobs.split(","):
         out = os.path.abspath(os.path.join(args.out, job))
-        fp8 = {"ACCELERATE_MIXED_PRECISION": "fp8"} if job == "fp8" else {}
+        precision = fp8 if job == "fp8" else {"ACCELERATE_MIXED_PRECISION": "no"}
         trainer = TorchTrainer(
             train_func,
             train_loop_config={"lowbit": job != "stock", "out": out, "worker": str(WORKER)},
@@ -66,7 +68,7 @@ def main() -> None:
             run_config=RunConfig(
                 storage_path=os.path.join(out, "ray"),
                 name="job",
-                worker_runtime_env={"env_vars": {**env_vars, **fp8}},
+                worker_runtime_env={"env_vars": {**env_vars, **precision}},
             ),
         )
         trainer.fit()

@@ -1,7 +1,7 @@
 """transformers' Trainer under Ray Train (a local Ray cluster, 2 CPU workers), as Ray's Hugging
 Face recipe writes it, with ``lowbit.patch_trainer()`` as the worker's first line: the same losses
-as stock Accelerate, and with ``ACCELERATE_MIXED_PRECISION=fp8`` in the workers' runtime_env every
-layer trains and FP8 runs on both workers. The three jobs run in turn on one Ray cluster
+as stock Accelerate, and with ``ACCELERATE_MIXED_PRECISION=fp8`` in Ray's runtime_env every layer
+trains and FP8 runs on both workers. The three jobs run in turn on one Ray cluster
 (tests/distributed/ray_train_job.py)."""
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def test_trainer_under_ray_train_on_lowbit_matches_stock_and_trains_fp8(tmp_path
         "lowbit.integrations.transformers.trainer_accelerator.TrainerAccelerator"
     }
     assert stock[0]["accelerator"] == "accelerate.accelerator.Accelerator"
+    assert {r["mixed_precision"] for r in stock + ours} == {"no"}  # the cluster's fp8 set back in their workers
     assert [r["losses"] for r in ours] == [r["losses"] for r in stock] and ours[0]["eval_losses"] == stock[0][
         "eval_losses"
     ]
